@@ -1,0 +1,218 @@
+//! The embedded SQLite backend: WAL mode with `synchronous=FULL`, so a committed
+//! registration survives power loss, and one connection behind a mutex (SQLite serialises
+//! writers anyway; reads are short index lookups).
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::{BlockMeta, DatasetMeta, DatasetQuery, MetastoreError};
+
+/// Versioned schema migrations; entry `i` brings the schema to version `i + 1`.
+const MIGRATIONS: &[&str] = &[
+    // 1: blocks and the datasets inside them.
+    "CREATE TABLE blocks (
+        id TEXT PRIMARY KEY,
+        object_key TEXT NOT NULL,
+        level INTEGER NOT NULL,
+        size_bytes INTEGER NOT NULL,
+        created_at_ms INTEGER NOT NULL
+     );
+     CREATE TABLE datasets (
+        block_id TEXT NOT NULL REFERENCES blocks(id) ON DELETE CASCADE,
+        tenant TEXT NOT NULL,
+        service TEXT NOT NULL,
+        row_group INTEGER NOT NULL,
+        min_time_nanos INTEGER NOT NULL,
+        max_time_nanos INTEGER NOT NULL,
+        profile_types TEXT NOT NULL,
+        profile_count INTEGER NOT NULL,
+        PRIMARY KEY (block_id, row_group)
+     );
+     CREATE INDEX datasets_by_time ON datasets (tenant, service, max_time_nanos, min_time_nanos);",
+];
+
+#[derive(Clone)]
+pub struct SqliteMetastore {
+    connection: Arc<Mutex<Connection>>,
+}
+
+impl std::fmt::Debug for SqliteMetastore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SqliteMetastore")
+    }
+}
+
+fn migrate(connection: &mut Connection) -> Result<(), MetastoreError> {
+    connection.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at_ms INTEGER NOT NULL);",
+    )?;
+    let current: i64 = connection.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |row| row.get(0))?;
+    for (index, migration) in MIGRATIONS.iter().enumerate() {
+        let version = index as i64 + 1;
+        if version <= current {
+            continue;
+        }
+        let transaction = connection.transaction()?;
+        transaction.execute_batch(migration)?;
+        transaction.execute(
+            "INSERT INTO schema_migrations (version, applied_at_ms) VALUES (?1, ?2)",
+            params![version, now_ms()],
+        )?;
+        transaction.commit()?;
+        tracing::info!(version, "applied metastore migration");
+    }
+    Ok(())
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl SqliteMetastore {
+    pub async fn open(path: &str) -> Result<Self, MetastoreError> {
+        let path = path.to_string();
+        let connection = tokio::task::spawn_blocking(move || -> Result<Connection, MetastoreError> {
+            if let Some(parent) = Path::new(&path).parent() {
+                if !parent.as_os_str().is_empty() {
+                    std::fs::create_dir_all(parent)?;
+                }
+            }
+            let mut connection = Connection::open(&path)?;
+            connection.pragma_update(None, "journal_mode", "WAL")?;
+            connection.pragma_update(None, "synchronous", "FULL")?;
+            connection.pragma_update(None, "foreign_keys", "ON")?;
+            connection.busy_timeout(std::time::Duration::from_secs(10))?;
+            migrate(&mut connection)?;
+            Ok(connection)
+        })
+        .await
+        .map_err(|err| MetastoreError::Task(err.to_string()))??;
+        Ok(SqliteMetastore {
+            connection: Arc::new(Mutex::new(connection)),
+        })
+    }
+
+    async fn with<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Connection) -> Result<T, MetastoreError> + Send + 'static,
+    ) -> Result<T, MetastoreError> {
+        let connection = self.connection.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut guard = connection
+                .lock()
+                .map_err(|_| MetastoreError::Task("metastore connection lock poisoned".into()))?;
+            work(&mut guard)
+        })
+        .await
+        .map_err(|err| MetastoreError::Task(err.to_string()))?
+    }
+
+    pub async fn register_block(&self, block: BlockMeta, datasets: Vec<DatasetMeta>) -> Result<(), MetastoreError> {
+        self.with(move |connection| {
+            let transaction = connection.transaction()?;
+            transaction.execute(
+                "INSERT INTO blocks (id, object_key, level, size_bytes, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![block.id, block.object_key, block.level, block.size_bytes as i64, block.created_at_ms],
+            )?;
+            {
+                let mut insert = transaction.prepare_cached(
+                    "INSERT INTO datasets (block_id, tenant, service, row_group, min_time_nanos, max_time_nanos, profile_types, profile_count)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                )?;
+                for dataset in &datasets {
+                    insert.execute(params![
+                        block.id,
+                        dataset.tenant,
+                        dataset.service,
+                        dataset.row_group,
+                        dataset.min_time_nanos,
+                        dataset.max_time_nanos,
+                        dataset.profile_types.join("\n"),
+                        dataset.profile_count as i64,
+                    ])?;
+                }
+            }
+            transaction.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn list_datasets(&self, query: DatasetQuery) -> Result<Vec<DatasetMeta>, MetastoreError> {
+        self.with(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT d.block_id, b.object_key, d.tenant, d.service, d.row_group, d.min_time_nanos, d.max_time_nanos,
+                        d.profile_types, d.profile_count
+                 FROM datasets d JOIN blocks b ON b.id = d.block_id
+                 WHERE d.tenant = ?1 AND (?2 IS NULL OR d.service = ?2)
+                   AND d.max_time_nanos >= ?3 AND d.min_time_nanos <= ?4
+                 ORDER BY d.min_time_nanos, d.block_id, d.row_group",
+            )?;
+            let rows = statement.query_map(
+                params![query.tenant, query.service, query.from_nanos, query.to_nanos],
+                |row| {
+                    let types: String = row.get(7)?;
+                    Ok(DatasetMeta {
+                        block_id: row.get(0)?,
+                        object_key: row.get(1)?,
+                        tenant: row.get(2)?,
+                        service: row.get(3)?,
+                        row_group: row.get(4)?,
+                        min_time_nanos: row.get(5)?,
+                        max_time_nanos: row.get(6)?,
+                        profile_types: types.split('\n').filter(|t| !t.is_empty()).map(str::to_string).collect(),
+                        profile_count: row.get::<_, i64>(8)? as u64,
+                    })
+                },
+            )?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    pub async fn list_blocks(&self) -> Result<Vec<BlockMeta>, MetastoreError> {
+        self.with(|connection| {
+            let mut statement =
+                connection.prepare_cached("SELECT id, object_key, level, size_bytes, created_at_ms FROM blocks ORDER BY id")?;
+            let rows = statement.query_map([], |row| {
+                Ok(BlockMeta {
+                    id: row.get(0)?,
+                    object_key: row.get(1)?,
+                    level: row.get(2)?,
+                    size_bytes: row.get::<_, i64>(3)? as u64,
+                    created_at_ms: row.get(4)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    pub async fn services(&self, tenant: &str, from_nanos: i64, to_nanos: i64) -> Result<Vec<String>, MetastoreError> {
+        let tenant = tenant.to_string();
+        self.with(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT DISTINCT service FROM datasets WHERE tenant = ?1 AND max_time_nanos >= ?2 AND min_time_nanos <= ?3 ORDER BY service",
+            )?;
+            let rows = statement.query_map(params![tenant, from_nanos, to_nanos], |row| row.get(0))?;
+            Ok(rows.collect::<Result<Vec<String>, _>>()?)
+        })
+        .await
+    }
+
+    pub async fn schema_version(&self) -> Result<i64, MetastoreError> {
+        self.with(|connection| {
+            Ok(connection
+                .query_row("SELECT MAX(version) FROM schema_migrations", [], |row| row.get::<_, Option<i64>>(0))
+                .optional()?
+                .flatten()
+                .unwrap_or(0))
+        })
+        .await
+    }
+}

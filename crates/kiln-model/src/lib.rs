@@ -1,0 +1,19 @@
+//! Kiln's data model and the wire formats it reads and writes.
+//!
+//! Everything here is pure (no I/O, no async): the pprof protobuf messages, bounded
+//! decompression, profile type ids, label sets and Prometheus-style selectors, and the
+//! collapsed-stack ("folded") text format. Every parser here takes untrusted bytes, so each
+//! one enforces limits and returns [`FormatError`] instead of panicking; each has a
+//! `cargo fuzz` target under `fuzz/`.
+
+pub mod compress;
+pub mod error;
+pub mod folded;
+pub mod labels;
+pub mod pprof;
+pub mod profile_type;
+pub mod selector;
+
+pub use error::FormatError;
+pub use labels::{Label, Labels};
+pub use profile_type::ProfileType;

@@ -1,0 +1,653 @@
+//! The in-memory form of a dataset, and the builder that interns profiles into one.
+
+use std::collections::HashMap;
+
+use kiln_model::labels::{sanitize_label_name, Labels, SERVICE_NAME};
+use kiln_model::pprof::{Profile, Validated};
+use kiln_model::ProfileType;
+
+/// Per-sample labels that stay with the sample instead of splitting the series: they are
+/// unique per request and would otherwise explode the series count.
+pub const PER_SAMPLE_LABELS: [&str; 2] = ["span_id", "profile_id"];
+
+/// Frame name of the synthetic root frame that replaces frames cut by the depth limit.
+pub const TRUNCATED_FRAME: &str = "[truncated]";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct MappingRow {
+    pub memory_start: u64,
+    pub memory_limit: u64,
+    pub file_offset: u64,
+    pub filename: u32,
+    pub build_id: u32,
+    /// Bit 0: has_functions, 1: has_filenames, 2: has_line_numbers, 3: has_inline_frames.
+    pub flags: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct FunctionRow {
+    pub name: u32,
+    pub system_name: u32,
+    pub filename: u32,
+    pub start_line: i64,
+}
+
+/// A series: one profile type and one label set (names and values are string ids, sorted
+/// by name).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct SeriesRow {
+    pub profile_type: u32,
+    pub labels: Vec<(u32, u32)>,
+}
+
+/// One profile of one series; its samples follow those of the previous row.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProfileRow {
+    pub id: Vec<u8>,
+    pub series: u32,
+    pub time_nanos: i64,
+    pub duration_nanos: i64,
+    pub period: i64,
+    /// Position of this sample type in the profile as it was received.
+    pub type_index: u32,
+    pub sample_count: u32,
+}
+
+/// All profiles of one (tenant, service), with each symbol stored once.
+///
+/// Id conventions: string 0 is "", mapping 0 means "no mapping", stack node 0 is the root
+/// sentinel (a node whose parent is 0 is an outermost frame). Functions and locations are
+/// 0-based. Samples of profile `i` are the `profiles[i].sample_count` samples after those
+/// of profile `i - 1`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Dataset {
+    pub tenant: String,
+    pub service: String,
+    pub min_time_nanos: i64,
+    pub max_time_nanos: i64,
+    pub strings: Vec<String>,
+    pub mappings: Vec<MappingRow>,
+    pub functions: Vec<FunctionRow>,
+    pub location_mapping: Vec<u32>,
+    pub location_address: Vec<u64>,
+    pub location_line_count: Vec<u32>,
+    pub line_function: Vec<u32>,
+    pub line_number: Vec<i64>,
+    pub stack_parent: Vec<u32>,
+    pub stack_location: Vec<u32>,
+    pub series: Vec<SeriesRow>,
+    pub profiles: Vec<ProfileRow>,
+    pub sample_stack: Vec<u32>,
+    pub sample_value: Vec<i64>,
+    pub sample_label_sample: Vec<u32>,
+    pub sample_label_name: Vec<u32>,
+    pub sample_label_value: Vec<u32>,
+}
+
+impl Dataset {
+    /// Start offset of each location's lines in `line_*`, plus the end.
+    pub fn location_line_offsets(&self) -> Vec<u32> {
+        prefix_sums(&self.location_line_count)
+    }
+
+    /// Start offset of each profile's samples, plus the end.
+    pub fn profile_sample_offsets(&self) -> Vec<u32> {
+        let mut offsets = Vec::with_capacity(self.profiles.len() + 1);
+        let mut total = 0u32;
+        offsets.push(0);
+        for profile in &self.profiles {
+            total += profile.sample_count;
+            offsets.push(total);
+        }
+        offsets
+    }
+
+    pub fn string(&self, id: u32) -> &str {
+        self.strings.get(id as usize).map(String::as_str).unwrap_or("")
+    }
+
+    pub fn series_labels(&self, series: &SeriesRow) -> Labels {
+        Labels::from_pairs(
+            series
+                .labels
+                .iter()
+                .map(|(name, value)| (self.string(*name), self.string(*value))),
+        )
+    }
+
+    /// Checks that every id points inside its table, so readers can index freely.
+    pub fn check(&self) -> Result<(), String> {
+        let strings = self.strings.len() as u32;
+        let in_range = |id: u32, len: usize, what: &str| -> Result<(), String> {
+            if (id as usize) < len {
+                Ok(())
+            } else {
+                Err(format!("{what} {id} out of range ({len})"))
+            }
+        };
+        if self.strings.first().is_some_and(|s| !s.is_empty()) {
+            return Err("string 0 is not empty".into());
+        }
+        for m in &self.mappings {
+            in_range(m.filename, strings as usize, "mapping filename")?;
+            in_range(m.build_id, strings as usize, "mapping build id")?;
+        }
+        for f in &self.functions {
+            in_range(f.name, strings as usize, "function name")?;
+            in_range(f.system_name, strings as usize, "function system name")?;
+            in_range(f.filename, strings as usize, "function filename")?;
+        }
+        let locations = self.location_mapping.len();
+        if self.location_address.len() != locations || self.location_line_count.len() != locations {
+            return Err("location columns differ in length".into());
+        }
+        for id in &self.location_mapping {
+            in_range(*id, self.mappings.len().max(1), "location mapping")?;
+        }
+        let lines: u64 = self.location_line_count.iter().map(|c| *c as u64).sum();
+        if lines != self.line_function.len() as u64 || self.line_number.len() != self.line_function.len() {
+            return Err("line columns do not match location line counts".into());
+        }
+        for id in &self.line_function {
+            in_range(*id, self.functions.len(), "line function")?;
+        }
+        if self.stack_parent.len() != self.stack_location.len() {
+            return Err("stack columns differ in length".into());
+        }
+        for (node, (parent, location)) in self.stack_parent.iter().zip(&self.stack_location).enumerate() {
+            if node == 0 {
+                continue;
+            }
+            // Parents precede children, which also rules out cycles.
+            if *parent as usize >= node {
+                return Err(format!("stack node {node} has parent {parent} not before it"));
+            }
+            in_range(*location, locations, "stack location")?;
+        }
+        for series in &self.series {
+            in_range(series.profile_type, strings as usize, "series profile type")?;
+            for (name, value) in &series.labels {
+                in_range(*name, strings as usize, "series label name")?;
+                in_range(*value, strings as usize, "series label value")?;
+            }
+        }
+        let mut samples = 0u64;
+        for profile in &self.profiles {
+            in_range(profile.series, self.series.len(), "profile series")?;
+            samples += profile.sample_count as u64;
+        }
+        if samples != self.sample_stack.len() as u64 || self.sample_value.len() != self.sample_stack.len() {
+            return Err("sample columns do not match profile sample counts".into());
+        }
+        for stack in &self.sample_stack {
+            in_range(*stack, self.stack_parent.len(), "sample stack")?;
+            if *stack == 0 {
+                return Err("sample refers to the root stack node".into());
+            }
+        }
+        let label_rows = self.sample_label_sample.len();
+        if self.sample_label_name.len() != label_rows || self.sample_label_value.len() != label_rows {
+            return Err("sample label columns differ in length".into());
+        }
+        for index in 0..label_rows {
+            in_range(self.sample_label_sample[index], self.sample_stack.len(), "sample label sample")?;
+            in_range(self.sample_label_name[index], strings as usize, "sample label name")?;
+            in_range(self.sample_label_value[index], strings as usize, "sample label value")?;
+        }
+        Ok(())
+    }
+}
+
+fn prefix_sums(counts: &[u32]) -> Vec<u32> {
+    let mut offsets = Vec::with_capacity(counts.len() + 1);
+    let mut total = 0u32;
+    offsets.push(0);
+    for count in counts {
+        total += count;
+        offsets.push(total);
+    }
+    offsets
+}
+
+/// Which sample type of a pprof goes to which profile type, and how its values scale.
+#[derive(Debug, Clone)]
+pub struct TypePlan {
+    pub value_index: usize,
+    pub profile_type: ProfileType,
+    /// Multiplier for values (sample counts to nanoseconds for legacy CPU uploads).
+    pub scale: Option<f64>,
+}
+
+/// One decoded, validated profile to add to a dataset.
+pub struct PprofInput<'a> {
+    pub profile: &'a Profile,
+    pub index: &'a Validated,
+    pub id: &'a str,
+    pub time_nanos: i64,
+    pub duration_nanos: i64,
+    /// Series labels, `service_name` included; sample labels are added per sample.
+    pub labels: &'a Labels,
+    pub types: &'a [TypePlan],
+    pub max_stack_depth: usize,
+}
+
+#[derive(Hash, PartialEq, Eq, Clone)]
+struct LocationKey {
+    mapping: u32,
+    address: u64,
+    lines: Vec<(u32, i64)>,
+}
+
+struct PendingProfile {
+    row: ProfileRow,
+    samples: HashMap<(u32, u32), i64>,
+}
+
+/// Interns profiles into one dataset: every string, mapping, function, location and stack
+/// prefix gets one id however many profiles use it.
+pub struct DatasetBuilder {
+    tenant: String,
+    service: String,
+    strings: Vec<String>,
+    string_ids: HashMap<String, u32>,
+    mappings: Vec<MappingRow>,
+    mapping_ids: HashMap<MappingRow, u32>,
+    functions: Vec<FunctionRow>,
+    function_ids: HashMap<FunctionRow, u32>,
+    locations: Vec<LocationKey>,
+    location_ids: HashMap<LocationKey, u32>,
+    stack_parent: Vec<u32>,
+    stack_location: Vec<u32>,
+    stack_ids: HashMap<(u32, u32), u32>,
+    series: Vec<SeriesRow>,
+    series_ids: HashMap<SeriesRow, u32>,
+    label_sets: Vec<Vec<(u32, u32)>>,
+    label_set_ids: HashMap<Vec<(u32, u32)>, u32>,
+    profiles: Vec<PendingProfile>,
+    truncated_location: Option<u32>,
+}
+
+impl DatasetBuilder {
+    pub fn new(tenant: &str, service: &str) -> Self {
+        let mut builder = DatasetBuilder {
+            tenant: tenant.to_string(),
+            service: service.to_string(),
+            strings: Vec::new(),
+            string_ids: HashMap::new(),
+            mappings: vec![MappingRow::default()],
+            mapping_ids: HashMap::new(),
+            functions: Vec::new(),
+            function_ids: HashMap::new(),
+            locations: Vec::new(),
+            location_ids: HashMap::new(),
+            stack_parent: vec![0],
+            stack_location: vec![0],
+            stack_ids: HashMap::new(),
+            series: Vec::new(),
+            series_ids: HashMap::new(),
+            label_sets: vec![Vec::new()],
+            label_set_ids: HashMap::new(),
+            profiles: Vec::new(),
+            truncated_location: None,
+        };
+        builder.intern("");
+        builder.label_set_ids.insert(Vec::new(), 0);
+        builder
+    }
+
+    pub fn profile_count(&self) -> usize {
+        self.profiles.len()
+    }
+
+    pub fn intern(&mut self, value: &str) -> u32 {
+        if let Some(id) = self.string_ids.get(value) {
+            return *id;
+        }
+        let id = self.strings.len() as u32;
+        self.strings.push(value.to_string());
+        self.string_ids.insert(value.to_string(), id);
+        id
+    }
+
+    fn intern_bytes(&mut self, value: &[u8]) -> u32 {
+        match std::str::from_utf8(value) {
+            Ok(text) => self.intern(text),
+            Err(_) => self.intern(&String::from_utf8_lossy(value)),
+        }
+    }
+
+    fn intern_location(&mut self, key: LocationKey) -> u32 {
+        if let Some(id) = self.location_ids.get(&key) {
+            return *id;
+        }
+        let id = self.locations.len() as u32;
+        self.locations.push(key.clone());
+        self.location_ids.insert(key, id);
+        id
+    }
+
+    fn intern_stack_node(&mut self, parent: u32, location: u32) -> u32 {
+        if let Some(id) = self.stack_ids.get(&(parent, location)) {
+            return *id;
+        }
+        let id = self.stack_parent.len() as u32;
+        self.stack_parent.push(parent);
+        self.stack_location.push(location);
+        self.stack_ids.insert((parent, location), id);
+        id
+    }
+
+    fn intern_series(&mut self, series: SeriesRow) -> u32 {
+        if let Some(id) = self.series_ids.get(&series) {
+            return *id;
+        }
+        let id = self.series.len() as u32;
+        self.series.push(series.clone());
+        self.series_ids.insert(series, id);
+        id
+    }
+
+    fn intern_label_set(&mut self, set: Vec<(u32, u32)>) -> u32 {
+        if let Some(id) = self.label_set_ids.get(&set) {
+            return *id;
+        }
+        let id = self.label_sets.len() as u32;
+        self.label_sets.push(set.clone());
+        self.label_set_ids.insert(set, id);
+        id
+    }
+
+    fn truncated_location(&mut self) -> u32 {
+        if let Some(id) = self.truncated_location {
+            return id;
+        }
+        let name = self.intern(TRUNCATED_FRAME);
+        let function = FunctionRow {
+            name,
+            system_name: name,
+            ..Default::default()
+        };
+        let function_id = self.intern_function(function);
+        let id = self.intern_location(LocationKey {
+            mapping: 0,
+            address: 0,
+            lines: vec![(function_id, 0)],
+        });
+        self.truncated_location = Some(id);
+        id
+    }
+
+    fn intern_function(&mut self, function: FunctionRow) -> u32 {
+        if let Some(id) = self.function_ids.get(&function) {
+            return *id;
+        }
+        let id = self.functions.len() as u32;
+        self.functions.push(function);
+        self.function_ids.insert(function, id);
+        id
+    }
+
+    /// Adds one validated pprof. Never fails: [`kiln_model::pprof::validate`] has checked
+    /// every reference already.
+    pub fn add_pprof(&mut self, input: &PprofInput<'_>) {
+        let profile = input.profile;
+        let string_ids: Vec<u32> = profile
+            .string_table
+            .iter()
+            .map(|bytes| self.intern_bytes(bytes))
+            .collect();
+        let string = |index: i64| string_ids.get(index as usize).copied().unwrap_or(0);
+
+        let mut mapping_cache: Vec<Option<u32>> = vec![None; profile.mapping.len()];
+        let mut function_cache: Vec<Option<u32>> = vec![None; profile.function.len()];
+        let mut location_cache: Vec<Option<u32>> = vec![None; profile.location.len()];
+
+        // Sample labels that become series labels, grouped so each distinct set is one series.
+        let mut groups: HashMap<Vec<(i64, i64)>, usize> = HashMap::new();
+        groups.insert(Vec::new(), 0);
+        let mut pending_index: HashMap<(usize, usize), usize> = HashMap::new();
+        let base_labels: Vec<(String, String)> = input
+            .labels
+            .iter()
+            .map(|label| (label.name.clone(), label.value.clone()))
+            .collect();
+        let type_ids: Vec<u32> = input
+            .types
+            .iter()
+            .map(|plan| self.intern(&plan.profile_type.id()))
+            .collect();
+
+        let mut stack_locations: Vec<u32> = Vec::new();
+        for sample in &profile.sample {
+            // Resolve the stack, leaf first as pprof stores it.
+            stack_locations.clear();
+            let depth = sample.location_id.len();
+            let keep = if depth > input.max_stack_depth {
+                input.max_stack_depth.saturating_sub(1)
+            } else {
+                depth
+            };
+            for id in &sample.location_id[..keep] {
+                let Some(position) = input.index.locations.get(*id) else {
+                    continue;
+                };
+                let location_id = match location_cache[position] {
+                    Some(location_id) => location_id,
+                    None => {
+                        let location = &profile.location[position];
+                        let mapping = match input.index.mappings.get(location.mapping_id) {
+                            Some(mapping_position) if location.mapping_id != 0 => {
+                                match mapping_cache[mapping_position] {
+                                    Some(id) => id,
+                                    None => {
+                                        let m = &profile.mapping[mapping_position];
+                                        let row = MappingRow {
+                                            memory_start: m.memory_start,
+                                            memory_limit: m.memory_limit,
+                                            file_offset: m.file_offset,
+                                            filename: string(m.filename),
+                                            build_id: string(m.build_id),
+                                            flags: (m.has_functions as u32)
+                                                | (m.has_filenames as u32) << 1
+                                                | (m.has_line_numbers as u32) << 2
+                                                | (m.has_inline_frames as u32) << 3,
+                                        };
+                                        let id = match self.mapping_ids.get(&row) {
+                                            Some(id) => *id,
+                                            None => {
+                                                let id = self.mappings.len() as u32;
+                                                self.mappings.push(row);
+                                                self.mapping_ids.insert(row, id);
+                                                id
+                                            }
+                                        };
+                                        mapping_cache[mapping_position] = Some(id);
+                                        id
+                                    }
+                                }
+                            }
+                            _ => 0,
+                        };
+                        let mut lines = Vec::with_capacity(location.line.len());
+                        for line in &location.line {
+                            let Some(function_position) = input.index.functions.get(line.function_id) else {
+                                continue;
+                            };
+                            let function_id = match function_cache[function_position] {
+                                Some(id) => id,
+                                None => {
+                                    let f = &profile.function[function_position];
+                                    let id = self.intern_function(FunctionRow {
+                                        name: string(f.name),
+                                        system_name: string(f.system_name),
+                                        filename: string(f.filename),
+                                        start_line: f.start_line,
+                                    });
+                                    function_cache[function_position] = Some(id);
+                                    id
+                                }
+                            };
+                            lines.push((function_id, line.line));
+                        }
+                        let id = self.intern_location(LocationKey {
+                            mapping,
+                            address: location.address,
+                            lines,
+                        });
+                        location_cache[position] = Some(id);
+                        id
+                    }
+                };
+                stack_locations.push(location_id);
+            }
+            if keep < depth {
+                let truncated = self.truncated_location();
+                stack_locations.push(truncated);
+            }
+            if stack_locations.is_empty() {
+                continue;
+            }
+            let mut node = 0u32;
+            for location in stack_locations.iter().rev() {
+                node = self.intern_stack_node(node, *location);
+            }
+
+            // Split labels: per-sample ones stay with the sample, string labels pick the series.
+            let mut series_extra: Vec<(i64, i64)> = Vec::new();
+            let mut per_sample: Vec<(u32, u32)> = Vec::new();
+            for label in &sample.label {
+                if label.str == 0 {
+                    continue; // numeric labels (e.g. Go's heap "bytes") are not series labels
+                }
+                let key = profile.string_table.get(label.key as usize).map(Vec::as_slice).unwrap_or(b"");
+                if PER_SAMPLE_LABELS.iter().any(|name| name.as_bytes() == key) {
+                    per_sample.push((string(label.key), string(label.str)));
+                } else {
+                    series_extra.push((label.key, label.str));
+                }
+            }
+            series_extra.sort_unstable();
+            series_extra.dedup_by_key(|pair| pair.0);
+            per_sample.sort_unstable();
+            let label_set = if per_sample.is_empty() {
+                0
+            } else {
+                self.intern_label_set(per_sample)
+            };
+            let group_count = groups.len();
+            let group = *groups.entry(series_extra.clone()).or_insert(group_count);
+
+            for (type_position, plan) in input.types.iter().enumerate() {
+                let raw = sample.value.get(plan.value_index).copied().unwrap_or(0);
+                let value = match plan.scale {
+                    Some(scale) => (raw as f64 * scale).round() as i64,
+                    None => raw,
+                };
+                if value == 0 {
+                    continue;
+                }
+                let pending = match pending_index.get(&(group, type_position)) {
+                    Some(pending) => *pending,
+                    None => {
+                        let mut labels: Labels = Labels::from_pairs(base_labels.iter().cloned());
+                        for (key, value) in &series_extra {
+                            let name = sanitize_label_name(&profile.string_or_empty(*key));
+                            if name == SERVICE_NAME || name == kiln_model::labels::METRIC_NAME {
+                                continue;
+                            }
+                            labels.set(name, profile.string_or_empty(*value));
+                        }
+                        let label_ids: Vec<(u32, u32)> = labels
+                            .iter()
+                            .map(|label| (label.name.clone(), label.value.clone()))
+                            .collect::<Vec<_>>()
+                            .into_iter()
+                            .map(|(name, value)| (self.intern(&name), self.intern(&value)))
+                            .collect();
+                        let series = self.intern_series(SeriesRow {
+                            profile_type: type_ids[type_position],
+                            labels: label_ids,
+                        });
+                        self.profiles.push(PendingProfile {
+                            row: ProfileRow {
+                                id: input.id.as_bytes().to_vec(),
+                                series,
+                                time_nanos: input.time_nanos,
+                                duration_nanos: input.duration_nanos,
+                                period: profile.period,
+                                type_index: plan.value_index as u32,
+                                sample_count: 0,
+                            },
+                            samples: HashMap::new(),
+                        });
+                        let pending = self.profiles.len() - 1;
+                        pending_index.insert((group, type_position), pending);
+                        pending
+                    }
+                };
+                *self.profiles[pending].samples.entry((node, label_set)).or_insert(0) += value;
+            }
+        }
+    }
+
+    /// Adds a profile row with its samples given as (stack node, per-sample label pairs,
+    /// value). Used when re-building datasets from datasets (compaction, tests).
+    pub fn string_count(&self) -> usize {
+        self.strings.len()
+    }
+
+    pub fn finish(self) -> Dataset {
+        let mut dataset = Dataset {
+            tenant: self.tenant,
+            service: self.service,
+            min_time_nanos: i64::MAX,
+            max_time_nanos: i64::MIN,
+            strings: self.strings,
+            mappings: self.mappings,
+            functions: self.functions,
+            stack_parent: self.stack_parent,
+            stack_location: self.stack_location,
+            series: self.series,
+            ..Default::default()
+        };
+        for location in &self.locations {
+            dataset.location_mapping.push(location.mapping);
+            dataset.location_address.push(location.address);
+            dataset.location_line_count.push(location.lines.len() as u32);
+            for (function, line) in &location.lines {
+                dataset.line_function.push(*function);
+                dataset.line_number.push(*line);
+            }
+        }
+        let mut profiles = self.profiles;
+        profiles.sort_by(|a, b| {
+            (a.row.series, a.row.time_nanos, &a.row.id).cmp(&(b.row.series, b.row.time_nanos, &b.row.id))
+        });
+        for pending in profiles {
+            let mut samples: Vec<((u32, u32), i64)> = pending.samples.into_iter().collect();
+            samples.sort_unstable_by_key(|(key, _)| *key);
+            let mut row = pending.row;
+            row.sample_count = samples.len() as u32;
+            dataset.min_time_nanos = dataset.min_time_nanos.min(row.time_nanos);
+            dataset.max_time_nanos = dataset.max_time_nanos.max(row.time_nanos);
+            for ((stack, label_set), value) in samples {
+                if label_set != 0 {
+                    let sample = dataset.sample_stack.len() as u32;
+                    for (name, value) in &self.label_sets[label_set as usize] {
+                        dataset.sample_label_sample.push(sample);
+                        dataset.sample_label_name.push(*name);
+                        dataset.sample_label_value.push(*value);
+                    }
+                }
+                dataset.sample_stack.push(stack);
+                dataset.sample_value.push(value);
+            }
+            dataset.profiles.push(row);
+        }
+        if dataset.profiles.is_empty() {
+            dataset.min_time_nanos = 0;
+            dataset.max_time_nanos = 0;
+        }
+        dataset
+    }
+}

@@ -1,0 +1,483 @@
+//! The block file format: Apache Parquet, one row group (holding exactly one row) per
+//! dataset, every table a repeated group column. `docs/FORMAT.md` is the specification.
+//!
+//! Why one row per dataset: a dataset's tables have different lengths and schemas, and
+//! Parquet requires one schema per file. Nesting each table as a repeated group lets one
+//! object hold every table of many datasets, so the write path does one PUT per flush and
+//! a reader fetches only the column chunks it needs of the one row group it needs.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::column::reader::ColumnReader;
+use parquet::column::writer::ColumnWriter;
+use parquet::data_type::ByteArray;
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::parser::parse_message_type;
+
+use crate::dataset::{Dataset, FunctionRow, MappingRow, ProfileRow, SeriesRow};
+use crate::StorageError;
+
+/// Version of the layout below, stored in the footer as `kiln.block.version`.
+pub const FORMAT_VERSION: &str = "1";
+
+/// The Parquet schema of a block. Leaf order is the column order the codec relies on.
+pub const SCHEMA: &str = "
+message kiln_dataset {
+  required binary tenant (STRING);
+  required binary service (STRING);
+  required int64 min_time_nanos;
+  required int64 max_time_nanos;
+  repeated binary strings (STRING);
+  repeated group mappings {
+    required int64 memory_start;
+    required int64 memory_limit;
+    required int64 file_offset;
+    required int32 filename;
+    required int32 build_id;
+    required int32 flags;
+  }
+  repeated group functions {
+    required int32 name;
+    required int32 system_name;
+    required int32 filename;
+    required int64 start_line;
+  }
+  repeated group locations {
+    required int32 mapping;
+    required int64 address;
+    required int32 line_count;
+  }
+  repeated group lines {
+    required int32 function;
+    required int64 line;
+  }
+  repeated group stacks {
+    required int32 parent;
+    required int32 location;
+  }
+  repeated group series {
+    required int32 profile_type;
+    required int32 label_count;
+  }
+  repeated group series_labels {
+    required int32 name;
+    required int32 value;
+  }
+  repeated group profiles {
+    required binary id;
+    required int32 series;
+    required int64 time_nanos;
+    required int64 duration_nanos;
+    required int64 period;
+    required int32 type_index;
+    required int32 sample_count;
+  }
+  repeated group samples {
+    required int32 stack;
+    required int64 value;
+  }
+  repeated group sample_labels {
+    required int32 sample;
+    required int32 name;
+    required int32 value;
+  }
+}
+";
+
+/// Number of leaf columns in [`SCHEMA`].
+pub const COLUMN_COUNT: usize = 38;
+
+/// Column ranges of each table, to read only what a query needs.
+pub mod columns {
+    use std::ops::Range;
+    pub const HEADER: Range<usize> = 0..4;
+    pub const STRINGS: Range<usize> = 4..5;
+    pub const MAPPINGS: Range<usize> = 5..11;
+    pub const FUNCTIONS: Range<usize> = 11..15;
+    pub const LOCATIONS: Range<usize> = 15..18;
+    pub const LINES: Range<usize> = 18..20;
+    pub const STACKS: Range<usize> = 20..22;
+    pub const SERIES: Range<usize> = 22..26;
+    pub const PROFILES: Range<usize> = 26..33;
+    pub const SAMPLES: Range<usize> = 33..35;
+    pub const SAMPLE_LABELS: Range<usize> = 35..38;
+}
+
+enum Column {
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    Bytes(Vec<ByteArray>),
+}
+
+impl Column {
+    fn len(&self) -> usize {
+        match self {
+            Column::I32(values) => values.len(),
+            Column::I64(values) => values.len(),
+            Column::Bytes(values) => values.len(),
+        }
+    }
+}
+
+fn i32s(values: impl Iterator<Item = u32>) -> Column {
+    Column::I32(values.map(|value| value as i32).collect())
+}
+
+fn i64s(values: impl Iterator<Item = i64>) -> Column {
+    Column::I64(values.collect())
+}
+
+fn dataset_columns(dataset: &Dataset) -> Vec<Column> {
+    let bytes = |value: &str| ByteArray::from(value.as_bytes().to_vec());
+    vec![
+        Column::Bytes(vec![bytes(&dataset.tenant)]),
+        Column::Bytes(vec![bytes(&dataset.service)]),
+        Column::I64(vec![dataset.min_time_nanos]),
+        Column::I64(vec![dataset.max_time_nanos]),
+        Column::Bytes(dataset.strings.iter().map(|s| bytes(s)).collect()),
+        i64s(dataset.mappings.iter().map(|m| m.memory_start as i64)),
+        i64s(dataset.mappings.iter().map(|m| m.memory_limit as i64)),
+        i64s(dataset.mappings.iter().map(|m| m.file_offset as i64)),
+        i32s(dataset.mappings.iter().map(|m| m.filename)),
+        i32s(dataset.mappings.iter().map(|m| m.build_id)),
+        i32s(dataset.mappings.iter().map(|m| m.flags)),
+        i32s(dataset.functions.iter().map(|f| f.name)),
+        i32s(dataset.functions.iter().map(|f| f.system_name)),
+        i32s(dataset.functions.iter().map(|f| f.filename)),
+        i64s(dataset.functions.iter().map(|f| f.start_line)),
+        i32s(dataset.location_mapping.iter().copied()),
+        i64s(dataset.location_address.iter().map(|a| *a as i64)),
+        i32s(dataset.location_line_count.iter().copied()),
+        i32s(dataset.line_function.iter().copied()),
+        i64s(dataset.line_number.iter().copied()),
+        i32s(dataset.stack_parent.iter().copied()),
+        i32s(dataset.stack_location.iter().copied()),
+        i32s(dataset.series.iter().map(|s| s.profile_type)),
+        i32s(dataset.series.iter().map(|s| s.labels.len() as u32)),
+        i32s(dataset.series.iter().flat_map(|s| s.labels.iter().map(|l| l.0))),
+        i32s(dataset.series.iter().flat_map(|s| s.labels.iter().map(|l| l.1))),
+        Column::Bytes(dataset.profiles.iter().map(|p| ByteArray::from(p.id.clone())).collect()),
+        i32s(dataset.profiles.iter().map(|p| p.series)),
+        i64s(dataset.profiles.iter().map(|p| p.time_nanos)),
+        i64s(dataset.profiles.iter().map(|p| p.duration_nanos)),
+        i64s(dataset.profiles.iter().map(|p| p.period)),
+        i32s(dataset.profiles.iter().map(|p| p.type_index)),
+        i32s(dataset.profiles.iter().map(|p| p.sample_count)),
+        i32s(dataset.sample_stack.iter().copied()),
+        i64s(dataset.sample_value.iter().copied()),
+        i32s(dataset.sample_label_sample.iter().copied()),
+        i32s(dataset.sample_label_name.iter().copied()),
+        i32s(dataset.sample_label_value.iter().copied()),
+    ]
+}
+
+fn writer_properties() -> Result<WriterProperties, StorageError> {
+    Ok(WriterProperties::builder()
+        .set_writer_version(WriterVersion::PARQUET_1_0)
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+        .set_statistics_enabled(EnabledStatistics::Chunk)
+        .set_created_by(format!("kiln {}", env!("CARGO_PKG_VERSION")))
+        .set_key_value_metadata(Some(vec![KeyValue::new(
+            "kiln.block.version".to_string(),
+            FORMAT_VERSION.to_string(),
+        )]))
+        .build())
+}
+
+/// Encodes datasets into one block object; dataset `i` is row group `i`.
+pub fn encode_block(datasets: &[Dataset]) -> Result<Vec<u8>, StorageError> {
+    let schema = Arc::new(parse_message_type(SCHEMA)?);
+    let properties = Arc::new(writer_properties()?);
+    let mut writer = SerializedFileWriter::new(Vec::new(), schema, properties)?;
+    for dataset in datasets {
+        let columns = dataset_columns(dataset);
+        let mut row_group = writer.next_row_group()?;
+        let mut index = 0;
+        while let Some(mut column_writer) = row_group.next_column()? {
+            let column = columns
+                .get(index)
+                .ok_or_else(|| StorageError::Corrupt("schema has more columns than the codec".into()))?;
+            let top_level = index < columns::STRINGS.start;
+            let count = column.len();
+            let (definition, repetition): (Vec<i16>, Vec<i16>) = if top_level {
+                (Vec::new(), Vec::new())
+            } else if count == 0 {
+                (vec![0], vec![0])
+            } else {
+                let mut repetition = vec![1i16; count];
+                repetition[0] = 0;
+                (vec![1i16; count], repetition)
+            };
+            let (def, rep) = if top_level {
+                (None, None)
+            } else {
+                (Some(definition.as_slice()), Some(repetition.as_slice()))
+            };
+            match (column_writer.untyped(), column) {
+                (ColumnWriter::Int32ColumnWriter(writer), Column::I32(values)) => {
+                    writer.write_batch(values, def, rep)?;
+                }
+                (ColumnWriter::Int64ColumnWriter(writer), Column::I64(values)) => {
+                    writer.write_batch(values, def, rep)?;
+                }
+                (ColumnWriter::ByteArrayColumnWriter(writer), Column::Bytes(values)) => {
+                    writer.write_batch(values, def, rep)?;
+                }
+                _ => return Err(StorageError::Corrupt(format!("column {index} has an unexpected type"))),
+            }
+            column_writer.close()?;
+            index += 1;
+        }
+        row_group.close()?;
+    }
+    Ok(writer.into_inner()?)
+}
+
+fn read_column(reader: ColumnReader, top_level: bool) -> Result<Column, StorageError> {
+    fn read<T: parquet::data_type::DataType>(
+        mut reader: parquet::column::reader::ColumnReaderImpl<T>,
+        top_level: bool,
+    ) -> Result<Vec<T::T>, StorageError> {
+        let mut values = Vec::new();
+        let mut definition = Vec::new();
+        let mut repetition = Vec::new();
+        if top_level {
+            reader.read_records(1, None, None, &mut values)?;
+        } else {
+            reader.read_records(1, Some(&mut definition), Some(&mut repetition), &mut values)?;
+        }
+        Ok(values)
+    }
+    Ok(match reader {
+        ColumnReader::Int32ColumnReader(reader) => Column::I32(read(reader, top_level)?),
+        ColumnReader::Int64ColumnReader(reader) => Column::I64(read(reader, top_level)?),
+        ColumnReader::ByteArrayColumnReader(reader) => Column::Bytes(read(reader, top_level)?),
+        _ => return Err(StorageError::Corrupt("unexpected column type".into())),
+    })
+}
+
+/// Which tables to decode; the rest are left empty.
+#[derive(Debug, Clone, Copy)]
+pub struct Projection {
+    pub symbols: bool,
+    pub samples: bool,
+    pub sample_labels: bool,
+}
+
+impl Projection {
+    pub const ALL: Projection = Projection {
+        symbols: true,
+        samples: true,
+        sample_labels: true,
+    };
+    /// Series and profile rows only: enough to list profiles and match labels.
+    pub const INDEX: Projection = Projection {
+        symbols: false,
+        samples: false,
+        sample_labels: false,
+    };
+
+    fn wants(&self, column: usize) -> bool {
+        use columns::*;
+        if HEADER.contains(&column) || STRINGS.contains(&column) || SERIES.contains(&column) || PROFILES.contains(&column) {
+            return true;
+        }
+        if SAMPLES.contains(&column) {
+            return self.samples;
+        }
+        if SAMPLE_LABELS.contains(&column) {
+            return self.sample_labels;
+        }
+        self.symbols
+    }
+}
+
+/// Number of datasets (row groups) in a block.
+pub fn dataset_count(block: &Bytes) -> Result<usize, StorageError> {
+    let reader = SerializedFileReader::new(block.clone())?;
+    Ok(reader.num_row_groups())
+}
+
+/// Decodes dataset `row_group` of a block, reading only the projected columns.
+pub fn decode_dataset(block: &Bytes, row_group: usize, projection: Projection) -> Result<Dataset, StorageError> {
+    let reader = SerializedFileReader::new(block.clone())?;
+    let version = reader
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|kv| kv.iter().find(|kv| kv.key == "kiln.block.version"))
+        .and_then(|kv| kv.value.clone());
+    if version.as_deref() != Some(FORMAT_VERSION) {
+        return Err(StorageError::Corrupt(format!(
+            "unsupported block format version {version:?}"
+        )));
+    }
+    if row_group >= reader.num_row_groups() {
+        return Err(StorageError::Corrupt(format!(
+            "row group {row_group} out of range ({})",
+            reader.num_row_groups()
+        )));
+    }
+    let group = reader.get_row_group(row_group)?;
+    if group.num_columns() != COLUMN_COUNT {
+        return Err(StorageError::Corrupt(format!(
+            "block has {} columns, expected {COLUMN_COUNT}",
+            group.num_columns()
+        )));
+    }
+    let mut columns: Vec<Option<Column>> = Vec::with_capacity(COLUMN_COUNT);
+    for index in 0..COLUMN_COUNT {
+        if !projection.wants(index) {
+            columns.push(None);
+            continue;
+        }
+        let column = group.get_column_reader(index)?;
+        columns.push(Some(read_column(column, index < columns::STRINGS.start)?));
+    }
+    assemble(columns)
+}
+
+struct Decoded(Vec<Option<Column>>);
+
+impl Decoded {
+    fn u32s(&mut self, index: usize) -> Result<Vec<u32>, StorageError> {
+        match self.0[index].take() {
+            None => Ok(Vec::new()),
+            Some(Column::I32(values)) => Ok(values.into_iter().map(|v| v as u32).collect()),
+            Some(_) => Err(StorageError::Corrupt(format!("column {index} is not int32"))),
+        }
+    }
+
+    fn i64s(&mut self, index: usize) -> Result<Vec<i64>, StorageError> {
+        match self.0[index].take() {
+            None => Ok(Vec::new()),
+            Some(Column::I64(values)) => Ok(values),
+            Some(_) => Err(StorageError::Corrupt(format!("column {index} is not int64"))),
+        }
+    }
+
+    fn bytes(&mut self, index: usize) -> Result<Vec<ByteArray>, StorageError> {
+        match self.0[index].take() {
+            None => Ok(Vec::new()),
+            Some(Column::Bytes(values)) => Ok(values),
+            Some(_) => Err(StorageError::Corrupt(format!("column {index} is not binary"))),
+        }
+    }
+
+    fn text(&mut self, index: usize) -> Result<String, StorageError> {
+        Ok(self.bytes(index)?.first().map(text).unwrap_or_default())
+    }
+
+    fn single_i64(&mut self, index: usize) -> Result<i64, StorageError> {
+        Ok(self.i64s(index)?.first().copied().unwrap_or(0))
+    }
+}
+
+fn text(value: &ByteArray) -> String {
+    String::from_utf8_lossy(value.data()).into_owned()
+}
+
+fn assemble(columns: Vec<Option<Column>>) -> Result<Dataset, StorageError> {
+    let mut c = Decoded(columns);
+    let mut dataset = Dataset {
+        tenant: c.text(0)?,
+        service: c.text(1)?,
+        min_time_nanos: c.single_i64(2)?,
+        max_time_nanos: c.single_i64(3)?,
+        strings: c.bytes(4)?.iter().map(text).collect(),
+        ..Default::default()
+    };
+    let (starts, limits, offsets) = (c.i64s(5)?, c.i64s(6)?, c.i64s(7)?);
+    let (filenames, build_ids, flags) = (c.u32s(8)?, c.u32s(9)?, c.u32s(10)?);
+    same_lengths(
+        &[starts.len(), limits.len(), offsets.len(), filenames.len(), build_ids.len(), flags.len()],
+        "mappings",
+    )?;
+    dataset.mappings = (0..starts.len())
+        .map(|i| MappingRow {
+            memory_start: starts[i] as u64,
+            memory_limit: limits[i] as u64,
+            file_offset: offsets[i] as u64,
+            filename: filenames[i],
+            build_id: build_ids[i],
+            flags: flags[i],
+        })
+        .collect();
+    let (names, system_names, files, start_lines) = (c.u32s(11)?, c.u32s(12)?, c.u32s(13)?, c.i64s(14)?);
+    same_lengths(&[names.len(), system_names.len(), files.len(), start_lines.len()], "functions")?;
+    dataset.functions = (0..names.len())
+        .map(|i| FunctionRow {
+            name: names[i],
+            system_name: system_names[i],
+            filename: files[i],
+            start_line: start_lines[i],
+        })
+        .collect();
+    dataset.location_mapping = c.u32s(15)?;
+    dataset.location_address = c.i64s(16)?.into_iter().map(|a| a as u64).collect();
+    dataset.location_line_count = c.u32s(17)?;
+    dataset.line_function = c.u32s(18)?;
+    dataset.line_number = c.i64s(19)?;
+    dataset.stack_parent = c.u32s(20)?;
+    dataset.stack_location = c.u32s(21)?;
+    let (types, label_counts) = (c.u32s(22)?, c.u32s(23)?);
+    let (label_names, label_values) = (c.u32s(24)?, c.u32s(25)?);
+    same_lengths(&[types.len(), label_counts.len()], "series")?;
+    same_lengths(&[label_names.len(), label_values.len()], "series labels")?;
+    let mut label_offset = 0usize;
+    for (profile_type, count) in types.iter().zip(&label_counts) {
+        let end = label_offset
+            .checked_add(*count as usize)
+            .filter(|end| *end <= label_names.len())
+            .ok_or_else(|| StorageError::Corrupt("series label counts overrun the labels".into()))?;
+        dataset.series.push(SeriesRow {
+            profile_type: *profile_type,
+            labels: (label_offset..end).map(|i| (label_names[i], label_values[i])).collect(),
+        });
+        label_offset = end;
+    }
+    let ids = c.bytes(26)?;
+    let (series, times, durations, periods) = (c.u32s(27)?, c.i64s(28)?, c.i64s(29)?, c.i64s(30)?);
+    let (type_indexes, sample_counts) = (c.u32s(31)?, c.u32s(32)?);
+    same_lengths(
+        &[
+            ids.len(),
+            series.len(),
+            times.len(),
+            durations.len(),
+            periods.len(),
+            type_indexes.len(),
+            sample_counts.len(),
+        ],
+        "profiles",
+    )?;
+    dataset.profiles = (0..ids.len())
+        .map(|i| ProfileRow {
+            id: ids[i].data().to_vec(),
+            series: series[i],
+            time_nanos: times[i],
+            duration_nanos: durations[i],
+            period: periods[i],
+            type_index: type_indexes[i],
+            sample_count: sample_counts[i],
+        })
+        .collect();
+    dataset.sample_stack = c.u32s(33)?;
+    dataset.sample_value = c.i64s(34)?;
+    dataset.sample_label_sample = c.u32s(35)?;
+    dataset.sample_label_name = c.u32s(36)?;
+    dataset.sample_label_value = c.u32s(37)?;
+    Ok(dataset)
+}
+
+fn same_lengths(lengths: &[usize], table: &str) -> Result<(), StorageError> {
+    if lengths.windows(2).any(|pair| pair[0] != pair[1]) {
+        return Err(StorageError::Corrupt(format!("{table} columns differ in length: {lengths:?}")));
+    }
+    Ok(())
+}

@@ -1,0 +1,19 @@
+//! Kiln's storage layer: the dataset model, the block file format and object storage.
+//!
+//! A *dataset* holds the profiles of one (tenant, service) with every symbol stored once:
+//! strings, mappings, functions, locations and a prefix tree of stacks, then per-series
+//! profiles and their samples as `(stack id, value)` columns. A *block* is one Apache
+//! Parquet object holding one or more datasets, one row group each; segments from the
+//! write path and compacted blocks share the format. `docs/FORMAT.md` specifies it.
+//!
+//! This crate knows nothing about the metastore or HTTP: it turns datasets into bytes and
+//! back, and moves bytes to and from object storage.
+
+pub mod dataset;
+pub mod error;
+pub mod format;
+pub mod objects;
+
+pub use dataset::{Dataset, DatasetBuilder, ProfileRow, SeriesRow};
+pub use error::StorageError;
+pub use objects::ObjectStorage;
