@@ -1,1 +1,20 @@
-//! kiln-ingest
+//! The write path: from request bytes to durable, registered segments.
+//!
+//! Parsers (`pyroscope`, `push`, `profefe`) turn each protocol's request into
+//! [`ParsedProfile`]s, fully decoded and validated before anything is queued, so a request
+//! is accepted or refused whole. The [`Ingester`] batches profiles from many concurrent
+//! requests per flush (group commit): one block object and one metastore transaction per
+//! flush, and every request in it is acknowledged only after both succeed.
+
+pub mod error;
+pub mod limits;
+pub mod parse;
+pub mod profefe;
+pub mod push;
+pub mod pyroscope;
+pub mod writer;
+
+pub use error::IngestError;
+pub use limits::{Limits, TenantLimits};
+pub use parse::ParsedProfile;
+pub use writer::{Ingester, IngesterConfig};

@@ -144,17 +144,6 @@ pub fn from_legacy_suffix(suffix: &str) -> Option<SuffixType> {
     })
 }
 
-/// The profile type for an unknown legacy suffix: the suffix names everything, and the
-/// unit comes from the `units` parameter.
-pub fn for_unknown_suffix(suffix: &str, units: &str) -> ProfileType {
-    let unit = match units {
-        "" | "samples" | "objects" | "goroutines" | "lock_samples" => "count",
-        "bytes" | "lock_nanoseconds" | "nanoseconds" => units.trim_start_matches("lock_"),
-        other => other,
-    };
-    ProfileType::new(suffix, suffix, unit, suffix, unit)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,292 @@
+//! Shared conversion from a decoded pprof to a validated [`ParsedProfile`].
+
+use kiln_model::folded::FoldedStack;
+use kiln_model::labels::{self, Labels, METRIC_NAME, SERVICE_NAME};
+use kiln_model::pprof::{self, Profile, Validated, ValueType};
+use kiln_model::profile_type::name_for_sample_type;
+use kiln_model::ProfileType;
+use kiln_storage::dataset::{TypePlan, PER_SAMPLE_LABELS};
+
+use crate::{IngestError, Limits};
+
+/// The service name used when a client sends none, as OpenTelemetry does.
+pub const UNKNOWN_SERVICE: &str = "unknown_service";
+
+/// A profile ready to be written: decoded, validated and with its series decided.
+pub struct ParsedProfile {
+    pub id: String,
+    pub time_nanos: i64,
+    pub duration_nanos: i64,
+    /// Series labels, always with `service_name`.
+    pub labels: Labels,
+    pub profile: Profile,
+    pub index: Validated,
+    pub types: Vec<TypePlan>,
+    /// Size of the profile as received, for accounting.
+    pub received_bytes: usize,
+}
+
+impl ParsedProfile {
+    pub fn service(&self) -> &str {
+        self.labels.get(SERVICE_NAME).unwrap_or(UNKNOWN_SERVICE)
+    }
+
+    pub fn sample_count(&self) -> usize {
+        self.profile.sample.len()
+    }
+}
+
+/// What the request says about a profile beyond its bytes.
+#[derive(Debug, Clone, Default)]
+pub struct ProfileContext {
+    /// Series labels; `service_name` is filled with [`UNKNOWN_SERVICE`] when absent and
+    /// `__name__`, when present, names the profile type instead of the sample types.
+    pub labels: Labels,
+    pub name: Option<String>,
+    pub time_nanos: Option<i64>,
+    pub duration_nanos: Option<i64>,
+    pub id: Option<String>,
+    /// Multiplier applied to every value (legacy CPU sample counts to nanoseconds).
+    pub scale: Option<f64>,
+}
+
+pub fn now_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+/// A new profile id: a UUIDv7 carrying the profile's time, so it sorts by time and a
+/// lookup by id knows where to search.
+pub fn new_profile_id(time_nanos: i64) -> String {
+    let seconds = time_nanos.div_euclid(1_000_000_000) as u64;
+    let nanos = time_nanos.rem_euclid(1_000_000_000) as u32;
+    let timestamp = uuid::Timestamp::from_unix(uuid::NoContext, seconds, nanos);
+    uuid::Uuid::new_v7(timestamp).to_string()
+}
+
+/// Decodes and converts one pprof payload (gzip or plain).
+pub fn from_pprof_bytes(
+    data: &[u8],
+    context: ProfileContext,
+    limits: &Limits,
+) -> Result<ParsedProfile, IngestError> {
+    let profile = pprof::decode(data, limits.max_decompressed_bytes)?;
+    from_pprof(profile, context, data.len(), limits)
+}
+
+pub fn from_pprof(
+    mut profile: Profile,
+    mut context: ProfileContext,
+    received_bytes: usize,
+    limits: &Limits,
+) -> Result<ParsedProfile, IngestError> {
+    if profile.sample_type.is_empty() {
+        // Some writers omit sample_type and rely on the period type (go tool pprof does too).
+        match profile.period_type {
+            Some(period_type) => profile.sample_type.push(period_type),
+            None if profile.sample.is_empty() => {}
+            None => return Err(IngestError::BadRequest("profile has samples but no sample types".into())),
+        }
+    }
+    let index = pprof::validate(&profile, &limits.profile())?;
+
+    if let Some(name) = context.labels.get(METRIC_NAME) {
+        context.name.get_or_insert_with(|| name.to_string());
+        context.labels.remove(METRIC_NAME);
+    }
+    if context.labels.get(SERVICE_NAME).is_none() {
+        context.labels.set(SERVICE_NAME, UNKNOWN_SERVICE);
+    }
+    check_labels(&profile, &context.labels, limits)?;
+
+    let type_names: Vec<String> = profile
+        .sample_type
+        .iter()
+        .map(|value_type| profile.string_or_empty(value_type.r#type))
+        .collect();
+    let type_refs: Vec<&str> = type_names.iter().map(String::as_str).collect();
+    let period = profile.period_type.unwrap_or(ValueType { r#type: 0, unit: 0 });
+    let period_type = profile.string_or_empty(period.r#type);
+    let period_unit = profile.string_or_empty(period.unit);
+    let types = profile
+        .sample_type
+        .iter()
+        .enumerate()
+        .map(|(value_index, value_type)| {
+            let sample_type = &type_names[value_index];
+            let name = context
+                .name
+                .clone()
+                .unwrap_or_else(|| name_for_sample_type(sample_type, &type_refs, &period_type));
+            TypePlan {
+                value_index,
+                profile_type: ProfileType {
+                    name,
+                    sample_type: sample_type.clone(),
+                    sample_unit: profile.string_or_empty(value_type.unit),
+                    period_type: period_type.clone(),
+                    period_unit: period_unit.clone(),
+                },
+                scale: context.scale,
+            }
+        })
+        .collect();
+
+    let time_nanos = context
+        .time_nanos
+        .or((profile.time_nanos > 0).then_some(profile.time_nanos))
+        .unwrap_or_else(now_nanos);
+    let duration_nanos = context.duration_nanos.unwrap_or(profile.duration_nanos).max(0);
+    let id = context
+        .id
+        .filter(|id| !id.is_empty())
+        .unwrap_or_else(|| new_profile_id(time_nanos));
+    if id.len() > 256 {
+        return Err(IngestError::BadRequest("profile id is longer than 256 bytes".into()));
+    }
+    Ok(ParsedProfile {
+        id,
+        time_nanos,
+        duration_nanos,
+        labels: context.labels,
+        profile,
+        index,
+        types,
+        received_bytes,
+    })
+}
+
+/// Checks the limits on the labels each series will carry: the request's labels plus the
+/// string sample labels that become series labels.
+fn check_labels(profile: &Profile, labels: &Labels, limits: &Limits) -> Result<(), IngestError> {
+    let label_limits = limits.labels();
+    labels::validate(labels, &label_limits)?;
+    let mut extra_names: Vec<i64> = Vec::new();
+    for sample in &profile.sample {
+        for label in &sample.label {
+            if label.str == 0 || extra_names.contains(&label.key) {
+                continue;
+            }
+            let name = profile.string_or_empty(label.key);
+            if PER_SAMPLE_LABELS.contains(&name.as_str()) {
+                continue;
+            }
+            let value_length = profile.string_table.get(label.str as usize).map_or(0, Vec::len);
+            if name.len() > label_limits.max_name_length || value_length > label_limits.max_value_length {
+                return Err(IngestError::BadRequest(format!(
+                    "sample label {:?} is over the label length limits",
+                    name.chars().take(64).collect::<String>()
+                )));
+            }
+            extra_names.push(label.key);
+        }
+    }
+    let total = labels.len() + extra_names.len();
+    if total > label_limits.max_labels {
+        return Err(IngestError::BadRequest(format!(
+            "series would have {total} labels (request and sample labels), over the limit of {}",
+            label_limits.max_labels
+        )));
+    }
+    Ok(())
+}
+
+/// Builds a pprof from folded stacks: one function and one location per distinct frame.
+pub fn folded_to_pprof(stacks: &[FoldedStack], profile_type: &ProfileType) -> Profile {
+    let mut profile = Profile::default();
+    let mut strings: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+    let mut intern = |profile: &mut Profile, value: &str| -> i64 {
+        if let Some(id) = strings.get(value) {
+            return *id;
+        }
+        let id = profile.string_table.len() as i64;
+        profile.string_table.push(value.as_bytes().to_vec());
+        strings.insert(value.to_string(), id);
+        id
+    };
+    intern(&mut profile, "");
+    let sample_type = ValueType {
+        r#type: intern(&mut profile, &profile_type.sample_type),
+        unit: intern(&mut profile, &profile_type.sample_unit),
+    };
+    let period_type = ValueType {
+        r#type: intern(&mut profile, &profile_type.period_type),
+        unit: intern(&mut profile, &profile_type.period_unit),
+    };
+    profile.sample_type.push(sample_type);
+    profile.period_type = Some(period_type);
+    let mut locations: std::collections::HashMap<i64, u64> = std::collections::HashMap::new();
+    for stack in stacks {
+        let mut location_ids = Vec::with_capacity(stack.frames.len());
+        for frame in stack.frames.iter().rev() {
+            let name = intern(&mut profile, frame);
+            let next_id = locations.len() as u64 + 1;
+            let id = *locations.entry(name).or_insert(next_id);
+            if id == next_id {
+                profile.function.push(pprof::Function {
+                    id,
+                    name,
+                    system_name: name,
+                    ..Default::default()
+                });
+                profile.location.push(pprof::Location {
+                    id,
+                    line: vec![pprof::Line {
+                        function_id: id,
+                        line: 0,
+                        column: 0,
+                    }],
+                    ..Default::default()
+                });
+            }
+            location_ids.push(id);
+        }
+        profile.sample.push(pprof::Sample {
+            location_id: location_ids,
+            value: vec![stack.value],
+            label: Vec::new(),
+        });
+    }
+    profile
+}
+
+/// Interprets `from`/`until` as seconds, milliseconds, microseconds or nanoseconds by the
+/// number of digits, as Pyroscope does.
+pub fn parse_timestamp_nanos(value: &str) -> Result<i64, IngestError> {
+    let trimmed = value.trim();
+    let number: i64 = trimmed
+        .parse()
+        .map_err(|_| IngestError::BadRequest(format!("invalid timestamp {trimmed:?}: expected an integer")))?;
+    let digits = trimmed.trim_start_matches('-').len();
+    let nanos = match digits {
+        0..=10 => number.checked_mul(1_000_000_000),
+        11..=13 => number.checked_mul(1_000_000),
+        14..=16 => number.checked_mul(1_000),
+        _ => Some(number),
+    };
+    nanos.ok_or_else(|| IngestError::BadRequest(format!("timestamp {trimmed:?} is out of range")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_by_digit_count() {
+        assert_eq!(parse_timestamp_nanos("1700000000").unwrap(), 1_700_000_000_000_000_000);
+        assert_eq!(parse_timestamp_nanos("1700000000123").unwrap(), 1_700_000_000_123_000_000);
+        assert_eq!(parse_timestamp_nanos("1700000000123456").unwrap(), 1_700_000_000_123_456_000);
+        assert_eq!(parse_timestamp_nanos("1700000000123456789").unwrap(), 1_700_000_000_123_456_789);
+        assert!(parse_timestamp_nanos("soon").is_err());
+    }
+
+    #[test]
+    fn profile_ids_carry_time() {
+        let id = new_profile_id(1_700_000_000_123_000_000);
+        let parsed = uuid::Uuid::parse_str(&id).unwrap();
+        let (seconds, _) = parsed.get_timestamp().unwrap().to_unix();
+        assert_eq!(seconds, 1_700_000_000);
+    }
+}

@@ -1,0 +1,265 @@
+//! Pyroscope's `POST /ingest`: `name=APP.SUFFIX{tags}`, `from`/`until`, `format`, and a
+//! body that is pprof (raw, gzip, or multipart) or folded stacks.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use kiln_model::folded;
+use kiln_model::labels::{sanitize_label_name, Labels, SERVICE_NAME};
+use kiln_model::profile_type::from_legacy_suffix;
+
+use crate::parse::{folded_to_pprof, from_pprof, from_pprof_bytes, parse_timestamp_nanos, ProfileContext};
+use crate::{IngestError, Limits, ParsedProfile};
+
+/// The parts of the `name` parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IngestName {
+    pub app: String,
+    /// The profile kind suffix, when the last dot-separated part names a known kind.
+    pub suffix: Option<String>,
+    pub tags: Vec<(String, String)>,
+}
+
+/// Parses `app.cpu{env=staging,region=us-west}`.
+pub fn parse_name(name: &str) -> Result<IngestName, IngestError> {
+    let name = name.trim();
+    let (head, tags) = match name.find('{') {
+        Some(open) => {
+            let Some(body) = name[open + 1..].strip_suffix('}') else {
+                return Err(IngestError::BadRequest(format!(
+                    "invalid name {name:?}: tags must be enclosed in {{}} at the end"
+                )));
+            };
+            (&name[..open], parse_tags(body)?)
+        }
+        None => (name, Vec::new()),
+    };
+    let head = head.trim();
+    if head.is_empty() {
+        return Err(IngestError::BadRequest("the name parameter has no application name".into()));
+    }
+    let (app, suffix) = match head.rsplit_once('.') {
+        Some((app, suffix)) if !app.is_empty() && from_legacy_suffix(suffix).is_some() => {
+            (app.to_string(), Some(suffix.to_string()))
+        }
+        _ => (head.to_string(), None),
+    };
+    Ok(IngestName { app, suffix, tags })
+}
+
+fn parse_tags(body: &str) -> Result<Vec<(String, String)>, IngestError> {
+    let mut tags = Vec::new();
+    for pair in body.split(',') {
+        let pair = pair.trim();
+        if pair.is_empty() {
+            continue;
+        }
+        let Some((key, value)) = pair.split_once('=') else {
+            return Err(IngestError::BadRequest(format!("invalid tag {pair:?}: expected key=value")));
+        };
+        let key = key.trim();
+        if key.is_empty() {
+            return Err(IngestError::BadRequest(format!("invalid tag {pair:?}: empty key")));
+        }
+        let value = value.trim().trim_matches('"');
+        tags.push((sanitize_label_name(key), value.to_string()));
+    }
+    Ok(tags)
+}
+
+/// What the body of an `/ingest` request holds, judged from `format` and the content type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyFormat {
+    Pprof,
+    Folded,
+}
+
+fn body_format(format: Option<&str>, content_type: &str, body: &[u8]) -> Result<BodyFormat, IngestError> {
+    match format.map(str::trim).unwrap_or("") {
+        "pprof" => Ok(BodyFormat::Pprof),
+        "folded" | "lines" => Ok(BodyFormat::Folded),
+        "" => {
+            if content_type.starts_with("multipart/form-data") || kiln_model::compress::is_gzip(body) {
+                Ok(BodyFormat::Pprof)
+            } else {
+                Ok(BodyFormat::Folded)
+            }
+        }
+        "jfr" | "speedscope" => Err(IngestError::UnsupportedFormat(format!(
+            "format={} is not supported yet; send pprof or folded stacks",
+            format.unwrap_or_default()
+        ))),
+        other => Err(IngestError::UnsupportedFormat(format!(
+            "unknown format {other:?}; supported: pprof, folded, lines"
+        ))),
+    }
+}
+
+/// Parses an `/ingest` request into profiles. `params` are the query parameters, `body` the
+/// request body after any `Content-Encoding` was removed.
+pub async fn parse_ingest(
+    params: &HashMap<String, String>,
+    content_type: &str,
+    body: Bytes,
+    limits: &Limits,
+) -> Result<Vec<ParsedProfile>, IngestError> {
+    let name = params
+        .get("name")
+        .ok_or_else(|| IngestError::BadRequest("the name parameter is required (name=app.cpu{tags})".into()))?;
+    let name = parse_name(name)?;
+    let from = params.get("from").map(|v| parse_timestamp_nanos(v)).transpose()?;
+    let until = params.get("until").map(|v| parse_timestamp_nanos(v)).transpose()?;
+    let sample_rate: Option<f64> = match params.get("sampleRate").map(|v| v.trim()).filter(|v| !v.is_empty()) {
+        Some(value) => Some(
+            value
+                .parse::<f64>()
+                .ok()
+                .filter(|rate| *rate > 0.0 && rate.is_finite())
+                .ok_or_else(|| IngestError::BadRequest(format!("invalid sampleRate {value:?}")))?,
+        ),
+        None => None,
+    };
+    let format = body_format(params.get("format").map(String::as_str), content_type, &body)?;
+
+    let mut labels = Labels::new();
+    for (key, value) in &name.tags {
+        labels.set(key.clone(), value.clone());
+    }
+    labels.set(SERVICE_NAME, name.app.clone());
+    if let Some(spy) = params.get("spyName").filter(|spy| !spy.is_empty()) {
+        labels.set("pyroscope_spy", spy.clone());
+    }
+    let mut context = ProfileContext {
+        labels,
+        time_nanos: from,
+        duration_nanos: match (from, until) {
+            (Some(from), Some(until)) if until >= from => Some(until - from),
+            _ => None,
+        },
+        ..Default::default()
+    };
+
+    match format {
+        BodyFormat::Pprof => {
+            let pprof_body = if content_type.starts_with("multipart/form-data") {
+                multipart_profile(content_type, body).await?
+            } else {
+                body
+            };
+            context.name = name
+                .suffix
+                .as_deref()
+                .and_then(from_legacy_suffix)
+                .map(|known| known.profile_type.name);
+            let limits = *limits;
+            let parsed = tokio::task::spawn_blocking(move || from_pprof_bytes(&pprof_body, context, &limits))
+                .await
+                .map_err(|err| IngestError::Internal(format!("parser task failed: {err}")))??;
+            Ok(vec![parsed])
+        }
+        BodyFormat::Folded => {
+            let text = kiln_model::compress::maybe_gunzip(&body, limits.max_decompressed_bytes)?;
+            let stacks = folded::parse(&text, limits.max_samples_per_profile)?;
+            // A suffix is only split off the name when it is a known kind; no suffix means CPU.
+            let known = name.suffix.as_deref().and_then(from_legacy_suffix);
+            let known = match known {
+                Some(known) => known,
+                None => from_legacy_suffix("cpu")
+                    .ok_or_else(|| IngestError::Internal("cpu profile type is not defined".into()))?,
+            };
+            let scale = known.scale_by_sample_rate.then(|| 1e9 / sample_rate.unwrap_or(100.0));
+            let profile_type = known.profile_type;
+            let profile = folded_to_pprof(&stacks, &profile_type);
+            context.name = Some(profile_type.name.clone());
+            context.scale = scale;
+            Ok(vec![from_pprof(profile, context, body.len(), limits)?])
+        }
+    }
+}
+
+/// Extracts the `profile` part of a multipart upload (the Go SDK's shape). A
+/// `sample_type_config` part is checked to be JSON; sample types come from the profile.
+async fn multipart_profile(content_type: &str, body: Bytes) -> Result<Bytes, IngestError> {
+    let boundary = multer::parse_boundary(content_type)
+        .map_err(|err| IngestError::BadRequest(format!("invalid multipart content type: {err}")))?;
+    let stream = futures_util::stream::once(async move { Ok::<Bytes, std::io::Error>(body) });
+    let mut multipart = multer::Multipart::new(stream, boundary);
+    let mut profile = None;
+    while let Some(field) = multipart
+        .next_field()
+        .await
+        .map_err(|err| IngestError::BadRequest(format!("invalid multipart body: {err}")))?
+    {
+        let name = field.name().unwrap_or("").to_string();
+        let data = field
+            .bytes()
+            .await
+            .map_err(|err| IngestError::BadRequest(format!("invalid multipart part {name:?}: {err}")))?;
+        match name.as_str() {
+            "profile" => profile = Some(data),
+            "prev_profile" => {
+                return Err(IngestError::BadRequest(
+                    "prev_profile is not supported: send delta profiles (the Go SDK does by default) \
+                     instead of cumulative ones"
+                        .into(),
+                ))
+            }
+            "sample_type_config" => {
+                serde_json::from_slice::<serde_json::Value>(&data).map_err(|err| {
+                    IngestError::BadRequest(format!("sample_type_config is not valid JSON: {err}"))
+                })?;
+            }
+            _ => {}
+        }
+    }
+    profile.ok_or_else(|| IngestError::BadRequest("multipart body has no \"profile\" part".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_split_suffix_and_tags() {
+        let name = parse_name("my.app.cpu{env=staging, region=us-west}").unwrap();
+        assert_eq!(name.app, "my.app");
+        assert_eq!(name.suffix.as_deref(), Some("cpu"));
+        assert_eq!(name.tags, vec![("env".into(), "staging".into()), ("region".into(), "us-west".into())]);
+        let name = parse_name("my.app{}").unwrap();
+        assert_eq!((name.app.as_str(), name.suffix), ("my.app", None));
+        assert!(parse_name("app{broken").is_err());
+        assert!(parse_name("{a=b}").is_err());
+        assert!(parse_name("app{novalue}").is_err());
+    }
+
+    #[tokio::test]
+    async fn folded_cpu_is_scaled_to_nanoseconds() {
+        let params = HashMap::from([
+            ("name".to_string(), "svc.cpu{env=prod}".to_string()),
+            ("sampleRate".to_string(), "100".to_string()),
+            ("from".to_string(), "1700000000".to_string()),
+            ("until".to_string(), "1700000010".to_string()),
+        ]);
+        let parsed = parse_ingest(&params, "text/plain", Bytes::from_static(b"main;work 3\nmain 1\n"), &Limits::default())
+            .await
+            .unwrap();
+        assert_eq!(parsed.len(), 1);
+        let profile = &parsed[0];
+        assert_eq!(profile.labels.get("service_name"), Some("svc"));
+        assert_eq!(profile.labels.get("env"), Some("prod"));
+        assert_eq!(profile.types[0].profile_type.id(), "process_cpu:cpu:nanoseconds:cpu:nanoseconds");
+        assert_eq!(profile.types[0].scale, Some(10_000_000.0));
+        assert_eq!(profile.time_nanos, 1_700_000_000_000_000_000);
+        assert_eq!(profile.duration_nanos, 10_000_000_000);
+    }
+
+    #[tokio::test]
+    async fn unsupported_formats_are_415() {
+        let params = HashMap::from([
+            ("name".to_string(), "svc".to_string()),
+            ("format".to_string(), "jfr".to_string()),
+        ]);
+        let err = parse_ingest(&params, "", Bytes::new(), &Limits::default()).await.err().unwrap();
+        assert_eq!(err.status(), 415);
+    }
+}

@@ -1,0 +1,353 @@
+//! Group commit: requests queue their parsed profiles; a flusher gathers everything that
+//! arrives within `flush_interval` (or until `flush_bytes`), writes it as one block object
+//! with one dataset per (tenant, service), registers the block in the metastore in one
+//! transaction, and only then acknowledges every request in the batch.
+//!
+//! A failure anywhere fails every request of that batch with a 5xx; since the metastore
+//! registration is the last step, a failed batch is never visible to readers.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kiln_metastore::{BlockMeta, DatasetMeta, Metastore};
+use kiln_storage::dataset::PprofInput;
+use kiln_storage::format::encode_block;
+use kiln_storage::{Dataset, DatasetBuilder, ObjectStorage};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::{IngestError, ParsedProfile};
+
+#[derive(Debug, Clone, Copy)]
+pub struct IngesterConfig {
+    /// Longest a profile waits for its flush; also the shortest time between flushes
+    /// under light load.
+    pub flush_interval: Duration,
+    /// Flush early once a batch holds this many received bytes.
+    pub flush_bytes: usize,
+    /// Refuse new writes with 429 while this many received bytes wait for a flush.
+    pub max_pending_bytes: usize,
+    /// Flushes (object writes and registrations) in flight at once.
+    pub max_concurrent_flushes: usize,
+    pub max_stack_depth: usize,
+}
+
+impl Default for IngesterConfig {
+    fn default() -> Self {
+        IngesterConfig {
+            flush_interval: Duration::from_millis(500),
+            flush_bytes: 32 << 20,
+            max_pending_bytes: 512 << 20,
+            max_concurrent_flushes: 4,
+            max_stack_depth: 1000,
+        }
+    }
+}
+
+struct Job {
+    tenant: String,
+    profiles: Vec<ParsedProfile>,
+    bytes: usize,
+    ack: oneshot::Sender<Result<(), IngestError>>,
+}
+
+/// Counters of the write path, exported on `/metrics`.
+#[derive(Clone)]
+pub struct WriterMetrics {
+    pub flushes: Counter,
+    pub flush_failures: Counter,
+    pub segment_bytes: Counter,
+    pub profiles_written: Counter,
+    pub flush_seconds: Histogram,
+}
+
+impl WriterMetrics {
+    fn new() -> Self {
+        WriterMetrics {
+            flushes: Counter::default(),
+            flush_failures: Counter::default(),
+            segment_bytes: Counter::default(),
+            profiles_written: Counter::default(),
+            flush_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+        }
+    }
+
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register("kiln_ingest_flushes", "Segments flushed", self.flushes.clone());
+        registry.register(
+            "kiln_ingest_flush_failures",
+            "Segment flushes that failed (their requests got 5xx)",
+            self.flush_failures.clone(),
+        );
+        registry.register(
+            "kiln_ingest_segment_bytes",
+            "Bytes of segment objects written",
+            self.segment_bytes.clone(),
+        );
+        registry.register(
+            "kiln_ingest_profiles_written",
+            "Profiles durably written and registered",
+            self.profiles_written.clone(),
+        );
+        registry.register_with_unit(
+            "kiln_ingest_flush_duration",
+            "Time to build, write and register one segment",
+            prometheus_client::registry::Unit::Seconds,
+            self.flush_seconds.clone(),
+        );
+    }
+}
+
+/// The handle requests write through. Cloning is cheap; the flusher stops when every
+/// handle is dropped, after flushing what is queued.
+#[derive(Clone)]
+pub struct Ingester {
+    sender: mpsc::Sender<Job>,
+    pending_bytes: Arc<AtomicUsize>,
+    config: IngesterConfig,
+    metrics: WriterMetrics,
+}
+
+impl Ingester {
+    pub fn start(
+        storage: ObjectStorage,
+        metastore: Metastore,
+        config: IngesterConfig,
+    ) -> (Ingester, tokio::task::JoinHandle<()>) {
+        let (sender, receiver) = mpsc::channel(4096);
+        let pending_bytes = Arc::new(AtomicUsize::new(0));
+        let metrics = WriterMetrics::new();
+        let flusher = Flusher {
+            storage,
+            metastore,
+            config,
+            pending_bytes: pending_bytes.clone(),
+            metrics: metrics.clone(),
+        };
+        let handle = tokio::spawn(flusher.run(receiver));
+        (
+            Ingester {
+                sender,
+                pending_bytes,
+                config,
+                metrics,
+            },
+            handle,
+        )
+    }
+
+    pub fn metrics(&self) -> &WriterMetrics {
+        &self.metrics
+    }
+
+    /// Queues the profiles and waits until they are durable and registered.
+    pub async fn write(&self, tenant: &str, profiles: Vec<ParsedProfile>) -> Result<(), IngestError> {
+        if profiles.is_empty() {
+            return Ok(());
+        }
+        let bytes: usize = profiles.iter().map(|p| p.received_bytes.max(1)).sum();
+        let before = self.pending_bytes.fetch_add(bytes, Ordering::SeqCst);
+        if before + bytes > self.config.max_pending_bytes && before > 0 {
+            self.pending_bytes.fetch_sub(bytes, Ordering::SeqCst);
+            return Err(IngestError::RateLimited(
+                "ingestion queue is full; retry with backoff".to_string(),
+            ));
+        }
+        let (ack, acked) = oneshot::channel();
+        let job = Job {
+            tenant: tenant.to_string(),
+            profiles,
+            bytes,
+            ack,
+        };
+        if self.sender.send(job).await.is_err() {
+            self.pending_bytes.fetch_sub(bytes, Ordering::SeqCst);
+            return Err(IngestError::ShuttingDown);
+        }
+        acked.await.unwrap_or(Err(IngestError::ShuttingDown))
+    }
+}
+
+struct Flusher {
+    storage: ObjectStorage,
+    metastore: Metastore,
+    config: IngesterConfig,
+    pending_bytes: Arc<AtomicUsize>,
+    metrics: WriterMetrics,
+}
+
+impl Flusher {
+    async fn run(self, mut receiver: mpsc::Receiver<Job>) {
+        let flusher = Arc::new(self);
+        let permits = Arc::new(Semaphore::new(flusher.config.max_concurrent_flushes.max(1)));
+        let mut closed = false;
+        while !closed {
+            let Some(first) = receiver.recv().await else {
+                break;
+            };
+            let deadline = tokio::time::Instant::now() + flusher.config.flush_interval;
+            let mut batch_bytes = first.bytes;
+            let mut batch = vec![first];
+            while batch_bytes < flusher.config.flush_bytes {
+                match tokio::time::timeout_at(deadline, receiver.recv()).await {
+                    Ok(Some(job)) => {
+                        batch_bytes += job.bytes;
+                        batch.push(job);
+                    }
+                    Ok(None) => {
+                        closed = true;
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                break;
+            };
+            let flusher = flusher.clone();
+            tokio::spawn(async move {
+                flusher.flush(batch).await;
+                drop(permit);
+            });
+        }
+        // Wait for in-flight flushes before reporting the writer stopped.
+        let _ = permits
+            .acquire_many(flusher.config.max_concurrent_flushes.max(1) as u32)
+            .await;
+    }
+
+    async fn flush(&self, batch: Vec<Job>) {
+        let started = Instant::now();
+        let mut acks = Vec::with_capacity(batch.len());
+        let mut work = Vec::with_capacity(batch.len());
+        let mut bytes = 0;
+        for job in batch {
+            acks.push(job.ack);
+            bytes += job.bytes;
+            work.push((job.tenant, job.profiles));
+        }
+        let result = self.write_segment(work).await;
+        self.metrics.flush_seconds.observe(started.elapsed().as_secs_f64());
+        self.pending_bytes.fetch_sub(bytes, Ordering::SeqCst);
+        if let Err(err) = &result {
+            self.metrics.flush_failures.inc();
+            tracing::error!(error = %err, requests = acks.len(), "segment flush failed");
+        }
+        for ack in acks {
+            let _ = ack.send(match &result {
+                Ok(()) => Ok(()),
+                Err(err) => Err(IngestError::Internal(format!("failed to store the profiles: {err}"))),
+            });
+        }
+    }
+
+    async fn write_segment(&self, work: Vec<(String, Vec<ParsedProfile>)>) -> Result<(), String> {
+        let max_stack_depth = self.config.max_stack_depth;
+        let profile_count: usize = work.iter().map(|(_, profiles)| profiles.len()).sum();
+        let (block, datasets) = tokio::task::spawn_blocking(move || build_segment(work, max_stack_depth))
+            .await
+            .map_err(|err| format!("segment builder task failed: {err}"))??;
+        if datasets.is_empty() {
+            return Ok(());
+        }
+        let block_id = ulid::Ulid::new().to_string();
+        let object_key = format!("segments/{block_id}.parquet");
+        let size_bytes = block.len() as u64;
+        self.storage
+            .put(&object_key, Bytes::from(block))
+            .await
+            .map_err(|err| err.to_string())?;
+        let block_meta = BlockMeta {
+            id: block_id.clone(),
+            object_key: object_key.clone(),
+            level: 0,
+            size_bytes,
+            created_at_ms: crate::parse::now_nanos() / 1_000_000,
+        };
+        let dataset_metas = datasets
+            .into_iter()
+            .map(|mut meta| {
+                meta.block_id = block_id.clone();
+                meta.object_key = object_key.clone();
+                meta
+            })
+            .collect();
+        self.metastore
+            .register_block(block_meta, dataset_metas)
+            .await
+            .map_err(|err| err.to_string())?;
+        self.metrics.flushes.inc();
+        self.metrics.segment_bytes.inc_by(size_bytes);
+        self.metrics.profiles_written.inc_by(profile_count as u64);
+        tracing::debug!(block = %block_id, bytes = size_bytes, profiles = profile_count, "flushed segment");
+        Ok(())
+    }
+}
+
+/// Builds one dataset per (tenant, service) and encodes them as one block.
+fn build_segment(
+    work: Vec<(String, Vec<ParsedProfile>)>,
+    max_stack_depth: usize,
+) -> Result<(Vec<u8>, Vec<DatasetMeta>), String> {
+    let mut builders: BTreeMap<(String, String), DatasetBuilder> = BTreeMap::new();
+    for (tenant, profiles) in &work {
+        for profile in profiles {
+            let service = profile.service().to_string();
+            let builder = builders
+                .entry((tenant.clone(), service.clone()))
+                .or_insert_with(|| DatasetBuilder::new(tenant, &service));
+            builder.add_pprof(&PprofInput {
+                profile: &profile.profile,
+                index: &profile.index,
+                id: &profile.id,
+                time_nanos: profile.time_nanos,
+                duration_nanos: profile.duration_nanos,
+                labels: &profile.labels,
+                types: &profile.types,
+                max_stack_depth,
+            });
+        }
+    }
+    let datasets: Vec<Dataset> = builders
+        .into_values()
+        .map(DatasetBuilder::finish)
+        .filter(|dataset| !dataset.profiles.is_empty())
+        .collect();
+    let metas = datasets
+        .iter()
+        .enumerate()
+        .map(|(row_group, dataset)| dataset_meta(dataset, row_group as u32))
+        .collect();
+    let block = encode_block(&datasets).map_err(|err| err.to_string())?;
+    Ok((block, metas))
+}
+
+/// The metastore entry of a dataset (block id and key are filled in by the caller).
+pub fn dataset_meta(dataset: &Dataset, row_group: u32) -> DatasetMeta {
+    let mut profile_types: Vec<String> = dataset
+        .series
+        .iter()
+        .map(|series| dataset.string(series.profile_type).to_string())
+        .collect();
+    profile_types.sort();
+    profile_types.dedup();
+    let mut ids: Vec<&[u8]> = dataset.profiles.iter().map(|p| p.id.as_slice()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    DatasetMeta {
+        block_id: String::new(),
+        object_key: String::new(),
+        tenant: dataset.tenant.clone(),
+        service: dataset.service.clone(),
+        row_group,
+        min_time_nanos: dataset.min_time_nanos,
+        max_time_nanos: dataset.max_time_nanos,
+        profile_types,
+        profile_count: ids.len() as u64,
+    }
+}
