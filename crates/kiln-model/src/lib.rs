@@ -13,6 +13,7 @@ pub mod labels;
 pub mod pprof;
 pub mod profile_type;
 pub mod selector;
+pub mod time;
 
 pub use error::FormatError;
 pub use labels::{Label, Labels};

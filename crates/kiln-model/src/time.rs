@@ -1,0 +1,201 @@
+//! Time arguments as users write them: `now`, `now-1h`, epoch numbers (seconds to
+//! nanoseconds, told apart by digit count) and RFC 3339.
+
+use crate::FormatError;
+
+/// Parses a time into Unix nanoseconds, relative forms against `now_nanos`.
+pub fn parse_time_nanos(value: &str, now_nanos: i64) -> Result<i64, FormatError> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Err(FormatError::malformed("empty time"));
+    }
+    if let Some(rest) = value.strip_prefix("now") {
+        if rest.is_empty() {
+            return Ok(now_nanos);
+        }
+        let (sign, duration) = match rest.as_bytes()[0] {
+            b'-' => (-1, &rest[1..]),
+            b'+' => (1, &rest[1..]),
+            _ => return Err(FormatError::malformed(format!("invalid relative time {value:?}"))),
+        };
+        return Ok(now_nanos + sign * parse_duration_nanos(duration)?);
+    }
+    if value.bytes().all(|b| b.is_ascii_digit()) {
+        let number: i64 = value
+            .parse()
+            .map_err(|_| FormatError::malformed(format!("time {value:?} is out of range")))?;
+        let nanos = match value.len() {
+            0..=10 => number.checked_mul(1_000_000_000),
+            11..=13 => number.checked_mul(1_000_000),
+            14..=16 => number.checked_mul(1_000),
+            _ => Some(number),
+        };
+        return nanos.ok_or_else(|| FormatError::malformed(format!("time {value:?} is out of range")));
+    }
+    parse_rfc3339_nanos(value)
+}
+
+/// Parses `1h`, `30m`, `15s`, `7d`, `500ms`, and sums like `1h30m`.
+pub fn parse_duration_nanos(value: &str) -> Result<i64, FormatError> {
+    let mut total: i64 = 0;
+    let mut rest = value.trim();
+    if rest.is_empty() {
+        return Err(FormatError::malformed("empty duration"));
+    }
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(|b| b.is_ascii_digit()).count();
+        if digits == 0 {
+            return Err(FormatError::malformed(format!("invalid duration {value:?}")));
+        }
+        let number: i64 = rest[..digits]
+            .parse()
+            .map_err(|_| FormatError::malformed(format!("invalid duration {value:?}")))?;
+        rest = &rest[digits..];
+        let unit_length = rest.bytes().take_while(|b| b.is_ascii_alphabetic()).count();
+        let unit = match &rest[..unit_length] {
+            "ns" => 1,
+            "us" | "µs" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            "d" => 86_400_000_000_000,
+            "w" => 604_800_000_000_000,
+            other => return Err(FormatError::malformed(format!("unknown duration unit {other:?} in {value:?}"))),
+        };
+        rest = &rest[unit_length..];
+        total = number
+            .checked_mul(unit)
+            .and_then(|n| total.checked_add(n))
+            .ok_or_else(|| FormatError::malformed(format!("duration {value:?} is out of range")))?;
+    }
+    Ok(total)
+}
+
+/// Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year - era * 400;
+    let month_index = (month + 9) % 12;
+    let day_of_year = (153 * month_index + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
+/// Civil date and time of Unix seconds, for formatting.
+pub fn civil_from_unix(seconds: i64) -> (i64, u32, u32, u32, u32, u32) {
+    let days = seconds.div_euclid(86_400);
+    let second_of_day = seconds.rem_euclid(86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z - era * 146_097;
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = (day_of_year - (153 * month_index + 2) / 5 + 1) as u32;
+    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 } as u32;
+    let year = year_of_era + era * 400 + if month <= 2 { 1 } else { 0 };
+    (
+        year,
+        month,
+        day,
+        (second_of_day / 3600) as u32,
+        (second_of_day / 60 % 60) as u32,
+        (second_of_day % 60) as u32,
+    )
+}
+
+/// RFC 3339 in UTC with nanoseconds: `2026-11-21T18:00:00.123456789Z`.
+pub fn format_rfc3339(nanos: i64) -> String {
+    let seconds = nanos.div_euclid(1_000_000_000);
+    let fraction = nanos.rem_euclid(1_000_000_000);
+    let (year, month, day, hour, minute, second) = civil_from_unix(seconds);
+    if fraction == 0 {
+        format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}Z")
+    } else {
+        format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{fraction:09}Z")
+    }
+}
+
+/// Parses RFC 3339 (`2026-11-21T18:00:00Z`, `…+02:00`, fractional seconds). A missing
+/// offset means UTC, as profefe's examples write it.
+pub fn parse_rfc3339_nanos(value: &str) -> Result<i64, FormatError> {
+    let invalid = || FormatError::malformed(format!("invalid time {value:?}: expected RFC 3339, epoch or now-1h"));
+    let bytes = value.as_bytes();
+    if bytes.len() < 19 || bytes[4] != b'-' || bytes[7] != b'-' || !matches!(bytes[10], b'T' | b't' | b' ') || bytes[13] != b':' || bytes[16] != b':' {
+        return Err(invalid());
+    }
+    let number = |range: std::ops::Range<usize>| -> Result<i64, FormatError> {
+        value.get(range).and_then(|s| s.parse::<i64>().ok()).ok_or_else(invalid)
+    };
+    let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
+    let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
+        return Err(invalid());
+    }
+    let mut rest = &value[19..];
+    let mut fraction_nanos = 0i64;
+    if let Some(stripped) = rest.strip_prefix('.') {
+        let digits = stripped.bytes().take_while(|b| b.is_ascii_digit()).count();
+        if digits == 0 {
+            return Err(invalid());
+        }
+        let mut fraction = stripped[..digits.min(9)].to_string();
+        while fraction.len() < 9 {
+            fraction.push('0');
+        }
+        fraction_nanos = fraction.parse().map_err(|_| invalid())?;
+        rest = &stripped[digits..];
+    }
+    let offset_seconds = match rest {
+        "" | "Z" | "z" => 0,
+        _ => {
+            let sign = match rest.as_bytes()[0] {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return Err(invalid()),
+            };
+            let offset = &rest[1..];
+            if offset.len() != 5 || offset.as_bytes()[2] != b':' {
+                return Err(invalid());
+            }
+            let hours: i64 = offset[0..2].parse().map_err(|_| invalid())?;
+            let minutes: i64 = offset[3..5].parse().map_err(|_| invalid())?;
+            sign * (hours * 3600 + minutes * 60)
+        }
+    };
+    let seconds = days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second - offset_seconds;
+    seconds
+        .checked_mul(1_000_000_000)
+        .and_then(|n| n.checked_add(fraction_nanos))
+        .ok_or_else(invalid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_form() {
+        let now = 1_800_000_000_000_000_000;
+        assert_eq!(parse_time_nanos("now", now).unwrap(), now);
+        assert_eq!(parse_time_nanos("now-1h", now).unwrap(), now - 3_600_000_000_000);
+        assert_eq!(parse_time_nanos("now-1h30m", now).unwrap(), now - 5_400_000_000_000);
+        assert_eq!(parse_time_nanos("1700000000", now).unwrap(), 1_700_000_000_000_000_000);
+        assert_eq!(parse_time_nanos("1700000000000", now).unwrap(), 1_700_000_000_000_000_000);
+        assert_eq!(parse_time_nanos("2023-11-14T22:13:20Z", now).unwrap(), 1_700_000_000_000_000_000);
+        assert_eq!(parse_time_nanos("2023-11-15T00:13:20.5+02:00", now).unwrap(), 1_700_000_000_500_000_000);
+        assert_eq!(parse_time_nanos("2023-11-14T22:13:20", now).unwrap(), 1_700_000_000_000_000_000);
+        assert!(parse_time_nanos("yesterday", now).is_err());
+        assert!(parse_time_nanos("now-1x", now).is_err());
+    }
+
+    #[test]
+    fn formats_round_trip() {
+        for nanos in [0, 1_700_000_000_000_000_000, 1_700_000_000_123_456_789, 951_782_400_000_000_000] {
+            assert_eq!(parse_rfc3339_nanos(&format_rfc3339(nanos)).unwrap(), nanos);
+        }
+        assert_eq!(format_rfc3339(1_700_000_000_000_000_000), "2023-11-14T22:13:20Z");
+    }
+}

@@ -1,0 +1,25 @@
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum QueryError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("storage error: {0}")]
+    Storage(#[from] kiln_storage::StorageError),
+    #[error("metastore error: {0}")]
+    Metastore(#[from] kiln_metastore::MetastoreError),
+    #[error("query task failed: {0}")]
+    Task(String),
+}
+
+impl QueryError {
+    pub fn status(&self) -> u16 {
+        match self {
+            QueryError::BadRequest(_) => 400,
+            QueryError::NotFound(_) => 404,
+            _ => 500,
+        }
+    }
+}

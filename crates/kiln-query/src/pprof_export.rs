@@ -1,0 +1,206 @@
+//! Merged pprof output: every selected stack as one sample, symbols re-interned into one
+//! profile, identical stacks merged. Never truncated.
+
+use std::collections::HashMap;
+
+use kiln_model::pprof::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
+use kiln_model::ProfileType;
+
+use crate::select::DatasetSelection;
+
+#[derive(Default)]
+struct Writer {
+    profile: Profile,
+    strings: HashMap<String, i64>,
+    mappings: HashMap<(u64, u64, u64, i64, i64), u64>,
+    functions: HashMap<(i64, i64, i64, i64), u64>,
+    locations: HashMap<(u64, u64, Vec<(u64, i64)>), u64>,
+    samples: HashMap<Vec<u64>, usize>,
+}
+
+impl Writer {
+    fn string(&mut self, value: &str) -> i64 {
+        if let Some(id) = self.strings.get(value) {
+            return *id;
+        }
+        let id = self.profile.string_table.len() as i64;
+        self.profile.string_table.push(value.as_bytes().to_vec());
+        self.strings.insert(value.to_string(), id);
+        id
+    }
+}
+
+/// Merges the given types (in this order) of all selections into one pprof.
+pub fn merged_pprof(selections: &[DatasetSelection], type_ids: &[String], from_nanos: i64, to_nanos: i64) -> Profile {
+    let mut writer = Writer::default();
+    writer.string("");
+    let mut period_type = None;
+    for type_id in type_ids {
+        let Ok(profile_type) = ProfileType::parse(type_id) else {
+            continue;
+        };
+        let sample_type = ValueType {
+            r#type: writer.string(&profile_type.sample_type),
+            unit: writer.string(&profile_type.sample_unit),
+        };
+        writer.profile.sample_type.push(sample_type);
+        if period_type.is_none() {
+            period_type = Some(ValueType {
+                r#type: writer.string(&profile_type.period_type),
+                unit: writer.string(&profile_type.period_unit),
+            });
+        }
+    }
+    writer.profile.period_type = period_type;
+    writer.profile.time_nanos = from_nanos;
+    writer.profile.duration_nanos = (to_nanos - from_nanos).max(0);
+
+    for selection in selections {
+        let dataset = &selection.dataset;
+        // Output type position -> local type of this dataset.
+        let local: Vec<Option<usize>> = type_ids
+            .iter()
+            .map(|id| selection.types.iter().position(|(local_id, _)| local_id == id))
+            .collect();
+        if local.iter().all(Option::is_none) {
+            continue;
+        }
+        if writer.profile.period == 0 {
+            if let Some(first) = selection.profiles.first() {
+                writer.profile.period = dataset.profiles[first.row].period;
+            }
+        }
+        let line_offsets = dataset.location_line_offsets();
+        let mut location_ids: Vec<u64> = vec![0; dataset.location_mapping.len()];
+        let mut mapping_ids: Vec<u64> = vec![u64::MAX; dataset.mappings.len()];
+        let mut function_ids: Vec<u64> = vec![0; dataset.functions.len()];
+        for node in 1..dataset.stack_parent.len() {
+            let values: Vec<i64> = local
+                .iter()
+                .map(|position| position.map_or(0, |p| selection.values[p][node]))
+                .collect();
+            if values.iter().all(|v| *v == 0) {
+                continue;
+            }
+            let mut stack = Vec::new();
+            let mut current = node;
+            while current != 0 {
+                let location = dataset.stack_location[current] as usize;
+                if location_ids[location] == 0 {
+                    location_ids[location] = export_location(
+                        &mut writer,
+                        dataset,
+                        location,
+                        &line_offsets,
+                        &mut mapping_ids,
+                        &mut function_ids,
+                    );
+                }
+                stack.push(location_ids[location]);
+                current = dataset.stack_parent[current] as usize;
+            }
+            match writer.samples.get(&stack) {
+                Some(index) => {
+                    let sample = &mut writer.profile.sample[*index];
+                    for (slot, value) in sample.value.iter_mut().zip(&values) {
+                        *slot += value;
+                    }
+                }
+                None => {
+                    writer.samples.insert(stack.clone(), writer.profile.sample.len());
+                    writer.profile.sample.push(Sample {
+                        location_id: stack,
+                        value: values,
+                        label: Vec::new(),
+                    });
+                }
+            }
+        }
+    }
+    writer.profile
+}
+
+fn export_location(
+    writer: &mut Writer,
+    dataset: &kiln_storage::Dataset,
+    location: usize,
+    line_offsets: &[u32],
+    mapping_ids: &mut [u64],
+    function_ids: &mut [u64],
+) -> u64 {
+    let mapping_index = dataset.location_mapping[location] as usize;
+    let mapping_id = if mapping_index == 0 {
+        0
+    } else {
+        if mapping_ids[mapping_index] == u64::MAX {
+            let m = dataset.mappings[mapping_index];
+            let filename = writer.string(dataset.string(m.filename));
+            let build_id = writer.string(dataset.string(m.build_id));
+            let key = (m.memory_start, m.memory_limit, m.file_offset, filename, build_id);
+            let next = writer.profile.mapping.len() as u64 + 1;
+            let id = *writer.mappings.entry(key).or_insert(next);
+            if id == next {
+                writer.profile.mapping.push(Mapping {
+                    id,
+                    memory_start: m.memory_start,
+                    memory_limit: m.memory_limit,
+                    file_offset: m.file_offset,
+                    filename,
+                    build_id,
+                    has_functions: m.flags & 1 != 0,
+                    has_filenames: m.flags & 2 != 0,
+                    has_line_numbers: m.flags & 4 != 0,
+                    has_inline_frames: m.flags & 8 != 0,
+                });
+            }
+            mapping_ids[mapping_index] = id;
+        }
+        mapping_ids[mapping_index]
+    };
+    let mut lines = Vec::new();
+    for line in line_offsets[location]..line_offsets[location + 1] {
+        let function_index = dataset.line_function[line as usize] as usize;
+        if function_ids[function_index] == 0 {
+            let f = dataset.functions[function_index];
+            let name = writer.string(dataset.string(f.name));
+            let system_name = writer.string(dataset.string(f.system_name));
+            let filename = writer.string(dataset.string(f.filename));
+            let key = (name, system_name, filename, f.start_line);
+            let next = writer.profile.function.len() as u64 + 1;
+            let id = *writer.functions.entry(key).or_insert(next);
+            if id == next {
+                writer.profile.function.push(Function {
+                    id,
+                    name,
+                    system_name,
+                    filename,
+                    start_line: f.start_line,
+                });
+            }
+            function_ids[function_index] = id;
+        }
+        lines.push((function_ids[function_index], dataset.line_number[line as usize]));
+    }
+    let address = dataset.location_address[location];
+    let key = (mapping_id, address, lines);
+    let next = writer.profile.location.len() as u64 + 1;
+    let id = *writer.locations.entry(key.clone()).or_insert(next);
+    if id == next {
+        writer.profile.location.push(Location {
+            id,
+            mapping_id,
+            address,
+            line: key
+                .2
+                .iter()
+                .map(|(function_id, line)| Line {
+                    function_id: *function_id,
+                    line: *line,
+                    column: 0,
+                })
+                .collect(),
+            is_folded: false,
+        });
+    }
+    id
+}

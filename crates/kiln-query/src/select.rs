@@ -1,0 +1,237 @@
+//! Dataset selection and per-stack aggregation, shared by every query type.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kiln_metastore::{DatasetMeta, DatasetQuery, Metastore};
+use kiln_model::labels::SERVICE_NAME;
+use kiln_model::selector::Selector;
+use kiln_storage::format::{decode_dataset, Projection};
+use kiln_storage::{Dataset, ObjectStorage};
+
+use crate::QueryError;
+
+/// Which profile types a query wants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TypeFilter {
+    /// One full profile type id (`process_cpu:cpu:nanoseconds:cpu:nanoseconds`).
+    Exact(String),
+    /// Every type whose profile name (the id's first part) is this (`memory`).
+    Name(String),
+    Any,
+}
+
+impl TypeFilter {
+    pub fn matches(&self, type_id: &str) -> bool {
+        match self {
+            TypeFilter::Exact(id) => id == type_id,
+            TypeFilter::Name(name) => type_id.split(':').next() == Some(name.as_str()),
+            TypeFilter::Any => true,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SelectRequest {
+    pub tenant: String,
+    pub types: TypeFilter,
+    pub selector: Selector,
+    /// Inclusive range of profile times, in nanoseconds.
+    pub from_nanos: i64,
+    pub to_nanos: i64,
+    /// When set, only profiles with these ids.
+    pub profile_ids: Option<Vec<Vec<u8>>>,
+}
+
+/// What one dataset contributes to a query: per matched type, the value of every stack
+/// node (dense, indexed by stack id), and each matched profile's total.
+pub struct DatasetSelection {
+    pub dataset: Arc<Dataset>,
+    /// Matched type ids, with the lowest position each had in its received profile.
+    pub types: Vec<(String, u32)>,
+    /// `values[t][stack]`: summed value of stack node `stack` for local type `t`.
+    pub values: Vec<Vec<i64>>,
+    pub profiles: Vec<SelectedProfile>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SelectedProfile {
+    pub row: usize,
+    pub time_nanos: i64,
+    pub local_type: usize,
+    pub total: i64,
+}
+
+/// Decoded datasets kept in memory by (object key, row group). Blocks never change once
+/// written, so entries never go stale; the oldest go first when the cache is full.
+#[derive(Default)]
+struct DatasetCache {
+    entries: HashMap<(String, u32), Arc<Dataset>>,
+    order: std::collections::VecDeque<(String, u32)>,
+}
+
+const CACHE_ENTRIES: usize = 512;
+
+/// Stateless query front: everything it knows comes from the metastore and object store.
+#[derive(Clone)]
+pub struct Querier {
+    metastore: Metastore,
+    storage: ObjectStorage,
+    cache: Arc<Mutex<DatasetCache>>,
+}
+
+impl Querier {
+    pub fn new(metastore: Metastore, storage: ObjectStorage) -> Self {
+        Querier {
+            metastore,
+            storage,
+            cache: Arc::new(Mutex::new(DatasetCache::default())),
+        }
+    }
+
+    pub fn metastore(&self) -> &Metastore {
+        &self.metastore
+    }
+
+    /// Datasets of the tenant overlapping the range, pruned by a pinned `service_name`.
+    pub async fn datasets(&self, request: &SelectRequest) -> Result<Vec<DatasetMeta>, QueryError> {
+        Ok(self
+            .metastore
+            .list_datasets(DatasetQuery {
+                tenant: request.tenant.clone(),
+                service: request.selector.equality(SERVICE_NAME).map(str::to_string),
+                from_nanos: request.from_nanos,
+                to_nanos: request.to_nanos,
+            })
+            .await?
+            .into_iter()
+            .filter(|meta| {
+                meta.profile_types.iter().any(|t| request.types.matches(t))
+                    && request
+                        .selector
+                        .matchers
+                        .iter()
+                        .filter(|m| m.name == SERVICE_NAME)
+                        .all(|m| m.matches_value(Some(&meta.service)))
+            })
+            .collect())
+    }
+
+    /// Loads a dataset, from the cache when it is there.
+    pub async fn load(&self, meta: &DatasetMeta) -> Result<Arc<Dataset>, QueryError> {
+        let key = (meta.object_key.clone(), meta.row_group);
+        if let Some(dataset) = self.cache.lock().ok().and_then(|cache| cache.entries.get(&key).cloned()) {
+            return Ok(dataset);
+        }
+        let bytes = self.storage.get(&meta.object_key).await?;
+        let row_group = meta.row_group as usize;
+        let dataset = tokio::task::spawn_blocking(move || -> Result<Dataset, QueryError> {
+            let dataset = decode_dataset(&bytes, row_group, Projection::ALL)?;
+            dataset
+                .check()
+                .map_err(|problem| kiln_storage::StorageError::Corrupt(problem))?;
+            Ok(dataset)
+        })
+        .await
+        .map_err(|err| QueryError::Task(err.to_string()))??;
+        let dataset = Arc::new(dataset);
+        if let Ok(mut cache) = self.cache.lock() {
+            if cache.entries.len() >= CACHE_ENTRIES {
+                if let Some(oldest) = cache.order.pop_front() {
+                    cache.entries.remove(&oldest);
+                }
+            }
+            cache.entries.insert(key.clone(), dataset.clone());
+            cache.order.push_back(key);
+        }
+        Ok(dataset)
+    }
+
+    /// Selects and aggregates every matching dataset, in parallel.
+    pub async fn select(&self, request: &SelectRequest) -> Result<Vec<DatasetSelection>, QueryError> {
+        let metas = self.datasets(request).await?;
+        let request = Arc::new(request.clone());
+        let tasks = metas.into_iter().map(|meta| {
+            let request = request.clone();
+            async move {
+                let dataset = self.load(&meta).await?;
+                tokio::task::spawn_blocking(move || aggregate(dataset, &request))
+                    .await
+                    .map_err(|err| QueryError::Task(err.to_string()))
+            }
+        });
+        let results = futures_util::future::join_all(tasks).await;
+        let mut selections = Vec::new();
+        for result in results {
+            if let Some(selection) = result? {
+                selections.push(selection);
+            }
+        }
+        Ok(selections)
+    }
+}
+
+/// Sums the matching samples of one dataset per stack node.
+pub fn aggregate(dataset: Arc<Dataset>, request: &SelectRequest) -> Option<DatasetSelection> {
+    let mut types: Vec<(String, u32)> = Vec::new();
+    let mut series_type: Vec<Option<usize>> = Vec::with_capacity(dataset.series.len());
+    for series in &dataset.series {
+        let type_id = dataset.string(series.profile_type);
+        if !request.types.matches(type_id) || !request.selector.matches(&dataset.series_labels(series)) {
+            series_type.push(None);
+            continue;
+        }
+        let position = match types.iter().position(|(id, _)| id == type_id) {
+            Some(position) => position,
+            None => {
+                types.push((type_id.to_string(), u32::MAX));
+                types.len() - 1
+            }
+        };
+        series_type.push(Some(position));
+    }
+    if types.is_empty() {
+        return None;
+    }
+    let stack_count = dataset.stack_parent.len();
+    let mut values = vec![vec![0i64; stack_count]; types.len()];
+    let mut profiles = Vec::new();
+    let offsets = dataset.profile_sample_offsets();
+    for (row, profile) in dataset.profiles.iter().enumerate() {
+        let Some(local_type) = series_type.get(profile.series as usize).copied().flatten() else {
+            continue;
+        };
+        if profile.time_nanos < request.from_nanos || profile.time_nanos > request.to_nanos {
+            continue;
+        }
+        if let Some(ids) = &request.profile_ids {
+            if !ids.iter().any(|id| *id == profile.id) {
+                continue;
+            }
+        }
+        let type_entry = &mut types[local_type];
+        type_entry.1 = type_entry.1.min(profile.type_index);
+        let target = &mut values[local_type];
+        let mut total = 0i64;
+        for sample in offsets[row] as usize..offsets[row + 1] as usize {
+            let value = dataset.sample_value[sample];
+            target[dataset.sample_stack[sample] as usize] += value;
+            total += value;
+        }
+        profiles.push(SelectedProfile {
+            row,
+            time_nanos: profile.time_nanos,
+            local_type,
+            total,
+        });
+    }
+    if profiles.is_empty() {
+        return None;
+    }
+    Some(DatasetSelection {
+        dataset,
+        types,
+        values,
+        profiles,
+    })
+}

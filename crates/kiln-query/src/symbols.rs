@@ -1,0 +1,65 @@
+//! Frame names from a dataset's symbol tables.
+
+use kiln_storage::Dataset;
+
+/// Resolves the frames of each location, outermost caller first (pprof lists inlined
+/// frames innermost first), as names for flame graphs.
+pub struct FrameNames<'a> {
+    dataset: &'a Dataset,
+    line_offsets: Vec<u32>,
+}
+
+impl<'a> FrameNames<'a> {
+    pub fn new(dataset: &'a Dataset) -> Self {
+        FrameNames {
+            dataset,
+            line_offsets: dataset.location_line_offsets(),
+        }
+    }
+
+    /// Calls `emit` with each frame name of `location`, outermost first.
+    pub fn for_each_frame(&self, location: u32, mut emit: impl FnMut(&str)) {
+        let location = location as usize;
+        let (Some(start), Some(end)) = (self.line_offsets.get(location), self.line_offsets.get(location + 1)) else {
+            emit("[unknown]");
+            return;
+        };
+        if start == end {
+            emit(&self.unsymbolized(location));
+            return;
+        }
+        for line in (*start..*end).rev() {
+            let function = self.dataset.line_function[line as usize] as usize;
+            match self.dataset.functions.get(function) {
+                Some(function) => {
+                    let name = self.dataset.string(function.name);
+                    if name.is_empty() {
+                        emit(self.dataset.string(function.system_name));
+                    } else {
+                        emit(name);
+                    }
+                }
+                None => emit("[unknown]"),
+            }
+        }
+    }
+
+    /// `module+0xoffset` for a frame without symbols, so it can be symbolized later.
+    fn unsymbolized(&self, location: usize) -> String {
+        let address = self.dataset.location_address.get(location).copied().unwrap_or(0);
+        let mapping = self
+            .dataset
+            .location_mapping
+            .get(location)
+            .and_then(|m| self.dataset.mappings.get(*m as usize));
+        match mapping {
+            Some(mapping) if mapping.filename != 0 => {
+                let file = self.dataset.string(mapping.filename);
+                let module = file.rsplit('/').next().unwrap_or(file);
+                let offset = address.wrapping_sub(mapping.memory_start).wrapping_add(mapping.file_offset);
+                format!("{module}+0x{offset:x}")
+            }
+            _ => format!("0x{address:x}"),
+        }
+    }
+}
