@@ -47,7 +47,9 @@ impl From<FormatError> for IngestError {
     fn from(err: FormatError) -> Self {
         match err {
             FormatError::TooLarge(message) => IngestError::TooLarge(message),
-            FormatError::Malformed(message) | FormatError::Limit(message) => IngestError::BadRequest(message),
+            FormatError::Malformed(message) | FormatError::Limit(message) => {
+                IngestError::BadRequest(message)
+            }
         }
     }
 }

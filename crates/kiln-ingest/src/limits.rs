@@ -93,11 +93,20 @@ impl TenantLimits {
             return Ok(());
         }
         let rate = limits.ingestion_rate_bytes as f64;
-        let burst = limits.ingestion_burst_bytes.max(limits.ingestion_rate_bytes) as f64;
+        let burst = limits
+            .ingestion_burst_bytes
+            .max(limits.ingestion_rate_bytes) as f64;
         let now = Instant::now();
-        let mut buckets = self.buckets.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let bucket = buckets.entry(tenant.to_string()).or_insert(Bucket { tokens: burst, last: now });
-        bucket.tokens = (bucket.tokens + now.duration_since(bucket.last).as_secs_f64() * rate).min(burst);
+        let mut buckets = self
+            .buckets
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let bucket = buckets.entry(tenant.to_string()).or_insert(Bucket {
+            tokens: burst,
+            last: now,
+        });
+        bucket.tokens =
+            (bucket.tokens + now.duration_since(bucket.last).as_secs_f64() * rate).min(burst);
         bucket.last = now;
         if bucket.tokens < bytes as f64 {
             return Err(IngestError::RateLimited(format!(
@@ -121,9 +130,15 @@ mod tests {
             ingestion_burst_bytes: 2000,
             ..Limits::default()
         };
-        let tenants = TenantLimits::new(Limits::default(), HashMap::from([("small".to_string(), limits)]));
+        let tenants = TenantLimits::new(
+            Limits::default(),
+            HashMap::from([("small".to_string(), limits)]),
+        );
         assert!(tenants.check_rate("small", 1500).is_ok());
-        assert!(matches!(tenants.check_rate("small", 1500), Err(IngestError::RateLimited(_))));
+        assert!(matches!(
+            tenants.check_rate("small", 1500),
+            Err(IngestError::RateLimited(_))
+        ));
         assert!(tenants.check_rate("other", 1 << 30).is_ok());
     }
 }

@@ -87,7 +87,11 @@ pub fn from_pprof(
         match profile.period_type {
             Some(period_type) => profile.sample_type.push(period_type),
             None if profile.sample.is_empty() => {}
-            None => return Err(IngestError::BadRequest("profile has samples but no sample types".into())),
+            None => {
+                return Err(IngestError::BadRequest(
+                    "profile has samples but no sample types".into(),
+                ))
+            }
         }
     }
     let index = pprof::validate(&profile, &limits.profile())?;
@@ -107,7 +111,9 @@ pub fn from_pprof(
         .map(|value_type| profile.string_or_empty(value_type.r#type))
         .collect();
     let type_refs: Vec<&str> = type_names.iter().map(String::as_str).collect();
-    let period = profile.period_type.unwrap_or(ValueType { r#type: 0, unit: 0 });
+    let period = profile
+        .period_type
+        .unwrap_or(ValueType { r#type: 0, unit: 0 });
     let period_type = profile.string_or_empty(period.r#type);
     let period_unit = profile.string_or_empty(period.unit);
     let types = profile
@@ -138,13 +144,18 @@ pub fn from_pprof(
         .time_nanos
         .or((profile.time_nanos > 0).then_some(profile.time_nanos))
         .unwrap_or_else(now_nanos);
-    let duration_nanos = context.duration_nanos.unwrap_or(profile.duration_nanos).max(0);
+    let duration_nanos = context
+        .duration_nanos
+        .unwrap_or(profile.duration_nanos)
+        .max(0);
     let id = context
         .id
         .filter(|id| !id.is_empty())
         .unwrap_or_else(|| new_profile_id(time_nanos));
     if id.len() > 256 {
-        return Err(IngestError::BadRequest("profile id is longer than 256 bytes".into()));
+        return Err(IngestError::BadRequest(
+            "profile id is longer than 256 bytes".into(),
+        ));
     }
     Ok(ParsedProfile {
         id,
@@ -173,8 +184,13 @@ fn check_labels(profile: &Profile, labels: &Labels, limits: &Limits) -> Result<(
             if PER_SAMPLE_LABELS.contains(&name.as_str()) {
                 continue;
             }
-            let value_length = profile.string_table.get(label.str as usize).map_or(0, Vec::len);
-            if name.len() > label_limits.max_name_length || value_length > label_limits.max_value_length {
+            let value_length = profile
+                .string_table
+                .get(label.str as usize)
+                .map_or(0, Vec::len);
+            if name.len() > label_limits.max_name_length
+                || value_length > label_limits.max_value_length
+            {
                 return Err(IngestError::BadRequest(format!(
                     "sample label {:?} is over the label length limits",
                     name.chars().take(64).collect::<String>()
@@ -256,9 +272,11 @@ pub fn folded_to_pprof(stacks: &[FoldedStack], profile_type: &ProfileType) -> Pr
 /// number of digits, as Pyroscope does.
 pub fn parse_timestamp_nanos(value: &str) -> Result<i64, IngestError> {
     let trimmed = value.trim();
-    let number: i64 = trimmed
-        .parse()
-        .map_err(|_| IngestError::BadRequest(format!("invalid timestamp {trimmed:?}: expected an integer")))?;
+    let number: i64 = trimmed.parse().map_err(|_| {
+        IngestError::BadRequest(format!(
+            "invalid timestamp {trimmed:?}: expected an integer"
+        ))
+    })?;
     let digits = trimmed.trim_start_matches('-').len();
     let nanos = match digits {
         0..=10 => number.checked_mul(1_000_000_000),
@@ -275,10 +293,22 @@ mod tests {
 
     #[test]
     fn timestamps_by_digit_count() {
-        assert_eq!(parse_timestamp_nanos("1700000000").unwrap(), 1_700_000_000_000_000_000);
-        assert_eq!(parse_timestamp_nanos("1700000000123").unwrap(), 1_700_000_000_123_000_000);
-        assert_eq!(parse_timestamp_nanos("1700000000123456").unwrap(), 1_700_000_000_123_456_000);
-        assert_eq!(parse_timestamp_nanos("1700000000123456789").unwrap(), 1_700_000_000_123_456_789);
+        assert_eq!(
+            parse_timestamp_nanos("1700000000").unwrap(),
+            1_700_000_000_000_000_000
+        );
+        assert_eq!(
+            parse_timestamp_nanos("1700000000123").unwrap(),
+            1_700_000_000_123_000_000
+        );
+        assert_eq!(
+            parse_timestamp_nanos("1700000000123456").unwrap(),
+            1_700_000_000_123_456_000
+        );
+        assert_eq!(
+            parse_timestamp_nanos("1700000000123456789").unwrap(),
+            1_700_000_000_123_456_789
+        );
         assert!(parse_timestamp_nanos("soon").is_err());
     }
 

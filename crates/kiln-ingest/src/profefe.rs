@@ -44,9 +44,15 @@ pub fn type_for_profile_name(name: &str) -> &'static str {
 /// Parses `k=v,k=v`.
 pub fn parse_labels(text: &str) -> Result<Labels, IngestError> {
     let mut labels = Labels::new();
-    for pair in text.split(',').map(str::trim).filter(|pair| !pair.is_empty()) {
+    for pair in text
+        .split(',')
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty())
+    {
         let Some((key, value)) = pair.split_once('=') else {
-            return Err(IngestError::BadRequest(format!("invalid label {pair:?}: expected key=value")));
+            return Err(IngestError::BadRequest(format!(
+                "invalid label {pair:?}: expected key=value"
+            )));
         };
         labels.set(sanitize_label_name(key.trim()), value.trim().to_string());
     }

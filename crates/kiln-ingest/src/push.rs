@@ -89,15 +89,25 @@ pub fn decode_json(body: &[u8]) -> Result<PushRequest, IngestError> {
         for sample in json_series.samples {
             let raw_profile = base64::engine::general_purpose::STANDARD
                 .decode(sample.raw_profile.as_bytes())
-                .or_else(|_| base64::engine::general_purpose::URL_SAFE.decode(sample.raw_profile.as_bytes()))
-                .map_err(|err| IngestError::BadRequest(format!("rawProfile is not valid base64: {err}")))?;
-            samples.push(RawSample { raw_profile, id: sample.id });
+                .or_else(|_| {
+                    base64::engine::general_purpose::URL_SAFE.decode(sample.raw_profile.as_bytes())
+                })
+                .map_err(|err| {
+                    IngestError::BadRequest(format!("rawProfile is not valid base64: {err}"))
+                })?;
+            samples.push(RawSample {
+                raw_profile,
+                id: sample.id,
+            });
         }
         series.push(RawProfileSeries {
             labels: json_series
                 .labels
                 .into_iter()
-                .map(|label| LabelPair { name: label.name, value: label.value })
+                .map(|label| LabelPair {
+                    name: label.name,
+                    value: label.value,
+                })
                 .collect(),
             samples,
         });
@@ -106,13 +116,18 @@ pub fn decode_json(body: &[u8]) -> Result<PushRequest, IngestError> {
 }
 
 /// Converts every sample of every series; one bad profile refuses the whole request.
-pub fn parse_push(request: PushRequest, limits: &Limits) -> Result<Vec<ParsedProfile>, IngestError> {
+pub fn parse_push(
+    request: PushRequest,
+    limits: &Limits,
+) -> Result<Vec<ParsedProfile>, IngestError> {
     let mut parsed = Vec::new();
     for series in request.series {
         let mut labels = Labels::new();
         for label in &series.labels {
             if label.name.is_empty() {
-                return Err(IngestError::BadRequest("series has a label with an empty name".into()));
+                return Err(IngestError::BadRequest(
+                    "series has a label with an empty name".into(),
+                ));
             }
             labels.set(sanitize_label_name(&label.name), label.value.clone());
         }
@@ -137,8 +152,14 @@ mod tests {
     fn json_and_proto_agree() {
         let request = PushRequest {
             series: vec![RawProfileSeries {
-                labels: vec![LabelPair { name: "service_name".into(), value: "svc".into() }],
-                samples: vec![RawSample { raw_profile: vec![1, 2, 3], id: "abc".into() }],
+                labels: vec![LabelPair {
+                    name: "service_name".into(),
+                    value: "svc".into(),
+                }],
+                samples: vec![RawSample {
+                    raw_profile: vec![1, 2, 3],
+                    id: "abc".into(),
+                }],
             }],
         };
         let proto = decode_proto(&request.encode_to_vec()).unwrap();
@@ -148,7 +169,8 @@ mod tests {
         .unwrap();
         assert_eq!(proto, request);
         assert_eq!(json, request);
-        let snake = decode_json(br#"{"series":[{"samples":[{"raw_profile":"AQID","id":"x"}]}]}"#).unwrap();
+        let snake =
+            decode_json(br#"{"series":[{"samples":[{"raw_profile":"AQID","id":"x"}]}]}"#).unwrap();
         assert_eq!(snake.series[0].samples[0].raw_profile, vec![1, 2, 3]);
         assert!(decode_json(b"{").is_err());
     }

@@ -8,7 +8,9 @@ use kiln_model::folded;
 use kiln_model::labels::{sanitize_label_name, Labels, SERVICE_NAME};
 use kiln_model::profile_type::from_legacy_suffix;
 
-use crate::parse::{folded_to_pprof, from_pprof, from_pprof_bytes, parse_timestamp_nanos, ProfileContext};
+use crate::parse::{
+    folded_to_pprof, from_pprof, from_pprof_bytes, parse_timestamp_nanos, ProfileContext,
+};
 use crate::{IngestError, Limits, ParsedProfile};
 
 /// The parts of the `name` parameter.
@@ -36,7 +38,9 @@ pub fn parse_name(name: &str) -> Result<IngestName, IngestError> {
     };
     let head = head.trim();
     if head.is_empty() {
-        return Err(IngestError::BadRequest("the name parameter has no application name".into()));
+        return Err(IngestError::BadRequest(
+            "the name parameter has no application name".into(),
+        ));
     }
     let (app, suffix) = match head.rsplit_once('.') {
         Some((app, suffix)) if !app.is_empty() && from_legacy_suffix(suffix).is_some() => {
@@ -55,11 +59,15 @@ fn parse_tags(body: &str) -> Result<Vec<(String, String)>, IngestError> {
             continue;
         }
         let Some((key, value)) = pair.split_once('=') else {
-            return Err(IngestError::BadRequest(format!("invalid tag {pair:?}: expected key=value")));
+            return Err(IngestError::BadRequest(format!(
+                "invalid tag {pair:?}: expected key=value"
+            )));
         };
         let key = key.trim();
         if key.is_empty() {
-            return Err(IngestError::BadRequest(format!("invalid tag {pair:?}: empty key")));
+            return Err(IngestError::BadRequest(format!(
+                "invalid tag {pair:?}: empty key"
+            )));
         }
         let value = value.trim().trim_matches('"');
         tags.push((sanitize_label_name(key), value.to_string()));
@@ -74,12 +82,18 @@ enum BodyFormat {
     Folded,
 }
 
-fn body_format(format: Option<&str>, content_type: &str, body: &[u8]) -> Result<BodyFormat, IngestError> {
+fn body_format(
+    format: Option<&str>,
+    content_type: &str,
+    body: &[u8],
+) -> Result<BodyFormat, IngestError> {
     match format.map(str::trim).unwrap_or("") {
         "pprof" => Ok(BodyFormat::Pprof),
         "folded" | "lines" => Ok(BodyFormat::Folded),
         "" => {
-            if content_type.starts_with("multipart/form-data") || kiln_model::compress::is_gzip(body) {
+            if content_type.starts_with("multipart/form-data")
+                || kiln_model::compress::is_gzip(body)
+            {
                 Ok(BodyFormat::Pprof)
             } else {
                 Ok(BodyFormat::Folded)
@@ -103,13 +117,23 @@ pub async fn parse_ingest(
     body: Bytes,
     limits: &Limits,
 ) -> Result<Vec<ParsedProfile>, IngestError> {
-    let name = params
-        .get("name")
-        .ok_or_else(|| IngestError::BadRequest("the name parameter is required (name=app.cpu{tags})".into()))?;
+    let name = params.get("name").ok_or_else(|| {
+        IngestError::BadRequest("the name parameter is required (name=app.cpu{tags})".into())
+    })?;
     let name = parse_name(name)?;
-    let from = params.get("from").map(|v| parse_timestamp_nanos(v)).transpose()?;
-    let until = params.get("until").map(|v| parse_timestamp_nanos(v)).transpose()?;
-    let sample_rate: Option<f64> = match params.get("sampleRate").map(|v| v.trim()).filter(|v| !v.is_empty()) {
+    let from = params
+        .get("from")
+        .map(|v| parse_timestamp_nanos(v))
+        .transpose()?;
+    let until = params
+        .get("until")
+        .map(|v| parse_timestamp_nanos(v))
+        .transpose()?;
+    let sample_rate: Option<f64> = match params
+        .get("sampleRate")
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
+    {
         Some(value) => Some(
             value
                 .parse::<f64>()
@@ -119,7 +143,11 @@ pub async fn parse_ingest(
         ),
         None => None,
     };
-    let format = body_format(params.get("format").map(String::as_str), content_type, &body)?;
+    let format = body_format(
+        params.get("format").map(String::as_str),
+        content_type,
+        &body,
+    )?;
 
     let mut labels = Labels::new();
     for (key, value) in &name.tags {
@@ -152,9 +180,11 @@ pub async fn parse_ingest(
                 .and_then(from_legacy_suffix)
                 .map(|known| known.profile_type.name);
             let limits = *limits;
-            let parsed = tokio::task::spawn_blocking(move || from_pprof_bytes(&pprof_body, context, &limits))
-                .await
-                .map_err(|err| IngestError::Internal(format!("parser task failed: {err}")))??;
+            let parsed = tokio::task::spawn_blocking(move || {
+                from_pprof_bytes(&pprof_body, context, &limits)
+            })
+            .await
+            .map_err(|err| IngestError::Internal(format!("parser task failed: {err}")))??;
             Ok(vec![parsed])
         }
         BodyFormat::Folded => {
@@ -164,10 +194,13 @@ pub async fn parse_ingest(
             let known = name.suffix.as_deref().and_then(from_legacy_suffix);
             let known = match known {
                 Some(known) => known,
-                None => from_legacy_suffix("cpu")
-                    .ok_or_else(|| IngestError::Internal("cpu profile type is not defined".into()))?,
+                None => from_legacy_suffix("cpu").ok_or_else(|| {
+                    IngestError::Internal("cpu profile type is not defined".into())
+                })?,
             };
-            let scale = known.scale_by_sample_rate.then(|| 1e9 / sample_rate.unwrap_or(100.0));
+            let scale = known
+                .scale_by_sample_rate
+                .then(|| 1e9 / sample_rate.unwrap_or(100.0));
             let profile_type = known.profile_type;
             let profile = folded_to_pprof(&stacks, &profile_type);
             context.name = Some(profile_type.name.clone());
@@ -191,19 +224,16 @@ async fn multipart_profile(content_type: &str, body: Bytes) -> Result<Bytes, Ing
         .map_err(|err| IngestError::BadRequest(format!("invalid multipart body: {err}")))?
     {
         let name = field.name().unwrap_or("").to_string();
-        let data = field
-            .bytes()
-            .await
-            .map_err(|err| IngestError::BadRequest(format!("invalid multipart part {name:?}: {err}")))?;
+        let data = field.bytes().await.map_err(|err| {
+            IngestError::BadRequest(format!("invalid multipart part {name:?}: {err}"))
+        })?;
         match name.as_str() {
             "profile" => profile = Some(data),
-            "prev_profile" => {
-                return Err(IngestError::BadRequest(
-                    "prev_profile is not supported: send delta profiles (the Go SDK does by default) \
+            "prev_profile" => return Err(IngestError::BadRequest(
+                "prev_profile is not supported: send delta profiles (the Go SDK does by default) \
                      instead of cumulative ones"
-                        .into(),
-                ))
-            }
+                    .into(),
+            )),
             "sample_type_config" => {
                 serde_json::from_slice::<serde_json::Value>(&data).map_err(|err| {
                     IngestError::BadRequest(format!("sample_type_config is not valid JSON: {err}"))
@@ -224,7 +254,13 @@ mod tests {
         let name = parse_name("my.app.cpu{env=staging, region=us-west}").unwrap();
         assert_eq!(name.app, "my.app");
         assert_eq!(name.suffix.as_deref(), Some("cpu"));
-        assert_eq!(name.tags, vec![("env".into(), "staging".into()), ("region".into(), "us-west".into())]);
+        assert_eq!(
+            name.tags,
+            vec![
+                ("env".into(), "staging".into()),
+                ("region".into(), "us-west".into())
+            ]
+        );
         let name = parse_name("my.app{}").unwrap();
         assert_eq!((name.app.as_str(), name.suffix), ("my.app", None));
         assert!(parse_name("app{broken").is_err());
@@ -240,14 +276,22 @@ mod tests {
             ("from".to_string(), "1700000000".to_string()),
             ("until".to_string(), "1700000010".to_string()),
         ]);
-        let parsed = parse_ingest(&params, "text/plain", Bytes::from_static(b"main;work 3\nmain 1\n"), &Limits::default())
-            .await
-            .unwrap();
+        let parsed = parse_ingest(
+            &params,
+            "text/plain",
+            Bytes::from_static(b"main;work 3\nmain 1\n"),
+            &Limits::default(),
+        )
+        .await
+        .unwrap();
         assert_eq!(parsed.len(), 1);
         let profile = &parsed[0];
         assert_eq!(profile.labels.get("service_name"), Some("svc"));
         assert_eq!(profile.labels.get("env"), Some("prod"));
-        assert_eq!(profile.types[0].profile_type.id(), "process_cpu:cpu:nanoseconds:cpu:nanoseconds");
+        assert_eq!(
+            profile.types[0].profile_type.id(),
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+        );
         assert_eq!(profile.types[0].scale, Some(10_000_000.0));
         assert_eq!(profile.time_nanos, 1_700_000_000_000_000_000);
         assert_eq!(profile.duration_nanos, 10_000_000_000);
@@ -259,7 +303,10 @@ mod tests {
             ("name".to_string(), "svc".to_string()),
             ("format".to_string(), "jfr".to_string()),
         ]);
-        let err = parse_ingest(&params, "", Bytes::new(), &Limits::default()).await.err().unwrap();
+        let err = parse_ingest(&params, "", Bytes::new(), &Limits::default())
+            .await
+            .err()
+            .unwrap();
         assert_eq!(err.status(), 415);
     }
 }

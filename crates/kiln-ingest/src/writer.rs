@@ -78,7 +78,11 @@ impl WriterMetrics {
     }
 
     pub fn register(&self, registry: &mut Registry) {
-        registry.register("kiln_ingest_flushes", "Segments flushed", self.flushes.clone());
+        registry.register(
+            "kiln_ingest_flushes",
+            "Segments flushed",
+            self.flushes.clone(),
+        );
         registry.register(
             "kiln_ingest_flush_failures",
             "Segment flushes that failed (their requests got 5xx)",
@@ -146,7 +150,11 @@ impl Ingester {
     }
 
     /// Queues the profiles and waits until they are durable and registered.
-    pub async fn write(&self, tenant: &str, profiles: Vec<ParsedProfile>) -> Result<(), IngestError> {
+    pub async fn write(
+        &self,
+        tenant: &str,
+        profiles: Vec<ParsedProfile>,
+    ) -> Result<(), IngestError> {
         if profiles.is_empty() {
             return Ok(());
         }
@@ -232,7 +240,9 @@ impl Flusher {
             work.push((job.tenant, job.profiles));
         }
         let result = self.write_segment(work).await;
-        self.metrics.flush_seconds.observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .flush_seconds
+            .observe(started.elapsed().as_secs_f64());
         self.pending_bytes.fetch_sub(bytes, Ordering::SeqCst);
         if let Err(err) = &result {
             self.metrics.flush_failures.inc();
@@ -241,7 +251,9 @@ impl Flusher {
         for ack in acks {
             let _ = ack.send(match &result {
                 Ok(()) => Ok(()),
-                Err(err) => Err(IngestError::Internal(format!("failed to store the profiles: {err}"))),
+                Err(err) => Err(IngestError::Internal(format!(
+                    "failed to store the profiles: {err}"
+                ))),
             });
         }
     }
@@ -249,9 +261,10 @@ impl Flusher {
     async fn write_segment(&self, work: Vec<(String, Vec<ParsedProfile>)>) -> Result<(), String> {
         let max_stack_depth = self.config.max_stack_depth;
         let profile_count: usize = work.iter().map(|(_, profiles)| profiles.len()).sum();
-        let (block, datasets) = tokio::task::spawn_blocking(move || build_segment(work, max_stack_depth))
-            .await
-            .map_err(|err| format!("segment builder task failed: {err}"))??;
+        let (block, datasets) =
+            tokio::task::spawn_blocking(move || build_segment(work, max_stack_depth))
+                .await
+                .map_err(|err| format!("segment builder task failed: {err}"))??;
         if datasets.is_empty() {
             return Ok(());
         }

@@ -79,13 +79,20 @@ impl Metastore {
     }
 
     /// Registers a block and its datasets in one transaction.
-    pub async fn register_block(&self, block: BlockMeta, datasets: Vec<DatasetMeta>) -> Result<(), MetastoreError> {
+    pub async fn register_block(
+        &self,
+        block: BlockMeta,
+        datasets: Vec<DatasetMeta>,
+    ) -> Result<(), MetastoreError> {
         match self {
             Metastore::Sqlite(store) => store.register_block(block, datasets).await,
         }
     }
 
-    pub async fn list_datasets(&self, query: DatasetQuery) -> Result<Vec<DatasetMeta>, MetastoreError> {
+    pub async fn list_datasets(
+        &self,
+        query: DatasetQuery,
+    ) -> Result<Vec<DatasetMeta>, MetastoreError> {
         match self {
             Metastore::Sqlite(store) => store.list_datasets(query).await,
         }
@@ -98,7 +105,12 @@ impl Metastore {
     }
 
     /// Services of a tenant with data overlapping `[from, to]`.
-    pub async fn services(&self, tenant: &str, from_nanos: i64, to_nanos: i64) -> Result<Vec<String>, MetastoreError> {
+    pub async fn services(
+        &self,
+        tenant: &str,
+        from_nanos: i64,
+        to_nanos: i64,
+    ) -> Result<Vec<String>, MetastoreError> {
         match self {
             Metastore::Sqlite(store) => store.services(tenant, from_nanos, to_nanos).await,
         }

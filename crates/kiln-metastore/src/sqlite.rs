@@ -48,7 +48,11 @@ fn migrate(connection: &mut Connection) -> Result<(), MetastoreError> {
     connection.execute_batch(
         "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at_ms INTEGER NOT NULL);",
     )?;
-    let current: i64 = connection.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |row| row.get(0))?;
+    let current: i64 = connection.query_row(
+        "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+        [],
+        |row| row.get(0),
+    )?;
     for (index, migration) in MIGRATIONS.iter().enumerate() {
         let version = index as i64 + 1;
         if version <= current {
@@ -76,22 +80,23 @@ fn now_ms() -> i64 {
 impl SqliteMetastore {
     pub async fn open(path: &str) -> Result<Self, MetastoreError> {
         let path = path.to_string();
-        let connection = tokio::task::spawn_blocking(move || -> Result<Connection, MetastoreError> {
-            if let Some(parent) = Path::new(&path).parent() {
-                if !parent.as_os_str().is_empty() {
-                    std::fs::create_dir_all(parent)?;
+        let connection =
+            tokio::task::spawn_blocking(move || -> Result<Connection, MetastoreError> {
+                if let Some(parent) = Path::new(&path).parent() {
+                    if !parent.as_os_str().is_empty() {
+                        std::fs::create_dir_all(parent)?;
+                    }
                 }
-            }
-            let mut connection = Connection::open(&path)?;
-            connection.pragma_update(None, "journal_mode", "WAL")?;
-            connection.pragma_update(None, "synchronous", "FULL")?;
-            connection.pragma_update(None, "foreign_keys", "ON")?;
-            connection.busy_timeout(std::time::Duration::from_secs(10))?;
-            migrate(&mut connection)?;
-            Ok(connection)
-        })
-        .await
-        .map_err(|err| MetastoreError::Task(err.to_string()))??;
+                let mut connection = Connection::open(&path)?;
+                connection.pragma_update(None, "journal_mode", "WAL")?;
+                connection.pragma_update(None, "synchronous", "FULL")?;
+                connection.pragma_update(None, "foreign_keys", "ON")?;
+                connection.busy_timeout(std::time::Duration::from_secs(10))?;
+                migrate(&mut connection)?;
+                Ok(connection)
+            })
+            .await
+            .map_err(|err| MetastoreError::Task(err.to_string()))??;
         Ok(SqliteMetastore {
             connection: Arc::new(Mutex::new(connection)),
         })
@@ -112,7 +117,11 @@ impl SqliteMetastore {
         .map_err(|err| MetastoreError::Task(err.to_string()))?
     }
 
-    pub async fn register_block(&self, block: BlockMeta, datasets: Vec<DatasetMeta>) -> Result<(), MetastoreError> {
+    pub async fn register_block(
+        &self,
+        block: BlockMeta,
+        datasets: Vec<DatasetMeta>,
+    ) -> Result<(), MetastoreError> {
         self.with(move |connection| {
             let transaction = connection.transaction()?;
             transaction.execute(
@@ -143,7 +152,10 @@ impl SqliteMetastore {
         .await
     }
 
-    pub async fn list_datasets(&self, query: DatasetQuery) -> Result<Vec<DatasetMeta>, MetastoreError> {
+    pub async fn list_datasets(
+        &self,
+        query: DatasetQuery,
+    ) -> Result<Vec<DatasetMeta>, MetastoreError> {
         self.with(move |connection| {
             let mut statement = connection.prepare_cached(
                 "SELECT d.block_id, b.object_key, d.tenant, d.service, d.row_group, d.min_time_nanos, d.max_time_nanos,
@@ -177,8 +189,9 @@ impl SqliteMetastore {
 
     pub async fn list_blocks(&self) -> Result<Vec<BlockMeta>, MetastoreError> {
         self.with(|connection| {
-            let mut statement =
-                connection.prepare_cached("SELECT id, object_key, level, size_bytes, created_at_ms FROM blocks ORDER BY id")?;
+            let mut statement = connection.prepare_cached(
+                "SELECT id, object_key, level, size_bytes, created_at_ms FROM blocks ORDER BY id",
+            )?;
             let rows = statement.query_map([], |row| {
                 Ok(BlockMeta {
                     id: row.get(0)?,
@@ -193,7 +206,12 @@ impl SqliteMetastore {
         .await
     }
 
-    pub async fn services(&self, tenant: &str, from_nanos: i64, to_nanos: i64) -> Result<Vec<String>, MetastoreError> {
+    pub async fn services(
+        &self,
+        tenant: &str,
+        from_nanos: i64,
+        to_nanos: i64,
+    ) -> Result<Vec<String>, MetastoreError> {
         let tenant = tenant.to_string();
         self.with(move |connection| {
             let mut statement = connection.prepare_cached(
@@ -208,7 +226,9 @@ impl SqliteMetastore {
     pub async fn schema_version(&self) -> Result<i64, MetastoreError> {
         self.with(|connection| {
             Ok(connection
-                .query_row("SELECT MAX(version) FROM schema_migrations", [], |row| row.get::<_, Option<i64>>(0))
+                .query_row("SELECT MAX(version) FROM schema_migrations", [], |row| {
+                    row.get::<_, Option<i64>>(0)
+                })
                 .optional()?
                 .flatten()
                 .unwrap_or(0))

@@ -52,7 +52,10 @@ pub fn parse(text: &[u8], max_lines: usize) -> Result<Vec<FoldedStack>, FormatEr
             .map(str::to_string)
             .collect();
         if frames.is_empty() {
-            return Err(FormatError::malformed(format!("line {}: empty stack", index + 1)));
+            return Err(FormatError::malformed(format!(
+                "line {}: empty stack",
+                index + 1
+            )));
         }
         stacks.push(FoldedStack { frames, value });
     }
@@ -67,7 +70,10 @@ mod tests {
     fn parses_pyspy_frames_with_spaces() {
         let stacks = parse(b"main (app.py:1);eval (file.py:11) 42\n\nfoo;bar 1\r\n", 10).unwrap();
         assert_eq!(stacks.len(), 2);
-        assert_eq!(stacks[0].frames, vec!["main (app.py:1)", "eval (file.py:11)"]);
+        assert_eq!(
+            stacks[0].frames,
+            vec!["main (app.py:1)", "eval (file.py:11)"]
+        );
         assert_eq!(stacks[0].value, 42);
         assert_eq!(stacks[1].frames, vec!["foo", "bar"]);
     }

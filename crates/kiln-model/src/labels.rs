@@ -42,7 +42,10 @@ impl Labels {
     pub fn set(&mut self, name: impl Into<String>, value: impl Into<String>) {
         let name = name.into();
         let value = value.into();
-        match self.0.binary_search_by(|label| label.name.as_str().cmp(&name)) {
+        match self
+            .0
+            .binary_search_by(|label| label.name.as_str().cmp(&name))
+        {
             Ok(index) if value.is_empty() => {
                 self.0.remove(index);
             }
@@ -60,7 +63,10 @@ impl Labels {
     }
 
     pub fn remove(&mut self, name: &str) {
-        if let Ok(index) = self.0.binary_search_by(|label| label.name.as_str().cmp(name)) {
+        if let Ok(index) = self
+            .0
+            .binary_search_by(|label| label.name.as_str().cmp(name))
+        {
             self.0.remove(index);
         }
     }

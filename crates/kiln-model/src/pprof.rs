@@ -190,7 +190,11 @@ pub fn decode(data: &[u8], limit: usize) -> Result<Profile, FormatError> {
     }
     let profile = Profile::decode(&*raw)
         .map_err(|err| FormatError::malformed(format!("invalid pprof protobuf: {err}")))?;
-    if profile.string_table.first().is_some_and(|first| !first.is_empty()) {
+    if profile
+        .string_table
+        .first()
+        .is_some_and(|first| !first.is_empty())
+    {
         return Err(FormatError::malformed(
             "invalid pprof: string_table[0] must be the empty string",
         ));
@@ -229,7 +233,11 @@ impl IdIndex {
     fn build(ids: impl ExactSizeIterator<Item = u64>, what: &str) -> Result<Self, FormatError> {
         let len = ids.len();
         let ids: Vec<u64> = ids.collect();
-        if ids.iter().enumerate().all(|(position, id)| *id == position as u64 + 1) {
+        if ids
+            .iter()
+            .enumerate()
+            .all(|(position, id)| *id == position as u64 + 1)
+        {
             return Ok(IdIndex::Dense(len));
         }
         let mut map = std::collections::HashMap::with_capacity(len);
@@ -261,7 +269,7 @@ pub struct Validated {
 /// stages can index without failing: a profile is either accepted whole or refused whole.
 pub fn validate(profile: &Profile, limits: &ProfileLimits) -> Result<Validated, FormatError> {
     if profile.sample.len() > limits.max_samples {
-        return Err(FormatError::Limit(format!(
+        return Err(FormatError::TooLarge(format!(
             "profile has {} samples, over the limit of {}",
             profile.sample.len(),
             limits.max_samples
@@ -277,20 +285,33 @@ pub fn validate(profile: &Profile, limits: &ProfileLimits) -> Result<Validated, 
         }
         Ok(())
     };
-    for (position, value_type) in profile.sample_type.iter().chain(profile.period_type.iter()).enumerate() {
+    for (position, value_type) in profile
+        .sample_type
+        .iter()
+        .chain(profile.period_type.iter())
+        .enumerate()
+    {
         check_string(value_type.r#type, &|| format!("sample type {position}"))?;
         check_string(value_type.unit, &|| format!("sample type {position} unit"))?;
     }
     let mappings = IdIndex::build(profile.mapping.iter().map(|m| m.id), "mapping")?;
     for mapping in &profile.mapping {
-        check_string(mapping.filename, &|| format!("mapping {} filename", mapping.id))?;
-        check_string(mapping.build_id, &|| format!("mapping {} build id", mapping.id))?;
+        check_string(mapping.filename, &|| {
+            format!("mapping {} filename", mapping.id)
+        })?;
+        check_string(mapping.build_id, &|| {
+            format!("mapping {} build id", mapping.id)
+        })?;
     }
     let functions = IdIndex::build(profile.function.iter().map(|f| f.id), "function")?;
     for function in &profile.function {
         check_string(function.name, &|| format!("function {} name", function.id))?;
-        check_string(function.system_name, &|| format!("function {} system name", function.id))?;
-        check_string(function.filename, &|| format!("function {} filename", function.id))?;
+        check_string(function.system_name, &|| {
+            format!("function {} system name", function.id)
+        })?;
+        check_string(function.filename, &|| {
+            format!("function {} filename", function.id)
+        })?;
     }
     let locations = IdIndex::build(profile.location.iter().map(|l| l.id), "location")?;
     for location in &profile.location {
@@ -363,7 +384,12 @@ mod tests {
                 name: 3,
                 ..Default::default()
             }],
-            string_table: vec![b"".to_vec(), b"cpu".to_vec(), b"nanoseconds".to_vec(), b"main".to_vec()],
+            string_table: vec![
+                b"".to_vec(),
+                b"cpu".to_vec(),
+                b"nanoseconds".to_vec(),
+                b"main".to_vec(),
+            ],
             ..Default::default()
         }
     }

@@ -17,7 +17,13 @@ pub struct ProfileType {
 }
 
 impl ProfileType {
-    pub fn new(name: &str, sample_type: &str, sample_unit: &str, period_type: &str, period_unit: &str) -> Self {
+    pub fn new(
+        name: &str,
+        sample_type: &str,
+        sample_unit: &str,
+        period_type: &str,
+        period_unit: &str,
+    ) -> Self {
         ProfileType {
             name: name.to_string(),
             sample_type: sample_type.to_string(),
@@ -35,7 +41,9 @@ impl ProfileType {
                 "invalid profile type {id:?}: expected name:sample_type:sample_unit:period_type:period_unit"
             )));
         }
-        Ok(ProfileType::new(parts[0], parts[1], parts[2], parts[3], parts[4]))
+        Ok(ProfileType::new(
+            parts[0], parts[1], parts[2], parts[3], parts[4],
+        ))
     }
 
     pub fn id(&self) -> String {
@@ -67,9 +75,18 @@ pub fn name_for_sample_type(sample_type: &str, other_types: &[&str], period_type
                 "process_cpu"
             }
         }
-        "inuse_objects" | "inuse_space" | "alloc_objects" | "alloc_space" | "alloc_samples"
-        | "alloc_size" | "alloc_in_new_tlab_objects" | "alloc_in_new_tlab_bytes"
-        | "alloc_outside_tlab_objects" | "alloc_outside_tlab_bytes" | "space" | "objects" => "memory",
+        "inuse_objects"
+        | "inuse_space"
+        | "alloc_objects"
+        | "alloc_space"
+        | "alloc_samples"
+        | "alloc_size"
+        | "alloc_in_new_tlab_objects"
+        | "alloc_in_new_tlab_bytes"
+        | "alloc_outside_tlab_objects"
+        | "alloc_outside_tlab_bytes"
+        | "space"
+        | "objects" => "memory",
         "goroutine" | "goroutines" => "goroutines",
         "lock_count" | "lock_time" => "mutex",
         "contentions" | "delay" => {
@@ -98,12 +115,30 @@ pub struct SuffixType {
 /// suffix is not a known profile kind (then it is part of the application name).
 pub fn from_legacy_suffix(suffix: &str) -> Option<SuffixType> {
     let (profile_type, scale) = match suffix {
-        "cpu" | "itimer" => (ProfileType::new("process_cpu", "cpu", "nanoseconds", "cpu", "nanoseconds"), true),
-        "wall" => (ProfileType::new("wall", "wall", "nanoseconds", "wall", "nanoseconds"), true),
-        "inuse_objects" => (ProfileType::new("memory", "inuse_objects", "count", "space", "bytes"), false),
-        "inuse_space" => (ProfileType::new("memory", "inuse_space", "bytes", "space", "bytes"), false),
-        "alloc_objects" => (ProfileType::new("memory", "alloc_objects", "count", "space", "bytes"), false),
-        "alloc_space" => (ProfileType::new("memory", "alloc_space", "bytes", "space", "bytes"), false),
+        "cpu" | "itimer" => (
+            ProfileType::new("process_cpu", "cpu", "nanoseconds", "cpu", "nanoseconds"),
+            true,
+        ),
+        "wall" => (
+            ProfileType::new("wall", "wall", "nanoseconds", "wall", "nanoseconds"),
+            true,
+        ),
+        "inuse_objects" => (
+            ProfileType::new("memory", "inuse_objects", "count", "space", "bytes"),
+            false,
+        ),
+        "inuse_space" => (
+            ProfileType::new("memory", "inuse_space", "bytes", "space", "bytes"),
+            false,
+        ),
+        "alloc_objects" => (
+            ProfileType::new("memory", "alloc_objects", "count", "space", "bytes"),
+            false,
+        ),
+        "alloc_space" => (
+            ProfileType::new("memory", "alloc_space", "bytes", "space", "bytes"),
+            false,
+        ),
         "goroutines" | "goroutine" => (
             ProfileType::new("goroutines", "goroutine", "count", "goroutine", "count"),
             false,
@@ -157,10 +192,19 @@ mod tests {
 
     #[test]
     fn names_follow_pyroscope() {
-        assert_eq!(name_for_sample_type("samples", &["samples", "cpu"], "cpu"), "process_cpu");
-        assert_eq!(name_for_sample_type("samples", &["samples", "wall"], "wall"), "wall");
+        assert_eq!(
+            name_for_sample_type("samples", &["samples", "cpu"], "cpu"),
+            "process_cpu"
+        );
+        assert_eq!(
+            name_for_sample_type("samples", &["samples", "wall"], "wall"),
+            "wall"
+        );
         assert_eq!(name_for_sample_type("inuse_space", &[], "space"), "memory");
-        assert_eq!(from_legacy_suffix("cpu").unwrap().profile_type.name, "process_cpu");
+        assert_eq!(
+            from_legacy_suffix("cpu").unwrap().profile_type.name,
+            "process_cpu"
+        );
         assert!(from_legacy_suffix("myapp").is_none());
     }
 }

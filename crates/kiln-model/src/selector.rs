@@ -145,7 +145,8 @@ impl<'a> Parser<'a> {
                 || ch == '_'
                 || (!first && ch.is_ascii_digit())
                 || (ch == '.' && !first)
-                || (allow_colon_and_dots && (ch == ':' || ch == '.' || ch == '-' || ch.is_ascii_digit()));
+                || (allow_colon_and_dots
+                    && (ch == ':' || ch == '.' || ch == '-' || ch.is_ascii_digit()));
             if !valid {
                 break;
             }
@@ -184,8 +185,14 @@ impl<'a> Parser<'a> {
                 'r' => out.push('\r'),
                 '\\' | '"' | '\'' => out.push(escaped),
                 'u' => {
-                    let digits = self.input.get(self.position..self.position + 4).unwrap_or("");
-                    let Some(decoded) = u32::from_str_radix(digits, 16).ok().and_then(char::from_u32) else {
+                    let digits = self
+                        .input
+                        .get(self.position..self.position + 4)
+                        .unwrap_or("");
+                    let Some(decoded) = u32::from_str_radix(digits, 16)
+                        .ok()
+                        .and_then(char::from_u32)
+                    else {
                         return self.error("invalid \\u escape");
                     };
                     out.push(decoded);
@@ -215,7 +222,9 @@ impl<'a> Parser<'a> {
         } else if self.eat("=") {
             MatchOp::Equal
         } else {
-            return self.error(format!("expected one of =, !=, =~, !~ after label {name:?}"));
+            return self.error(format!(
+                "expected one of =, !=, =~, !~ after label {name:?}"
+            ));
         };
         self.skip_whitespace();
         let value_position = self.position;
@@ -275,7 +284,10 @@ mod tests {
     #[test]
     fn all_operators() {
         let selector = parse(r#"process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name="api", region=~"eu-.*", env!="prod", zone!~"b"}"#).unwrap();
-        assert_eq!(selector.name.as_deref(), Some("process_cpu:cpu:nanoseconds:cpu:nanoseconds"));
+        assert_eq!(
+            selector.name.as_deref(),
+            Some("process_cpu:cpu:nanoseconds:cpu:nanoseconds")
+        );
         assert_eq!(selector.matchers.len(), 4);
         assert!(selector.matches(&labels()));
         assert_eq!(selector.equality("service_name"), Some("api"));
@@ -286,7 +298,10 @@ mod tests {
         let selector = parse(r#"{region=~"eu"}"#).unwrap();
         assert!(!selector.matches(&labels()));
         let selector = parse(r#"{missing=~""}"#).unwrap();
-        assert!(selector.matches(&labels()), "an absent label matches the empty string");
+        assert!(
+            selector.matches(&labels()),
+            "an absent label matches the empty string"
+        );
         let selector = parse(r#"{region!~"eu-.*"}"#).unwrap();
         assert!(!selector.matches(&labels()));
     }

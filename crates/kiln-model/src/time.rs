@@ -16,7 +16,11 @@ pub fn parse_time_nanos(value: &str, now_nanos: i64) -> Result<i64, FormatError>
         let (sign, duration) = match rest.as_bytes()[0] {
             b'-' => (-1, &rest[1..]),
             b'+' => (1, &rest[1..]),
-            _ => return Err(FormatError::malformed(format!("invalid relative time {value:?}"))),
+            _ => {
+                return Err(FormatError::malformed(format!(
+                    "invalid relative time {value:?}"
+                )))
+            }
         };
         return Ok(now_nanos + sign * parse_duration_nanos(duration)?);
     }
@@ -30,7 +34,8 @@ pub fn parse_time_nanos(value: &str, now_nanos: i64) -> Result<i64, FormatError>
             14..=16 => number.checked_mul(1_000),
             _ => Some(number),
         };
-        return nanos.ok_or_else(|| FormatError::malformed(format!("time {value:?} is out of range")));
+        return nanos
+            .ok_or_else(|| FormatError::malformed(format!("time {value:?} is out of range")));
     }
     parse_rfc3339_nanos(value)
 }
@@ -45,7 +50,9 @@ pub fn parse_duration_nanos(value: &str) -> Result<i64, FormatError> {
     while !rest.is_empty() {
         let digits = rest.bytes().take_while(|b| b.is_ascii_digit()).count();
         if digits == 0 {
-            return Err(FormatError::malformed(format!("invalid duration {value:?}")));
+            return Err(FormatError::malformed(format!(
+                "invalid duration {value:?}"
+            )));
         }
         let number: i64 = rest[..digits]
             .parse()
@@ -61,7 +68,11 @@ pub fn parse_duration_nanos(value: &str) -> Result<i64, FormatError> {
             "h" => 3_600_000_000_000,
             "d" => 86_400_000_000_000,
             "w" => 604_800_000_000_000,
-            other => return Err(FormatError::malformed(format!("unknown duration unit {other:?} in {value:?}"))),
+            other => {
+                return Err(FormatError::malformed(format!(
+                    "unknown duration unit {other:?} in {value:?}"
+                )))
+            }
         };
         rest = &rest[unit_length..];
         total = number
@@ -90,11 +101,16 @@ pub fn civil_from_unix(seconds: i64) -> (i64, u32, u32, u32, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let day_of_era = z - era * 146_097;
-    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
     let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
     let month_index = (5 * day_of_year + 2) / 153;
     let day = (day_of_year - (153 * month_index + 2) / 5 + 1) as u32;
-    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 } as u32;
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    } as u32;
     let year = year_of_era + era * 400 + if month <= 2 { 1 } else { 0 };
     (
         year,
@@ -121,17 +137,35 @@ pub fn format_rfc3339(nanos: i64) -> String {
 /// Parses RFC 3339 (`2026-11-21T18:00:00Z`, `…+02:00`, fractional seconds). A missing
 /// offset means UTC, as profefe's examples write it.
 pub fn parse_rfc3339_nanos(value: &str) -> Result<i64, FormatError> {
-    let invalid = || FormatError::malformed(format!("invalid time {value:?}: expected RFC 3339, epoch or now-1h"));
+    let invalid = || {
+        FormatError::malformed(format!(
+            "invalid time {value:?}: expected RFC 3339, epoch or now-1h"
+        ))
+    };
     let bytes = value.as_bytes();
-    if bytes.len() < 19 || bytes[4] != b'-' || bytes[7] != b'-' || !matches!(bytes[10], b'T' | b't' | b' ') || bytes[13] != b':' || bytes[16] != b':' {
+    if bytes.len() < 19
+        || bytes[4] != b'-'
+        || bytes[7] != b'-'
+        || !matches!(bytes[10], b'T' | b't' | b' ')
+        || bytes[13] != b':'
+        || bytes[16] != b':'
+    {
         return Err(invalid());
     }
     let number = |range: std::ops::Range<usize>| -> Result<i64, FormatError> {
-        value.get(range).and_then(|s| s.parse::<i64>().ok()).ok_or_else(invalid)
+        value
+            .get(range)
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or_else(invalid)
     };
     let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
     let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
         return Err(invalid());
     }
     let mut rest = &value[19..];
@@ -165,7 +199,8 @@ pub fn parse_rfc3339_nanos(value: &str) -> Result<i64, FormatError> {
             sign * (hours * 3600 + minutes * 60)
         }
     };
-    let seconds = days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second - offset_seconds;
+    let seconds = days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second
+        - offset_seconds;
     seconds
         .checked_mul(1_000_000_000)
         .and_then(|n| n.checked_add(fraction_nanos))
@@ -180,22 +215,51 @@ mod tests {
     fn parses_every_form() {
         let now = 1_800_000_000_000_000_000;
         assert_eq!(parse_time_nanos("now", now).unwrap(), now);
-        assert_eq!(parse_time_nanos("now-1h", now).unwrap(), now - 3_600_000_000_000);
-        assert_eq!(parse_time_nanos("now-1h30m", now).unwrap(), now - 5_400_000_000_000);
-        assert_eq!(parse_time_nanos("1700000000", now).unwrap(), 1_700_000_000_000_000_000);
-        assert_eq!(parse_time_nanos("1700000000000", now).unwrap(), 1_700_000_000_000_000_000);
-        assert_eq!(parse_time_nanos("2023-11-14T22:13:20Z", now).unwrap(), 1_700_000_000_000_000_000);
-        assert_eq!(parse_time_nanos("2023-11-15T00:13:20.5+02:00", now).unwrap(), 1_700_000_000_500_000_000);
-        assert_eq!(parse_time_nanos("2023-11-14T22:13:20", now).unwrap(), 1_700_000_000_000_000_000);
+        assert_eq!(
+            parse_time_nanos("now-1h", now).unwrap(),
+            now - 3_600_000_000_000
+        );
+        assert_eq!(
+            parse_time_nanos("now-1h30m", now).unwrap(),
+            now - 5_400_000_000_000
+        );
+        assert_eq!(
+            parse_time_nanos("1700000000", now).unwrap(),
+            1_700_000_000_000_000_000
+        );
+        assert_eq!(
+            parse_time_nanos("1700000000000", now).unwrap(),
+            1_700_000_000_000_000_000
+        );
+        assert_eq!(
+            parse_time_nanos("2023-11-14T22:13:20Z", now).unwrap(),
+            1_700_000_000_000_000_000
+        );
+        assert_eq!(
+            parse_time_nanos("2023-11-15T00:13:20.5+02:00", now).unwrap(),
+            1_700_000_000_500_000_000
+        );
+        assert_eq!(
+            parse_time_nanos("2023-11-14T22:13:20", now).unwrap(),
+            1_700_000_000_000_000_000
+        );
         assert!(parse_time_nanos("yesterday", now).is_err());
         assert!(parse_time_nanos("now-1x", now).is_err());
     }
 
     #[test]
     fn formats_round_trip() {
-        for nanos in [0, 1_700_000_000_000_000_000, 1_700_000_000_123_456_789, 951_782_400_000_000_000] {
+        for nanos in [
+            0,
+            1_700_000_000_000_000_000,
+            1_700_000_000_123_456_789,
+            951_782_400_000_000_000,
+        ] {
             assert_eq!(parse_rfc3339_nanos(&format_rfc3339(nanos)).unwrap(), nanos);
         }
-        assert_eq!(format_rfc3339(1_700_000_000_000_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(
+            format_rfc3339(1_700_000_000_000_000_000),
+            "2023-11-14T22:13:20Z"
+        );
     }
 }

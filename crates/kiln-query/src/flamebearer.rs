@@ -58,12 +58,18 @@ pub fn flamebearer(tree: &FlameTree) -> Flamebearer {
             levels.push(Vec::new());
             level_end.push(0);
         }
-        levels[depth].extend_from_slice(&[offset - level_end[depth], node.total, node.self_value, node.name as i64]);
+        levels[depth].extend_from_slice(&[
+            offset - level_end[depth],
+            node.total,
+            node.self_value,
+            node.name as i64,
+        ]);
         level_end[depth] = offset + node.total;
         max_self = max_self.max(node.self_value);
         let mut children = node.children.clone();
         children.sort_by(|a, b| {
-            tree.names[tree.nodes[*a as usize].name as usize].cmp(&tree.names[tree.nodes[*b as usize].name as usize])
+            tree.names[tree.nodes[*a as usize].name as usize]
+                .cmp(&tree.names[tree.nodes[*b as usize].name as usize])
         });
         // Children are laid out left to right; push them reversed so the first pops first.
         let mut child_offsets = Vec::with_capacity(children.len());
@@ -108,7 +114,12 @@ pub fn metadata_for(type_id: &str) -> Metadata {
 }
 
 /// Sums profile totals into buckets of `step` seconds starting at `from`.
-pub fn timeline(points: &[(i64, i64)], from_nanos: i64, to_nanos: i64, step_seconds: i64) -> Timeline {
+pub fn timeline(
+    points: &[(i64, i64)],
+    from_nanos: i64,
+    to_nanos: i64,
+    step_seconds: i64,
+) -> Timeline {
     let step_nanos = step_seconds.max(1) * 1_000_000_000;
     let start = from_nanos.div_euclid(step_nanos) * step_nanos;
     let buckets = ((to_nanos - start).max(0) / step_nanos + 1).min(100_000) as usize;
@@ -159,7 +170,10 @@ mod tests {
     #[test]
     fn truncation_keeps_large_nodes_and_sums_the_rest() {
         let mut tree = FlameTree::default();
-        let names: Vec<u32> = ["big", "s1", "s2", "s3"].iter().map(|n| tree.name_id(n)).collect();
+        let names: Vec<u32> = ["big", "s1", "s2", "s3"]
+            .iter()
+            .map(|n| tree.name_id(n))
+            .collect();
         let values = [100, 1, 2, 3];
         for (name, value) in names.iter().zip(values) {
             let node = tree.child(0, *name);
@@ -171,8 +185,16 @@ mod tests {
         let children: Vec<(String, i64)> = cut.nodes[0]
             .children
             .iter()
-            .map(|c| (cut.names[cut.nodes[*c as usize].name as usize].clone(), cut.nodes[*c as usize].total))
+            .map(|c| {
+                (
+                    cut.names[cut.nodes[*c as usize].name as usize].clone(),
+                    cut.nodes[*c as usize].total,
+                )
+            })
             .collect();
-        assert_eq!(children, vec![("big".to_string(), 100), ("other".to_string(), 6)]);
+        assert_eq!(
+            children,
+            vec![("big".to_string(), 100), ("other".to_string(), 6)]
+        );
     }
 }

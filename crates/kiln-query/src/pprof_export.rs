@@ -31,7 +31,12 @@ impl Writer {
 }
 
 /// Merges the given types (in this order) of all selections into one pprof.
-pub fn merged_pprof(selections: &[DatasetSelection], type_ids: &[String], from_nanos: i64, to_nanos: i64) -> Profile {
+pub fn merged_pprof(
+    selections: &[DatasetSelection],
+    type_ids: &[String],
+    from_nanos: i64,
+    to_nanos: i64,
+) -> Profile {
     let mut writer = Writer::default();
     writer.string("");
     let mut period_type = None;
@@ -60,7 +65,12 @@ pub fn merged_pprof(selections: &[DatasetSelection], type_ids: &[String], from_n
         // Output type position -> local type of this dataset.
         let local: Vec<Option<usize>> = type_ids
             .iter()
-            .map(|id| selection.types.iter().position(|(local_id, _)| local_id == id))
+            .map(|id| {
+                selection
+                    .types
+                    .iter()
+                    .position(|(local_id, _)| local_id == id)
+            })
             .collect();
         if local.iter().all(Option::is_none) {
             continue;
@@ -107,7 +117,9 @@ pub fn merged_pprof(selections: &[DatasetSelection], type_ids: &[String], from_n
                     }
                 }
                 None => {
-                    writer.samples.insert(stack.clone(), writer.profile.sample.len());
+                    writer
+                        .samples
+                        .insert(stack.clone(), writer.profile.sample.len());
                     writer.profile.sample.push(Sample {
                         location_id: stack,
                         value: values,
@@ -136,7 +148,13 @@ fn export_location(
             let m = dataset.mappings[mapping_index];
             let filename = writer.string(dataset.string(m.filename));
             let build_id = writer.string(dataset.string(m.build_id));
-            let key = (m.memory_start, m.memory_limit, m.file_offset, filename, build_id);
+            let key = (
+                m.memory_start,
+                m.memory_limit,
+                m.file_offset,
+                filename,
+                build_id,
+            );
             let next = writer.profile.mapping.len() as u64 + 1;
             let id = *writer.mappings.entry(key).or_insert(next);
             if id == next {
@@ -179,7 +197,10 @@ fn export_location(
             }
             function_ids[function_index] = id;
         }
-        lines.push((function_ids[function_index], dataset.line_number[line as usize]));
+        lines.push((
+            function_ids[function_index],
+            dataset.line_number[line as usize],
+        ));
     }
     let address = dataset.location_address[location];
     let key = (mapping_id, address, lines);

@@ -120,7 +120,12 @@ impl Querier {
     /// Loads a dataset, from the cache when it is there.
     pub async fn load(&self, meta: &DatasetMeta) -> Result<Arc<Dataset>, QueryError> {
         let key = (meta.object_key.clone(), meta.row_group);
-        if let Some(dataset) = self.cache.lock().ok().and_then(|cache| cache.entries.get(&key).cloned()) {
+        if let Some(dataset) = self
+            .cache
+            .lock()
+            .ok()
+            .and_then(|cache| cache.entries.get(&key).cloned())
+        {
             return Ok(dataset);
         }
         let bytes = self.storage.get(&meta.object_key).await?;
@@ -148,7 +153,10 @@ impl Querier {
     }
 
     /// Selects and aggregates every matching dataset, in parallel.
-    pub async fn select(&self, request: &SelectRequest) -> Result<Vec<DatasetSelection>, QueryError> {
+    pub async fn select(
+        &self,
+        request: &SelectRequest,
+    ) -> Result<Vec<DatasetSelection>, QueryError> {
         let metas = self.datasets(request).await?;
         let request = Arc::new(request.clone());
         let tasks = metas.into_iter().map(|meta| {
@@ -177,7 +185,9 @@ pub fn aggregate(dataset: Arc<Dataset>, request: &SelectRequest) -> Option<Datas
     let mut series_type: Vec<Option<usize>> = Vec::with_capacity(dataset.series.len());
     for series in &dataset.series {
         let type_id = dataset.string(series.profile_type);
-        if !request.types.matches(type_id) || !request.selector.matches(&dataset.series_labels(series)) {
+        if !request.types.matches(type_id)
+            || !request.selector.matches(&dataset.series_labels(series))
+        {
             series_type.push(None);
             continue;
         }

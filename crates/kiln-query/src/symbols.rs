@@ -20,7 +20,10 @@ impl<'a> FrameNames<'a> {
     /// Calls `emit` with each frame name of `location`, outermost first.
     pub fn for_each_frame(&self, location: u32, mut emit: impl FnMut(&str)) {
         let location = location as usize;
-        let (Some(start), Some(end)) = (self.line_offsets.get(location), self.line_offsets.get(location + 1)) else {
+        let (Some(start), Some(end)) = (
+            self.line_offsets.get(location),
+            self.line_offsets.get(location + 1),
+        ) else {
             emit("[unknown]");
             return;
         };
@@ -46,7 +49,12 @@ impl<'a> FrameNames<'a> {
 
     /// `module+0xoffset` for a frame without symbols, so it can be symbolized later.
     fn unsymbolized(&self, location: usize) -> String {
-        let address = self.dataset.location_address.get(location).copied().unwrap_or(0);
+        let address = self
+            .dataset
+            .location_address
+            .get(location)
+            .copied()
+            .unwrap_or(0);
         let mapping = self
             .dataset
             .location_mapping
@@ -56,7 +64,9 @@ impl<'a> FrameNames<'a> {
             Some(mapping) if mapping.filename != 0 => {
                 let file = self.dataset.string(mapping.filename);
                 let module = file.rsplit('/').next().unwrap_or(file);
-                let offset = address.wrapping_sub(mapping.memory_start).wrapping_add(mapping.file_offset);
+                let offset = address
+                    .wrapping_sub(mapping.memory_start)
+                    .wrapping_add(mapping.file_offset);
                 format!("{module}+0x{offset:x}")
             }
             _ => format!("0x{address:x}"),

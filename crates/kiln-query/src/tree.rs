@@ -145,7 +145,11 @@ impl FlameTree {
         // Parents sort before their children: larger-or-equal total and smaller depth.
         order.sort_by(|a, b| {
             let (a, b) = (*a as usize, *b as usize);
-            self.nodes[b].total.cmp(&self.nodes[a].total).then(depth[a].cmp(&depth[b])).then(a.cmp(&b))
+            self.nodes[b]
+                .total
+                .cmp(&self.nodes[a].total)
+                .then(depth[a].cmp(&depth[b]))
+                .then(a.cmp(&b))
         });
         let mut keep = vec![false; self.nodes.len()];
         for index in order.iter().take(max_nodes) {

@@ -103,7 +103,10 @@ impl Dataset {
     }
 
     pub fn string(&self, id: u32) -> &str {
-        self.strings.get(id as usize).map(String::as_str).unwrap_or("")
+        self.strings
+            .get(id as usize)
+            .map(String::as_str)
+            .unwrap_or("")
     }
 
     pub fn series_labels(&self, series: &SeriesRow) -> Labels {
@@ -145,7 +148,9 @@ impl Dataset {
             in_range(*id, self.mappings.len().max(1), "location mapping")?;
         }
         let lines: u64 = self.location_line_count.iter().map(|c| *c as u64).sum();
-        if lines != self.line_function.len() as u64 || self.line_number.len() != self.line_function.len() {
+        if lines != self.line_function.len() as u64
+            || self.line_number.len() != self.line_function.len()
+        {
             return Err("line columns do not match location line counts".into());
         }
         for id in &self.line_function {
@@ -154,13 +159,20 @@ impl Dataset {
         if self.stack_parent.len() != self.stack_location.len() {
             return Err("stack columns differ in length".into());
         }
-        for (node, (parent, location)) in self.stack_parent.iter().zip(&self.stack_location).enumerate() {
+        for (node, (parent, location)) in self
+            .stack_parent
+            .iter()
+            .zip(&self.stack_location)
+            .enumerate()
+        {
             if node == 0 {
                 continue;
             }
             // Parents precede children, which also rules out cycles.
             if *parent as usize >= node {
-                return Err(format!("stack node {node} has parent {parent} not before it"));
+                return Err(format!(
+                    "stack node {node} has parent {parent} not before it"
+                ));
             }
             in_range(*location, locations, "stack location")?;
         }
@@ -176,7 +188,9 @@ impl Dataset {
             in_range(profile.series, self.series.len(), "profile series")?;
             samples += profile.sample_count as u64;
         }
-        if samples != self.sample_stack.len() as u64 || self.sample_value.len() != self.sample_stack.len() {
+        if samples != self.sample_stack.len() as u64
+            || self.sample_value.len() != self.sample_stack.len()
+        {
             return Err("sample columns do not match profile sample counts".into());
         }
         for stack in &self.sample_stack {
@@ -186,13 +200,26 @@ impl Dataset {
             }
         }
         let label_rows = self.sample_label_sample.len();
-        if self.sample_label_name.len() != label_rows || self.sample_label_value.len() != label_rows {
+        if self.sample_label_name.len() != label_rows || self.sample_label_value.len() != label_rows
+        {
             return Err("sample label columns differ in length".into());
         }
         for index in 0..label_rows {
-            in_range(self.sample_label_sample[index], self.sample_stack.len(), "sample label sample")?;
-            in_range(self.sample_label_name[index], strings as usize, "sample label name")?;
-            in_range(self.sample_label_value[index], strings as usize, "sample label value")?;
+            in_range(
+                self.sample_label_sample[index],
+                self.sample_stack.len(),
+                "sample label sample",
+            )?;
+            in_range(
+                self.sample_label_name[index],
+                strings as usize,
+                "sample label name",
+            )?;
+            in_range(
+                self.sample_label_value[index],
+                strings as usize,
+                "sample label value",
+            )?;
         }
         Ok(())
     }
@@ -470,7 +497,9 @@ impl DatasetBuilder {
                         };
                         let mut lines = Vec::with_capacity(location.line.len());
                         for line in &location.line {
-                            let Some(function_position) = input.index.functions.get(line.function_id) else {
+                            let Some(function_position) =
+                                input.index.functions.get(line.function_id)
+                            else {
                                 continue;
                             };
                             let function_id = match function_cache[function_position] {
@@ -519,7 +548,11 @@ impl DatasetBuilder {
                 if label.str == 0 {
                     continue; // numeric labels (e.g. Go's heap "bytes") are not series labels
                 }
-                let key = profile.string_table.get(label.key as usize).map(Vec::as_slice).unwrap_or(b"");
+                let key = profile
+                    .string_table
+                    .get(label.key as usize)
+                    .map(Vec::as_slice)
+                    .unwrap_or(b"");
                 if PER_SAMPLE_LABELS.iter().any(|name| name.as_bytes() == key) {
                     per_sample.push((string(label.key), string(label.str)));
                 } else {
@@ -585,7 +618,10 @@ impl DatasetBuilder {
                         pending
                     }
                 };
-                *self.profiles[pending].samples.entry((node, label_set)).or_insert(0) += value;
+                *self.profiles[pending]
+                    .samples
+                    .entry((node, label_set))
+                    .or_insert(0) += value;
             }
         }
     }
@@ -613,7 +649,9 @@ impl DatasetBuilder {
         for location in &self.locations {
             dataset.location_mapping.push(location.mapping);
             dataset.location_address.push(location.address);
-            dataset.location_line_count.push(location.lines.len() as u32);
+            dataset
+                .location_line_count
+                .push(location.lines.len() as u32);
             for (function, line) in &location.lines {
                 dataset.line_function.push(*function);
                 dataset.line_number.push(*line);
@@ -621,7 +659,11 @@ impl DatasetBuilder {
         }
         let mut profiles = self.profiles;
         profiles.sort_by(|a, b| {
-            (a.row.series, a.row.time_nanos, &a.row.id).cmp(&(b.row.series, b.row.time_nanos, &b.row.id))
+            (a.row.series, a.row.time_nanos, &a.row.id).cmp(&(
+                b.row.series,
+                b.row.time_nanos,
+                &b.row.id,
+            ))
         });
         for pending in profiles {
             let mut samples: Vec<((u32, u32), i64)> = pending.samples.into_iter().collect();

@@ -159,9 +159,25 @@ fn dataset_columns(dataset: &Dataset) -> Vec<Column> {
         i32s(dataset.stack_location.iter().copied()),
         i32s(dataset.series.iter().map(|s| s.profile_type)),
         i32s(dataset.series.iter().map(|s| s.labels.len() as u32)),
-        i32s(dataset.series.iter().flat_map(|s| s.labels.iter().map(|l| l.0))),
-        i32s(dataset.series.iter().flat_map(|s| s.labels.iter().map(|l| l.1))),
-        Column::Bytes(dataset.profiles.iter().map(|p| ByteArray::from(p.id.clone())).collect()),
+        i32s(
+            dataset
+                .series
+                .iter()
+                .flat_map(|s| s.labels.iter().map(|l| l.0)),
+        ),
+        i32s(
+            dataset
+                .series
+                .iter()
+                .flat_map(|s| s.labels.iter().map(|l| l.1)),
+        ),
+        Column::Bytes(
+            dataset
+                .profiles
+                .iter()
+                .map(|p| ByteArray::from(p.id.clone()))
+                .collect(),
+        ),
         i32s(dataset.profiles.iter().map(|p| p.series)),
         i64s(dataset.profiles.iter().map(|p| p.time_nanos)),
         i64s(dataset.profiles.iter().map(|p| p.duration_nanos)),
@@ -199,9 +215,9 @@ pub fn encode_block(datasets: &[Dataset]) -> Result<Vec<u8>, StorageError> {
         let mut row_group = writer.next_row_group()?;
         let mut index = 0;
         while let Some(mut column_writer) = row_group.next_column()? {
-            let column = columns
-                .get(index)
-                .ok_or_else(|| StorageError::Corrupt("schema has more columns than the codec".into()))?;
+            let column = columns.get(index).ok_or_else(|| {
+                StorageError::Corrupt("schema has more columns than the codec".into())
+            })?;
             let top_level = index < columns::STRINGS.start;
             let count = column.len();
             let (definition, repetition): (Vec<i16>, Vec<i16>) = if top_level {
@@ -228,7 +244,11 @@ pub fn encode_block(datasets: &[Dataset]) -> Result<Vec<u8>, StorageError> {
                 (ColumnWriter::ByteArrayColumnWriter(writer), Column::Bytes(values)) => {
                     writer.write_batch(values, def, rep)?;
                 }
-                _ => return Err(StorageError::Corrupt(format!("column {index} has an unexpected type"))),
+                _ => {
+                    return Err(StorageError::Corrupt(format!(
+                        "column {index} has an unexpected type"
+                    )))
+                }
             }
             column_writer.close()?;
             index += 1;
@@ -284,7 +304,11 @@ impl Projection {
 
     fn wants(&self, column: usize) -> bool {
         use columns::*;
-        if HEADER.contains(&column) || STRINGS.contains(&column) || SERIES.contains(&column) || PROFILES.contains(&column) {
+        if HEADER.contains(&column)
+            || STRINGS.contains(&column)
+            || SERIES.contains(&column)
+            || PROFILES.contains(&column)
+        {
             return true;
         }
         if SAMPLES.contains(&column) {
@@ -304,7 +328,11 @@ pub fn dataset_count(block: &Bytes) -> Result<usize, StorageError> {
 }
 
 /// Decodes dataset `row_group` of a block, reading only the projected columns.
-pub fn decode_dataset(block: &Bytes, row_group: usize, projection: Projection) -> Result<Dataset, StorageError> {
+pub fn decode_dataset(
+    block: &Bytes,
+    row_group: usize,
+    projection: Projection,
+) -> Result<Dataset, StorageError> {
     let reader = SerializedFileReader::new(block.clone())?;
     let version = reader
         .metadata()
@@ -349,7 +377,9 @@ impl Decoded {
         match self.0[index].take() {
             None => Ok(Vec::new()),
             Some(Column::I32(values)) => Ok(values.into_iter().map(|v| v as u32).collect()),
-            Some(_) => Err(StorageError::Corrupt(format!("column {index} is not int32"))),
+            Some(_) => Err(StorageError::Corrupt(format!(
+                "column {index} is not int32"
+            ))),
         }
     }
 
@@ -357,7 +387,9 @@ impl Decoded {
         match self.0[index].take() {
             None => Ok(Vec::new()),
             Some(Column::I64(values)) => Ok(values),
-            Some(_) => Err(StorageError::Corrupt(format!("column {index} is not int64"))),
+            Some(_) => Err(StorageError::Corrupt(format!(
+                "column {index} is not int64"
+            ))),
         }
     }
 
@@ -365,7 +397,9 @@ impl Decoded {
         match self.0[index].take() {
             None => Ok(Vec::new()),
             Some(Column::Bytes(values)) => Ok(values),
-            Some(_) => Err(StorageError::Corrupt(format!("column {index} is not binary"))),
+            Some(_) => Err(StorageError::Corrupt(format!(
+                "column {index} is not binary"
+            ))),
         }
     }
 
@@ -395,7 +429,14 @@ fn assemble(columns: Vec<Option<Column>>) -> Result<Dataset, StorageError> {
     let (starts, limits, offsets) = (c.i64s(5)?, c.i64s(6)?, c.i64s(7)?);
     let (filenames, build_ids, flags) = (c.u32s(8)?, c.u32s(9)?, c.u32s(10)?);
     same_lengths(
-        &[starts.len(), limits.len(), offsets.len(), filenames.len(), build_ids.len(), flags.len()],
+        &[
+            starts.len(),
+            limits.len(),
+            offsets.len(),
+            filenames.len(),
+            build_ids.len(),
+            flags.len(),
+        ],
         "mappings",
     )?;
     dataset.mappings = (0..starts.len())
@@ -408,8 +449,17 @@ fn assemble(columns: Vec<Option<Column>>) -> Result<Dataset, StorageError> {
             flags: flags[i],
         })
         .collect();
-    let (names, system_names, files, start_lines) = (c.u32s(11)?, c.u32s(12)?, c.u32s(13)?, c.i64s(14)?);
-    same_lengths(&[names.len(), system_names.len(), files.len(), start_lines.len()], "functions")?;
+    let (names, system_names, files, start_lines) =
+        (c.u32s(11)?, c.u32s(12)?, c.u32s(13)?, c.i64s(14)?);
+    same_lengths(
+        &[
+            names.len(),
+            system_names.len(),
+            files.len(),
+            start_lines.len(),
+        ],
+        "functions",
+    )?;
     dataset.functions = (0..names.len())
         .map(|i| FunctionRow {
             name: names[i],
@@ -434,10 +484,14 @@ fn assemble(columns: Vec<Option<Column>>) -> Result<Dataset, StorageError> {
         let end = label_offset
             .checked_add(*count as usize)
             .filter(|end| *end <= label_names.len())
-            .ok_or_else(|| StorageError::Corrupt("series label counts overrun the labels".into()))?;
+            .ok_or_else(|| {
+                StorageError::Corrupt("series label counts overrun the labels".into())
+            })?;
         dataset.series.push(SeriesRow {
             profile_type: *profile_type,
-            labels: (label_offset..end).map(|i| (label_names[i], label_values[i])).collect(),
+            labels: (label_offset..end)
+                .map(|i| (label_names[i], label_values[i]))
+                .collect(),
         });
         label_offset = end;
     }
@@ -477,7 +531,9 @@ fn assemble(columns: Vec<Option<Column>>) -> Result<Dataset, StorageError> {
 
 fn same_lengths(lengths: &[usize], table: &str) -> Result<(), StorageError> {
     if lengths.windows(2).any(|pair| pair[0] != pair[1]) {
-        return Err(StorageError::Corrupt(format!("{table} columns differ in length: {lengths:?}")));
+        return Err(StorageError::Corrupt(format!(
+            "{table} columns differ in length: {lengths:?}"
+        )));
     }
     Ok(())
 }

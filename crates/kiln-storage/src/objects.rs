@@ -24,7 +24,9 @@ pub struct ObjectStorage {
 
 impl std::fmt::Debug for ObjectStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ObjectStorage").field("url", &self.url).finish()
+        f.debug_struct("ObjectStorage")
+            .field("url", &self.url)
+            .finish()
     }
 }
 

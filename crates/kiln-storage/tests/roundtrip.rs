@@ -1,27 +1,72 @@
 use bytes::Bytes;
 use kiln_model::labels::Labels;
-use kiln_model::pprof::{self, Function, Line, Location, Profile, ProfileLimits, Sample, ValueType};
+use kiln_model::pprof::{
+    self, Function, Line, Location, Profile, ProfileLimits, Sample, ValueType,
+};
 use kiln_model::ProfileType;
 use kiln_storage::dataset::{PprofInput, TypePlan};
 use kiln_storage::format::{decode_dataset, encode_block, Projection};
 use kiln_storage::DatasetBuilder;
 
 fn profile() -> Profile {
-    let strings = ["", "samples", "count", "cpu", "nanoseconds", "main", "work", "span_id", "abc", "region", "eu"];
-    let function = |id: u64, name: i64| Function { id, name, ..Default::default() };
-    let location = |id: u64, function_id: u64| Location {
+    let strings = [
+        "",
+        "samples",
+        "count",
+        "cpu",
+        "nanoseconds",
+        "main",
+        "work",
+        "span_id",
+        "abc",
+        "region",
+        "eu",
+    ];
+    let function = |id: u64, name: i64| Function {
         id,
-        line: vec![Line { function_id, line: id as i64, column: 0 }],
+        name,
         ..Default::default()
     };
-    let label = |key: i64, str: i64| pprof::Label { key, str, ..Default::default() };
+    let location = |id: u64, function_id: u64| Location {
+        id,
+        line: vec![Line {
+            function_id,
+            line: id as i64,
+            column: 0,
+        }],
+        ..Default::default()
+    };
+    let label = |key: i64, str: i64| pprof::Label {
+        key,
+        str,
+        ..Default::default()
+    };
     Profile {
-        sample_type: vec![ValueType { r#type: 1, unit: 2 }, ValueType { r#type: 3, unit: 4 }],
+        sample_type: vec![
+            ValueType { r#type: 1, unit: 2 },
+            ValueType { r#type: 3, unit: 4 },
+        ],
         sample: vec![
-            Sample { location_id: vec![2, 1], value: vec![1, 10], label: vec![] },
-            Sample { location_id: vec![2, 1], value: vec![2, 20], label: vec![] },
-            Sample { location_id: vec![1], value: vec![0, 5], label: vec![label(7, 8)] },
-            Sample { location_id: vec![2, 1], value: vec![3, 30], label: vec![label(9, 10)] },
+            Sample {
+                location_id: vec![2, 1],
+                value: vec![1, 10],
+                label: vec![],
+            },
+            Sample {
+                location_id: vec![2, 1],
+                value: vec![2, 20],
+                label: vec![],
+            },
+            Sample {
+                location_id: vec![1],
+                value: vec![0, 5],
+                label: vec![label(7, 8)],
+            },
+            Sample {
+                location_id: vec![2, 1],
+                value: vec![3, 30],
+                label: vec![label(9, 10)],
+            },
         ],
         location: vec![location(1, 1), location(2, 2)],
         function: vec![function(1, 5), function(2, 6)],
@@ -37,8 +82,17 @@ fn builder_interns_and_block_round_trips() {
     let index = pprof::validate(&profile, &ProfileLimits::default()).unwrap();
     let labels = Labels::from_pairs([("service_name", "svc")]);
     let types = vec![
-        TypePlan { value_index: 0, profile_type: ProfileType::parse("process_cpu:samples:count:cpu:nanoseconds").unwrap(), scale: None },
-        TypePlan { value_index: 1, profile_type: ProfileType::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds").unwrap(), scale: None },
+        TypePlan {
+            value_index: 0,
+            profile_type: ProfileType::parse("process_cpu:samples:count:cpu:nanoseconds").unwrap(),
+            scale: None,
+        },
+        TypePlan {
+            value_index: 1,
+            profile_type: ProfileType::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds")
+                .unwrap(),
+            scale: None,
+        },
     ];
     let mut builder = DatasetBuilder::new("tenant", "svc");
     for (id, time) in [("p1", 1_000), ("p2", 2_000)] {
@@ -67,7 +121,10 @@ fn builder_interns_and_block_round_trips() {
     assert_eq!(total, 2 * (1 + 2 + 3 + 10 + 20 + 5 + 30));
     // The span_id sample keeps its label per sample.
     assert_eq!(dataset.sample_label_sample.len(), 2);
-    assert_eq!((dataset.min_time_nanos, dataset.max_time_nanos), (1_000, 2_000));
+    assert_eq!(
+        (dataset.min_time_nanos, dataset.max_time_nanos),
+        (1_000, 2_000)
+    );
 
     let other = DatasetBuilder::new("tenant", "other").finish();
     let block = Bytes::from(encode_block(&[dataset.clone(), other.clone()]).unwrap());
@@ -77,16 +134,29 @@ fn builder_interns_and_block_round_trips() {
     assert!(index_only.sample_value.is_empty());
     assert_eq!(index_only.profiles, dataset.profiles);
     assert!(decode_dataset(&block, 2, Projection::ALL).is_err());
-    assert!(decode_dataset(&Bytes::from_static(b"not parquet at all"), 0, Projection::ALL).is_err());
+    assert!(decode_dataset(
+        &Bytes::from_static(b"not parquet at all"),
+        0,
+        Projection::ALL
+    )
+    .is_err());
 }
 
 #[test]
 fn deep_stacks_are_truncated_at_the_root() {
     let mut profile = profile();
-    profile.sample = vec![Sample { location_id: vec![2, 1, 2, 1, 2, 1], value: vec![1, 1], label: vec![] }];
+    profile.sample = vec![Sample {
+        location_id: vec![2, 1, 2, 1, 2, 1],
+        value: vec![1, 1],
+        label: vec![],
+    }];
     let index = pprof::validate(&profile, &ProfileLimits::default()).unwrap();
     let labels = Labels::from_pairs([("service_name", "svc")]);
-    let types = vec![TypePlan { value_index: 0, profile_type: ProfileType::parse("a:b:c:d:e").unwrap(), scale: None }];
+    let types = vec![TypePlan {
+        value_index: 0,
+        profile_type: ProfileType::parse("a:b:c:d:e").unwrap(),
+        scale: None,
+    }];
     let mut builder = DatasetBuilder::new("t", "svc");
     builder.add_pprof(&PprofInput {
         profile: &profile,
@@ -103,5 +173,8 @@ fn deep_stacks_are_truncated_at_the_root() {
     assert_eq!(dataset.stack_parent.len(), 4);
     let root_location = dataset.stack_location[1] as usize;
     let function = dataset.line_function[dataset.location_line_offsets()[root_location] as usize];
-    assert_eq!(dataset.string(dataset.functions[function as usize].name), "[truncated]");
+    assert_eq!(
+        dataset.string(dataset.functions[function as usize].name),
+        "[truncated]"
+    );
 }

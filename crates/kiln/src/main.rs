@@ -1,1 +1,156 @@
-fn main() {}
+//! `kiln`: one binary for every role. `kiln server` runs ingest, storage and queries on
+//! one machine with embedded defaults; `kiln bench` measures the hot paths.
+
+mod bench;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use kiln_server::{Server, ServerConfig};
+
+#[derive(Parser)]
+#[command(
+    name = "kiln",
+    version,
+    about = "Continuous profiling: collect, store and query profiles"
+)]
+struct Cli {
+    /// Log filter, in tracing's env-filter syntax (e.g. info, kiln_ingest=debug).
+    #[arg(long, env = "KILN_LOG_LEVEL", default_value = "info", global = true)]
+    log_level: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server: ingest, storage and queries on one port.
+    Server(ServerArgs),
+    /// Measure a hot path and print its figures.
+    Bench {
+        #[command(subcommand)]
+        bench: bench::BenchCommand,
+    },
+}
+
+/// Flags override environment variables, which override the config file.
+#[derive(Args)]
+struct ServerArgs {
+    /// YAML config file.
+    #[arg(long, env = "KILN_CONFIG")]
+    config: Option<PathBuf>,
+    /// Listen address (HTTP/1.1 and h2c gRPC) [default: 0.0.0.0:4040].
+    #[arg(long, env = "KILN_LISTEN")]
+    listen: Option<String>,
+    /// Data directory for the embedded object store and metastore [default: ./kiln-data].
+    #[arg(long, env = "KILN_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Object store URL [default: file://<data-dir>/blocks].
+    #[arg(long, env = "KILN_OBJECT_STORE")]
+    object_store: Option<String>,
+    /// Metastore URL [default: sqlite://<data-dir>/metastore.db].
+    #[arg(long, env = "KILN_METASTORE")]
+    metastore: Option<String>,
+    /// Longest a write waits for its segment flush, in milliseconds [default: 500].
+    #[arg(long, env = "KILN_FLUSH_INTERVAL_MS")]
+    flush_interval_ms: Option<u64>,
+    /// Largest request body, compressed, in bytes [default: 16777216].
+    #[arg(long, env = "KILN_MAX_BODY_BYTES")]
+    max_body_bytes: Option<usize>,
+    /// Largest body after decompression, in bytes [default: 67108864].
+    #[arg(long, env = "KILN_MAX_DECOMPRESSED_BYTES")]
+    max_decompressed_bytes: Option<usize>,
+}
+
+impl ServerArgs {
+    fn into_config(self) -> anyhow::Result<ServerConfig> {
+        let mut config = match &self.config {
+            Some(path) => ServerConfig::from_yaml_file(path).map_err(anyhow::Error::msg)?,
+            None => ServerConfig::default(),
+        };
+        if let Some(listen) = self.listen {
+            config.listen = listen;
+        }
+        if let Some(data_dir) = self.data_dir {
+            config.data_dir = data_dir;
+        }
+        if let Some(url) = self.object_store {
+            config.object_store = url;
+        }
+        if let Some(url) = self.metastore {
+            config.metastore = url;
+        }
+        if let Some(ms) = self.flush_interval_ms {
+            config.flush_interval_ms = ms;
+        }
+        if let Some(bytes) = self.max_body_bytes {
+            config.limits.max_body_bytes = bytes;
+        }
+        if let Some(bytes) = self.max_decompressed_bytes {
+            config.limits.max_decompressed_bytes = bytes;
+        }
+        Ok(config)
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&cli.log_level)
+                .context("invalid --log-level")?,
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    match cli.command {
+        Command::Server(args) => runtime.block_on(run_server(args.into_config()?)),
+        Command::Bench { bench } => runtime.block_on(bench::run(bench)),
+    }
+}
+
+async fn run_server(config: ServerConfig) -> anyhow::Result<()> {
+    let mut server = Server::start(config)
+        .await
+        .context("failed to start the server")?;
+    let stop = server.stop_signal();
+    tokio::select! {
+        result = server.wait() => return result.context("server failed"),
+        _ = shutdown_signal() => {}
+    }
+    tracing::info!("shutting down: finishing requests and flushing writes");
+    if let Some(stop) = stop {
+        let _ = stop.send(());
+    }
+    server
+        .wait()
+        .await
+        .context("server failed while shutting down")
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(signal) => signal,
+                Err(_) => {
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}

@@ -1,0 +1,78 @@
+//! Server configuration: defaults, overridden by a YAML file, overridden by environment
+//! variables and flags (the binary merges those).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use kiln_ingest::Limits;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address to listen on, HTTP/1.1 and HTTP/2 cleartext (gRPC).
+    pub listen: String,
+    pub data_dir: PathBuf,
+    /// Object store URL; `file://<data-dir>/blocks` when empty.
+    pub object_store: String,
+    /// Metastore URL; `sqlite://<data-dir>/metastore.db` when empty.
+    pub metastore: String,
+    /// Longest a write waits for its segment flush, in milliseconds.
+    pub flush_interval_ms: u64,
+    /// Flush a segment early at this many received bytes.
+    pub flush_bytes: usize,
+    /// Default limits for every tenant.
+    pub limits: Limits,
+    /// Per-tenant overrides of `limits`.
+    pub tenant_limits: HashMap<String, Limits>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "0.0.0.0:4040".to_string(),
+            data_dir: PathBuf::from("./kiln-data"),
+            object_store: String::new(),
+            metastore: String::new(),
+            flush_interval_ms: 500,
+            flush_bytes: 32 << 20,
+            limits: Limits::default(),
+            tenant_limits: HashMap::new(),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Reads a YAML config file; unknown keys are an error so typos do not pass silently.
+    pub fn from_yaml_file(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|err| format!("cannot read config {}: {err}", path.display()))?;
+        serde_yaml::from_str(&text)
+            .map_err(|err| format!("invalid config {}: {err}", path.display()))
+    }
+
+    pub fn object_store_url(&self) -> String {
+        if !self.object_store.is_empty() {
+            return self.object_store.clone();
+        }
+        let blocks = absolute(&self.data_dir).join("blocks");
+        format!("file://{}", blocks.display())
+    }
+
+    pub fn metastore_url(&self) -> String {
+        if !self.metastore.is_empty() {
+            return self.metastore.clone();
+        }
+        let db = absolute(&self.data_dir).join("metastore.db");
+        format!("sqlite://{}", db.display())
+    }
+}
+
+fn absolute(path: &std::path::Path) -> PathBuf {
+    if path.is_absolute() {
+        return path.to_path_buf();
+    }
+    std::env::current_dir()
+        .map(|cwd| cwd.join(path))
+        .unwrap_or_else(|_| path.to_path_buf())
+}

@@ -1,0 +1,72 @@
+//! Prometheus metrics of the edge, served at `/metrics` in the text format.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    pub endpoint: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectionLabels {
+    pub endpoint: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Default)]
+pub struct ServerMetrics {
+    pub received_bytes: Family<EndpointLabels, Counter>,
+    pub received_profiles: Family<EndpointLabels, Counter>,
+    pub rejected: Family<RejectionLabels, Counter>,
+    pub ready: Gauge,
+}
+
+impl ServerMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "kiln_ingest_received_bytes",
+            "Request body bytes received by ingest endpoints",
+            self.received_bytes.clone(),
+        );
+        registry.register(
+            "kiln_ingest_received_profiles",
+            "Profiles accepted by ingest endpoints",
+            self.received_profiles.clone(),
+        );
+        registry.register(
+            "kiln_ingest_rejected",
+            "Ingest requests refused, by endpoint and reason",
+            self.rejected.clone(),
+        );
+        registry.register(
+            "kiln_ready",
+            "1 once the server accepts writes",
+            self.ready.clone(),
+        );
+    }
+
+    pub fn reject(&self, endpoint: &str, reason: &str) {
+        self.rejected
+            .get_or_create(&RejectionLabels {
+                endpoint: endpoint.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn accept(&self, endpoint: &str, bytes: usize, profiles: usize) {
+        let labels = EndpointLabels {
+            endpoint: endpoint.to_string(),
+        };
+        self.received_bytes
+            .get_or_create(&labels)
+            .inc_by(bytes as u64);
+        self.received_profiles
+            .get_or_create(&labels)
+            .inc_by(profiles as u64);
+    }
+}

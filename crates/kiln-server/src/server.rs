@@ -1,0 +1,126 @@
+//! Starting and stopping the server: storage, metastore, writer, router, listener.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_ingest::{Ingester, IngesterConfig, TenantLimits};
+use kiln_metastore::Metastore;
+use kiln_query::Querier;
+use kiln_storage::ObjectStorage;
+use prometheus_client::registry::Registry;
+use thiserror::Error;
+use tokio::sync::oneshot;
+
+use crate::metrics::ServerMetrics;
+use crate::routes::{router, AppState};
+use crate::ServerConfig;
+
+#[derive(Debug, Error)]
+pub enum ServerError {
+    #[error("object storage: {0}")]
+    Storage(#[from] kiln_storage::StorageError),
+    #[error("metastore: {0}")]
+    Metastore(#[from] kiln_metastore::MetastoreError),
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        address: String,
+        source: std::io::Error,
+    },
+    #[error("server error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub struct Server;
+
+/// A started server; `shutdown` stops accepting, finishes requests and flushes writes.
+pub struct RunningServer {
+    pub local_addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), ServerError>>,
+}
+
+impl RunningServer {
+    pub async fn shutdown(mut self) -> Result<(), ServerError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.wait().await
+    }
+
+    /// Waits until the server stops by itself (it never does unless it fails).
+    pub async fn wait(&mut self) -> Result<(), ServerError> {
+        match (&mut self.task).await {
+            Ok(result) => result,
+            Err(err) => Err(ServerError::Io(std::io::Error::other(err.to_string()))),
+        }
+    }
+
+    pub fn stop_signal(&mut self) -> Option<oneshot::Sender<()>> {
+        self.stop.take()
+    }
+}
+
+impl Server {
+    pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
+        std::fs::create_dir_all(&config.data_dir)?;
+        let storage = ObjectStorage::open(&config.object_store_url())?;
+        let metastore = Metastore::open(&config.metastore_url()).await?;
+        tracing::info!(object_store = %config.object_store_url(), metastore = %config.metastore_url(), "storage opened");
+
+        let (ingester, writer_task) = Ingester::start(
+            storage.clone(),
+            metastore.clone(),
+            IngesterConfig {
+                flush_interval: Duration::from_millis(config.flush_interval_ms.max(1)),
+                flush_bytes: config.flush_bytes,
+                max_stack_depth: config.limits.max_stack_depth,
+                ..IngesterConfig::default()
+            },
+        );
+        let metrics = ServerMetrics::default();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        ingester.metrics().register(&mut registry);
+        let state = Arc::new(AppState {
+            ingester,
+            querier: Querier::new(metastore, storage),
+            limits: TenantLimits::new(config.limits, config.tenant_limits.clone()),
+            metrics: metrics.clone(),
+            registry,
+            ready: AtomicBool::new(false),
+        });
+
+        let listener = tokio::net::TcpListener::bind(&config.listen)
+            .await
+            .map_err(|source| ServerError::Bind {
+                address: config.listen.clone(),
+                source,
+            })?;
+        let local_addr = listener.local_addr()?;
+        let app = router(state.clone());
+        state.ready.store(true, Ordering::SeqCst);
+        metrics.ready.set(1);
+        tracing::info!(%local_addr, "kiln server listening");
+
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await;
+            state.ready.store(false, Ordering::SeqCst);
+            // Dropping the last handle lets the writer flush what is queued and stop.
+            drop(state);
+            let _ = writer_task.await;
+            served.map_err(ServerError::Io)
+        });
+        Ok(RunningServer {
+            local_addr,
+            stop: Some(stop),
+            task,
+        })
+    }
+}

@@ -1,0 +1,202 @@
+//! `kiln bench ingest`: replays real pprof files as many services and instances against a
+//! server (an in-process one on a temporary directory unless `--url` is given) and reports
+//! throughput and acknowledgement latency. Acks are durable: each one waited for the
+//! segment's fsync and metastore commit.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use kiln_server::{Server, ServerConfig};
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Ingest throughput and ack latency with durable acks.
+    Ingest(IngestArgs),
+}
+
+#[derive(Args)]
+pub struct IngestArgs {
+    /// Directory of pprof files to replay (every file that decodes as pprof is used).
+    #[arg(long, default_value = "../shared/corpus")]
+    corpus: PathBuf,
+    /// Server to push to; an in-process server is started when absent.
+    #[arg(long)]
+    url: Option<String>,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// Distinct services the clients spread over.
+    #[arg(long, default_value_t = 20)]
+    services: usize,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// Only files at least this large (bytes), to measure big-profile throughput.
+    #[arg(long, default_value_t = 0)]
+    min_file_bytes: usize,
+}
+
+pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
+    match command {
+        BenchCommand::Ingest(args) => ingest(args).await,
+    }
+}
+
+fn load_corpus(dir: &PathBuf, min_bytes: usize) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    let mut files = Vec::new();
+    for entry in
+        std::fs::read_dir(dir).with_context(|| format!("cannot read corpus {}", dir.display()))?
+    {
+        let path = entry?.path();
+        let bytes = std::fs::read(&path)?;
+        if bytes.len() < min_bytes {
+            continue;
+        }
+        let Ok(profile) = kiln_model::pprof::decode(&bytes, 64 << 20) else {
+            continue;
+        };
+        if profile.sample.is_empty()
+            || kiln_model::pprof::validate(&profile, &Default::default()).is_err()
+        {
+            continue;
+        }
+        // Send what SDKs send: gzip pprof.
+        let body = if kiln_model::compress::is_gzip(&bytes) {
+            bytes
+        } else {
+            kiln_model::compress::gzip(&bytes)
+        };
+        files.push((
+            path.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+            body,
+        ));
+    }
+    files.sort();
+    if files.is_empty() {
+        bail!("no usable pprof files in {}", dir.display());
+    }
+    Ok(files)
+}
+
+async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
+    let files = Arc::new(load_corpus(&args.corpus, args.min_file_bytes)?);
+    let temp = std::env::temp_dir().join(format!("kiln-bench-{}", std::process::id()));
+    let mut server = None;
+    let url = match &args.url {
+        Some(url) => url.trim_end_matches('/').to_string(),
+        None => {
+            let config = ServerConfig {
+                listen: "127.0.0.1:0".to_string(),
+                data_dir: temp.clone(),
+                ..ServerConfig::default()
+            };
+            let running = Server::start(config).await?;
+            let url = format!("http://{}", running.local_addr);
+            server = Some(running);
+            url
+        }
+    };
+    let total_bytes: usize = files.iter().map(|(_, b)| b.len()).sum();
+    println!(
+        "kiln bench ingest: {} files ({:.1} MB), {} clients, {} services, {} s, server {}",
+        files.len(),
+        total_bytes as f64 / 1e6,
+        args.clients,
+        args.services,
+        args.seconds,
+        url
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent_bytes = Arc::new(AtomicU64::new(0));
+    let sent_profiles = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let latencies = Arc::new(Mutex::new(Vec::<f64>::new()));
+    let started = Instant::now();
+    let mut threads = Vec::new();
+    for client in 0..args.clients {
+        let (files, stop, sent_bytes, sent_profiles, errors, latencies, url) = (
+            files.clone(),
+            stop.clone(),
+            sent_bytes.clone(),
+            sent_profiles.clone(),
+            errors.clone(),
+            latencies.clone(),
+            url.clone(),
+        );
+        let services = args.services.max(1);
+        threads.push(std::thread::spawn(move || {
+            let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(60)).build();
+            let mut local = Vec::new();
+            let mut index = client;
+            while !stop.load(Ordering::Relaxed) {
+                let (_, body) = &files[index % files.len()];
+                let service = format!("bench-svc-{}", client % services);
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
+                let request_url = format!(
+                    "{url}/ingest?name={service}{{instance=i{client}}}&format=pprof&from={}&until={now}",
+                    now - 10
+                );
+                let begin = Instant::now();
+                match agent.post(&request_url).send_bytes(body) {
+                    Ok(_) => {
+                        local.push(begin.elapsed().as_secs_f64());
+                        sent_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+                        sent_profiles.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                index += 1;
+            }
+            if let Ok(mut all) = latencies.lock() {
+                all.extend(local);
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(args.seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    for thread in threads {
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut latencies = latencies.lock().map(|l| l.clone()).unwrap_or_default();
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    let percentile = |p: f64| -> f64 {
+        if latencies.is_empty() {
+            return 0.0;
+        }
+        latencies[((latencies.len() - 1) as f64 * p).round() as usize] * 1000.0
+    };
+    let profiles = sent_profiles.load(Ordering::Relaxed) as f64;
+    let megabytes = sent_bytes.load(Ordering::Relaxed) as f64 / 1e6;
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    println!("profiles/s        {:.1}", profiles / elapsed);
+    println!(
+        "MB/s (gzip pprof) {:.2}  ({:.2} per core, {} cores)",
+        megabytes / elapsed,
+        megabytes / elapsed / cores as f64,
+        cores
+    );
+    println!("ack latency p50   {:.1} ms", percentile(0.5));
+    println!("ack latency p99   {:.1} ms", percentile(0.99));
+    println!("errors            {}", errors.load(Ordering::Relaxed));
+    if let Some(server) = server {
+        server.shutdown().await?;
+        let _ = std::fs::remove_dir_all(&temp);
+    }
+    Ok(())
+}

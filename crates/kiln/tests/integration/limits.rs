@@ -1,0 +1,174 @@
+use crate::common::*;
+use crate::pyroscope::{ticks, url_escape};
+
+#[test]
+fn size_limits_are_413_and_counted() {
+    let server = TestServer::start_with(|config| {
+        config.limits.max_body_bytes = 64 * 1024;
+        config.limits.max_decompressed_bytes = 1 << 20;
+    });
+    let (status, text) = server.post("/ingest?name=big&format=pprof", &vec![b'a'; 100 * 1024]);
+    assert_eq!(status, 413, "{text}");
+    // 64 MiB of zeros gzip to ~64 KiB: stopped at the 1 MiB decompressed limit.
+    let bomb = gzip(&vec![0u8; 8 << 20]);
+    assert!(bomb.len() < 64 * 1024);
+    let (status, text) = server.post("/ingest?name=bomb&format=pprof", &bomb);
+    assert_eq!(status, 413, "{text}");
+    let (status, _) = server.post_with(
+        "/ingest?name=bomb&format=pprof",
+        &bomb,
+        &[("Content-Encoding", "gzip")],
+    );
+    assert_eq!(status, 413);
+    let metrics = server.metrics();
+    assert!(
+        metrics.contains("kiln_ingest_rejected_total{endpoint=\"ingest\",reason=\"too_large\"} 3"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn sample_and_label_limits_are_400() {
+    let server = TestServer::start_with(|config| {
+        config.limits.max_samples_per_profile = 100;
+        config.limits.max_labels_per_series = 4;
+        config.limits.max_label_value_length = 16;
+    });
+    let (status, text) = server.post(
+        "/api/0/profiles?service=s&type=cpu",
+        &fixture("profefe-collector_cpu_1.prof"),
+    );
+    assert_eq!(status, 413, "{text}");
+    assert!(text.contains("samples"), "{text}");
+    let (status, text) = server.post("/ingest?name=app{a=1,b=2,c=3,d=4,e=5}", b"main 1\n");
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("labels"), "{text}");
+    let (status, text) = server.post("/ingest?name=app{a=0123456789abcdefXYZ}", b"main 1\n");
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("\"a\""), "{text}");
+    assert_eq!(server.post("/ingest?name=app{a=1}", b"main 1\n").0, 200);
+}
+
+#[test]
+fn deep_stacks_are_truncated_not_refused() {
+    let server = TestServer::start_with(|config| config.limits.max_stack_depth = 10);
+    let frames: Vec<String> = (0..50).map(|i| format!("f{i}")).collect();
+    let line = format!("{} 7\n", frames.join(";"));
+    assert_eq!(server.post("/ingest?name=deep.cpu", line.as_bytes()).0, 200);
+    let query = url_escape("process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"deep\"}");
+    let result = server.json(
+        &format!("/pyroscope/render?query={query}&from=0&until=now"),
+        &[],
+    );
+    assert_eq!(ticks(&result), 70_000_000);
+    let levels = result["flamebearer"]["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 11, "root + 10 frames");
+    let names = result["flamebearer"]["names"].to_string();
+    assert!(
+        names.contains("[truncated]") && names.contains("f49") && !names.contains("\"f0\""),
+        "{names}"
+    );
+}
+
+#[test]
+fn rate_limit_is_429_per_tenant() {
+    let server = TestServer::start_with(|config| {
+        let limits = kiln_ingest::Limits {
+            ingestion_rate_bytes: 1000,
+            ingestion_burst_bytes: 30_000,
+            ..config.limits
+        };
+        config.tenant_limits.insert("small".into(), limits);
+    });
+    let body = fixture("profefe-collector_cpu_1.prof");
+    let headers = [("X-Scope-OrgID", "small")];
+    assert_eq!(
+        server
+            .post_with("/api/0/profiles?service=s&type=cpu", &body, &headers)
+            .0,
+        200
+    );
+    let (status, text) = server.post_with("/api/0/profiles?service=s&type=cpu", &body, &headers);
+    assert_eq!(status, 429, "{text}");
+    assert_eq!(
+        server
+            .post_with(
+                "/api/0/profiles?service=s&type=cpu",
+                &body,
+                &[("X-Scope-OrgID", "big")]
+            )
+            .0,
+        200
+    );
+    assert!(server.metrics().contains("reason=\"rate_limited\""));
+}
+
+#[test]
+fn tenants_never_see_each_other() {
+    let server = TestServer::start();
+    let body = fixture("profefe-collector_cpu_1.prof");
+    let (status, text) = server.post_with(
+        "/api/0/profiles?service=secret&type=cpu",
+        &body,
+        &[("X-Scope-OrgID", "team-a")],
+    );
+    assert_eq!(status, 200);
+    let id = serde_json::from_str::<serde_json::Value>(&text).unwrap()["body"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(server.post("/ingest?name=public.cpu", b"main 1\n").0, 200);
+
+    let a = [("X-Scope-OrgID", "team-a")];
+    let b = [("X-Scope-OrgID", "team-b")];
+    let query = url_escape("process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"secret\"}");
+    let render = format!("/pyroscope/render?query={query}&from=0&until=now");
+    assert!(ticks(&server.json(&render, &a)) > 0);
+    assert_eq!(ticks(&server.json(&render, &b)), 0);
+    assert_eq!(
+        ticks(&server.json(&render, &[])),
+        0,
+        "no header is the anonymous tenant"
+    );
+    assert_eq!(
+        server.json("/api/0/services", &a)["body"],
+        serde_json::json!(["secret"])
+    );
+    assert_eq!(
+        server.json("/api/0/services", &b)["body"],
+        serde_json::json!([])
+    );
+    assert_eq!(
+        server.json("/api/0/services", &[])["body"],
+        serde_json::json!(["public"])
+    );
+    assert_eq!(
+        server.json("/api/0/profiles?service=secret&type=cpu", &b)["body"],
+        serde_json::json!([])
+    );
+    assert_eq!(server.get_with(&format!("/api/0/profiles/{id}"), &a).0, 200);
+    assert_eq!(server.get_with(&format!("/api/0/profiles/{id}"), &b).0, 404);
+    assert_eq!(
+        server
+            .get_bytes("/api/0/profiles/merge?service=secret&type=cpu", &b)
+            .0,
+        404
+    );
+    let (status, _) = server.post_with(
+        "/ingest?name=x",
+        b"main 1\n",
+        &[("X-Scope-OrgID", "bad/tenant")],
+    );
+    assert_eq!(status, 400);
+}
+
+#[test]
+fn ready_and_metrics() {
+    let server = TestServer::start();
+    assert_eq!(server.get("/ready"), (200, "ready\n".to_string()));
+    assert_eq!(server.post("/ingest?name=m.cpu", b"a;b 1\n").0, 200);
+    let metrics = server.metrics();
+    assert!(metrics.contains("kiln_ready 1"));
+    assert!(metrics.contains("kiln_ingest_flushes_total 1"), "{metrics}");
+    assert!(metrics.contains("kiln_ingest_received_profiles_total{endpoint=\"ingest\"} 1"));
+}

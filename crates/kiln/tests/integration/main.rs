@@ -1,0 +1,8 @@
+//! End-to-end tests: a real server on a loopback port, real profiles pushed through every
+//! ingest protocol, and the results read back and checked against `go tool pprof`.
+
+mod common;
+mod limits;
+mod profefe;
+mod push;
+mod pyroscope;
