@@ -26,7 +26,7 @@ pub fn parse(text: &[u8], max_lines: usize) -> Result<Vec<FoldedStack>, FormatEr
                 "more than {max_lines} stacks in folded input"
             )));
         }
-        let Some((stack, value)) = line.rsplit_once(|ch: char| ch == ' ' || ch == '\t') else {
+        let Some((stack, value)) = line.rsplit_once([' ', '\t']) else {
             return Err(FormatError::malformed(format!(
                 "line {}: expected \"frame;frame value\"",
                 index + 1

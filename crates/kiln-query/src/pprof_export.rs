@@ -8,13 +8,16 @@ use kiln_model::ProfileType;
 
 use crate::select::DatasetSelection;
 
+/// (mapping id, address, (function id, line) per line): identical locations merge.
+type LocationKey = (u64, u64, Vec<(u64, i64)>);
+
 #[derive(Default)]
 struct Writer {
     profile: Profile,
     strings: HashMap<String, i64>,
     mappings: HashMap<(u64, u64, u64, i64, i64), u64>,
     functions: HashMap<(i64, i64, i64, i64), u64>,
-    locations: HashMap<(u64, u64, Vec<(u64, i64)>), u64>,
+    locations: HashMap<LocationKey, u64>,
     samples: HashMap<Vec<u64>, usize>,
 }
 

@@ -72,7 +72,7 @@ pub async fn select_by_ids(
         }
     }
     for id in ids {
-        if !found.iter().any(|f| *f == id.as_bytes()) {
+        if !found.contains(&id.as_bytes()) {
             return Err(QueryError::NotFound(format!("profile {id:?} not found")));
         }
     }

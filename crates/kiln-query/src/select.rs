@@ -134,7 +134,7 @@ impl Querier {
             let dataset = decode_dataset(&bytes, row_group, Projection::ALL)?;
             dataset
                 .check()
-                .map_err(|problem| kiln_storage::StorageError::Corrupt(problem))?;
+                .map_err(kiln_storage::StorageError::Corrupt)?;
             Ok(dataset)
         })
         .await
@@ -215,7 +215,7 @@ pub fn aggregate(dataset: Arc<Dataset>, request: &SelectRequest) -> Option<Datas
             continue;
         }
         if let Some(ids) = &request.profile_ids {
-            if !ids.iter().any(|id| *id == profile.id) {
+            if !ids.contains(&profile.id) {
                 continue;
             }
         }

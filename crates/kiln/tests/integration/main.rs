@@ -6,3 +6,4 @@ mod limits;
 mod profefe;
 mod push;
 mod pyroscope;
+mod sdk;

