@@ -302,33 +302,66 @@ impl Flusher {
     }
 }
 
-/// Builds one dataset per (tenant, service) and encodes them as one block.
+/// Builds one dataset per (tenant, service), on as many threads as there are cores, and
+/// encodes them as one block.
 fn build_segment(
     work: Vec<(String, Vec<ParsedProfile>)>,
     max_stack_depth: usize,
 ) -> Result<(Vec<u8>, Vec<DatasetMeta>), String> {
-    let mut builders: BTreeMap<(String, String), DatasetBuilder> = BTreeMap::new();
+    let mut groups: BTreeMap<(String, String), Vec<&ParsedProfile>> = BTreeMap::new();
     for (tenant, profiles) in &work {
         for profile in profiles {
-            let service = profile.service().to_string();
-            let builder = builders
-                .entry((tenant.clone(), service.clone()))
-                .or_insert_with(|| DatasetBuilder::new(tenant, &service));
-            builder.add_pprof(&PprofInput {
-                profile: &profile.profile,
-                index: &profile.index,
-                id: &profile.id,
-                time_nanos: profile.time_nanos,
-                duration_nanos: profile.duration_nanos,
-                labels: &profile.labels,
-                types: &profile.types,
-                max_stack_depth,
-            });
+            groups
+                .entry((tenant.clone(), profile.service().to_string()))
+                .or_default()
+                .push(profile);
         }
     }
-    let datasets: Vec<Dataset> = builders
-        .into_values()
-        .map(DatasetBuilder::finish)
+    let groups: Vec<((String, String), Vec<&ParsedProfile>)> = groups.into_iter().collect();
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(groups.len())
+        .max(1);
+    // Deal datasets to threads largest first, so one big service does not leave the
+    // other threads idle.
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by_key(|index| std::cmp::Reverse(groups[*index].1.len()));
+    let mut assignments: Vec<Vec<usize>> = vec![Vec::new(); threads];
+    for (position, index) in order.into_iter().enumerate() {
+        assignments[position % threads].push(index);
+    }
+    let mut built: Vec<(usize, Dataset)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = assignments
+            .iter()
+            .map(|indexes| {
+                let groups = &groups;
+                scope.spawn(move || {
+                    indexes
+                        .iter()
+                        .map(|index| {
+                            let ((tenant, service), profiles) = &groups[*index];
+                            (
+                                *index,
+                                build_dataset(tenant, service, profiles, max_stack_depth),
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|handle| handle.join().unwrap_or_default())
+            .collect()
+    });
+    if built.len() != groups.len() {
+        return Err("a dataset builder thread panicked".to_string());
+    }
+    built.sort_by_key(|(index, _)| *index);
+    let datasets: Vec<Dataset> = built
+        .into_iter()
+        .map(|(_, dataset)| dataset)
         .filter(|dataset| !dataset.profiles.is_empty())
         .collect();
     let metas = datasets
@@ -338,6 +371,28 @@ fn build_segment(
         .collect();
     let block = encode_block(&datasets).map_err(|err| err.to_string())?;
     Ok((block, metas))
+}
+
+fn build_dataset(
+    tenant: &str,
+    service: &str,
+    profiles: &[&ParsedProfile],
+    max_stack_depth: usize,
+) -> Dataset {
+    let mut builder = DatasetBuilder::new(tenant, service);
+    for profile in profiles {
+        builder.add_pprof(&PprofInput {
+            profile: &profile.profile,
+            index: &profile.index,
+            id: &profile.id,
+            time_nanos: profile.time_nanos,
+            duration_nanos: profile.duration_nanos,
+            labels: &profile.labels,
+            types: &profile.types,
+            max_stack_depth,
+        });
+    }
+    builder.finish()
 }
 
 /// The metastore entry of a dataset (block id and key are filled in by the caller).

@@ -226,7 +226,7 @@ impl Default for ProfileLimits {
 #[derive(Debug, Clone)]
 pub enum IdIndex {
     Dense(usize),
-    Sparse(std::collections::HashMap<u64, usize>),
+    Sparse(foldhash::HashMap<u64, usize>),
 }
 
 impl IdIndex {
@@ -240,7 +240,7 @@ impl IdIndex {
         {
             return Ok(IdIndex::Dense(len));
         }
-        let mut map = std::collections::HashMap::with_capacity(len);
+        let mut map = foldhash::HashMap::with_capacity_and_hasher(len, Default::default());
         for (position, id) in ids.into_iter().enumerate() {
             if map.insert(id, position).is_some() {
                 return Err(FormatError::malformed(format!("duplicate {what} id {id}")));

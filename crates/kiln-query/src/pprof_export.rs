@@ -1,7 +1,7 @@
 //! Merged pprof output: every selected stack as one sample, symbols re-interned into one
 //! profile, identical stacks merged. Never truncated.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use kiln_model::pprof::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
 use kiln_model::ProfileType;

@@ -1,6 +1,6 @@
 //! The flame tree: a call tree keyed by frame name, merged across datasets.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 
 use crate::select::DatasetSelection;
 use crate::symbols::FrameNames;

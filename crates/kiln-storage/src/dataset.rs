@@ -1,6 +1,6 @@
 //! The in-memory form of a dataset, and the builder that interns profiles into one.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 
 use kiln_model::labels::{sanitize_label_name, Labels, SERVICE_NAME};
 use kiln_model::pprof::{Profile, Validated};
@@ -432,6 +432,7 @@ impl DatasetBuilder {
         // Sample labels that become series labels, grouped so each distinct set is one series.
         let mut groups: HashMap<Vec<(i64, i64)>, usize> = HashMap::new();
         groups.insert(Vec::new(), 0);
+        let mut group_keys: Vec<Vec<(i64, i64)>> = vec![Vec::new()];
         let mut pending_index: HashMap<(usize, usize), usize> = HashMap::new();
         let base_labels: Vec<(String, String)> = input
             .labels
@@ -542,33 +543,44 @@ impl DatasetBuilder {
             }
 
             // Split labels: per-sample ones stay with the sample, string labels pick the series.
-            let mut series_extra: Vec<(i64, i64)> = Vec::new();
-            let mut per_sample: Vec<(u32, u32)> = Vec::new();
-            for label in &sample.label {
-                if label.str == 0 {
-                    continue; // numeric labels (e.g. Go's heap "bytes") are not series labels
-                }
-                let key = profile
-                    .string_table
-                    .get(label.key as usize)
-                    .map(Vec::as_slice)
-                    .unwrap_or(b"");
-                if PER_SAMPLE_LABELS.iter().any(|name| name.as_bytes() == key) {
-                    per_sample.push((string(label.key), string(label.str)));
-                } else {
-                    series_extra.push((label.key, label.str));
-                }
-            }
-            series_extra.sort_unstable();
-            series_extra.dedup_by_key(|pair| pair.0);
-            per_sample.sort_unstable();
-            let label_set = if per_sample.is_empty() {
-                0
+            let (group, label_set) = if sample.label.is_empty() {
+                (0, 0)
             } else {
-                self.intern_label_set(per_sample)
+                let mut series_extra: Vec<(i64, i64)> = Vec::new();
+                let mut per_sample: Vec<(u32, u32)> = Vec::new();
+                for label in &sample.label {
+                    if label.str == 0 {
+                        continue; // numeric labels (e.g. Go's heap "bytes") are not series labels
+                    }
+                    let key = profile
+                        .string_table
+                        .get(label.key as usize)
+                        .map(Vec::as_slice)
+                        .unwrap_or(b"");
+                    if PER_SAMPLE_LABELS.iter().any(|name| name.as_bytes() == key) {
+                        per_sample.push((string(label.key), string(label.str)));
+                    } else {
+                        series_extra.push((label.key, label.str));
+                    }
+                }
+                series_extra.sort_unstable();
+                series_extra.dedup_by_key(|pair| pair.0);
+                per_sample.sort_unstable();
+                let label_set = if per_sample.is_empty() {
+                    0
+                } else {
+                    self.intern_label_set(per_sample)
+                };
+                let group = match groups.get(&series_extra) {
+                    Some(group) => *group,
+                    None => {
+                        group_keys.push(series_extra.clone());
+                        groups.insert(series_extra, group_keys.len() - 1);
+                        group_keys.len() - 1
+                    }
+                };
+                (group, label_set)
             };
-            let group_count = groups.len();
-            let group = *groups.entry(series_extra.clone()).or_insert(group_count);
 
             for (type_position, plan) in input.types.iter().enumerate() {
                 let raw = sample.value.get(plan.value_index).copied().unwrap_or(0);
@@ -583,7 +595,7 @@ impl DatasetBuilder {
                     Some(pending) => *pending,
                     None => {
                         let mut labels: Labels = Labels::from_pairs(base_labels.iter().cloned());
-                        for (key, value) in &series_extra {
+                        for (key, value) in &group_keys[group] {
                             let name = sanitize_label_name(&profile.string_or_empty(*key));
                             if name == SERVICE_NAME || name == kiln_model::labels::METRIC_NAME {
                                 continue;

@@ -15,7 +15,13 @@ fn free_port() -> u16 {
 
 fn start(data_dir: &Path, port: u16) -> Child {
     let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["server", "--listen", &format!("127.0.0.1:{port}"), "--flush-interval-ms", "50"])
+        .args([
+            "server",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--flush-interval-ms",
+            "50",
+        ])
         .arg("--data-dir")
         .arg(data_dir)
         .env("KILN_LOG_LEVEL", "warn")
@@ -23,10 +29,16 @@ fn start(data_dir: &Path, port: u16) -> Child {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("kiln server starts");
-    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(2)).build();
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(2))
+        .build();
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        if agent.get(&format!("http://127.0.0.1:{port}/ready")).call().is_ok() {
+        if agent
+            .get(&format!("http://127.0.0.1:{port}/ready"))
+            .call()
+            .is_ok()
+        {
             return child;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -50,8 +62,16 @@ impl Random {
 fn acknowledged_profiles_survive_sigkill() {
     let data_dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
-    let profile = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/profefe-collector_cpu_1.prof")).unwrap();
-    let expected_total: i64 = kiln_model::pprof::decode(&profile, 1 << 30).unwrap().sample.iter().map(|s| s.value[1]).sum();
+    let profile = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/profefe-collector_cpu_1.prof"),
+    )
+    .unwrap();
+    let expected_total: i64 = kiln_model::pprof::decode(&profile, 1 << 30)
+        .unwrap()
+        .sample
+        .iter()
+        .map(|s| s.value[1])
+        .sum();
     let mut server = start(data_dir.path(), port);
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -77,7 +97,10 @@ fn acknowledged_profiles_survive_sigkill() {
         }));
     }
 
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
     let mut random = Random(seed | 1);
     let rounds = 5;
     for round in 0..rounds {
@@ -94,9 +117,15 @@ fn acknowledged_profiles_survive_sigkill() {
         client.join().unwrap();
     }
     let acked = acked.lock().unwrap().clone();
-    assert!(acked.len() >= 20, "only {} profiles were acknowledged", acked.len());
+    assert!(
+        acked.len() >= 20,
+        "only {} profiles were acknowledged",
+        acked.len()
+    );
 
-    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(30)).build();
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(30))
+        .build();
     for id in &acked {
         let response = agent
             .get(&format!("http://127.0.0.1:{port}/api/0/profiles/{id}"))
@@ -104,10 +133,18 @@ fn acknowledged_profiles_survive_sigkill() {
             .unwrap_or_else(|err| panic!("acknowledged profile {id} is lost: {err}"));
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(&mut response.into_reader(), &mut bytes).unwrap();
-        let total: i64 = kiln_model::pprof::decode(&bytes, 1 << 30).unwrap().sample.iter().map(|s| s.value[1]).sum();
+        let total: i64 = kiln_model::pprof::decode(&bytes, 1 << 30)
+            .unwrap()
+            .sample
+            .iter()
+            .map(|s| s.value[1])
+            .sum();
         assert_eq!(total, expected_total, "profile {id} came back partial");
     }
-    eprintln!("{} acknowledged profiles across {rounds} SIGKILLs: all readable and whole", acked.len());
+    eprintln!(
+        "{} acknowledged profiles across {rounds} SIGKILLs: all readable and whole",
+        acked.len()
+    );
     server.kill().ok();
     server.wait().ok();
 }

@@ -10,28 +10,59 @@ use crate::pyroscope::{ticks, url_escape};
 fn names(result: &serde_json::Value) -> Vec<String> {
     result["flamebearer"]["names"]
         .as_array()
-        .map(|names| names.iter().filter_map(|n| n.as_str().map(str::to_string)).collect())
+        .map(|names| {
+            names
+                .iter()
+                .filter_map(|n| n.as_str().map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 fn render(server: &TestServer, query: &str) -> serde_json::Value {
-    server.json(&format!("/pyroscope/render?query={}&from=now-10m&until=now%2B1m", url_escape(query)), &[])
+    server.json(
+        &format!(
+            "/pyroscope/render?query={}&from=now-10m&until=now%2B1m",
+            url_escape(query)
+        ),
+        &[],
+    )
 }
 
 #[test]
 fn python_sdk_pushes_cpu_profiles() {
-    let has_sdk = Command::new("python3").args(["-c", "import pyroscope"]).output().is_ok_and(|o| o.status.success());
+    let has_sdk = Command::new("python3")
+        .args(["-c", "import pyroscope"])
+        .output()
+        .is_ok_and(|o| o.status.success());
     if !has_sdk {
-        eprintln!("skipped: the pyroscope-io Python SDK is not installed (scripts/test.sh installs it)");
+        eprintln!(
+            "skipped: the pyroscope-io Python SDK is not installed (scripts/test.sh installs it)"
+        );
         return;
     }
     let server = TestServer::start();
     let script = workspace_root().join("tests/sdk/python_app.py");
-    let status = Command::new("python3").arg(&script).arg(&server.url).arg("11").status().expect("python runs");
+    let status = Command::new("python3")
+        .arg(&script)
+        .arg(&server.url)
+        .arg("11")
+        .status()
+        .expect("python runs");
     assert!(status.success());
     let result = render(&server, "process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"kiln-python-e2e\", sdk=\"python\"}");
-    assert!(ticks(&result) > 1_000_000_000, "at least a second of CPU: {}", ticks(&result));
-    assert!(names(&result).iter().any(|n| n.contains("kiln_python_hot_loop")), "{:?}", names(&result));
+    assert!(
+        ticks(&result) > 1_000_000_000,
+        "at least a second of CPU: {}",
+        ticks(&result)
+    );
+    assert!(
+        names(&result)
+            .iter()
+            .any(|n| n.contains("kiln_python_hot_loop")),
+        "{:?}",
+        names(&result)
+    );
 }
 
 #[test]
@@ -50,9 +81,19 @@ fn node_sdk_pushes_wall_and_heap_profiles() {
         .status()
         .expect("node runs");
     assert!(status.success());
-    let wall = render(&server, "wall:wall:nanoseconds:wall:nanoseconds{service_name=\"kiln-node-e2e\", sdk=\"node\"}");
+    let wall = render(
+        &server,
+        "wall:wall:nanoseconds:wall:nanoseconds{service_name=\"kiln-node-e2e\", sdk=\"node\"}",
+    );
     assert!(ticks(&wall) > 0);
-    assert!(names(&wall).iter().any(|n| n.contains("kilnNodeHotLoop")), "{:?}", names(&wall));
-    let heap = render(&server, "memory:inuse_space:bytes:inuse_space:bytes{service_name=\"kiln-node-e2e\"}");
+    assert!(
+        names(&wall).iter().any(|n| n.contains("kilnNodeHotLoop")),
+        "{:?}",
+        names(&wall)
+    );
+    let heap = render(
+        &server,
+        "memory:inuse_space:bytes:inuse_space:bytes{service_name=\"kiln-node-e2e\"}",
+    );
     assert!(ticks(&heap) > 0, "the heap profile arrived");
 }
