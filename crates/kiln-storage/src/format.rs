@@ -328,7 +328,28 @@ pub fn dataset_count(block: &Bytes) -> Result<usize, StorageError> {
 }
 
 /// Decodes dataset `row_group` of a block, reading only the projected columns.
+///
+/// The `parquet` crate panics on some corrupt metadata instead of returning an error; a
+/// corrupt object must not take the server down, so such a panic becomes an error here.
 pub fn decode_dataset(
+    block: &Bytes,
+    row_group: usize,
+    projection: Projection,
+) -> Result<Dataset, StorageError> {
+    std::panic::catch_unwind(|| decode_dataset_unguarded(block, row_group, projection))
+        .unwrap_or_else(|panic| {
+            let message = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown panic");
+            Err(StorageError::Corrupt(format!(
+                "parquet decoder failed: {message}"
+            )))
+        })
+}
+
+fn decode_dataset_unguarded(
     block: &Bytes,
     row_group: usize,
     projection: Projection,

@@ -14,7 +14,7 @@ fn free_port() -> u16 {
 }
 
 fn start(data_dir: &Path, port: u16) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args([
             "server",
             "--listen",
@@ -43,6 +43,8 @@ fn start(data_dir: &Path, port: u16) -> Child {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("server did not become ready");
 }
 

@@ -1,0 +1,173 @@
+//! A stable-toolchain complement to the `cargo fuzz` targets in `fuzz/`: real profiles,
+//! mutated deterministically (bit flips, truncation, splices, varint garbage), through
+//! every parser. Each input must be accepted or refused with an error, never a panic, and
+//! whatever is accepted must build a dataset that passes its own consistency check.
+
+use kiln_ingest::parse::{from_pprof_bytes, ProfileContext};
+use kiln_ingest::Limits;
+use kiln_storage::dataset::PprofInput;
+use kiln_storage::DatasetBuilder;
+
+struct Random(u64);
+
+impl Random {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, bound: usize) -> usize {
+        (self.next() % bound.max(1) as u64) as usize
+    }
+}
+
+fn fixtures() -> Vec<Vec<u8>> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+    [
+        "parca-two-stacks.pb.gz",
+        "pprof-report-sample.cpu.pb.gz",
+        "profefe-collector_heap_1.prof",
+        "parca-profile-with-labels.pb.gz",
+    ]
+    .iter()
+    .map(|name| {
+        let bytes = std::fs::read(dir.join(name)).expect("fixture");
+        kiln_model::compress::maybe_gunzip(&bytes, 1 << 30)
+            .expect("gunzip")
+            .into_owned()
+    })
+    .collect()
+}
+
+fn mutate(random: &mut Random, input: &[u8]) -> Vec<u8> {
+    let mut data = input.to_vec();
+    match random.below(5) {
+        0 => {
+            for _ in 0..1 + random.below(8) {
+                let index = random.below(data.len());
+                data[index] ^= 1 << random.below(8);
+            }
+        }
+        1 => data.truncate(random.below(data.len())),
+        2 => {
+            let start = random.below(data.len());
+            let end = (start + random.below(64)).min(data.len());
+            let chunk = data[start..end].to_vec();
+            let at = random.below(data.len());
+            data.splice(at..at, chunk);
+        }
+        3 => {
+            // Large varints where lengths and ids live.
+            let index = random.below(data.len());
+            data.splice(index..index, [0xff, 0xff, 0xff, 0xff, 0x0f]);
+        }
+        _ => {
+            let index = random.below(data.len());
+            data[index] = random.next() as u8;
+        }
+    }
+    data
+}
+
+#[test]
+fn mutated_profiles_never_panic() {
+    let limits = Limits::default();
+    let mut random = Random(0x9e37_79b9_7f4a_7c15);
+    let mut accepted = 0;
+    let mut refused = 0;
+    for input in fixtures() {
+        for _ in 0..1500 {
+            let data = mutate(&mut random, &input);
+            match from_pprof_bytes(&data, ProfileContext::default(), &limits) {
+                Ok(parsed) => {
+                    accepted += 1;
+                    let mut builder = DatasetBuilder::new("t", parsed.service());
+                    builder.add_pprof(&PprofInput {
+                        profile: &parsed.profile,
+                        index: &parsed.index,
+                        id: &parsed.id,
+                        time_nanos: parsed.time_nanos,
+                        duration_nanos: parsed.duration_nanos,
+                        labels: &parsed.labels,
+                        types: &parsed.types,
+                        max_stack_depth: 1000,
+                    });
+                    let dataset = builder.finish();
+                    dataset
+                        .check()
+                        .expect("accepted profiles build consistent datasets");
+                    let block = bytes::Bytes::from(
+                        kiln_storage::format::encode_block(std::slice::from_ref(&dataset)).unwrap(),
+                    );
+                    let decoded = kiln_storage::format::decode_dataset(
+                        &block,
+                        0,
+                        kiln_storage::format::Projection::ALL,
+                    )
+                    .unwrap();
+                    assert_eq!(decoded, dataset);
+                }
+                Err(_) => refused += 1,
+            }
+        }
+    }
+    // Both outcomes must occur, or the mutations are not exercising anything.
+    assert!(
+        accepted > 100 && refused > 100,
+        "accepted {accepted}, refused {refused}"
+    );
+}
+
+#[test]
+fn mutated_text_inputs_never_panic() {
+    let mut random = Random(42);
+    let seeds: [&[u8]; 4] = [
+        b"main;work;leaf 10\nmain;idle 3\n",
+        br#"process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name="a", x=~"b.*", y!="\u00e9"}"#,
+        b"app.cpu{env=prod,region=eu-west}",
+        br#"{"series":[{"labels":[{"name":"service_name","value":"a"}],"samples":[{"rawProfile":"AQID","ID":"x"}]}]}"#,
+    ];
+    for seed in seeds {
+        for _ in 0..2000 {
+            let data = mutate(&mut random, seed);
+            let _ = kiln_model::folded::parse(&data, 16_000);
+            let _ = kiln_ingest::push::decode_json(&data);
+            let _ = kiln_ingest::push::decode_proto(&data);
+            if let Ok(text) = std::str::from_utf8(&data) {
+                let _ = kiln_model::selector::parse(text);
+                let _ = kiln_ingest::pyroscope::parse_name(text);
+                let _ = kiln_ingest::profefe::parse_labels(text);
+                let _ = kiln_model::time::parse_time_nanos(text, 0);
+            }
+        }
+    }
+}
+
+#[test]
+fn mutated_blocks_are_errors_not_panics() {
+    let input = fixtures().remove(1);
+    let parsed = from_pprof_bytes(&input, ProfileContext::default(), &Limits::default()).unwrap();
+    let mut builder = DatasetBuilder::new("t", "s");
+    builder.add_pprof(&PprofInput {
+        profile: &parsed.profile,
+        index: &parsed.index,
+        id: &parsed.id,
+        time_nanos: parsed.time_nanos,
+        duration_nanos: parsed.duration_nanos,
+        labels: &parsed.labels,
+        types: &parsed.types,
+        max_stack_depth: 1000,
+    });
+    let block = kiln_storage::format::encode_block(&[builder.finish()]).unwrap();
+    let mut random = Random(7);
+    for _ in 0..3000 {
+        let data = bytes::Bytes::from(mutate(&mut random, &block));
+        if let Ok(dataset) =
+            kiln_storage::format::decode_dataset(&data, 0, kiln_storage::format::Projection::ALL)
+        {
+            let _ = dataset.check();
+        }
+    }
+}
