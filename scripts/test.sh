@@ -29,4 +29,15 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
-cargo test --workspace --locked
+log="$(mktemp)"
+set +e
+cargo test --workspace --all-targets --locked -- --nocapture 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+passed=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s += $1} END {print s + 0}')
+failed=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s += $1} END {print s + 0}')
+skipped=$(grep -c '^skipped:' "$log" || true)
+rm -f "$log"
+echo
+echo "$passed passed, $failed failed, $skipped skipped"
+exit "$status"

@@ -261,20 +261,24 @@ impl Flusher {
     async fn write_segment(&self, work: Vec<(String, Vec<ParsedProfile>)>) -> Result<(), String> {
         let max_stack_depth = self.config.max_stack_depth;
         let profile_count: usize = work.iter().map(|(_, profiles)| profiles.len()).sum();
+        let build_started = Instant::now();
         let (block, datasets) =
             tokio::task::spawn_blocking(move || build_segment(work, max_stack_depth))
                 .await
                 .map_err(|err| format!("segment builder task failed: {err}"))??;
+        let build_seconds = build_started.elapsed().as_secs_f64();
         if datasets.is_empty() {
             return Ok(());
         }
         let block_id = ulid::Ulid::new().to_string();
         let object_key = format!("segments/{block_id}.parquet");
         let size_bytes = block.len() as u64;
+        let put_started = Instant::now();
         self.storage
             .put(&object_key, Bytes::from(block))
             .await
             .map_err(|err| err.to_string())?;
+        let put_seconds = put_started.elapsed().as_secs_f64();
         let block_meta = BlockMeta {
             id: block_id.clone(),
             object_key: object_key.clone(),
@@ -290,14 +294,24 @@ impl Flusher {
                 meta
             })
             .collect();
+        let register_started = Instant::now();
         self.metastore
             .register_block(block_meta, dataset_metas)
             .await
             .map_err(|err| err.to_string())?;
+        let register_seconds = register_started.elapsed().as_secs_f64();
         self.metrics.flushes.inc();
         self.metrics.segment_bytes.inc_by(size_bytes);
         self.metrics.profiles_written.inc_by(profile_count as u64);
-        tracing::debug!(block = %block_id, bytes = size_bytes, profiles = profile_count, "flushed segment");
+        tracing::debug!(
+            block = %block_id,
+            bytes = size_bytes,
+            profiles = profile_count,
+            build_seconds,
+            put_seconds,
+            register_seconds,
+            "flushed segment"
+        );
         Ok(())
     }
 }

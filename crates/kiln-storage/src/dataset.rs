@@ -623,7 +623,7 @@ impl DatasetBuilder {
                                 type_index: plan.value_index as u32,
                                 sample_count: 0,
                             },
-                            samples: HashMap::new(),
+                            samples: HashMap::with_capacity(profile.sample.len()),
                         });
                         let pending = self.profiles.len() - 1;
                         pending_index.insert((group, type_position), pending);
@@ -636,12 +636,6 @@ impl DatasetBuilder {
                     .or_insert(0) += value;
             }
         }
-    }
-
-    /// Adds a profile row with its samples given as (stack node, per-sample label pairs,
-    /// value). Used when re-building datasets from datasets (compaction, tests).
-    pub fn string_count(&self) -> usize {
-        self.strings.len()
     }
 
     pub fn finish(self) -> Dataset {

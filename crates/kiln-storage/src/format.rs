@@ -321,12 +321,6 @@ impl Projection {
     }
 }
 
-/// Number of datasets (row groups) in a block.
-pub fn dataset_count(block: &Bytes) -> Result<usize, StorageError> {
-    let reader = SerializedFileReader::new(block.clone())?;
-    Ok(reader.num_row_groups())
-}
-
 /// Decodes dataset `row_group` of a block, reading only the projected columns.
 ///
 /// The `parquet` crate panics on some corrupt metadata instead of returning an error; a
