@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use kiln_server::{Server, ServerConfig};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -88,21 +87,34 @@ fn load_corpus(dir: &PathBuf, min_bytes: usize) -> anyhow::Result<Vec<(String, V
 async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     let files = Arc::new(load_corpus(&args.corpus, args.min_file_bytes)?);
     let temp = std::env::temp_dir().join(format!("kiln-bench-{}", std::process::id()));
+    // The server runs as a child process so its CPU time can be told from the load
+    // generator's, which shares the machine.
     let mut server = None;
     let url = match &args.url {
         Some(url) => url.trim_end_matches('/').to_string(),
         None => {
-            let config = ServerConfig {
-                listen: "127.0.0.1:0".to_string(),
-                data_dir: temp.clone(),
-                ..ServerConfig::default()
-            };
-            let running = Server::start(config).await?;
-            let url = format!("http://{}", running.local_addr);
-            server = Some(running);
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+            let child = std::process::Command::new(std::env::current_exe()?)
+                .args(["server", "--listen", &format!("127.0.0.1:{port}")])
+                .arg("--data-dir")
+                .arg(&temp)
+                .env("KILN_LOG_LEVEL", "warn")
+                .spawn()
+                .context("cannot start the server")?;
+            server = Some(child);
+            let url = format!("http://127.0.0.1:{port}");
+            let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(1)).build();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while agent.get(&format!("{url}/ready")).call().is_err() {
+                if Instant::now() > deadline {
+                    bail!("the server did not become ready");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
             url
         }
     };
+    let cpu_before = server.as_ref().and_then(|child| process_cpu_seconds(child.id()));
     let total_bytes: usize = files.iter().map(|(_, b)| b.len()).sum();
     println!(
         "kiln bench ingest: {} files ({:.1} MB), {} clients, {} services, {} s, server {}",
@@ -171,6 +183,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu_after = server.as_ref().and_then(|child| process_cpu_seconds(child.id()));
     let mut latencies = latencies.lock().map(|l| l.clone()).unwrap_or_default();
     latencies.sort_by(|a, b| a.total_cmp(b));
     let percentile = |p: f64| -> f64 {
@@ -194,9 +207,32 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     println!("ack latency p50   {:.1} ms", percentile(0.5));
     println!("ack latency p99   {:.1} ms", percentile(0.99));
     println!("errors            {}", errors.load(Ordering::Relaxed));
-    if let Some(server) = server {
-        server.shutdown().await?;
+    if let (Some(before), Some(after)) = (cpu_before, cpu_after) {
+        let cpu = after - before;
+        println!(
+            "server CPU        {:.1} s over {:.1} s ({:.2} cores); {:.2} MB/s per server core",
+            cpu,
+            elapsed,
+            cpu / elapsed,
+            megabytes / cpu.max(f64::EPSILON)
+        );
+    }
+    if let Some(mut child) = server {
+        let _ = child.kill();
+        let _ = child.wait();
         let _ = std::fs::remove_dir_all(&temp);
     }
     Ok(())
+}
+
+/// User plus system CPU seconds of a process, from `/proc/PID/stat` (Linux; clock ticks are
+/// 100 per second there).
+fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
 }

@@ -172,3 +172,45 @@ fn ready_and_metrics() {
     assert!(metrics.contains("kiln_ingest_flushes_total 1"), "{metrics}");
     assert!(metrics.contains("kiln_ingest_received_profiles_total{endpoint=\"ingest\"} 1"));
 }
+
+#[test]
+fn a_failed_flush_is_5xx_and_leaves_nothing_visible() {
+    let blocks = tempfile::tempdir().unwrap();
+    let object_store = format!("file://{}", blocks.path().display());
+    let server = TestServer::start_with(|config| config.object_store = object_store.clone());
+    // A file where the segments directory must go makes every object write fail.
+    std::fs::write(blocks.path().join("segments"), b"in the way").unwrap();
+    let (status, text) = server.post("/ingest?name=doomed.cpu", b"main;work 5\n");
+    assert_eq!(status, 500, "{text}");
+    assert!(text.contains("failed to store"), "{text}");
+    assert_eq!(server.json("/api/0/services", &[])["body"], serde_json::json!([]));
+    assert!(server.metrics().contains("kiln_ingest_flush_failures_total 1"));
+    // Once storage works again, writes succeed and only they are visible.
+    std::fs::remove_file(blocks.path().join("segments")).unwrap();
+    assert_eq!(server.post("/ingest?name=fine.cpu", b"main;work 5\n").0, 200);
+    assert_eq!(server.json("/api/0/services", &[])["body"], serde_json::json!(["fine"]));
+}
+
+#[test]
+fn concurrent_requests_share_one_flush() {
+    let server = TestServer::start_with(|config| config.flush_interval_ms = 1000);
+    let url = server.url.clone();
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                TestServer::agent()
+                    .post(&format!("{url}/ingest?name=svc{i}.cpu"))
+                    .send_bytes(b"main;work 1\n")
+                    .map(|r| r.status())
+                    .unwrap_or(0)
+            })
+        })
+        .collect();
+    for thread in threads {
+        assert_eq!(thread.join().unwrap(), 200);
+    }
+    let metrics = server.metrics();
+    assert!(metrics.contains("kiln_ingest_flushes_total 1\n"), "8 requests within one interval, one segment: {metrics}");
+    assert_eq!(server.json("/api/0/services", &[])["body"].as_array().unwrap().len(), 8);
+}
