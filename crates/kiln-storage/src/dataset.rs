@@ -270,6 +270,45 @@ struct PendingProfile {
     samples: HashMap<(u32, u32), i64>,
 }
 
+/// Rows stored once each: interning a row returns the id of its first occurrence.
+struct Table<K> {
+    rows: Vec<K>,
+    ids: HashMap<K, u32>,
+}
+
+impl<K: std::hash::Hash + Eq + Clone> Table<K> {
+    fn new() -> Self {
+        Table {
+            rows: Vec::new(),
+            ids: HashMap::new(),
+        }
+    }
+
+    /// Adds a row no interned row will ever map to (a sentinel).
+    fn push_sentinel(&mut self, row: K) {
+        self.rows.push(row);
+    }
+
+    fn intern(&mut self, row: K) -> u32 {
+        if let Some(id) = self.ids.get(&row) {
+            return *id;
+        }
+        let id = self.rows.len() as u32;
+        self.rows.push(row.clone());
+        self.ids.insert(row, id);
+        id
+    }
+}
+
+/// Per-profile caches from pprof table positions to dataset ids, so each pprof symbol is
+/// interned once per profile however many samples use it.
+struct ProfileSymbols {
+    strings: Vec<u32>,
+    mappings: Vec<Option<u32>>,
+    functions: Vec<Option<u32>>,
+    locations: Vec<Option<u32>>,
+}
+
 /// Interns profiles into one dataset: every string, mapping, function, location and stack
 /// prefix gets one id however many profiles use it.
 pub struct DatasetBuilder {
@@ -277,19 +316,14 @@ pub struct DatasetBuilder {
     service: String,
     strings: Vec<String>,
     string_ids: HashMap<String, u32>,
-    mappings: Vec<MappingRow>,
-    mapping_ids: HashMap<MappingRow, u32>,
-    functions: Vec<FunctionRow>,
-    function_ids: HashMap<FunctionRow, u32>,
-    locations: Vec<LocationKey>,
-    location_ids: HashMap<LocationKey, u32>,
-    stack_parent: Vec<u32>,
-    stack_location: Vec<u32>,
-    stack_ids: HashMap<(u32, u32), u32>,
-    series: Vec<SeriesRow>,
-    series_ids: HashMap<SeriesRow, u32>,
-    label_sets: Vec<Vec<(u32, u32)>>,
-    label_set_ids: HashMap<Vec<(u32, u32)>, u32>,
+    mappings: Table<MappingRow>,
+    functions: Table<FunctionRow>,
+    locations: Table<LocationKey>,
+    /// Stack nodes as (parent, location); node 0 is the root sentinel.
+    stacks: Table<(u32, u32)>,
+    series: Table<SeriesRow>,
+    /// Per-sample label sets; set 0 is empty.
+    label_sets: Table<Vec<(u32, u32)>>,
     profiles: Vec<PendingProfile>,
     truncated_location: Option<u32>,
 }
@@ -301,24 +335,21 @@ impl DatasetBuilder {
             service: service.to_string(),
             strings: Vec::new(),
             string_ids: HashMap::new(),
-            mappings: vec![MappingRow::default()],
-            mapping_ids: HashMap::new(),
-            functions: Vec::new(),
-            function_ids: HashMap::new(),
-            locations: Vec::new(),
-            location_ids: HashMap::new(),
-            stack_parent: vec![0],
-            stack_location: vec![0],
-            stack_ids: HashMap::new(),
-            series: Vec::new(),
-            series_ids: HashMap::new(),
-            label_sets: vec![Vec::new()],
-            label_set_ids: HashMap::new(),
+            mappings: Table::new(),
+            functions: Table::new(),
+            locations: Table::new(),
+            stacks: Table::new(),
+            series: Table::new(),
+            label_sets: Table::new(),
             profiles: Vec::new(),
             truncated_location: None,
         };
         builder.intern("");
-        builder.label_set_ids.insert(Vec::new(), 0);
+        // Sentinels: mapping 0 means "no mapping" even when a profile has an all-zero
+        // mapping of its own, and stack node 0 is the root.
+        builder.mappings.push_sentinel(MappingRow::default());
+        builder.stacks.push_sentinel((0, 0));
+        builder.label_sets.intern(Vec::new());
         builder
     }
 
@@ -343,74 +374,104 @@ impl DatasetBuilder {
         }
     }
 
-    fn intern_location(&mut self, key: LocationKey) -> u32 {
-        if let Some(id) = self.location_ids.get(&key) {
-            return *id;
-        }
-        let id = self.locations.len() as u32;
-        self.locations.push(key.clone());
-        self.location_ids.insert(key, id);
-        id
-    }
-
-    fn intern_stack_node(&mut self, parent: u32, location: u32) -> u32 {
-        if let Some(id) = self.stack_ids.get(&(parent, location)) {
-            return *id;
-        }
-        let id = self.stack_parent.len() as u32;
-        self.stack_parent.push(parent);
-        self.stack_location.push(location);
-        self.stack_ids.insert((parent, location), id);
-        id
-    }
-
-    fn intern_series(&mut self, series: SeriesRow) -> u32 {
-        if let Some(id) = self.series_ids.get(&series) {
-            return *id;
-        }
-        let id = self.series.len() as u32;
-        self.series.push(series.clone());
-        self.series_ids.insert(series, id);
-        id
-    }
-
-    fn intern_label_set(&mut self, set: Vec<(u32, u32)>) -> u32 {
-        if let Some(id) = self.label_set_ids.get(&set) {
-            return *id;
-        }
-        let id = self.label_sets.len() as u32;
-        self.label_sets.push(set.clone());
-        self.label_set_ids.insert(set, id);
-        id
-    }
-
     fn truncated_location(&mut self) -> u32 {
         if let Some(id) = self.truncated_location {
             return id;
         }
         let name = self.intern(TRUNCATED_FRAME);
-        let function = FunctionRow {
+        let function = self.functions.intern(FunctionRow {
             name,
             system_name: name,
             ..Default::default()
-        };
-        let function_id = self.intern_function(function);
-        let id = self.intern_location(LocationKey {
+        });
+        let id = self.locations.intern(LocationKey {
             mapping: 0,
             address: 0,
-            lines: vec![(function_id, 0)],
+            lines: vec![(function, 0)],
         });
         self.truncated_location = Some(id);
         id
     }
 
-    fn intern_function(&mut self, function: FunctionRow) -> u32 {
-        if let Some(id) = self.function_ids.get(&function) {
-            return *id;
+    fn pprof_mapping(
+        &mut self,
+        profile: &Profile,
+        symbols: &mut ProfileSymbols,
+        position: usize,
+    ) -> u32 {
+        if let Some(id) = symbols.mappings[position] {
+            return id;
         }
-        let id = self.functions.len() as u32;
-        self.functions.push(function);
-        self.function_ids.insert(function, id);
+        let m = &profile.mapping[position];
+        let string = |index: i64| symbols.strings.get(index as usize).copied().unwrap_or(0);
+        let id = self.mappings.intern(MappingRow {
+            memory_start: m.memory_start,
+            memory_limit: m.memory_limit,
+            file_offset: m.file_offset,
+            filename: string(m.filename),
+            build_id: string(m.build_id),
+            flags: (m.has_functions as u32)
+                | (m.has_filenames as u32) << 1
+                | (m.has_line_numbers as u32) << 2
+                | (m.has_inline_frames as u32) << 3,
+        });
+        symbols.mappings[position] = Some(id);
+        id
+    }
+
+    fn pprof_function(
+        &mut self,
+        profile: &Profile,
+        symbols: &mut ProfileSymbols,
+        position: usize,
+    ) -> u32 {
+        if let Some(id) = symbols.functions[position] {
+            return id;
+        }
+        let f = &profile.function[position];
+        let string = |index: i64| symbols.strings.get(index as usize).copied().unwrap_or(0);
+        let id = self.functions.intern(FunctionRow {
+            name: string(f.name),
+            system_name: string(f.system_name),
+            filename: string(f.filename),
+            start_line: f.start_line,
+        });
+        symbols.functions[position] = Some(id);
+        id
+    }
+
+    fn pprof_location(
+        &mut self,
+        input: &PprofInput<'_>,
+        symbols: &mut ProfileSymbols,
+        position: usize,
+    ) -> u32 {
+        if let Some(id) = symbols.locations[position] {
+            return id;
+        }
+        let profile = input.profile;
+        let location = &profile.location[position];
+        let mapping = match input.index.mappings.get(location.mapping_id) {
+            Some(mapping_position) if location.mapping_id != 0 => {
+                self.pprof_mapping(profile, symbols, mapping_position)
+            }
+            _ => 0,
+        };
+        let mut lines = Vec::with_capacity(location.line.len());
+        for line in &location.line {
+            if let Some(function_position) = input.index.functions.get(line.function_id) {
+                lines.push((
+                    self.pprof_function(profile, symbols, function_position),
+                    line.line,
+                ));
+            }
+        }
+        let id = self.locations.intern(LocationKey {
+            mapping,
+            address: location.address,
+            lines,
+        });
+        symbols.locations[position] = Some(id);
         id
     }
 
@@ -418,16 +479,19 @@ impl DatasetBuilder {
     /// every reference already.
     pub fn add_pprof(&mut self, input: &PprofInput<'_>) {
         let profile = input.profile;
-        let string_ids: Vec<u32> = profile
-            .string_table
-            .iter()
-            .map(|bytes| self.intern_bytes(bytes))
-            .collect();
-        let string = |index: i64| string_ids.get(index as usize).copied().unwrap_or(0);
-
-        let mut mapping_cache: Vec<Option<u32>> = vec![None; profile.mapping.len()];
-        let mut function_cache: Vec<Option<u32>> = vec![None; profile.function.len()];
-        let mut location_cache: Vec<Option<u32>> = vec![None; profile.location.len()];
+        let mut symbols = ProfileSymbols {
+            strings: profile
+                .string_table
+                .iter()
+                .map(|bytes| self.intern_bytes(bytes))
+                .collect(),
+            mappings: vec![None; profile.mapping.len()],
+            functions: vec![None; profile.function.len()],
+            locations: vec![None; profile.location.len()],
+        };
+        let string = |symbols: &ProfileSymbols, index: i64| {
+            symbols.strings.get(index as usize).copied().unwrap_or(0)
+        };
 
         // Sample labels that become series labels, grouped so each distinct set is one series.
         let mut groups: HashMap<Vec<(i64, i64)>, usize> = HashMap::new();
@@ -447,7 +511,8 @@ impl DatasetBuilder {
 
         let mut stack_locations: Vec<u32> = Vec::new();
         for sample in &profile.sample {
-            // Resolve the stack, leaf first as pprof stores it.
+            // Resolve the stack, leaf first as pprof stores it; past the depth limit the
+            // outermost frames are replaced by one [truncated] frame.
             stack_locations.clear();
             let depth = sample.location_id.len();
             let keep = if depth > input.max_stack_depth {
@@ -456,79 +521,9 @@ impl DatasetBuilder {
                 depth
             };
             for id in &sample.location_id[..keep] {
-                let Some(position) = input.index.locations.get(*id) else {
-                    continue;
-                };
-                let location_id = match location_cache[position] {
-                    Some(location_id) => location_id,
-                    None => {
-                        let location = &profile.location[position];
-                        let mapping = match input.index.mappings.get(location.mapping_id) {
-                            Some(mapping_position) if location.mapping_id != 0 => {
-                                match mapping_cache[mapping_position] {
-                                    Some(id) => id,
-                                    None => {
-                                        let m = &profile.mapping[mapping_position];
-                                        let row = MappingRow {
-                                            memory_start: m.memory_start,
-                                            memory_limit: m.memory_limit,
-                                            file_offset: m.file_offset,
-                                            filename: string(m.filename),
-                                            build_id: string(m.build_id),
-                                            flags: (m.has_functions as u32)
-                                                | (m.has_filenames as u32) << 1
-                                                | (m.has_line_numbers as u32) << 2
-                                                | (m.has_inline_frames as u32) << 3,
-                                        };
-                                        let id = match self.mapping_ids.get(&row) {
-                                            Some(id) => *id,
-                                            None => {
-                                                let id = self.mappings.len() as u32;
-                                                self.mappings.push(row);
-                                                self.mapping_ids.insert(row, id);
-                                                id
-                                            }
-                                        };
-                                        mapping_cache[mapping_position] = Some(id);
-                                        id
-                                    }
-                                }
-                            }
-                            _ => 0,
-                        };
-                        let mut lines = Vec::with_capacity(location.line.len());
-                        for line in &location.line {
-                            let Some(function_position) =
-                                input.index.functions.get(line.function_id)
-                            else {
-                                continue;
-                            };
-                            let function_id = match function_cache[function_position] {
-                                Some(id) => id,
-                                None => {
-                                    let f = &profile.function[function_position];
-                                    let id = self.intern_function(FunctionRow {
-                                        name: string(f.name),
-                                        system_name: string(f.system_name),
-                                        filename: string(f.filename),
-                                        start_line: f.start_line,
-                                    });
-                                    function_cache[function_position] = Some(id);
-                                    id
-                                }
-                            };
-                            lines.push((function_id, line.line));
-                        }
-                        let id = self.intern_location(LocationKey {
-                            mapping,
-                            address: location.address,
-                            lines,
-                        });
-                        location_cache[position] = Some(id);
-                        id
-                    }
-                };
-                stack_locations.push(location_id);
+                if let Some(position) = input.index.locations.get(*id) {
+                    stack_locations.push(self.pprof_location(input, &mut symbols, position));
+                }
             }
             if keep < depth {
                 let truncated = self.truncated_location();
@@ -539,7 +534,7 @@ impl DatasetBuilder {
             }
             let mut node = 0u32;
             for location in stack_locations.iter().rev() {
-                node = self.intern_stack_node(node, *location);
+                node = self.stacks.intern((node, *location));
             }
 
             // Split labels: per-sample ones stay with the sample, string labels pick the series.
@@ -558,7 +553,7 @@ impl DatasetBuilder {
                         .map(Vec::as_slice)
                         .unwrap_or(b"");
                     if PER_SAMPLE_LABELS.iter().any(|name| name.as_bytes() == key) {
-                        per_sample.push((string(label.key), string(label.str)));
+                        per_sample.push((string(&symbols, label.key), string(&symbols, label.str)));
                     } else {
                         series_extra.push((label.key, label.str));
                     }
@@ -569,7 +564,7 @@ impl DatasetBuilder {
                 let label_set = if per_sample.is_empty() {
                     0
                 } else {
-                    self.intern_label_set(per_sample)
+                    self.label_sets.intern(per_sample)
                 };
                 let group = match groups.get(&series_extra) {
                     Some(group) => *group,
@@ -609,7 +604,7 @@ impl DatasetBuilder {
                             .into_iter()
                             .map(|(name, value)| (self.intern(&name), self.intern(&value)))
                             .collect();
-                        let series = self.intern_series(SeriesRow {
+                        let series = self.series.intern(SeriesRow {
                             profile_type: type_ids[type_position],
                             labels: label_ids,
                         });
@@ -645,14 +640,19 @@ impl DatasetBuilder {
             min_time_nanos: i64::MAX,
             max_time_nanos: i64::MIN,
             strings: self.strings,
-            mappings: self.mappings,
-            functions: self.functions,
-            stack_parent: self.stack_parent,
-            stack_location: self.stack_location,
-            series: self.series,
+            mappings: self.mappings.rows,
+            functions: self.functions.rows,
+            series: self.series.rows,
             ..Default::default()
         };
-        for location in &self.locations {
+        dataset.stack_parent = self.stacks.rows.iter().map(|(parent, _)| *parent).collect();
+        dataset.stack_location = self
+            .stacks
+            .rows
+            .iter()
+            .map(|(_, location)| *location)
+            .collect();
+        for location in &self.locations.rows {
             dataset.location_mapping.push(location.mapping);
             dataset.location_address.push(location.address);
             dataset
@@ -681,7 +681,7 @@ impl DatasetBuilder {
             for ((stack, label_set), value) in samples {
                 if label_set != 0 {
                     let sample = dataset.sample_stack.len() as u32;
-                    for (name, value) in &self.label_sets[label_set as usize] {
+                    for (name, value) in &self.label_sets.rows[label_set as usize] {
                         dataset.sample_label_sample.push(sample);
                         dataset.sample_label_name.push(*name);
                         dataset.sample_label_value.push(*value);

@@ -93,7 +93,9 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     let url = match &args.url {
         Some(url) => url.trim_end_matches('/').to_string(),
         None => {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port();
             let child = std::process::Command::new(std::env::current_exe()?)
                 .args(["server", "--listen", &format!("127.0.0.1:{port}")])
                 .arg("--data-dir")
@@ -103,7 +105,9 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
                 .context("cannot start the server")?;
             server = Some(child);
             let url = format!("http://127.0.0.1:{port}");
-            let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(1)).build();
+            let agent = ureq::AgentBuilder::new()
+                .timeout(Duration::from_secs(1))
+                .build();
             let deadline = Instant::now() + Duration::from_secs(30);
             while agent.get(&format!("{url}/ready")).call().is_err() {
                 if Instant::now() > deadline {
@@ -114,7 +118,9 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
             url
         }
     };
-    let cpu_before = server.as_ref().and_then(|child| process_cpu_seconds(child.id()));
+    let cpu_before = server
+        .as_ref()
+        .and_then(|child| process_cpu_seconds(child.id()));
     let total_bytes: usize = files.iter().map(|(_, b)| b.len()).sum();
     println!(
         "kiln bench ingest: {} files ({:.1} MB), {} clients, {} services, {} s, server {}",
@@ -183,7 +189,9 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let cpu_after = server.as_ref().and_then(|child| process_cpu_seconds(child.id()));
+    let cpu_after = server
+        .as_ref()
+        .and_then(|child| process_cpu_seconds(child.id()));
     let mut latencies = latencies.lock().map(|l| l.clone()).unwrap_or_default();
     latencies.sort_by(|a, b| a.total_cmp(b));
     let percentile = |p: f64| -> f64 {

@@ -173,7 +173,14 @@ mod tests {
             "listen: 127.0.0.1:5000\ndata_dir: /from/file\nflush_interval_ms: 250\nlimits:\n  max_labels_per_series: 7\ntenant_limits:\n  small:\n    ingestion_rate_bytes: 1000\n",
         )
         .unwrap();
-        let cli = Cli::parse_from(["kiln", "server", "--config", file.to_str().unwrap(), "--data-dir", "/from/flag"]);
+        let cli = Cli::parse_from([
+            "kiln",
+            "server",
+            "--config",
+            file.to_str().unwrap(),
+            "--data-dir",
+            "/from/flag",
+        ]);
         let Command::Server(args) = cli.command else {
             panic!("expected the server command");
         };
@@ -182,7 +189,10 @@ mod tests {
         assert_eq!(config.data_dir, PathBuf::from("/from/flag"));
         assert_eq!(config.flush_interval_ms, 250);
         assert_eq!(config.limits.max_labels_per_series, 7);
-        assert_eq!(config.limits.max_samples_per_profile, 16_000, "unset limits keep their defaults");
+        assert_eq!(
+            config.limits.max_samples_per_profile, 16_000,
+            "unset limits keep their defaults"
+        );
         assert_eq!(config.tenant_limits["small"].ingestion_rate_bytes, 1000);
         assert_eq!(config.metastore_url(), "sqlite:///from/flag/metastore.db");
     }

@@ -254,8 +254,12 @@ pub fn go_function_totals(
                         let address = rest.split(' ').next().unwrap_or("");
                         addresses.insert(id, format!("0x{address}"));
                         locations.insert(id, Vec::new());
-                        // Skip "ADDR M=N " to the frame text.
-                        rest.splitn(3, ' ').nth(2).unwrap_or("")
+                        // Skip "ADDR [M=N] " to the frame text.
+                        let after_address = rest.split_once(' ').map_or("", |(_, tail)| tail);
+                        match after_address.strip_prefix("M=") {
+                            Some(tail) => tail.split_once(' ').map_or("", |(_, frames)| frames),
+                            None => after_address,
+                        }
                     }
                     _ => trimmed,
                 };

@@ -183,12 +183,23 @@ fn a_failed_flush_is_5xx_and_leaves_nothing_visible() {
     let (status, text) = server.post("/ingest?name=doomed.cpu", b"main;work 5\n");
     assert_eq!(status, 500, "{text}");
     assert!(text.contains("failed to store"), "{text}");
-    assert_eq!(server.json("/api/0/services", &[])["body"], serde_json::json!([]));
-    assert!(server.metrics().contains("kiln_ingest_flush_failures_total 1"));
+    assert_eq!(
+        server.json("/api/0/services", &[])["body"],
+        serde_json::json!([])
+    );
+    assert!(server
+        .metrics()
+        .contains("kiln_ingest_flush_failures_total 1"));
     // Once storage works again, writes succeed and only they are visible.
     std::fs::remove_file(blocks.path().join("segments")).unwrap();
-    assert_eq!(server.post("/ingest?name=fine.cpu", b"main;work 5\n").0, 200);
-    assert_eq!(server.json("/api/0/services", &[])["body"], serde_json::json!(["fine"]));
+    assert_eq!(
+        server.post("/ingest?name=fine.cpu", b"main;work 5\n").0,
+        200
+    );
+    assert_eq!(
+        server.json("/api/0/services", &[])["body"],
+        serde_json::json!(["fine"])
+    );
 }
 
 #[test]
@@ -211,6 +222,15 @@ fn concurrent_requests_share_one_flush() {
         assert_eq!(thread.join().unwrap(), 200);
     }
     let metrics = server.metrics();
-    assert!(metrics.contains("kiln_ingest_flushes_total 1\n"), "8 requests within one interval, one segment: {metrics}");
-    assert_eq!(server.json("/api/0/services", &[])["body"].as_array().unwrap().len(), 8);
+    assert!(
+        metrics.contains("kiln_ingest_flushes_total 1\n"),
+        "8 requests within one interval, one segment: {metrics}"
+    );
+    assert_eq!(
+        server.json("/api/0/services", &[])["body"]
+            .as_array()
+            .unwrap()
+            .len(),
+        8
+    );
 }
