@@ -72,7 +72,8 @@ fn absolute(path: &std::path::Path) -> PathBuf {
     if path.is_absolute() {
         return path.to_path_buf();
     }
+    let relative = path.strip_prefix(".").unwrap_or(path);
     std::env::current_dir()
-        .map(|cwd| cwd.join(path))
+        .map(|cwd| cwd.join(relative))
         .unwrap_or_else(|_| path.to_path_buf())
 }

@@ -401,12 +401,12 @@ async fn profefe_merge(
             ));
         }
         let types = ordered_types(&selections);
-        let from = request.from_nanos.max(0);
-        let to = if request.to_nanos == i64::MAX {
-            now_nanos()
-        } else {
-            request.to_nanos
-        };
+        // The merged profile spans the profiles it holds, not the (possibly open) query range.
+        let times = selections
+            .iter()
+            .flat_map(|s| s.profiles.iter().map(|p| p.time_nanos));
+        let from = times.clone().min().unwrap_or(0);
+        let to = times.max().unwrap_or(0);
         Ok(merged_pprof(&selections, &types, from, to))
     }
     .await;
