@@ -7,16 +7,7 @@ fuzz_target!(|data: &[u8]| {
     let context = kiln_ingest::parse::ProfileContext::default();
     if let Ok(parsed) = kiln_ingest::parse::from_pprof_bytes(data, context, &limits) {
         let mut builder = kiln_storage::DatasetBuilder::new("t", parsed.service());
-        builder.add_pprof(&kiln_storage::dataset::PprofInput {
-            profile: &parsed.profile,
-            index: &parsed.index,
-            id: &parsed.id,
-            time_nanos: parsed.time_nanos,
-            duration_nanos: parsed.duration_nanos,
-            labels: &parsed.labels,
-            types: &parsed.types,
-            max_stack_depth: 1000,
-        });
+        builder.add_pprof(&parsed.input(1000));
         let dataset = builder.finish();
         assert!(dataset.check().is_ok());
     }

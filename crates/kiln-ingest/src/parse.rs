@@ -5,7 +5,7 @@ use kiln_model::labels::{self, Labels, METRIC_NAME, SERVICE_NAME};
 use kiln_model::pprof::{self, Profile, Validated, ValueType};
 use kiln_model::profile_type::name_for_sample_type;
 use kiln_model::ProfileType;
-use kiln_storage::dataset::{TypePlan, PER_SAMPLE_LABELS};
+use kiln_storage::dataset::{PprofInput, TypePlan, PER_SAMPLE_LABELS};
 
 use crate::{IngestError, Limits};
 
@@ -33,6 +33,20 @@ impl ParsedProfile {
 
     pub fn sample_count(&self) -> usize {
         self.profile.sample.len()
+    }
+
+    /// The builder's view of this profile.
+    pub fn input(&self, max_stack_depth: usize) -> PprofInput<'_> {
+        PprofInput {
+            profile: &self.profile,
+            index: &self.index,
+            id: &self.id,
+            time_nanos: self.time_nanos,
+            duration_nanos: self.duration_nanos,
+            labels: &self.labels,
+            types: &self.types,
+            max_stack_depth,
+        }
     }
 }
 

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kiln_metastore::{BlockMeta, DatasetMeta, Metastore};
-use kiln_storage::dataset::PprofInput;
 use kiln_storage::format::encode_block;
 use kiln_storage::{Dataset, DatasetBuilder, ObjectStorage};
 use prometheus_client::metrics::counter::Counter;
@@ -395,16 +394,7 @@ fn build_dataset(
 ) -> Dataset {
     let mut builder = DatasetBuilder::new(tenant, service);
     for profile in profiles {
-        builder.add_pprof(&PprofInput {
-            profile: &profile.profile,
-            index: &profile.index,
-            id: &profile.id,
-            time_nanos: profile.time_nanos,
-            duration_nanos: profile.duration_nanos,
-            labels: &profile.labels,
-            types: &profile.types,
-            max_stack_depth,
-        });
+        builder.add_pprof(&profile.input(max_stack_depth));
     }
     builder.finish()
 }

@@ -5,7 +5,6 @@
 
 use kiln_ingest::parse::{from_pprof_bytes, ProfileContext};
 use kiln_ingest::Limits;
-use kiln_storage::dataset::PprofInput;
 use kiln_storage::DatasetBuilder;
 
 struct Random(u64);
@@ -84,16 +83,7 @@ fn mutated_profiles_never_panic() {
                 Ok(parsed) => {
                     accepted += 1;
                     let mut builder = DatasetBuilder::new("t", parsed.service());
-                    builder.add_pprof(&PprofInput {
-                        profile: &parsed.profile,
-                        index: &parsed.index,
-                        id: &parsed.id,
-                        time_nanos: parsed.time_nanos,
-                        duration_nanos: parsed.duration_nanos,
-                        labels: &parsed.labels,
-                        types: &parsed.types,
-                        max_stack_depth: 1000,
-                    });
+                    builder.add_pprof(&parsed.input(1000));
                     let dataset = builder.finish();
                     dataset
                         .check()
@@ -150,16 +140,7 @@ fn mutated_blocks_are_errors_not_panics() {
     let input = fixtures().remove(1);
     let parsed = from_pprof_bytes(&input, ProfileContext::default(), &Limits::default()).unwrap();
     let mut builder = DatasetBuilder::new("t", "s");
-    builder.add_pprof(&PprofInput {
-        profile: &parsed.profile,
-        index: &parsed.index,
-        id: &parsed.id,
-        time_nanos: parsed.time_nanos,
-        duration_nanos: parsed.duration_nanos,
-        labels: &parsed.labels,
-        types: &parsed.types,
-        max_stack_depth: 1000,
-    });
+    builder.add_pprof(&parsed.input(1000));
     let block = kiln_storage::format::encode_block(&[builder.finish()]).unwrap();
     let mut random = Random(7);
     for _ in 0..3000 {

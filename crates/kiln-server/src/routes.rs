@@ -86,6 +86,27 @@ async fn read_ingest_body(
     decode_content_encoding(headers, raw, limits.max_decompressed_bytes)
 }
 
+/// The tenant, its limits, and the bounded, decoded body of an ingest request.
+async fn ingest_request(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(String, kiln_ingest::Limits, Bytes), IngestError> {
+    let tenant = tenant_of(headers).map_err(IngestError::BadRequest)?;
+    let body = read_ingest_body(state, &tenant, headers, body).await?;
+    let limits = state.limits.for_tenant(&tenant);
+    Ok((tenant, limits, body))
+}
+
+/// Runs a CPU-heavy parser off the async workers.
+async fn parse_blocking<T: Send + 'static>(
+    parse: impl FnOnce() -> Result<T, IngestError> + Send + 'static,
+) -> Result<T, IngestError> {
+    tokio::task::spawn_blocking(parse)
+        .await
+        .map_err(|err| IngestError::Internal(format!("parser task failed: {err}")))?
+}
+
 /// Writes parsed profiles and records the outcome in the metrics.
 async fn write_profiles(
     state: &AppState,
@@ -116,9 +137,7 @@ async fn pyroscope_ingest(
     body: Body,
 ) -> Response {
     let result = async {
-        let tenant = tenant_of(&headers).map_err(IngestError::BadRequest)?;
-        let body = read_ingest_body(&state, &tenant, &headers, body).await?;
-        let limits = state.limits.for_tenant(&tenant);
+        let (tenant, limits, body) = ingest_request(&state, &headers, body).await?;
         let profiles =
             kiln_ingest::pyroscope::parse_ingest(&params, &content_type(&headers), body, &limits)
                 .await?;
@@ -160,9 +179,7 @@ async fn push(State(state): State<SharedState>, headers: HeaderMap, body: Body) 
                 decode_proto(&body)?
             }
         };
-        let profiles = tokio::task::spawn_blocking(move || parse_push(request, &limits))
-            .await
-            .map_err(|err| IngestError::Internal(format!("parser task failed: {err}")))??;
+        let profiles = parse_blocking(move || parse_push(request, &limits)).await?;
         write_profiles(&state, "push", &tenant, profiles).await
     }
     .await;
@@ -218,14 +235,10 @@ async fn profefe_ingest(
     body: Body,
 ) -> Response {
     let result = async {
-        let tenant = tenant_of(&headers).map_err(IngestError::BadRequest)?;
-        let body = read_ingest_body(&state, &tenant, &headers, body).await?;
-        let limits = state.limits.for_tenant(&tenant);
-        let profile = tokio::task::spawn_blocking(move || {
-            kiln_ingest::profefe::parse_profefe(&params, &body, &limits)
-        })
-        .await
-        .map_err(|err| IngestError::Internal(format!("parser task failed: {err}")))??;
+        let (tenant, limits, body) = ingest_request(&state, &headers, body).await?;
+        let profile =
+            parse_blocking(move || kiln_ingest::profefe::parse_profefe(&params, &body, &limits))
+                .await?;
         let id = profile.id.clone();
         let profefe_type = profile
             .types
