@@ -195,8 +195,11 @@ fn dataset_columns(dataset: &Dataset) -> Vec<Column> {
 fn writer_properties() -> Result<WriterProperties, StorageError> {
     Ok(WriterProperties::builder()
         .set_writer_version(WriterVersion::PARQUET_1_0)
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(1)?))
         .set_statistics_enabled(EnabledStatistics::Chunk)
+        // Ids are small integers already; plain + zstd measured smaller and faster than
+        // dictionary + zstd (docs/FORMAT.md).
+        .set_dictionary_enabled(false)
         .set_created_by(format!("kiln {}", env!("CARGO_PKG_VERSION")))
         .set_key_value_metadata(Some(vec![KeyValue::new(
             "kiln.block.version".to_string(),

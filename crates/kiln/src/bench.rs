@@ -15,6 +15,18 @@ use clap::{Args, Subcommand};
 pub enum BenchCommand {
     /// Ingest throughput and ack latency with durable acks.
     Ingest(IngestArgs),
+    /// CPU cost of each write-path stage on one core, without HTTP or storage.
+    Stages(StagesArgs),
+}
+
+#[derive(Args)]
+pub struct StagesArgs {
+    /// Directory of pprof files (every file that decodes as pprof is used).
+    #[arg(long, default_value = "../shared/corpus")]
+    corpus: PathBuf,
+    /// Passes over the corpus.
+    #[arg(long, default_value_t = 20)]
+    rounds: usize,
 }
 
 #[derive(Args)]
@@ -42,6 +54,7 @@ pub struct IngestArgs {
 pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Ingest(args) => ingest(args).await,
+        BenchCommand::Stages(args) => stages(args),
     }
 }
 
@@ -243,4 +256,76 @@ fn process_cpu_seconds(pid: u32) -> Option<f64> {
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
     Some((utime + stime) / 100.0)
+}
+
+/// Times each stage of the write path over the corpus on one thread: inflate, protobuf
+/// decode, validation and series planning, dataset building (interning), block encoding.
+fn stages(args: StagesArgs) -> anyhow::Result<()> {
+    let files = load_corpus(&args.corpus, 0)?;
+    let gzip_bytes: usize = files.iter().map(|(_, body)| body.len()).sum();
+    let limits = kiln_ingest::Limits::default();
+    let mut inflate = Duration::ZERO;
+    let mut decode = Duration::ZERO;
+    let mut plan = Duration::ZERO;
+    let mut build = Duration::ZERO;
+    let mut encode = Duration::ZERO;
+    let mut raw_bytes = 0usize;
+    let mut block_bytes = 0usize;
+    for _ in 0..args.rounds {
+        let mut builder = kiln_storage::DatasetBuilder::new("bench", "bench");
+        for (_, body) in files.iter() {
+            let started = Instant::now();
+            let raw = kiln_model::compress::gunzip_bounded(body, limits.max_decompressed_bytes)?;
+            inflate += started.elapsed();
+            raw_bytes += raw.len();
+            let started = Instant::now();
+            let profile = kiln_model::pprof::decode(&raw, limits.max_decompressed_bytes)?;
+            decode += started.elapsed();
+            let started = Instant::now();
+            let parsed =
+                kiln_ingest::parse::from_pprof(profile, Default::default(), body.len(), &limits)?;
+            plan += started.elapsed();
+            let started = Instant::now();
+            builder.add_pprof(&parsed.input(limits.max_stack_depth));
+            build += started.elapsed();
+        }
+        let started = Instant::now();
+        let dataset = builder.finish();
+        let block = kiln_storage::format::encode_block(std::slice::from_ref(&dataset))?;
+        encode += started.elapsed();
+        block_bytes += block.len();
+    }
+    let megabytes = (gzip_bytes * args.rounds) as f64 / 1e6;
+    let total = inflate + decode + plan + build + encode;
+    println!(
+        "kiln bench stages: {} files, {:.2} MB gzip ({:.2} MB raw) x {} rounds, one thread",
+        files.len(),
+        gzip_bytes as f64 / 1e6,
+        raw_bytes as f64 / 1e6 / args.rounds as f64,
+        args.rounds
+    );
+    for (name, time) in [
+        ("inflate", inflate),
+        ("decode", decode),
+        ("validate+plan", plan),
+        ("build", build),
+        ("encode", encode),
+    ] {
+        println!(
+            "{name:<14} {:>8.1} ms  {:>5.1} %  {:>8.1} MB/s of gzip pprof",
+            time.as_secs_f64() * 1000.0,
+            100.0 * time.as_secs_f64() / total.as_secs_f64(),
+            megabytes / time.as_secs_f64()
+        );
+    }
+    println!(
+        "all stages     {:>8.1} ms           {:>8.1} MB/s of gzip pprof per core",
+        total.as_secs_f64() * 1000.0,
+        megabytes / total.as_secs_f64()
+    );
+    println!(
+        "block size     {:.1} % of the gzip pprof (one dataset per round)",
+        100.0 * block_bytes as f64 / (gzip_bytes * args.rounds) as f64
+    );
+    Ok(())
 }
