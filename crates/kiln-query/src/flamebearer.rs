@@ -58,13 +58,14 @@ pub fn flamebearer(tree: &FlameTree) -> Flamebearer {
             levels.push(Vec::new());
             level_end.push(0);
         }
+        // Saturating: values near i64::MAX must not overflow the layout.
         levels[depth].extend_from_slice(&[
-            offset - level_end[depth],
+            offset.saturating_sub(level_end[depth]),
             node.total,
             node.self_value,
             node.name as i64,
         ]);
-        level_end[depth] = offset + node.total;
+        level_end[depth] = offset.saturating_add(node.total);
         max_self = max_self.max(node.self_value);
         let mut children = node.children.clone();
         children.sort_by(|a, b| {
@@ -76,7 +77,7 @@ pub fn flamebearer(tree: &FlameTree) -> Flamebearer {
         let mut x = offset;
         for child in &children {
             child_offsets.push((*child, x));
-            x += tree.nodes[*child as usize].total;
+            x = x.saturating_add(tree.nodes[*child as usize].total);
         }
         for (child, x) in child_offsets.into_iter().rev() {
             stack.push((child, depth + 1, x));
@@ -127,7 +128,7 @@ pub fn timeline(
     for (time, value) in points {
         let bucket = ((time - start) / step_nanos) as usize;
         if let Some(slot) = samples.get_mut(bucket) {
-            *slot += value;
+            *slot = slot.saturating_add(*value);
         }
     }
     Timeline {

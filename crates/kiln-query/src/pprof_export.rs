@@ -116,7 +116,7 @@ pub fn merged_pprof(
                 Some(index) => {
                     let sample = &mut writer.profile.sample[*index];
                     for (slot, value) in sample.value.iter_mut().zip(&values) {
-                        *slot += value;
+                        *slot = slot.saturating_add(*value);
                     }
                 }
                 None => {

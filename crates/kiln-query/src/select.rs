@@ -225,8 +225,9 @@ pub fn aggregate(dataset: Arc<Dataset>, request: &SelectRequest) -> Option<Datas
         let mut total = 0i64;
         for sample in offsets[row] as usize..offsets[row + 1] as usize {
             let value = dataset.sample_value[sample];
-            target[dataset.sample_stack[sample] as usize] += value;
-            total += value;
+            let slot = &mut target[dataset.sample_stack[sample] as usize];
+            *slot = slot.saturating_add(value);
+            total = total.saturating_add(value);
         }
         profiles.push(SelectedProfile {
             row,

@@ -114,7 +114,8 @@ impl FlameTree {
             tree_node[node] = current;
             let value = values[node];
             if value != 0 {
-                self.nodes[current as usize].self_value += value;
+                let node = &mut self.nodes[current as usize];
+                node.self_value = node.self_value.saturating_add(value);
             }
         }
     }
@@ -127,7 +128,7 @@ impl FlameTree {
         for index in (1..self.nodes.len()).rev() {
             let total = self.nodes[index].total;
             let parent = self.nodes[index].parent as usize;
-            self.nodes[parent].total += total;
+            self.nodes[parent].total = self.nodes[parent].total.saturating_add(total);
         }
     }
 
@@ -168,48 +169,19 @@ impl FlameTree {
             if keep[index] {
                 let name = out.name_id(&self.names[node.name as usize]);
                 let id = out.child(parent, name);
-                out.nodes[id as usize].self_value += node.self_value;
+                out.nodes[id as usize].self_value = out.nodes[id as usize]
+                    .self_value
+                    .saturating_add(node.self_value);
                 mapped[index] = id;
             } else {
                 let id = out.child(parent, other);
-                out.nodes[id as usize].self_value += node.total;
+                out.nodes[id as usize].self_value =
+                    out.nodes[id as usize].self_value.saturating_add(node.total);
             }
         }
         out.nodes[0].self_value = self.nodes[0].self_value;
         out.compute_totals();
         out
-    }
-
-    /// Self and total per function name (a recursive function's total counts once per
-    /// stack), as `go tool pprof -top` reports flat and cum.
-    pub fn function_totals(&self) -> HashMap<String, (i64, i64)> {
-        let mut result: HashMap<String, (i64, i64)> = HashMap::new();
-        let mut on_path: HashMap<u32, u32> = HashMap::new();
-        let mut stack: Vec<(u32, bool)> = vec![(0, false)];
-        while let Some((index, leaving)) = stack.pop() {
-            let node = &self.nodes[index as usize];
-            if index != 0 {
-                if leaving {
-                    if let Some(count) = on_path.get_mut(&node.name) {
-                        *count -= 1;
-                    }
-                    continue;
-                }
-                let name = &self.names[node.name as usize];
-                let entry = result.entry(name.clone()).or_default();
-                entry.0 += node.self_value;
-                let count = on_path.entry(node.name).or_insert(0);
-                if *count == 0 {
-                    entry.1 += node.total;
-                }
-                *count += 1;
-                stack.push((index, true));
-            }
-            for child in &node.children {
-                stack.push((*child, false));
-            }
-        }
-        result
     }
 }
 

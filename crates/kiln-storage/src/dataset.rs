@@ -625,10 +625,11 @@ impl DatasetBuilder {
                         pending
                     }
                 };
-                *self.profiles[pending]
+                let slot = self.profiles[pending]
                     .samples
                     .entry((node, label_set))
-                    .or_insert(0) += value;
+                    .or_insert(0);
+                *slot = slot.saturating_add(value);
             }
         }
     }

@@ -234,3 +234,25 @@ fn concurrent_requests_share_one_flush() {
         8
     );
 }
+
+#[test]
+fn huge_values_saturate_instead_of_overflowing() {
+    let server = TestServer::start();
+    let body = format!("main;a {max}\nmain;b {max}\n", max = i64::MAX);
+    assert_eq!(
+        server.post("/ingest?name=huge.wall", body.as_bytes()).0,
+        200
+    );
+    assert_eq!(
+        server.post("/ingest?name=huge.wall", body.as_bytes()).0,
+        200
+    );
+    let query = url_escape("wall:wall:nanoseconds:wall:nanoseconds{service_name=\"huge\"}");
+    let result = server.json(
+        &format!("/pyroscope/render?query={query}&from=0&until=now"),
+        &[],
+    );
+    assert_eq!(ticks(&result), i64::MAX);
+    let (status, _) = server.get_bytes("/api/0/profiles/merge?service=huge&type=other", &[]);
+    assert_eq!(status, 200);
+}
