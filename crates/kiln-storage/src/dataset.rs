@@ -510,6 +510,9 @@ impl DatasetBuilder {
             .collect();
 
         let mut stack_locations: Vec<u32> = Vec::new();
+        // The previous sample's locations (outermost first) and their stack nodes.
+        let mut previous_locations: Vec<u32> = Vec::new();
+        let mut previous_nodes: Vec<u32> = Vec::new();
         for sample in &profile.sample {
             // Resolve the stack, leaf first as pprof stores it; past the depth limit the
             // outermost frames are replaced by one [truncated] frame.
@@ -532,10 +535,21 @@ impl DatasetBuilder {
             if stack_locations.is_empty() {
                 continue;
             }
-            let mut node = 0u32;
-            for location in stack_locations.iter().rev() {
+            // Consecutive samples often share their outer frames: reuse the nodes of the
+            // common prefix with the previous sample instead of looking each one up again.
+            stack_locations.reverse();
+            let shared = previous_locations
+                .iter()
+                .zip(&stack_locations)
+                .take_while(|(a, b)| a == b)
+                .count();
+            previous_nodes.truncate(shared);
+            let mut node = previous_nodes.last().copied().unwrap_or(0);
+            for location in &stack_locations[shared..] {
                 node = self.stacks.intern((node, *location));
+                previous_nodes.push(node);
             }
+            std::mem::swap(&mut previous_locations, &mut stack_locations);
 
             // Split labels: per-sample ones stay with the sample, string labels pick the series.
             let (group, label_set) = if sample.label.is_empty() {
