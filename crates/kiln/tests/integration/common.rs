@@ -316,3 +316,13 @@ pub fn temp_file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
 pub fn gzip(bytes: &[u8]) -> Vec<u8> {
     kiln_model::compress::gzip(bytes)
 }
+
+/// Sum of sample type `index` over a pprof, as the test decodes it.
+pub fn pprof_total(bytes: &[u8], index: usize) -> i64 {
+    kiln_model::pprof::decode(bytes, 1 << 30)
+        .expect("pprof")
+        .sample
+        .iter()
+        .map(|s| s.value[index])
+        .sum()
+}

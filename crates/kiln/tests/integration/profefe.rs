@@ -219,21 +219,13 @@ fn profefe_api_round_trip() {
     assert_eq!(status, 200);
     let (status, pair) = server.get_bytes(&format!("/api/0/profiles/{first_id}+{second_id}"), &[]);
     assert_eq!(status, 200);
-    let total = |bytes: &[u8], index: usize| -> i64 {
-        kiln_model::pprof::decode(bytes, 1 << 30)
-            .unwrap()
-            .sample
-            .iter()
-            .map(|s| s.value[index])
-            .sum()
-    };
-    let original_total = total(&cpu, 1);
+    let original_total = pprof_total(&cpu, 1);
     assert_eq!(
         original_total, 9_640_000_000,
         "964 samples of 10 ms in the fixture"
     );
-    assert_eq!(total(&single, 1), original_total);
-    assert_eq!(total(&pair, 1), 2 * original_total);
+    assert_eq!(pprof_total(&single, 1), original_total);
+    assert_eq!(pprof_total(&pair, 1), 2 * original_total);
     if let Some(go) = go_binary() {
         let dir = tempfile::tempdir().unwrap();
         let original = temp_file(dir.path(), "orig.prof", &cpu);

@@ -43,9 +43,7 @@ fn cpu_total(server: &TestServer, service: &str) -> i64 {
 }
 
 fn expected_total() -> i64 {
-    let profile =
-        kiln_model::pprof::decode(&fixture("profefe-collector_cpu_1.prof"), 1 << 30).unwrap();
-    profile.sample.iter().map(|s| s.value[1]).sum()
+    pprof_total(&fixture("profefe-collector_cpu_1.prof"), 1)
 }
 
 #[test]

@@ -26,16 +26,6 @@ pub fn ticks(value: &serde_json::Value) -> i64 {
     value["flamebearer"]["numTicks"].as_i64().unwrap_or(-1)
 }
 
-/// Sum of sample type `index` over a pprof, decoded independently of the server.
-fn pprof_total(bytes: &[u8], index: usize) -> i64 {
-    kiln_model::pprof::decode(bytes, 1 << 30)
-        .unwrap()
-        .sample
-        .iter()
-        .map(|s| s.value[index])
-        .sum()
-}
-
 #[test]
 fn folded_stacks_and_flamebearer_layout() {
     let server = TestServer::start();
