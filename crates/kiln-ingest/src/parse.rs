@@ -31,10 +31,6 @@ impl ParsedProfile {
         self.labels.get(SERVICE_NAME).unwrap_or(UNKNOWN_SERVICE)
     }
 
-    pub fn sample_count(&self) -> usize {
-        self.profile.sample.len()
-    }
-
     /// The builder's view of this profile.
     pub fn input(&self, max_stack_depth: usize) -> PprofInput<'_> {
         PprofInput {

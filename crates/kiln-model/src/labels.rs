@@ -82,16 +82,6 @@ impl Labels {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
-
-    /// Prometheus text form: `{a="1", b="2"}`.
-    pub fn to_selector_string(&self) -> String {
-        let inner: Vec<String> = self
-            .0
-            .iter()
-            .map(|label| format!("{}={:?}", label.name, label.value))
-            .collect();
-        format!("{{{}}}", inner.join(", "))
-    }
 }
 
 /// Limits on label sets, checked on every write.
@@ -168,7 +158,11 @@ mod tests {
     #[test]
     fn sorted_unique_and_empty_values_removed() {
         let mut labels = Labels::from_pairs([("b", "2"), ("a", "1"), ("b", "3")]);
-        assert_eq!(labels.to_selector_string(), r#"{a="1", b="3"}"#);
+        let pairs: Vec<(&str, &str)> = labels
+            .iter()
+            .map(|l| (l.name.as_str(), l.value.as_str()))
+            .collect();
+        assert_eq!(pairs, vec![("a", "1"), ("b", "3")]);
         labels.set("a", "");
         assert_eq!(labels.get("a"), None);
         assert_eq!(labels.len(), 1);

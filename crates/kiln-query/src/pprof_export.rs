@@ -33,13 +33,9 @@ impl Writer {
     }
 }
 
-/// Merges the given types (in this order) of all selections into one pprof.
-pub fn merged_pprof(
-    selections: &[DatasetSelection],
-    type_ids: &[String],
-    from_nanos: i64,
-    to_nanos: i64,
-) -> Profile {
+/// Merges the given types (in this order) of all selections into one pprof. Its time and
+/// duration span the merged profiles (a single profile keeps its own).
+pub fn merged_pprof(selections: &[DatasetSelection], type_ids: &[String]) -> Profile {
     let mut writer = Writer::default();
     writer.string("");
     let mut period_type = None;
@@ -60,8 +56,16 @@ pub fn merged_pprof(
         }
     }
     writer.profile.period_type = period_type;
-    writer.profile.time_nanos = from_nanos;
-    writer.profile.duration_nanos = (to_nanos - from_nanos).max(0);
+    let rows = selections
+        .iter()
+        .flat_map(|s| s.profiles.iter().map(|p| &s.dataset.profiles[p.row]));
+    let start = rows.clone().map(|row| row.time_nanos).min().unwrap_or(0);
+    let end = rows
+        .map(|row| row.time_nanos.saturating_add(row.duration_nanos))
+        .max()
+        .unwrap_or(0);
+    writer.profile.time_nanos = start;
+    writer.profile.duration_nanos = end.saturating_sub(start).max(0);
 
     for selection in selections {
         let dataset = &selection.dataset;

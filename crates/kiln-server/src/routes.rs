@@ -386,15 +386,11 @@ async fn profefe_get(
                 names.into_iter().collect::<Vec<_>>().join(", ")
             )));
         }
-        Ok(merged_pprof(&selections, &types, i64::MIN, i64::MIN))
+        Ok(merged_pprof(&selections, &types))
     }
     .await;
     match result {
-        Ok(mut profile) => {
-            profile.time_nanos = 0;
-            profile.duration_nanos = 0;
-            pprof_response(&profile)
-        }
+        Ok(profile) => pprof_response(&profile),
         Err(err) => profefe_error(err.status(), err),
     }
 }
@@ -414,13 +410,7 @@ async fn profefe_merge(
             ));
         }
         let types = ordered_types(&selections);
-        // The merged profile spans the profiles it holds, not the (possibly open) query range.
-        let times = selections
-            .iter()
-            .flat_map(|s| s.profiles.iter().map(|p| p.time_nanos));
-        let from = times.clone().min().unwrap_or(0);
-        let to = times.max().unwrap_or(0);
-        Ok(merged_pprof(&selections, &types, from, to))
+        Ok(merged_pprof(&selections, &types))
     }
     .await;
     match result {

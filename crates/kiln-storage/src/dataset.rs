@@ -353,10 +353,6 @@ impl DatasetBuilder {
         builder
     }
 
-    pub fn profile_count(&self) -> usize {
-        self.profiles.len()
-    }
-
     pub fn intern(&mut self, value: &str) -> u32 {
         if let Some(id) = self.string_ids.get(value) {
             return *id;
@@ -475,6 +471,28 @@ impl DatasetBuilder {
         id
     }
 
+    /// The interned series labels of the request labels plus one group of sample labels
+    /// (pprof string indices); sample labels never override `service_name` or `__name__`.
+    fn series_label_ids(
+        &mut self,
+        base: &Labels,
+        profile: &Profile,
+        extra: &[(i64, i64)],
+    ) -> Vec<(u32, u32)> {
+        let mut labels = base.clone();
+        for (key, value) in extra {
+            let name = sanitize_label_name(&profile.string_or_empty(*key));
+            if name == SERVICE_NAME || name == kiln_model::labels::METRIC_NAME {
+                continue;
+            }
+            labels.set(name, profile.string_or_empty(*value));
+        }
+        labels
+            .iter()
+            .map(|label| (self.intern(&label.name), self.intern(&label.value)))
+            .collect()
+    }
+
     /// Adds one validated pprof. Never fails: [`kiln_model::pprof::validate`] has checked
     /// every reference already.
     pub fn add_pprof(&mut self, input: &PprofInput<'_>) {
@@ -498,11 +516,8 @@ impl DatasetBuilder {
         groups.insert(Vec::new(), 0);
         let mut group_keys: Vec<Vec<(i64, i64)>> = vec![Vec::new()];
         let mut pending_index: HashMap<(usize, usize), usize> = HashMap::new();
-        let base_labels: Vec<(String, String)> = input
-            .labels
-            .iter()
-            .map(|label| (label.name.clone(), label.value.clone()))
-            .collect();
+        // Interned series labels per group, computed once whatever the number of types.
+        let mut group_label_ids: Vec<Option<Vec<(u32, u32)>>> = vec![None];
         let type_ids: Vec<u32> = input
             .types
             .iter()
@@ -584,6 +599,7 @@ impl DatasetBuilder {
                     Some(group) => *group,
                     None => {
                         group_keys.push(series_extra.clone());
+                        group_label_ids.push(None);
                         groups.insert(series_extra, group_keys.len() - 1);
                         group_keys.len() - 1
                     }
@@ -603,24 +619,14 @@ impl DatasetBuilder {
                 let pending = match pending_index.get(&(group, type_position)) {
                     Some(pending) => *pending,
                     None => {
-                        let mut labels: Labels = Labels::from_pairs(base_labels.iter().cloned());
-                        for (key, value) in &group_keys[group] {
-                            let name = sanitize_label_name(&profile.string_or_empty(*key));
-                            if name == SERVICE_NAME || name == kiln_model::labels::METRIC_NAME {
-                                continue;
-                            }
-                            labels.set(name, profile.string_or_empty(*value));
+                        if group_label_ids[group].is_none() {
+                            let ids =
+                                self.series_label_ids(input.labels, profile, &group_keys[group]);
+                            group_label_ids[group] = Some(ids);
                         }
-                        let label_ids: Vec<(u32, u32)> = labels
-                            .iter()
-                            .map(|label| (label.name.clone(), label.value.clone()))
-                            .collect::<Vec<_>>()
-                            .into_iter()
-                            .map(|(name, value)| (self.intern(&name), self.intern(&value)))
-                            .collect();
                         let series = self.series.intern(SeriesRow {
                             profile_type: type_ids[type_position],
-                            labels: label_ids,
+                            labels: group_label_ids[group].clone().unwrap_or_default(),
                         });
                         self.profiles.push(PendingProfile {
                             row: ProfileRow {

@@ -53,10 +53,6 @@ impl ObjectStorage {
         })
     }
 
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
     /// Writes an object durably: when this returns Ok, the bytes survive a crash.
     pub async fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
         let path = Path::from(key);
@@ -73,25 +69,6 @@ impl ObjectStorage {
     pub async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
         let path = Path::from(key);
         Ok(self.store.get(&path).await?.bytes().await?)
-    }
-
-    pub async fn delete(&self, key: &str) -> Result<(), StorageError> {
-        let path = Path::from(key);
-        match self.store.delete(&path).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(err) => Err(err.into()),
-        }
-    }
-
-    /// Lists every key under `prefix` with its size.
-    pub async fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, StorageError> {
-        use futures_util::TryStreamExt;
-        let prefix = Path::from(prefix);
-        let objects: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
-        Ok(objects
-            .into_iter()
-            .map(|meta| (meta.location.to_string(), meta.size))
-            .collect())
     }
 }
 

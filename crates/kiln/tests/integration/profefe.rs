@@ -225,6 +225,14 @@ fn profefe_api_round_trip() {
         "964 samples of 10 ms in the fixture"
     );
     assert_eq!(pprof_total(&single, 1), original_total);
+    // A single profile keeps its own time and duration.
+    let original = kiln_model::pprof::decode(&cpu, 1 << 30).unwrap();
+    let returned = kiln_model::pprof::decode(&single, 1 << 30).unwrap();
+    assert_eq!(
+        (returned.time_nanos, returned.duration_nanos),
+        (original.time_nanos, original.duration_nanos)
+    );
+    assert_eq!(returned.time_nanos, 1_559_250_605_499_312_000);
     assert_eq!(pprof_total(&pair, 1), 2 * original_total);
     if let Some(go) = go_binary() {
         let dir = tempfile::tempdir().unwrap();
