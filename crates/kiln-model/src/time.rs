@@ -214,37 +214,22 @@ mod tests {
     #[test]
     fn parses_every_form() {
         let now = 1_800_000_000_000_000_000;
-        assert_eq!(parse_time_nanos("now", now).unwrap(), now);
-        assert_eq!(
-            parse_time_nanos("now-1h", now).unwrap(),
-            now - 3_600_000_000_000
-        );
-        assert_eq!(
-            parse_time_nanos("now-1h30m", now).unwrap(),
-            now - 5_400_000_000_000
-        );
-        assert_eq!(
-            parse_time_nanos("1700000000", now).unwrap(),
-            1_700_000_000_000_000_000
-        );
-        assert_eq!(
-            parse_time_nanos("1700000000000", now).unwrap(),
-            1_700_000_000_000_000_000
-        );
-        assert_eq!(
-            parse_time_nanos("2023-11-14T22:13:20Z", now).unwrap(),
-            1_700_000_000_000_000_000
-        );
-        assert_eq!(
-            parse_time_nanos("2023-11-15T00:13:20.5+02:00", now).unwrap(),
-            1_700_000_000_500_000_000
-        );
-        assert_eq!(
-            parse_time_nanos("2023-11-14T22:13:20", now).unwrap(),
-            1_700_000_000_000_000_000
-        );
-        assert!(parse_time_nanos("yesterday", now).is_err());
-        assert!(parse_time_nanos("now-1x", now).is_err());
+        let cases = [
+            ("now", now),
+            ("now-1h", now - 3_600_000_000_000),
+            ("now-1h30m", now - 5_400_000_000_000),
+            ("1700000000", 1_700_000_000_000_000_000),
+            ("1700000000000", 1_700_000_000_000_000_000),
+            ("2023-11-14T22:13:20Z", 1_700_000_000_000_000_000),
+            ("2023-11-15T00:13:20.5+02:00", 1_700_000_000_500_000_000),
+            ("2023-11-14T22:13:20", 1_700_000_000_000_000_000),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(parse_time_nanos(text, now).unwrap(), expected, "{text}");
+        }
+        for bad in ["yesterday", "now-1x", "", "2023-13-01T00:00:00Z"] {
+            assert!(parse_time_nanos(bad, now).is_err(), "{bad}");
+        }
     }
 
     #[test]

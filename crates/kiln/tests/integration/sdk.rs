@@ -5,19 +5,7 @@
 use std::process::Command;
 
 use crate::common::*;
-use crate::pyroscope::{ticks, url_escape};
-
-fn names(result: &serde_json::Value) -> Vec<String> {
-    result["flamebearer"]["names"]
-        .as_array()
-        .map(|names| {
-            names
-                .iter()
-                .filter_map(|n| n.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
+use crate::pyroscope::{names, ticks, url_escape};
 
 fn render(server: &TestServer, query: &str) -> serde_json::Value {
     server.json(
