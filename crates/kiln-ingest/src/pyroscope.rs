@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use kiln_model::folded;
 use kiln_model::labels::{sanitize_label_name, Labels, SERVICE_NAME};
-use kiln_model::profile_type::from_legacy_suffix;
+use kiln_model::profile_type::{default_legacy_type, split_legacy_name, SuffixType};
 
 use crate::parse::{
     folded_to_pprof, from_pprof, from_pprof_bytes, parse_timestamp_nanos, ProfileContext,
@@ -17,8 +17,8 @@ use crate::{IngestError, Limits, ParsedProfile};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IngestName {
     pub app: String,
-    /// The profile kind suffix, when the last dot-separated part names a known kind.
-    pub suffix: Option<String>,
+    /// The profile kind, when the last dot-separated part names a known one.
+    pub kind: Option<SuffixType>,
     pub tags: Vec<(String, String)>,
 }
 
@@ -42,13 +42,12 @@ pub fn parse_name(name: &str) -> Result<IngestName, IngestError> {
             "the name parameter has no application name".into(),
         ));
     }
-    let (app, suffix) = match head.rsplit_once('.') {
-        Some((app, suffix)) if !app.is_empty() && from_legacy_suffix(suffix).is_some() => {
-            (app.to_string(), Some(suffix.to_string()))
-        }
-        _ => (head.to_string(), None),
-    };
-    Ok(IngestName { app, suffix, tags })
+    let (app, kind) = split_legacy_name(head);
+    Ok(IngestName {
+        app: app.to_string(),
+        kind,
+        tags,
+    })
 }
 
 fn parse_tags(body: &str) -> Result<Vec<(String, String)>, IngestError> {
@@ -175,10 +174,9 @@ pub async fn parse_ingest(
                 body
             };
             context.name = name
-                .suffix
-                .as_deref()
-                .and_then(from_legacy_suffix)
-                .map(|known| known.profile_type.name);
+                .kind
+                .as_ref()
+                .map(|known| known.profile_type.name.clone());
             let limits = *limits;
             let parsed = tokio::task::spawn_blocking(move || {
                 from_pprof_bytes(&pprof_body, context, &limits)
@@ -191,13 +189,7 @@ pub async fn parse_ingest(
             let text = kiln_model::compress::maybe_gunzip(&body, limits.max_decompressed_bytes)?;
             let stacks = folded::parse(&text, limits.max_samples_per_profile)?;
             // A suffix is only split off the name when it is a known kind; no suffix means CPU.
-            let known = name.suffix.as_deref().and_then(from_legacy_suffix);
-            let known = match known {
-                Some(known) => known,
-                None => from_legacy_suffix("cpu").ok_or_else(|| {
-                    IngestError::Internal("cpu profile type is not defined".into())
-                })?,
-            };
+            let known = name.kind.clone().unwrap_or_else(default_legacy_type);
             let scale = known
                 .scale_by_sample_rate
                 .then(|| 1e9 / sample_rate.unwrap_or(100.0));
@@ -253,7 +245,10 @@ mod tests {
     fn names_split_suffix_and_tags() {
         let name = parse_name("my.app.cpu{env=staging, region=us-west}").unwrap();
         assert_eq!(name.app, "my.app");
-        assert_eq!(name.suffix.as_deref(), Some("cpu"));
+        assert_eq!(
+            name.kind.map(|kind| kind.profile_type.id()).as_deref(),
+            Some("process_cpu:cpu:nanoseconds:cpu:nanoseconds")
+        );
         assert_eq!(
             name.tags,
             vec![
@@ -262,7 +257,7 @@ mod tests {
             ]
         );
         let name = parse_name("my.app{}").unwrap();
-        assert_eq!((name.app.as_str(), name.suffix), ("my.app", None));
+        assert_eq!((name.app.as_str(), name.kind), ("my.app", None));
         assert!(parse_name("app{broken").is_err());
         assert!(parse_name("{a=b}").is_err());
         assert!(parse_name("app{novalue}").is_err());

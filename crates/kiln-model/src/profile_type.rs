@@ -115,10 +115,7 @@ pub struct SuffixType {
 /// suffix is not a known profile kind (then it is part of the application name).
 pub fn from_legacy_suffix(suffix: &str) -> Option<SuffixType> {
     let (profile_type, scale) = match suffix {
-        "cpu" | "itimer" => (
-            ProfileType::new("process_cpu", "cpu", "nanoseconds", "cpu", "nanoseconds"),
-            true,
-        ),
+        "cpu" | "itimer" => return Some(default_legacy_type()),
         "wall" => (
             ProfileType::new("wall", "wall", "nanoseconds", "wall", "nanoseconds"),
             true,
@@ -177,6 +174,26 @@ pub fn from_legacy_suffix(suffix: &str) -> Option<SuffixType> {
         profile_type,
         scale_by_sample_rate: scale,
     })
+}
+
+/// Splits a legacy name (`my.app.cpu`) into the application and its kind suffix. A last
+/// part that is not a known kind stays in the application name (`my.app`).
+pub fn split_legacy_name(name: &str) -> (&str, Option<SuffixType>) {
+    match name.rsplit_once('.') {
+        Some((app, suffix)) if !app.is_empty() => match from_legacy_suffix(suffix) {
+            Some(known) => (app, Some(known)),
+            None => (name, None),
+        },
+        _ => (name, None),
+    }
+}
+
+/// What a legacy name without a kind suffix means: CPU, as in Pyroscope.
+pub fn default_legacy_type() -> SuffixType {
+    SuffixType {
+        profile_type: ProfileType::new("process_cpu", "cpu", "nanoseconds", "cpu", "nanoseconds"),
+        scale_by_sample_rate: true,
+    }
 }
 
 #[cfg(test)]

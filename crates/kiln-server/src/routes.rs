@@ -15,7 +15,7 @@ use bytes::Bytes;
 use kiln_ingest::push::{decode_json, decode_proto, parse_push, PushResponse};
 use kiln_ingest::{IngestError, Ingester, ParsedProfile, TenantLimits};
 use kiln_model::labels::SERVICE_NAME;
-use kiln_model::profile_type::from_legacy_suffix;
+use kiln_model::profile_type::{default_legacy_type, split_legacy_name};
 use kiln_model::selector::{self, Matcher, Selector};
 use kiln_model::time::{format_rfc3339, parse_time_nanos};
 use kiln_query::flamebearer::{
@@ -451,17 +451,9 @@ pub fn parse_render_query(query: &str) -> Result<(String, Selector), QueryError>
     if name.split(':').count() == 5 {
         return Ok((name, parsed));
     }
-    let (app, type_id) = match name
-        .rsplit_once('.')
-        .and_then(|(app, suffix)| from_legacy_suffix(suffix).map(|t| (app, t)))
-    {
-        Some((app, known)) => (app.to_string(), known.profile_type.id()),
-        None => (
-            name.clone(),
-            "process_cpu:cpu:nanoseconds:cpu:nanoseconds".to_string(),
-        ),
-    };
-    parsed.matchers.push(Matcher::equal(SERVICE_NAME, &app));
+    let (app, kind) = split_legacy_name(&name);
+    let type_id = kind.unwrap_or_else(default_legacy_type).profile_type.id();
+    parsed.matchers.push(Matcher::equal(SERVICE_NAME, app));
     Ok((type_id, parsed))
 }
 
