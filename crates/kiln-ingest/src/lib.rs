@@ -6,6 +6,7 @@
 //! requests per flush (group commit): one block object and one metastore transaction per
 //! flush, and every request in it is acknowledged only after both succeed.
 
+pub mod cpu;
 pub mod error;
 pub mod limits;
 pub mod parse;

@@ -185,8 +185,8 @@ fn check_labels(profile: &Profile, labels: &Labels, limits: &Limits) -> Result<(
     let label_limits = limits.labels();
     labels::validate(labels, &label_limits)?;
     let mut extra_names: Vec<i64> = Vec::new();
-    for sample in &profile.sample {
-        for label in &sample.label {
+    for sample in profile.sample.iter() {
+        for label in sample.label {
             if label.str == 0 || extra_names.contains(&label.key) {
                 continue;
             }
@@ -269,11 +269,7 @@ pub fn folded_to_pprof(stacks: &[FoldedStack], profile_type: &ProfileType) -> Pr
             }
             location_ids.push(id);
         }
-        profile.sample.push(pprof::Sample {
-            location_id: location_ids,
-            value: vec![stack.value],
-            label: Vec::new(),
-        });
+        profile.sample.push(&location_ids, &[stack.value], &[]);
     }
     profile
 }

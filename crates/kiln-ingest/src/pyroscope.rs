@@ -8,6 +8,7 @@ use kiln_model::folded;
 use kiln_model::labels::{sanitize_label_name, Labels, SERVICE_NAME};
 use kiln_model::profile_type::{default_legacy_type, split_legacy_name, SuffixType};
 
+use crate::cpu::run_parser;
 use crate::parse::{
     folded_to_pprof, from_pprof, from_pprof_bytes, parse_timestamp_nanos, ProfileContext,
 };
@@ -178,26 +179,29 @@ pub async fn parse_ingest(
                 .as_ref()
                 .map(|known| known.profile_type.name.clone());
             let limits = *limits;
-            let parsed = tokio::task::spawn_blocking(move || {
-                from_pprof_bytes(&pprof_body, context, &limits)
-            })
-            .await
-            .map_err(|err| IngestError::Internal(format!("parser task failed: {err}")))??;
+            let parsed =
+                run_parser(move || from_pprof_bytes(&pprof_body, context, &limits)).await?;
             Ok(vec![parsed])
         }
         BodyFormat::Folded => {
-            let text = kiln_model::compress::maybe_gunzip(&body, limits.max_decompressed_bytes)?;
-            let stacks = folded::parse(&text, limits.max_samples_per_profile)?;
             // A suffix is only split off the name when it is a known kind; no suffix means CPU.
             let known = name.kind.clone().unwrap_or_else(default_legacy_type);
             let scale = known
                 .scale_by_sample_rate
                 .then(|| 1e9 / sample_rate.unwrap_or(100.0));
             let profile_type = known.profile_type;
-            let profile = folded_to_pprof(&stacks, &profile_type);
             context.name = Some(profile_type.name.clone());
             context.scale = scale;
-            Ok(vec![from_pprof(profile, context, body.len(), limits)?])
+            let limits = *limits;
+            let parsed = run_parser(move || {
+                let text =
+                    kiln_model::compress::maybe_gunzip(&body, limits.max_decompressed_bytes)?;
+                let stacks = folded::parse(&text, limits.max_samples_per_profile)?;
+                let profile = folded_to_pprof(&stacks, &profile_type);
+                from_pprof(profile, context, body.len(), &limits)
+            })
+            .await?;
+            Ok(vec![parsed])
         }
     }
 }

@@ -13,7 +13,7 @@ pub fn is_gzip(data: &[u8]) -> bool {
 /// Inflates a gzip stream (all members), refusing output larger than `limit` bytes.
 pub fn gunzip_bounded(data: &[u8], limit: usize) -> Result<Vec<u8>, FormatError> {
     let decoder = flate2::read::MultiGzDecoder::new(data);
-    let mut out = Vec::with_capacity(data.len().saturating_mul(4).min(limit));
+    let mut out = Vec::with_capacity(inflated_size_hint(data).min(limit));
     // Read one byte past the limit to tell "exactly at the limit" from "over it".
     let read = decoder
         .take(limit as u64 + 1)
@@ -25,6 +25,27 @@ pub fn gunzip_bounded(data: &[u8], limit: usize) -> Result<Vec<u8>, FormatError>
         )));
     }
     Ok(out)
+}
+
+/// The capacity to inflate into. A gzip member ends with its inflated size modulo 2^32
+/// (ISIZE, RFC 1952), exact for the single-member bodies clients send; sizing the output by
+/// it saves the copies of growing a vector. It is only a hint: a lying trailer costs growth
+/// or unused capacity, never more than the caller's limit.
+fn inflated_size_hint(data: &[u8]) -> usize {
+    let guess = data.len().saturating_mul(4);
+    let Some(trailer) = data
+        .len()
+        .checked_sub(4)
+        .and_then(|start| data.get(start..))
+    else {
+        return guess;
+    };
+    let size = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]) as usize;
+    // Deflate expands by at most ~1032x; anything beyond is not this body's size.
+    if size < data.len() / 2 || size > data.len().saturating_mul(1032) {
+        return guess;
+    }
+    size.saturating_add(1)
 }
 
 /// Returns the body inflated when it is gzip, or as it is otherwise; both bounded by `limit`.

@@ -3,7 +3,7 @@
 
 use foldhash::HashMap;
 
-use kiln_model::pprof::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
+use kiln_model::pprof::{Function, Line, Location, Mapping, Profile, ValueType};
 use kiln_model::ProfileType;
 
 use crate::select::DatasetSelection;
@@ -118,20 +118,17 @@ pub fn merged_pprof(selections: &[DatasetSelection], type_ids: &[String]) -> Pro
             }
             match writer.samples.get(&stack) {
                 Some(index) => {
-                    let sample = &mut writer.profile.sample[*index];
-                    for (slot, value) in sample.value.iter_mut().zip(&values) {
-                        *slot = slot.saturating_add(*value);
+                    if let Some(slots) = writer.profile.sample.values_mut(*index) {
+                        for (slot, value) in slots.iter_mut().zip(&values) {
+                            *slot = slot.saturating_add(*value);
+                        }
                     }
                 }
                 None => {
+                    writer.profile.sample.push(&stack, &values, &[]);
                     writer
                         .samples
-                        .insert(stack.clone(), writer.profile.sample.len());
-                    writer.profile.sample.push(Sample {
-                        location_id: stack,
-                        value: values,
-                        label: Vec::new(),
-                    });
+                        .insert(stack, writer.profile.sample.len() - 1);
                 }
             }
         }

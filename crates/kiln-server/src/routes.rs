@@ -102,9 +102,7 @@ async fn ingest_request(
 async fn parse_blocking<T: Send + 'static>(
     parse: impl FnOnce() -> Result<T, IngestError> + Send + 'static,
 ) -> Result<T, IngestError> {
-    tokio::task::spawn_blocking(parse)
-        .await
-        .map_err(|err| IngestError::Internal(format!("parser task failed: {err}")))?
+    kiln_ingest::cpu::run_parser(parse).await
 }
 
 /// Writes parsed profiles and records the outcome in the metrics.

@@ -315,12 +315,20 @@ pub struct DatasetBuilder {
     tenant: String,
     service: String,
     strings: Vec<String>,
-    string_ids: HashMap<String, u32>,
+    /// Keyed by bytes so that a pprof string already interned needs no UTF-8 check.
+    string_ids: HashMap<Box<[u8]>, u32>,
     mappings: Table<MappingRow>,
     functions: Table<FunctionRow>,
     locations: Table<LocationKey>,
     /// Stack nodes as (parent, location); node 0 is the root sentinel.
     stacks: Table<(u32, u32)>,
+    /// Leaf node of every whole stack seen, by a 128-bit hash of its locations. A service's
+    /// profiles repeat the same stacks, and one probe here replaces one probe of `stacks`
+    /// per frame, the hottest loop of ingest (docs/benchmarks.md). The hash is keyed with
+    /// per-process random seeds; two distinct stacks of one dataset sharing 128 bits is
+    /// far less likely than a memory error, so a hit is not verified frame by frame.
+    whole_stacks: HashMap<u128, u32>,
+    stack_hashers: [foldhash::quality::RandomState; 2],
     series: Table<SeriesRow>,
     /// Per-sample label sets; set 0 is empty.
     label_sets: Table<Vec<(u32, u32)>>,
@@ -339,6 +347,8 @@ impl DatasetBuilder {
             functions: Table::new(),
             locations: Table::new(),
             stacks: Table::new(),
+            whole_stacks: HashMap::new(),
+            stack_hashers: Default::default(),
             series: Table::new(),
             label_sets: Table::new(),
             profiles: Vec::new(),
@@ -354,16 +364,21 @@ impl DatasetBuilder {
     }
 
     pub fn intern(&mut self, value: &str) -> u32 {
-        if let Some(id) = self.string_ids.get(value) {
+        if let Some(id) = self.string_ids.get(value.as_bytes()) {
             return *id;
         }
         let id = self.strings.len() as u32;
         self.strings.push(value.to_string());
-        self.string_ids.insert(value.to_string(), id);
+        self.string_ids.insert(value.as_bytes().into(), id);
         id
     }
 
+    /// Keys are valid UTF-8, so invalid bytes always miss and are interned in their lossy
+    /// form, which then deduplicates as text.
     fn intern_bytes(&mut self, value: &[u8]) -> u32 {
+        if let Some(id) = self.string_ids.get(value) {
+            return *id;
+        }
         match std::str::from_utf8(value) {
             Ok(text) => self.intern(text),
             Err(_) => self.intern(&String::from_utf8_lossy(value)),
@@ -471,6 +486,12 @@ impl DatasetBuilder {
         id
     }
 
+    fn whole_stack_key(&self, locations: &[u32]) -> u128 {
+        use std::hash::BuildHasher;
+        let [low, high] = &self.stack_hashers;
+        (u128::from(high.hash_one(locations)) << 64) | u128::from(low.hash_one(locations))
+    }
+
     /// The interned series labels of the request labels plus one group of sample labels
     /// (pprof string indices); sample labels never override `service_name` or `__name__`.
     fn series_label_ids(
@@ -515,7 +536,9 @@ impl DatasetBuilder {
         let mut groups: HashMap<Vec<(i64, i64)>, usize> = HashMap::new();
         groups.insert(Vec::new(), 0);
         let mut group_keys: Vec<Vec<(i64, i64)>> = vec![Vec::new()];
-        let mut pending_index: HashMap<(usize, usize), usize> = HashMap::new();
+        // The pending profile of each (group, type), indexed without hashing: it is looked
+        // up for every sample and type.
+        let mut pending_index: Vec<Vec<Option<usize>>> = vec![vec![None; input.types.len()]];
         // Interned series labels per group, computed once whatever the number of types.
         let mut group_label_ids: Vec<Option<Vec<(u32, u32)>>> = vec![None];
         let type_ids: Vec<u32> = input
@@ -528,7 +551,7 @@ impl DatasetBuilder {
         // The previous sample's locations (outermost first) and their stack nodes.
         let mut previous_locations: Vec<u32> = Vec::new();
         let mut previous_nodes: Vec<u32> = Vec::new();
-        for sample in &profile.sample {
+        for sample in profile.sample.iter() {
             // Resolve the stack, leaf first as pprof stores it; past the depth limit the
             // outermost frames are replaced by one [truncated] frame.
             stack_locations.clear();
@@ -550,21 +573,34 @@ impl DatasetBuilder {
             if stack_locations.is_empty() {
                 continue;
             }
-            // Consecutive samples often share their outer frames: reuse the nodes of the
-            // common prefix with the previous sample instead of looking each one up again.
             stack_locations.reverse();
-            let shared = previous_locations
-                .iter()
-                .zip(&stack_locations)
-                .take_while(|(a, b)| a == b)
-                .count();
-            previous_nodes.truncate(shared);
-            let mut node = previous_nodes.last().copied().unwrap_or(0);
-            for location in &stack_locations[shared..] {
-                node = self.stacks.intern((node, *location));
-                previous_nodes.push(node);
-            }
-            std::mem::swap(&mut previous_locations, &mut stack_locations);
+            let stack_key = self.whole_stack_key(&stack_locations);
+            let node = match self.whole_stacks.get(&stack_key) {
+                Some(leaf) => {
+                    previous_locations.clear();
+                    previous_nodes.clear();
+                    *leaf
+                }
+                None => {
+                    // Consecutive samples often share their outer frames: reuse the nodes of
+                    // the common prefix with the previous sample instead of looking each one
+                    // up again.
+                    let shared = previous_locations
+                        .iter()
+                        .zip(&stack_locations)
+                        .take_while(|(a, b)| a == b)
+                        .count();
+                    previous_nodes.truncate(shared);
+                    let mut node = previous_nodes.last().copied().unwrap_or(0);
+                    for location in &stack_locations[shared..] {
+                        node = self.stacks.intern((node, *location));
+                        previous_nodes.push(node);
+                    }
+                    std::mem::swap(&mut previous_locations, &mut stack_locations);
+                    self.whole_stacks.insert(stack_key, node);
+                    node
+                }
+            };
 
             // Split labels: per-sample ones stay with the sample, string labels pick the series.
             let (group, label_set) = if sample.label.is_empty() {
@@ -572,7 +608,7 @@ impl DatasetBuilder {
             } else {
                 let mut series_extra: Vec<(i64, i64)> = Vec::new();
                 let mut per_sample: Vec<(u32, u32)> = Vec::new();
-                for label in &sample.label {
+                for label in sample.label {
                     if label.str == 0 {
                         continue; // numeric labels (e.g. Go's heap "bytes") are not series labels
                     }
@@ -600,6 +636,7 @@ impl DatasetBuilder {
                     None => {
                         group_keys.push(series_extra.clone());
                         group_label_ids.push(None);
+                        pending_index.push(vec![None; input.types.len()]);
                         groups.insert(series_extra, group_keys.len() - 1);
                         group_keys.len() - 1
                     }
@@ -616,8 +653,8 @@ impl DatasetBuilder {
                 if value == 0 {
                     continue;
                 }
-                let pending = match pending_index.get(&(group, type_position)) {
-                    Some(pending) => *pending,
+                let pending = match pending_index[group][type_position] {
+                    Some(pending) => pending,
                     None => {
                         if group_label_ids[group].is_none() {
                             let ids =
@@ -641,7 +678,7 @@ impl DatasetBuilder {
                             samples: HashMap::with_capacity(profile.sample.len()),
                         });
                         let pending = self.profiles.len() - 1;
-                        pending_index.insert((group, type_position), pending);
+                        pending_index[group][type_position] = Some(pending);
                         pending
                     }
                 };

@@ -1,7 +1,7 @@
 use bytes::Bytes;
 use kiln_model::labels::Labels;
 use kiln_model::pprof::{
-    self, Function, Line, Location, Profile, ProfileLimits, Sample, ValueType,
+    self, Function, Line, Location, Profile, ProfileLimits, Sample, Samples, ValueType,
 };
 use kiln_model::ProfileType;
 use kiln_storage::dataset::{PprofInput, TypePlan};
@@ -46,28 +46,30 @@ fn profile() -> Profile {
             ValueType { r#type: 1, unit: 2 },
             ValueType { r#type: 3, unit: 4 },
         ],
-        sample: vec![
+        sample: [
             Sample {
-                location_id: vec![2, 1],
-                value: vec![1, 10],
-                label: vec![],
+                location_id: &[2, 1],
+                value: &[1, 10],
+                label: &[],
             },
             Sample {
-                location_id: vec![2, 1],
-                value: vec![2, 20],
-                label: vec![],
+                location_id: &[2, 1],
+                value: &[2, 20],
+                label: &[],
             },
             Sample {
-                location_id: vec![1],
-                value: vec![0, 5],
-                label: vec![label(7, 8)],
+                location_id: &[1],
+                value: &[0, 5],
+                label: &[label(7, 8)],
             },
             Sample {
-                location_id: vec![2, 1],
-                value: vec![3, 30],
-                label: vec![label(9, 10)],
+                location_id: &[2, 1],
+                value: &[3, 30],
+                label: &[label(9, 10)],
             },
-        ],
+        ]
+        .into_iter()
+        .collect(),
         location: vec![location(1, 1), location(2, 2)],
         function: vec![function(1, 5), function(2, 6)],
         string_table: strings.iter().map(|s| s.as_bytes().to_vec()).collect(),
@@ -145,11 +147,8 @@ fn builder_interns_and_block_round_trips() {
 #[test]
 fn deep_stacks_are_truncated_at_the_root() {
     let mut profile = profile();
-    profile.sample = vec![Sample {
-        location_id: vec![2, 1, 2, 1, 2, 1],
-        value: vec![1, 1],
-        label: vec![],
-    }];
+    profile.sample = Samples::default();
+    profile.sample.push(&[2, 1, 2, 1, 2, 1], &[1, 1], &[]);
     let index = pprof::validate(&profile, &ProfileLimits::default()).unwrap();
     let labels = Labels::from_pairs([("service_name", "svc")]);
     let types = vec![TypePlan {

@@ -8,6 +8,22 @@ mod bench;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Transparent huge pages cost more than they give here: the allocator returns freed
+/// memory and faults it back in as ingest load moves, and with THP every fault zeroes 2 MiB.
+/// Under `kiln bench ingest` a third of the server's CPU went to `clear_page_erms` until
+/// THP was turned off for the process (docs/benchmarks.md). Children inherit the setting.
+#[cfg(target_os = "linux")]
+fn disable_transparent_huge_pages() {
+    // SAFETY: PR_SET_THP_DISABLE takes plain integer arguments and touches no memory of ours.
+    let result = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    if result != 0 {
+        tracing::debug!("could not disable transparent huge pages");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn disable_transparent_huge_pages() {}
+
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -108,6 +124,7 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    disable_transparent_huge_pages();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -190,7 +190,7 @@ fn rust_style_content_encoding_and_sample_labels_become_series_labels() {
         .expect("a string label");
     let key = profile.string_or_empty(label.key);
     let mut by_value: std::collections::BTreeMap<String, i64> = Default::default();
-    for sample in &profile.sample {
+    for sample in profile.sample.iter() {
         let value = sample
             .label
             .iter()
