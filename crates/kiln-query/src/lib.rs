@@ -8,12 +8,22 @@
 //! flame tree (names resolved once per distinct stack node), [`flamebearer`] renders
 //! Pyroscope's JSON, [`pprof_export`] writes a merged pprof, [`profiles`] serves
 //! single-profile lookups and listings.
+//!
+//! The query API (`querier.v1`, [`api`]) has one module per query type, as Pyroscope
+//! does: [`merge`] (flame graph, tree, pprof), [`series`] (time series with exemplars),
+//! [`diff`] (two selections in one flame graph) and [`labels`] (label names and values,
+//! series, profile types, stats).
 
+pub mod api;
+pub mod diff;
 pub mod error;
 pub mod flamebearer;
+pub mod labels;
+pub mod merge;
 pub mod pprof_export;
 pub mod profiles;
 pub mod select;
+pub mod series;
 pub mod symbols;
 pub mod tree;
 

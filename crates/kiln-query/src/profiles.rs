@@ -63,6 +63,7 @@ pub async fn select_by_ids(
         from_nanos,
         to_nanos,
         profile_ids: Some(ids.iter().map(|id| id.as_bytes().to_vec()).collect()),
+        ..Default::default()
     };
     let selections = querier.select(&request).await?;
     let mut found: Vec<&[u8]> = Vec::new();

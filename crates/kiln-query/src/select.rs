@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use kiln_metastore::{DatasetMeta, DatasetQuery, Metastore};
-use kiln_model::labels::SERVICE_NAME;
+use kiln_model::labels::{Labels, SERVICE_NAME};
 use kiln_model::selector::Selector;
 use kiln_storage::format::{decode_dataset, Projection};
 use kiln_storage::{Dataset, ObjectStorage};
@@ -12,12 +12,13 @@ use kiln_storage::{Dataset, ObjectStorage};
 use crate::QueryError;
 
 /// Which profile types a query wants.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum TypeFilter {
     /// One full profile type id (`process_cpu:cpu:nanoseconds:cpu:nanoseconds`).
     Exact(String),
     /// Every type whose profile name (the id's first part) is this (`memory`).
     Name(String),
+    #[default]
     Any,
 }
 
@@ -31,7 +32,7 @@ impl TypeFilter {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct SelectRequest {
     pub tenant: String,
     pub types: TypeFilter,
@@ -41,6 +42,32 @@ pub struct SelectRequest {
     pub to_nanos: i64,
     /// When set, only profiles with these ids.
     pub profile_ids: Option<Vec<Vec<u8>>>,
+    /// When not empty, only stacks whose outermost frames are these names, in order.
+    pub call_site: Vec<String>,
+    /// When set, only samples whose `span_id` label is one of these.
+    pub span_ids: Option<Vec<String>>,
+}
+
+/// Labels Pyroscope derives from the profile type id
+/// (`name:sample_type:sample_unit:period_type:period_unit`), which selectors may use.
+pub const TYPE_LABELS: [&str; 6] = [
+    "__profile_type__",
+    "__name__",
+    "__type__",
+    "__unit__",
+    "__period_type__",
+    "__period_unit__",
+];
+
+/// A series' labels as selectors see them: its stored labels plus [`TYPE_LABELS`].
+pub fn selectable_labels(dataset: &Dataset, series: &kiln_storage::dataset::SeriesRow) -> Labels {
+    let mut labels = dataset.series_labels(series);
+    let type_id = dataset.string(series.profile_type);
+    labels.set(TYPE_LABELS[0], type_id);
+    for (name, part) in TYPE_LABELS[1..].iter().zip(type_id.split(':')) {
+        labels.set(*name, part);
+    }
+    labels
 }
 
 /// What one dataset contributes to a query: per matched type, the value of every stack
@@ -186,7 +213,9 @@ pub fn aggregate(dataset: Arc<Dataset>, request: &SelectRequest) -> Option<Datas
     for series in &dataset.series {
         let type_id = dataset.string(series.profile_type);
         if !request.types.matches(type_id)
-            || !request.selector.matches(&dataset.series_labels(series))
+            || !request
+                .selector
+                .matches(&selectable_labels(&dataset, series))
         {
             series_type.push(None);
             continue;
@@ -204,6 +233,8 @@ pub fn aggregate(dataset: Arc<Dataset>, request: &SelectRequest) -> Option<Datas
         return None;
     }
     let stack_count = dataset.stack_parent.len();
+    let stack_selected = call_site_mask(&dataset, &request.call_site);
+    let sample_selected = span_mask(&dataset, request.span_ids.as_deref());
     let mut values = vec![vec![0i64; stack_count]; types.len()];
     let mut profiles = Vec::new();
     let offsets = dataset.profile_sample_offsets();
@@ -224,8 +255,14 @@ pub fn aggregate(dataset: Arc<Dataset>, request: &SelectRequest) -> Option<Datas
         let target = &mut values[local_type];
         let mut total = 0i64;
         for sample in offsets[row] as usize..offsets[row + 1] as usize {
+            let stack = dataset.sample_stack[sample] as usize;
+            if stack_selected.as_ref().is_some_and(|mask| !mask[stack])
+                || sample_selected.as_ref().is_some_and(|mask| !mask[sample])
+            {
+                continue;
+            }
             let value = dataset.sample_value[sample];
-            let slot = &mut target[dataset.sample_stack[sample] as usize];
+            let slot = &mut target[stack];
             *slot = slot.saturating_add(value);
             total = total.saturating_add(value);
         }
@@ -245,4 +282,56 @@ pub fn aggregate(dataset: Arc<Dataset>, request: &SelectRequest) -> Option<Datas
         values,
         profiles,
     })
+}
+
+/// Which stack nodes lie under the call site (root first), or `None` for no call site.
+/// Each node's state is the number of call-site frames its path has matched, or `FAILED`;
+/// parents precede children, so one pass resolves them all.
+fn call_site_mask(dataset: &Dataset, call_site: &[String]) -> Option<Vec<bool>> {
+    if call_site.is_empty() {
+        return None;
+    }
+    const FAILED: usize = usize::MAX;
+    let names = crate::symbols::FrameNames::new(dataset);
+    let stack_count = dataset.stack_parent.len();
+    let mut matched = vec![0usize; stack_count];
+    let mut selected = vec![false; stack_count];
+    for node in 1..stack_count {
+        let mut state = matched[dataset.stack_parent[node] as usize];
+        if state != FAILED && state < call_site.len() {
+            names.for_each_frame(dataset.stack_location[node], |frame| {
+                if state != FAILED && state < call_site.len() {
+                    state = if call_site[state] == frame {
+                        state + 1
+                    } else {
+                        FAILED
+                    };
+                }
+            });
+        }
+        matched[node] = state;
+        selected[node] = state == call_site.len();
+    }
+    Some(selected)
+}
+
+/// Which samples carry one of the span ids, or `None` for no span filter.
+fn span_mask(dataset: &Dataset, span_ids: Option<&[String]>) -> Option<Vec<bool>> {
+    let span_ids = span_ids?;
+    let mut selected = vec![false; dataset.sample_stack.len()];
+    for ((sample, name), value) in dataset
+        .sample_label_sample
+        .iter()
+        .zip(&dataset.sample_label_name)
+        .zip(&dataset.sample_label_value)
+    {
+        if dataset.string(*name) == "span_id"
+            && span_ids.iter().any(|id| id == dataset.string(*value))
+        {
+            if let Some(slot) = selected.get_mut(*sample as usize) {
+                *slot = true;
+            }
+        }
+    }
+    Some(selected)
 }

@@ -9,6 +9,7 @@ pub mod body;
 pub mod config;
 pub mod grpc;
 pub mod metrics;
+pub mod querier;
 pub mod routes;
 pub mod server;
 pub mod tenant;

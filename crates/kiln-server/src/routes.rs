@@ -50,6 +50,10 @@ pub fn router(state: SharedState) -> Router {
         .route("/ingest", post(pyroscope_ingest))
         .route("/pyroscope/ingest", post(pyroscope_ingest))
         .route("/push.v1.PusherService/Push", post(push))
+        .route(
+            "/querier.v1.QuerierService/{method}",
+            post(crate::querier::querier_service),
+        )
         .route("/api/0/profiles", post(profefe_ingest).get(profefe_list))
         .route("/api/0/profiles/merge", get(profefe_merge))
         .route("/api/0/profiles/{id}", get(profefe_get))
@@ -302,7 +306,7 @@ fn profefe_selection(
         },
         from_nanos,
         to_nanos,
-        profile_ids: None,
+        ..Default::default()
     })
 }
 
@@ -483,7 +487,7 @@ async fn render(
             selector,
             from_nanos,
             to_nanos,
-            profile_ids: None,
+            ..Default::default()
         };
         let selections = state.querier.select(&request).await?;
         let tree = build_tree(&selections, &type_id).truncate(max_nodes);

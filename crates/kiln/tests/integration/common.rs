@@ -69,6 +69,20 @@ impl TestServer {
         response_text(request.send_bytes(body))
     }
 
+    /// POSTs and returns the raw response body, for binary (protobuf) answers.
+    pub fn post_bytes(
+        &self,
+        path_and_query: &str,
+        body: &[u8],
+        headers: &[(&str, &str)],
+    ) -> (u16, Vec<u8>) {
+        let mut request = Self::agent().post(&format!("{}{}", self.url, path_and_query));
+        for (name, value) in headers {
+            request = request.set(name, value);
+        }
+        response_bytes(request.send_bytes(body))
+    }
+
     pub fn get(&self, path_and_query: &str) -> (u16, String) {
         self.get_with(path_and_query, &[])
     }
@@ -86,16 +100,7 @@ impl TestServer {
         for (name, value) in headers {
             request = request.set(name, value);
         }
-        match request.call() {
-            Ok(response) | Err(ureq::Error::Status(_, response)) => {
-                let status = response.status();
-                let mut bytes = Vec::new();
-                std::io::Read::read_to_end(&mut response.into_reader(), &mut bytes)
-                    .expect("read body");
-                (status, bytes)
-            }
-            Err(err) => panic!("request failed: {err}"),
-        }
+        response_bytes(request.call())
     }
 
     pub fn json(&self, path_and_query: &str, headers: &[(&str, &str)]) -> serde_json::Value {
@@ -118,6 +123,18 @@ impl Drop for TestServer {
         if let (Some(runtime), Some(server)) = (self.runtime.take(), self.server.take()) {
             let _ = runtime.block_on(server.shutdown());
         }
+    }
+}
+
+fn response_bytes(result: Result<ureq::Response, ureq::Error>) -> (u16, Vec<u8>) {
+    match result {
+        Ok(response) | Err(ureq::Error::Status(_, response)) => {
+            let status = response.status();
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut response.into_reader(), &mut bytes).expect("read body");
+            (status, bytes)
+        }
+        Err(err) => panic!("request failed: {err}"),
     }
 }
 

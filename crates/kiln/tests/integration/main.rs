@@ -6,4 +6,5 @@ mod limits;
 mod profefe;
 mod push;
 mod pyroscope;
+mod querier;
 mod sdk;

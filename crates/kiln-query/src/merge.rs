@@ -1,0 +1,155 @@
+//! `SelectMergeStacktraces`, `SelectMergeSpanProfile` and `SelectMergeProfile`: the
+//! matching profiles merged into one flame graph, Pyroscope tree or pprof.
+
+use kiln_model::pprof::Profile;
+
+use crate::api::{FlameGraph, Level};
+use crate::flamebearer::flamebearer;
+use crate::pprof_export::merged_pprof;
+use crate::select::{Querier, SelectRequest, TypeFilter};
+use crate::tree::{build_tree, FlameTree};
+use crate::QueryError;
+
+/// Nodes kept when the client names no `max_nodes`, as Pyroscope's default.
+pub const DEFAULT_MAX_NODES: usize = 8192;
+
+/// `max_nodes` as the API gives it: absent or 0 means the default, negative means all.
+pub fn max_nodes(requested: Option<i64>) -> usize {
+    match requested {
+        None | Some(0) => DEFAULT_MAX_NODES,
+        Some(count) if count < 0 => 0,
+        Some(count) => usize::try_from(count).unwrap_or(usize::MAX),
+    }
+}
+
+/// The merged flame tree of the request's one profile type, cut to `max_nodes` (0 keeps
+/// every node). The call site, when given, was applied to the samples, so the tree holds
+/// that subtree at full resolution under its call-site path.
+pub async fn merged_tree(
+    querier: &Querier,
+    request: &SelectRequest,
+    max_nodes: usize,
+) -> Result<FlameTree, QueryError> {
+    let TypeFilter::Exact(type_id) = &request.types else {
+        return Err(QueryError::BadRequest(
+            "a merge query needs one profile type id".to_string(),
+        ));
+    };
+    let selections = querier.select(request).await?;
+    let tree = build_tree(&selections, type_id);
+    Ok(if max_nodes == 0 {
+        tree
+    } else {
+        tree.truncate(max_nodes)
+    })
+}
+
+/// The merged pprof of the request's profile type, never truncated.
+pub async fn merged_profile(
+    querier: &Querier,
+    request: &SelectRequest,
+) -> Result<Profile, QueryError> {
+    let TypeFilter::Exact(type_id) = &request.types else {
+        return Err(QueryError::BadRequest(
+            "a merge query needs one profile type id".to_string(),
+        ));
+    };
+    let selections = querier.select(request).await?;
+    Ok(merged_pprof(&selections, std::slice::from_ref(type_id)))
+}
+
+/// The API's flame graph: the flamebearer layout, levels wrapped as messages.
+pub fn flame_graph(tree: &FlameTree) -> FlameGraph {
+    let layout = flamebearer(tree);
+    FlameGraph {
+        names: layout.names,
+        levels: layout
+            .levels
+            .into_iter()
+            .map(|values| Level { values })
+            .collect(),
+        total: layout.num_ticks,
+        max_self: layout.max_self,
+    }
+}
+
+/// Pyroscope's serialized tree (`PROFILE_FORMAT_TREE`): nodes in depth-first pre-order,
+/// each as varint name length, name bytes, varint self value, varint child count. The
+/// first node is a nameless virtual root whose children are the outermost frames.
+pub fn tree_bytes(tree: &FlameTree) -> Vec<u8> {
+    fn varint(mut value: u64, out: &mut Vec<u8>) {
+        while value >= 0x80 {
+            out.push((value as u8) | 0x80);
+            value >>= 7;
+        }
+        out.push(value as u8);
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![0u32];
+    while let Some(index) = stack.pop() {
+        let node = &tree.nodes[index as usize];
+        let name = if index == 0 {
+            ""
+        } else {
+            tree.names[node.name as usize].as_str()
+        };
+        let children: Vec<u32> = node
+            .children
+            .iter()
+            .copied()
+            .filter(|child| tree.nodes[*child as usize].total != 0)
+            .collect();
+        varint(name.len() as u64, &mut out);
+        out.extend_from_slice(name.as_bytes());
+        varint(node.self_value.max(0) as u64, &mut out);
+        varint(children.len() as u64, &mut out);
+        stack.extend(children.iter().rev());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree() -> FlameTree {
+        let mut tree = FlameTree::default();
+        let main = tree.name_id("main");
+        let work = tree.name_id("work");
+        let main_node = tree.child(0, main);
+        let work_node = tree.child(main_node, work);
+        tree.nodes[main_node as usize].self_value = 2;
+        tree.nodes[work_node as usize].self_value = 300;
+        tree.compute_totals();
+        tree
+    }
+
+    #[test]
+    fn tree_bytes_are_preorder_with_child_counts() {
+        let bytes = tree_bytes(&tree());
+        let mut expected = vec![0, 0, 1]; // virtual root: no name, self 0, one child
+        expected.extend_from_slice(&[4, b'm', b'a', b'i', b'n', 2, 1]);
+        expected.extend_from_slice(&[4, b'w', b'o', b'r', b'k', 0xac, 0x02, 0]);
+        assert_eq!(bytes, expected);
+    }
+
+    #[test]
+    fn flame_graph_levels_come_in_fours() {
+        let graph = flame_graph(&tree());
+        assert_eq!(graph.total, 302);
+        assert_eq!(graph.max_self, 300);
+        assert_eq!(graph.levels.len(), 3);
+        for level in &graph.levels {
+            assert_eq!(level.values.len() % 4, 0);
+        }
+        assert_eq!(graph.levels[2].values[1..3], [300, 300]);
+    }
+
+    #[test]
+    fn max_nodes_follows_the_api() {
+        assert_eq!(max_nodes(None), DEFAULT_MAX_NODES);
+        assert_eq!(max_nodes(Some(0)), DEFAULT_MAX_NODES);
+        assert_eq!(max_nodes(Some(-1)), 0);
+        assert_eq!(max_nodes(Some(10)), 10);
+    }
+}

@@ -1,0 +1,131 @@
+//! `SelectSeries`: profile totals over time, one series per distinct value of the
+//! `group_by` labels, with the individual profiles behind each point as exemplars.
+
+use std::collections::BTreeMap;
+
+use kiln_model::labels::Labels;
+
+use crate::api::{Exemplar, LabelPair, Point, Series};
+use crate::select::{selectable_labels, Querier, SelectRequest};
+use crate::QueryError;
+
+/// The exemplars kept per point: the profiles with the largest values.
+pub const EXEMPLARS_PER_POINT: usize = 10;
+
+#[derive(Debug, Clone, Default)]
+pub struct SeriesOptions {
+    /// Bucket width in milliseconds. Buckets are aligned to multiples of the step since
+    /// the epoch, so the same profile lands on the same timestamp whatever range is asked.
+    pub step_ms: i64,
+    pub group_by: Vec<String>,
+    /// Average the profiles of a bucket instead of summing them.
+    pub average: bool,
+    /// Keep only the `limit` series with the largest sum.
+    pub limit: Option<usize>,
+    pub exemplars: bool,
+}
+
+#[derive(Default)]
+struct Bucket {
+    sum: i64,
+    count: i64,
+    exemplars: Vec<Exemplar>,
+}
+
+/// Sums (or averages) the matching profiles per series and step.
+pub async fn select_series(
+    querier: &Querier,
+    request: &SelectRequest,
+    options: &SeriesOptions,
+) -> Result<Vec<Series>, QueryError> {
+    if options.step_ms <= 0 {
+        return Err(QueryError::BadRequest("step must be positive".to_string()));
+    }
+    let selections = querier.select(request).await?;
+    let mut series: BTreeMap<Vec<LabelPair>, BTreeMap<i64, Bucket>> = BTreeMap::new();
+    for selection in &selections {
+        let dataset = &selection.dataset;
+        // Group labels per dataset series, computed once.
+        let mut group_of: Vec<Option<(Vec<LabelPair>, Labels)>> = vec![None; dataset.series.len()];
+        for profile in &selection.profiles {
+            let row = &dataset.profiles[profile.row];
+            let series_index = row.series as usize;
+            if group_of[series_index].is_none() {
+                let labels = selectable_labels(dataset, &dataset.series[series_index]);
+                let group: Vec<LabelPair> = options
+                    .group_by
+                    .iter()
+                    .filter_map(|name| {
+                        labels.get(name).map(|value| LabelPair {
+                            name: name.clone(),
+                            value: value.to_string(),
+                        })
+                    })
+                    .collect();
+                group_of[series_index] = Some((group, labels));
+            }
+            let Some((group, labels)) = &group_of[series_index] else {
+                continue;
+            };
+            let time_ms = profile.time_nanos.div_euclid(1_000_000);
+            let bucket_ms = time_ms.div_euclid(options.step_ms) * options.step_ms;
+            let bucket = series
+                .entry(group.clone())
+                .or_default()
+                .entry(bucket_ms)
+                .or_default();
+            bucket.sum = bucket.sum.saturating_add(profile.total);
+            bucket.count += 1;
+            if options.exemplars {
+                bucket.exemplars.push(Exemplar {
+                    timestamp: time_ms,
+                    profile_id: String::from_utf8_lossy(&row.id).into_owned(),
+                    span_id: String::new(),
+                    value: profile.total,
+                    labels: labels
+                        .iter()
+                        .filter(|label| !label.name.starts_with("__"))
+                        .map(|label| LabelPair {
+                            name: label.name.clone(),
+                            value: label.value.clone(),
+                        })
+                        .collect(),
+                });
+            }
+        }
+    }
+    let mut result: Vec<(i64, Series)> = series
+        .into_iter()
+        .map(|(labels, buckets)| {
+            let mut sum = 0i64;
+            let points = buckets
+                .into_iter()
+                .map(|(timestamp, mut bucket)| {
+                    sum = sum.saturating_add(bucket.sum);
+                    bucket.exemplars.sort_by(|a, b| {
+                        b.value.cmp(&a.value).then(a.profile_id.cmp(&b.profile_id))
+                    });
+                    bucket.exemplars.truncate(EXEMPLARS_PER_POINT);
+                    let value = if options.average {
+                        bucket.sum as f64 / bucket.count.max(1) as f64
+                    } else {
+                        bucket.sum as f64
+                    };
+                    Point {
+                        value,
+                        timestamp,
+                        exemplars: bucket.exemplars,
+                    }
+                })
+                .collect();
+            (sum, Series { labels, points })
+        })
+        .collect();
+    if let Some(limit) = options.limit {
+        // Largest first; ties by labels, for a stable answer.
+        result.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.labels.cmp(&b.1.labels)));
+        result.truncate(limit);
+        result.sort_by(|a, b| a.1.labels.cmp(&b.1.labels));
+    }
+    Ok(result.into_iter().map(|(_, series)| series).collect())
+}

@@ -1,0 +1,696 @@
+//! `querier.v1.QuerierService` end to end: real profiles ingested, then every method called
+//! over Connect proto, Connect JSON and gRPC, and checked against the inputs and against
+//! `go tool pprof`.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use kiln_query::api::{self, CallSiteLocation, StackTraceSelector};
+use prost::Message;
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+const FIXTURE: &str = "profefe-collector_cpu_1.prof";
+const CPU_INDEX: usize = 1; // samples/count, then cpu/nanoseconds
+
+/// Seconds of the first upload, the start of the previous hour, so that every upload
+/// (a minute apart) falls in one hour-wide series step.
+fn base_seconds() -> i64 {
+    let now = kiln_ingest::parse::now_nanos() / 1_000_000_000;
+    now - now % 3600 - 3600
+}
+
+struct Loaded {
+    server: TestServer,
+    /// Milliseconds spanning every upload.
+    start: i64,
+    end: i64,
+    base: i64,
+    fixture_total: i64,
+}
+
+/// Three uploads of one CPU profile for tenant "anonymous" (`api` instances `a` and `b`,
+/// and `web`), one for tenant "other" (`secret`).
+fn loaded() -> Loaded {
+    let server = TestServer::start();
+    let base = base_seconds();
+    let profile = fixture(FIXTURE);
+    let uploads = [
+        ("api", "a", 0, None),
+        ("api", "b", 60, None),
+        ("web", "a", 120, None),
+        ("secret", "a", 0, Some("other")),
+    ];
+    for (service, instance, offset, tenant) in uploads {
+        let from = base + offset;
+        let headers: Vec<(&str, &str)> = tenant.map(|t| ("X-Scope-OrgID", t)).into_iter().collect();
+        let (status, text) = server.post_with(
+            &format!(
+                "/ingest?name={service}{{instance={instance}}}&format=pprof&from={from}&until={}",
+                from + 10
+            ),
+            &profile,
+            &headers,
+        );
+        assert_eq!(status, 200, "{text}");
+    }
+    Loaded {
+        server,
+        start: (base - 1) * 1000,
+        end: (base + 300) * 1000,
+        base,
+        fixture_total: pprof_total(&profile, CPU_INDEX),
+    }
+}
+
+fn path(method: &str) -> String {
+    format!("/querier.v1.QuerierService/{method}")
+}
+
+/// Connect with `application/proto`.
+fn call<Req: Message, Resp: Message + Default>(
+    server: &TestServer,
+    method: &str,
+    request: &Req,
+    tenant: Option<&str>,
+) -> Resp {
+    let mut headers = vec![("Content-Type", "application/proto")];
+    if let Some(tenant) = tenant {
+        headers.push(("X-Scope-OrgID", tenant));
+    }
+    let (status, body) = server.post_bytes(&path(method), &request.encode_to_vec(), &headers);
+    assert_eq!(status, 200, "{method}: {}", String::from_utf8_lossy(&body));
+    Resp::decode(body.as_slice()).expect("response decodes")
+}
+
+/// Connect with `application/json`; returns (status, body as JSON).
+fn call_json(server: &TestServer, method: &str, request: Value) -> (u16, Value) {
+    let (status, text) = server.post_with(
+        &path(method),
+        request.to_string().as_bytes(),
+        &[("Content-Type", "application/json")],
+    );
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn label_values(
+    server: &TestServer,
+    name: &str,
+    matchers: &[String],
+    (start, end): (i64, i64),
+    tenant: Option<&str>,
+) -> Vec<String> {
+    let request = api::LabelValuesRequest {
+        name: name.to_string(),
+        matchers: matchers.to_vec(),
+        start,
+        end,
+    };
+    let response: api::LabelValuesResponse = call(server, "LabelValues", &request, tenant);
+    response.names
+}
+
+fn merge_request(loaded: &Loaded, selector: &str) -> api::SelectMergeStacktracesRequest {
+    api::SelectMergeStacktracesRequest {
+        profile_type_id: CPU.to_string(),
+        label_selector: selector.to_string(),
+        start: loaded.start,
+        end: loaded.end,
+        ..Default::default()
+    }
+}
+
+fn flame_total(
+    server: &TestServer,
+    request: &api::SelectMergeStacktracesRequest,
+    tenant: Option<&str>,
+) -> i64 {
+    let response: api::SelectMergeStacktracesResponse =
+        call(server, "SelectMergeStacktraces", request, tenant);
+    response.flamegraph.map_or(0, |graph| graph.total)
+}
+
+/// Reads Pyroscope's tree bytes back: (sum of self values, node count).
+fn read_tree(bytes: &[u8]) -> (i64, usize) {
+    fn varint(bytes: &[u8], at: &mut usize) -> u64 {
+        let mut value = 0u64;
+        let mut shift = 0;
+        loop {
+            let byte = bytes[*at];
+            *at += 1;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte < 0x80 {
+                return value;
+            }
+            shift += 7;
+        }
+    }
+    let (mut at, mut sum, mut nodes, mut pending) = (0usize, 0i64, 0usize, 1u64);
+    while pending > 0 {
+        let name_length = varint(bytes, &mut at) as usize;
+        at += name_length;
+        sum += varint(bytes, &mut at) as i64;
+        pending += varint(bytes, &mut at);
+        pending -= 1;
+        nodes += 1;
+    }
+    assert_eq!(at, bytes.len(), "tree bytes fully read");
+    (sum, nodes)
+}
+
+#[test]
+fn merged_flame_graphs_in_every_encoding_agree_with_the_inputs() {
+    let loaded = loaded();
+    let server = &loaded.server;
+    let request = merge_request(&loaded, r#"{service_name="api"}"#);
+    let response: api::SelectMergeStacktracesResponse =
+        call(server, "SelectMergeStacktraces", &request, None);
+    let graph = response.flamegraph.expect("flame graph");
+    assert_eq!(graph.total, 2 * loaded.fixture_total);
+    assert!(graph.levels.iter().all(|level| level.values.len() % 4 == 0));
+    assert_eq!(graph.levels[0].values[1], graph.total);
+
+    // The same query in JSON: int64 as strings, the same numbers.
+    let (status, body) = call_json(
+        server,
+        "SelectMergeStacktraces",
+        json!({"profileTypeID": CPU, "labelSelector": "{service_name=\"api\"}",
+               "start": loaded.start.to_string(), "end": loaded.end}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["flamegraph"]["total"], json!(graph.total.to_string()));
+    assert_eq!(body["flamegraph"]["names"], json!(graph.names));
+    let first_level: Vec<i64> = body["flamegraph"]["levels"][1]["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(first_level, graph.levels[1].values);
+
+    // Pyroscope's tree format carries the same total.
+    let mut tree_request = request.clone();
+    tree_request.format = api::PROFILE_FORMAT_TREE;
+    let response: api::SelectMergeStacktracesResponse =
+        call(server, "SelectMergeStacktraces", &tree_request, None);
+    let (sum, nodes) = read_tree(&response.tree);
+    assert_eq!(sum, graph.total);
+    assert!(nodes > 10);
+
+    // max_nodes cuts the graph but keeps the total.
+    let mut small = request.clone();
+    small.max_nodes = Some(8);
+    let response: api::SelectMergeStacktracesResponse =
+        call(server, "SelectMergeStacktraces", &small, None);
+    let small_graph = response.flamegraph.unwrap();
+    let node_count: usize = small_graph.levels.iter().map(|l| l.values.len() / 4).sum();
+    assert!(
+        node_count <= 8 + small_graph.levels.len(),
+        "{node_count} nodes"
+    );
+    assert_eq!(small_graph.total, graph.total);
+}
+
+#[test]
+fn a_call_site_selects_its_subtree_at_full_resolution() {
+    let loaded = loaded();
+    let server = &loaded.server;
+    let request = merge_request(&loaded, r#"{service_name="api"}"#);
+    let full: api::SelectMergeStacktracesResponse =
+        call(server, "SelectMergeStacktraces", &request, None);
+    let full = full.flamegraph.unwrap();
+    // The largest node of depth 2 and its parent at depth 1.
+    let (mut best, mut best_total) = (None, 0);
+    let mut x_parent = Vec::new();
+    let mut x = 0;
+    for node in full.levels[1].values.chunks(4) {
+        x += node[0];
+        x_parent.push((x, x + node[1], full.names[node[3] as usize].clone()));
+        x += node[1];
+    }
+    let mut x = 0;
+    for node in full.levels[2].values.chunks(4) {
+        x += node[0];
+        if node[1] > best_total {
+            let parent = x_parent
+                .iter()
+                .find(|(start, end, _)| *start <= x && x < *end)
+                .map(|(_, _, name)| name.clone())
+                .unwrap();
+            best = Some((parent, full.names[node[3] as usize].clone()));
+            best_total = node[1];
+        }
+        x += node[1];
+    }
+    let (parent, child) = best.expect("a node at depth 2");
+    let mut focused = request.clone();
+    focused.stack_trace_selector = Some(StackTraceSelector {
+        call_site: vec![
+            CallSiteLocation {
+                name: parent.clone(),
+            },
+            CallSiteLocation {
+                name: child.clone(),
+            },
+        ],
+    });
+    focused.max_nodes = Some(-1);
+    assert_eq!(flame_total(server, &focused, None), best_total);
+    // A call site that matches nothing selects nothing.
+    focused.stack_trace_selector = Some(StackTraceSelector {
+        call_site: vec![CallSiteLocation {
+            name: "no such function".into(),
+        }],
+    });
+    assert_eq!(flame_total(server, &focused, None), 0);
+}
+
+#[test]
+fn merged_pprof_matches_go_tool_pprof() {
+    let loaded = loaded();
+    let server = &loaded.server;
+    let request = api::SelectMergeProfileRequest {
+        profile_type_id: CPU.to_string(),
+        label_selector: r#"{service_name="api"}"#.to_string(),
+        start: loaded.start,
+        end: loaded.end,
+        ..Default::default()
+    };
+    let (status, body) = server.post_bytes(
+        &path("SelectMergeProfile"),
+        &request.encode_to_vec(),
+        &[("Content-Type", "application/proto")],
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let merged = kiln_model::pprof::decode(&body, 1 << 30).expect("pprof");
+    let total: i64 = merged.sample.iter().map(|s| s.value[0]).sum();
+    assert_eq!(total, 2 * loaded.fixture_total);
+    let Some(go) = go_binary() else {
+        eprintln!("skipped: go tool pprof comparison (go not installed)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let input = temp_file(dir.path(), "in.prof", &fixture(FIXTURE));
+    let output = temp_file(dir.path(), "merged.prof", &body);
+    let expected = go_function_totals(&go, &[&input, &input], CPU_INDEX);
+    let actual = go_function_totals(&go, &[&output], 0);
+    assert_eq!(actual, expected);
+    // JSON cannot carry a pprof message: a clear 400, not a broken answer.
+    let (status, _) = call_json(server, "SelectMergeProfile", json!({"profileTypeID": CPU}));
+    assert_eq!(status, 400);
+}
+
+#[test]
+fn series_points_sum_to_the_flame_graph_and_name_their_profiles() {
+    let loaded = loaded();
+    let server = &loaded.server;
+    let request = api::SelectSeriesRequest {
+        profile_type_id: CPU.to_string(),
+        label_selector: r#"{service_name="api"}"#.to_string(),
+        start: loaded.start,
+        end: loaded.end,
+        group_by: vec!["instance".into()],
+        step: 60.0,
+        exemplar_type: api::EXEMPLAR_TYPE_INDIVIDUAL,
+        ..Default::default()
+    };
+    let response: api::SelectSeriesResponse = call(server, "SelectSeries", &request, None);
+    assert_eq!(response.series.len(), 2);
+    let mut sum = 0.0;
+    for (series, instance, offset) in [
+        (&response.series[0], "a", 0),
+        (&response.series[1], "b", 60),
+    ] {
+        assert_eq!(
+            series.labels,
+            vec![api::LabelPair {
+                name: "instance".into(),
+                value: instance.into()
+            }]
+        );
+        assert_eq!(series.points.len(), 1);
+        let point = &series.points[0];
+        assert_eq!(point.timestamp, (loaded.base + offset) * 1000);
+        sum += point.value;
+        // The exemplar names the one profile behind the point; fetching it by id gives it alone.
+        assert_eq!(point.exemplars.len(), 1);
+        let exemplar = &point.exemplars[0];
+        assert_eq!(exemplar.value, loaded.fixture_total);
+        let mut single = merge_request(&loaded, "");
+        single.profile_id_selector = vec![exemplar.profile_id.clone()];
+        assert_eq!(flame_total(server, &single, None), loaded.fixture_total);
+    }
+    let flame = flame_total(
+        server,
+        &merge_request(&loaded, r#"{service_name="api"}"#),
+        None,
+    );
+    assert_eq!(sum as i64, flame);
+
+    // Top-1 by total, and averaging over one wide step.
+    let mut limited = request.clone();
+    limited.limit = Some(1);
+    let response: api::SelectSeriesResponse = call(server, "SelectSeries", &limited, None);
+    assert_eq!(response.series.len(), 1);
+    let mut average = request.clone();
+    average.group_by.clear();
+    average.step = 3600.0;
+    average.aggregation = Some(api::AGGREGATION_AVERAGE);
+    average.exemplar_type = 0;
+    let response: api::SelectSeriesResponse = call(server, "SelectSeries", &average, None);
+    assert_eq!(response.series.len(), 1);
+    assert_eq!(response.series[0].points.len(), 1);
+    assert_eq!(
+        response.series[0].points[0].value as i64,
+        loaded.fixture_total
+    );
+    assert!(response.series[0].points[0].exemplars.is_empty());
+
+    // JSON, with enum names.
+    let (status, body) = call_json(
+        server,
+        "SelectSeries",
+        json!({"profileTypeID": CPU, "labelSelector": "{}", "start": loaded.start,
+               "end": loaded.end, "step": 60, "groupBy": ["service_name"],
+               "aggregation": "TIME_SERIES_AGGREGATION_TYPE_SUM"}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["series"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn diff_sides_equal_the_separate_queries() {
+    let loaded = loaded();
+    let server = &loaded.server;
+    let left = merge_request(&loaded, r#"{service_name="api"}"#);
+    let right = merge_request(&loaded, r#"{service_name="web"}"#);
+    let request = api::DiffRequest {
+        left: Some(left.clone()),
+        right: Some(right.clone()),
+    };
+    let response: api::DiffResponse = call(server, "Diff", &request, None);
+    let diff = response.flamegraph.expect("diff");
+    assert_eq!(diff.left_ticks, flame_total(server, &left, None));
+    assert_eq!(diff.right_ticks, flame_total(server, &right, None));
+    assert_eq!(diff.total, diff.left_ticks + diff.right_ticks);
+    assert!(diff.levels.iter().all(|level| level.values.len() % 7 == 0));
+    assert_eq!(diff.levels[0].values[1], diff.left_ticks);
+    assert_eq!(diff.levels[0].values[4], diff.right_ticks);
+}
+
+#[test]
+fn label_queries_see_series_in_range() {
+    let loaded = loaded();
+    let server = &loaded.server;
+    let (status, body) = call_json(
+        server,
+        "LabelNames",
+        json!({"start": loaded.start, "end": loaded.end}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let names = body["names"].as_array().unwrap();
+    for name in ["instance", "service_name", "__profile_type__"] {
+        assert!(names.contains(&json!(name)), "{name} in {names:?}");
+    }
+    let values = label_values(
+        server,
+        "service_name",
+        &vec![],
+        (loaded.start, loaded.end),
+        None,
+    );
+    assert_eq!(values, vec!["api", "web"]);
+    // Grafana narrows by profile type and labels.
+    let values = label_values(
+        server,
+        "service_name",
+        &vec![format!(r#"{{__profile_type__="{CPU}", instance="b"}}"#)],
+        (loaded.start, loaded.end),
+        None,
+    );
+    assert_eq!(values, vec!["api"]);
+    // Outside the range there is nothing.
+    let values = label_values(
+        server,
+        "service_name",
+        &vec![],
+        (loaded.end + 1, loaded.end + 60_000),
+        None,
+    );
+    assert!(values.is_empty());
+    let series: api::SeriesResponse = call(
+        server,
+        "Series",
+        &api::SeriesRequest {
+            matchers: vec![format!(r#"{{__profile_type__="{CPU}"}}"#)],
+            label_names: vec!["service_name".into(), "instance".into()],
+            start: loaded.start,
+            end: loaded.end,
+        },
+        None,
+    );
+    assert_eq!(series.labels_set.len(), 3);
+    let types: api::ProfileTypesResponse = call(
+        server,
+        "ProfileTypes",
+        &api::ProfileTypesRequest {
+            start: loaded.start,
+            end: loaded.end,
+        },
+        None,
+    );
+    let ids: Vec<&str> = types.profile_types.iter().map(|t| t.id.as_str()).collect();
+    assert!(ids.contains(&CPU), "{ids:?}");
+    let cpu = types.profile_types.iter().find(|t| t.id == CPU).unwrap();
+    assert_eq!(
+        (
+            cpu.name.as_str(),
+            cpu.sample_type.as_str(),
+            cpu.period_unit.as_str()
+        ),
+        ("process_cpu", "cpu", "nanoseconds")
+    );
+    let stats: api::GetProfileStatsResponse = call(
+        server,
+        "GetProfileStats",
+        &api::GetProfileStatsRequest {},
+        None,
+    );
+    assert!(stats.data_ingested);
+    assert_eq!(stats.oldest_profile_time, loaded.base * 1000);
+}
+
+#[test]
+fn no_method_shows_another_tenants_data() {
+    let loaded = loaded();
+    let server = &loaded.server;
+    let tenant = Some("other");
+    // Tenant "other" asks for the anonymous tenant's service by every method.
+    let request = merge_request(&loaded, r#"{service_name="api"}"#);
+    assert_eq!(flame_total(server, &request, tenant), 0);
+    let everything = merge_request(&loaded, "");
+    assert_eq!(
+        flame_total(server, &everything, tenant),
+        loaded.fixture_total
+    );
+    let diff: api::DiffResponse = call(
+        server,
+        "Diff",
+        &api::DiffRequest {
+            left: Some(request.clone()),
+            right: Some(request.clone()),
+        },
+        tenant,
+    );
+    assert_eq!(diff.flamegraph.map_or(0, |d| d.total), 0);
+    let merged_request = api::SelectMergeProfileRequest {
+        profile_type_id: CPU.into(),
+        label_selector: r#"{service_name="api"}"#.into(),
+        start: loaded.start,
+        end: loaded.end,
+        ..Default::default()
+    };
+    let (status, body) = server.post_bytes(
+        &path("SelectMergeProfile"),
+        &merged_request.encode_to_vec(),
+        &[
+            ("Content-Type", "application/proto"),
+            ("X-Scope-OrgID", "other"),
+        ],
+    );
+    assert_eq!(status, 200);
+    let merged = kiln_model::pprof::decode(&body, 1 << 30).unwrap();
+    assert!(merged.sample.is_empty());
+    let series: api::SelectSeriesResponse = call(
+        server,
+        "SelectSeries",
+        &api::SelectSeriesRequest {
+            profile_type_id: CPU.into(),
+            label_selector: r#"{service_name="api"}"#.into(),
+            start: loaded.start,
+            end: loaded.end,
+            step: 60.0,
+            ..Default::default()
+        },
+        tenant,
+    );
+    assert!(series.series.is_empty());
+    let values = label_values(
+        server,
+        "service_name",
+        &vec![],
+        (loaded.start, loaded.end),
+        tenant,
+    );
+    assert_eq!(values, vec!["secret"]);
+    let names: api::LabelNamesResponse = call(
+        server,
+        "LabelNames",
+        &api::LabelNamesRequest {
+            matchers: vec![r#"{service_name="api"}"#.into()],
+            start: loaded.start,
+            end: loaded.end,
+        },
+        tenant,
+    );
+    assert!(names.names.is_empty());
+    let series_sets: api::SeriesResponse = call(
+        server,
+        "Series",
+        &api::SeriesRequest {
+            start: loaded.start,
+            end: loaded.end,
+            ..Default::default()
+        },
+        tenant,
+    );
+    // One set per profile type of the one upload: all of it "secret".
+    assert_eq!(series_sets.labels_set.len(), 2);
+    for set in &series_sets.labels_set {
+        let service = set
+            .labels
+            .iter()
+            .find(|l| l.name == "service_name")
+            .unwrap();
+        assert_eq!(service.value, "secret");
+    }
+    // And the anonymous tenant never sees "secret".
+    let values = label_values(
+        server,
+        "service_name",
+        &vec![],
+        (loaded.start, loaded.end),
+        None,
+    );
+    assert!(!values.contains(&"secret".to_string()));
+    let stats: api::GetProfileStatsResponse = call(
+        server,
+        "GetProfileStats",
+        &api::GetProfileStatsRequest {},
+        Some("nobody"),
+    );
+    assert!(!stats.data_ingested);
+    let types: api::ProfileTypesResponse = call(
+        server,
+        "ProfileTypes",
+        &api::ProfileTypesRequest::default(),
+        Some("nobody"),
+    );
+    assert!(types.profile_types.is_empty());
+}
+
+#[test]
+fn bad_requests_get_clear_errors() {
+    let loaded = loaded();
+    let server = &loaded.server;
+    let (status, body) = call_json(
+        server,
+        "SelectMergeStacktraces",
+        json!({"profileTypeID": CPU, "labelSelector": "{service_name=~\"(\"}"}),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["code"], "invalid_argument");
+    let (status, body) = call_json(
+        server,
+        "SelectMergeStacktraces",
+        json!({"profileTypeID": CPU, "labelSelector": "{service_name=\"api\""}),
+    );
+    assert_eq!(status, 400);
+    assert!(
+        body["message"].as_str().unwrap().contains("position"),
+        "{body}"
+    );
+    let (status, body) = call_json(
+        server,
+        "SelectMergeStacktraces",
+        json!({"profileTypeID": "cpu"}),
+    );
+    assert_eq!(status, 400);
+    assert!(
+        body["message"].as_str().unwrap().contains("profile_typeID"),
+        "{body}"
+    );
+    let (status, _) = call_json(
+        server,
+        "SelectSeries",
+        json!({"profileTypeID": CPU, "step": 0}),
+    );
+    assert_eq!(status, 400);
+    let (status, _) = call_json(server, "NoSuchMethod", json!({}));
+    assert_eq!(status, 404);
+    let (status, _) = server.post_with(
+        &path("LabelNames"),
+        b"{",
+        &[("Content-Type", "application/json")],
+    );
+    assert_eq!(status, 400);
+    let (status, _) = server.post_with(
+        &path("LabelNames"),
+        b"\xff\xff",
+        &[("Content-Type", "application/proto")],
+    );
+    assert_eq!(status, 400);
+    let (status, _) = server.post_with(&path("LabelNames"), b"", &[("Content-Type", "text/plain")]);
+    assert_eq!(status, 400);
+}
+
+#[test]
+fn grpc_clients_get_the_same_answers() {
+    let loaded = loaded();
+    let server = &loaded.server;
+    let request = merge_request(&loaded, r#"{service_name="api"}"#);
+    let mut frame = vec![0u8];
+    let message = request.encode_to_vec();
+    frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&message);
+    let url = format!("{}{}", server.url, path("SelectMergeStacktraces"));
+    let (status, body) = server.runtime().block_on(async move {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .http2_only(true)
+                .build_http::<Full<Bytes>>();
+        let request = hyper::Request::post(url)
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(Full::new(Bytes::from(frame)))
+            .unwrap();
+        let response = client.request(request).await.expect("h2c request");
+        let headers = response.headers().clone();
+        let collected = response.into_body().collect().await.expect("body");
+        let trailers = collected.trailers().cloned().unwrap_or_default();
+        let status = trailers
+            .get("grpc-status")
+            .or(headers.get("grpc-status"))
+            .map(|v| v.to_str().unwrap_or("").to_string())
+            .unwrap_or_default();
+        (status, collected.to_bytes())
+    });
+    assert_eq!(status, "0");
+    let length = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+    let response = api::SelectMergeStacktracesResponse::decode(&body[5..5 + length]).unwrap();
+    assert_eq!(response.flamegraph.unwrap().total, 2 * loaded.fixture_total);
+}
