@@ -419,7 +419,7 @@ fn label_queries_see_series_in_range() {
     let values = label_values(
         server,
         "service_name",
-        &vec![],
+        &[],
         (loaded.start, loaded.end),
         None,
     );
@@ -428,7 +428,7 @@ fn label_queries_see_series_in_range() {
     let values = label_values(
         server,
         "service_name",
-        &vec![format!(r#"{{__profile_type__="{CPU}", instance="b"}}"#)],
+        &[format!(r#"{{__profile_type__="{CPU}", instance="b"}}"#)],
         (loaded.start, loaded.end),
         None,
     );
@@ -437,7 +437,7 @@ fn label_queries_see_series_in_range() {
     let values = label_values(
         server,
         "service_name",
-        &vec![],
+        &[],
         (loaded.end + 1, loaded.end + 60_000),
         None,
     );
@@ -542,7 +542,7 @@ fn no_method_shows_another_tenants_data() {
     let values = label_values(
         server,
         "service_name",
-        &vec![],
+        &[],
         (loaded.start, loaded.end),
         tenant,
     );
@@ -582,7 +582,7 @@ fn no_method_shows_another_tenants_data() {
     let values = label_values(
         server,
         "service_name",
-        &vec![],
+        &[],
         (loaded.start, loaded.end),
         None,
     );
