@@ -40,6 +40,23 @@ pub struct RenderResponse {
     pub flamebearer: Flamebearer,
     pub metadata: Metadata,
     pub timeline: Timeline,
+    /// With `groupBy`: one timeline per value of the label.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub groups: Option<std::collections::BTreeMap<String, Timeline>>,
+}
+
+/// `/pyroscope/render-diff`: levels of seven numbers per node (left x offset, left total,
+/// left self, right x offset, right total, right self, name index).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RenderDiffResponse {
+    pub version: u32,
+    pub flamebearer: Flamebearer,
+    pub metadata: Metadata,
+    pub left_ticks: i64,
+    pub right_ticks: i64,
+    pub left_timeline: Timeline,
+    pub right_timeline: Timeline,
 }
 
 /// Lays out the tree level by level, children in name order.

@@ -8,6 +8,7 @@
 pub mod body;
 pub mod config;
 pub mod grpc;
+pub mod legacy;
 pub mod metrics;
 pub mod querier;
 pub mod routes;

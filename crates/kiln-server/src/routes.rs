@@ -18,13 +18,9 @@ use kiln_model::labels::SERVICE_NAME;
 use kiln_model::profile_type::{default_legacy_type, split_legacy_name};
 use kiln_model::selector::{self, Matcher, Selector};
 use kiln_model::time::{format_rfc3339, parse_time_nanos};
-use kiln_query::flamebearer::{
-    auto_step_seconds, flamebearer, metadata_for, timeline, RenderResponse,
-};
 use kiln_query::pprof_export::merged_pprof;
 use kiln_query::profiles::{list_profiles, ordered_types, select_by_ids};
 use kiln_query::select::{SelectRequest, TypeFilter};
-use kiln_query::tree::build_tree;
 use kiln_query::{Querier, QueryError};
 use prometheus_client::registry::Registry;
 use serde_json::json;
@@ -43,7 +39,7 @@ pub struct AppState {
     pub ready: AtomicBool,
 }
 
-type SharedState = Arc<AppState>;
+pub(crate) type SharedState = Arc<AppState>;
 
 pub fn router(state: SharedState) -> Router {
     Router::new()
@@ -59,18 +55,24 @@ pub fn router(state: SharedState) -> Router {
         .route("/api/0/profiles/{id}", get(profefe_get))
         .route("/api/0/services", get(profefe_services))
         .route("/api/0/version", get(profefe_version))
-        .route("/pyroscope/render", get(render))
-        .route("/render", get(render))
+        .route("/pyroscope/render", get(crate::legacy::render))
+        .route("/render", get(crate::legacy::render))
+        .route("/pyroscope/render-diff", get(crate::legacy::render_diff))
+        .route("/render-diff", get(crate::legacy::render_diff))
+        .route("/pyroscope/label-names", get(crate::legacy::label_names))
+        .route("/label-names", get(crate::legacy::label_names))
+        .route("/pyroscope/label-values", get(crate::legacy::label_values))
+        .route("/label-values", get(crate::legacy::label_values))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .with_state(state)
 }
 
-fn now_nanos() -> i64 {
+pub(crate) fn now_nanos() -> i64 {
     kiln_ingest::parse::now_nanos()
 }
 
-fn text_error(status: u16, message: impl Into<String>) -> Response {
+pub(crate) fn text_error(status: u16, message: impl Into<String>) -> Response {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut message = message.into();
     message.push('\n');
@@ -457,61 +459,6 @@ pub fn parse_render_query(query: &str) -> Result<(String, Selector), QueryError>
     let type_id = kind.unwrap_or_else(default_legacy_type).profile_type.id();
     parsed.matchers.push(Matcher::equal(SERVICE_NAME, app));
     Ok((type_id, parsed))
-}
-
-async fn render(
-    State(state): State<SharedState>,
-    Query(params): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-) -> Response {
-    let result = async {
-        let tenant = tenant_of(&headers).map_err(QueryError::BadRequest)?;
-        let query = params
-            .get("query")
-            .ok_or_else(|| QueryError::BadRequest("the query parameter is required".into()))?;
-        let (type_id, selector) = parse_render_query(query)?;
-        let now = now_nanos();
-        let from_nanos = parse_time_nanos(params.get("from").map_or("now-1h", String::as_str), now)
-            .map_err(|err| QueryError::BadRequest(format!("from: {err}")))?;
-        let to_nanos = parse_time_nanos(params.get("until").map_or("now", String::as_str), now)
-            .map_err(|err| QueryError::BadRequest(format!("until: {err}")))?;
-        let max_nodes = match params.get("max-nodes").or(params.get("maxNodes")) {
-            Some(value) => value
-                .parse::<usize>()
-                .map_err(|_| QueryError::BadRequest(format!("invalid max-nodes {value:?}")))?,
-            None => 8192,
-        };
-        let request = SelectRequest {
-            tenant,
-            types: TypeFilter::Exact(type_id.clone()),
-            selector,
-            from_nanos,
-            to_nanos,
-            ..Default::default()
-        };
-        let selections = state.querier.select(&request).await?;
-        let tree = build_tree(&selections, &type_id).truncate(max_nodes);
-        let points: Vec<(i64, i64)> = selections
-            .iter()
-            .flat_map(|s| s.profiles.iter().map(|p| (p.time_nanos, p.total)))
-            .collect();
-        Ok::<_, QueryError>(RenderResponse {
-            version: 1,
-            flamebearer: flamebearer(&tree),
-            metadata: metadata_for(&type_id),
-            timeline: timeline(
-                &points,
-                from_nanos,
-                to_nanos,
-                auto_step_seconds(from_nanos, to_nanos),
-            ),
-        })
-    }
-    .await;
-    match result {
-        Ok(response) => Json(response).into_response(),
-        Err(err) => text_error(err.status(), err.to_string()),
-    }
 }
 
 async fn ready(State(state): State<SharedState>) -> Response {

@@ -9,6 +9,7 @@ use prost::Message;
 use serde_json::{json, Value};
 
 use crate::common::*;
+use crate::pyroscope::url_escape;
 
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 const FIXTURE: &str = "profefe-collector_cpu_1.prof";
@@ -693,4 +694,72 @@ fn grpc_clients_get_the_same_answers() {
     let length = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
     let response = api::SelectMergeStacktracesResponse::decode(&body[5..5 + length]).unwrap();
     assert_eq!(response.flamegraph.unwrap().total, 2 * loaded.fixture_total);
+}
+
+#[test]
+fn legacy_http_queries_agree_with_the_api() {
+    let loaded = loaded();
+    let server = &loaded.server;
+    let (from, until) = (loaded.start / 1000, loaded.end / 1000);
+    let api_query = url_escape(&format!(r#"{CPU}{{service_name="api"}}"#));
+    let web_query = url_escape(&format!(r#"{CPU}{{service_name="web"}}"#));
+    let render = server.json(
+        &format!("/pyroscope/render?query={api_query}&from={from}&until={until}&groupBy=instance"),
+        &[],
+    );
+    let sum = |timeline: &Value| -> i64 {
+        timeline["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .sum()
+    };
+    assert_eq!(
+        render["flamebearer"]["numTicks"],
+        json!(2 * loaded.fixture_total)
+    );
+    assert_eq!(sum(&render["timeline"]), 2 * loaded.fixture_total);
+    let groups = render["groups"].as_object().expect("groups");
+    assert_eq!(groups.len(), 2);
+    for instance in ["a", "b"] {
+        assert_eq!(sum(&groups[instance]), loaded.fixture_total);
+    }
+
+    let diff = server.json(
+        &format!(
+            "/pyroscope/render-diff?leftQuery={api_query}&leftFrom={from}&leftUntil={until}\
+             &rightQuery={web_query}&rightFrom={from}&rightUntil={until}"
+        ),
+        &[],
+    );
+    assert_eq!(diff["leftTicks"], json!(2 * loaded.fixture_total));
+    assert_eq!(diff["rightTicks"], json!(loaded.fixture_total));
+    assert_eq!(diff["metadata"]["format"], "double");
+    for level in diff["flamebearer"]["levels"].as_array().unwrap() {
+        assert_eq!(level.as_array().unwrap().len() % 7, 0);
+    }
+    assert_eq!(sum(&diff["leftTimeline"]), 2 * loaded.fixture_total);
+
+    let names = server.json(
+        &format!("/pyroscope/label-names?from={from}&until={until}"),
+        &[],
+    );
+    assert!(names.as_array().unwrap().contains(&json!("service_name")));
+    let values = server.json(
+        &format!("/pyroscope/label-values?label=service_name&from={from}&until={until}"),
+        &[],
+    );
+    assert_eq!(values, json!(["api", "web"]));
+    let narrowed = server.json(
+        &format!(
+            "/pyroscope/label-values?label=service_name&query={}&from={from}&until={until}",
+            url_escape(r#"{instance="b"}"#)
+        ),
+        &[],
+    );
+    assert_eq!(narrowed, json!(["api"]));
+    let (status, body) = server.get("/pyroscope/render-diff?leftQuery=x");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("rightQuery"), "{body}");
 }

@@ -1,0 +1,307 @@
+//! Pyroscope's legacy HTTP query API, as its UI and older clients call it:
+//! `/pyroscope/render` (flamebearer JSON with a timeline, and `groupBy` timelines),
+//! `/pyroscope/render-diff`, `/pyroscope/label-names` and `/pyroscope/label-values`.
+//! Queries are `TYPE{matchers}`, where TYPE is a profile type id or a legacy
+//! `app.suffix` name; times are `now-1h`, RFC 3339 or epoch seconds/ms/µs/ns.
+
+use std::collections::{BTreeMap, HashMap};
+
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use kiln_model::selector::Selector;
+use kiln_model::time::parse_time_nanos;
+use kiln_query::diff::flame_graph_diff;
+use kiln_query::flamebearer::{
+    auto_step_seconds, flamebearer, metadata_for, timeline, Flamebearer, RenderDiffResponse,
+    RenderResponse, Timeline,
+};
+use kiln_query::labels::{self as label_queries, SeriesQuery};
+use kiln_query::merge::{merged_tree, DEFAULT_MAX_NODES};
+use kiln_query::select::{SelectRequest, TypeFilter};
+use kiln_query::series::{select_series, SeriesOptions};
+use kiln_query::QueryError;
+
+use crate::routes::{now_nanos, parse_render_query, text_error, SharedState};
+use crate::tenant::tenant_of;
+
+type Params = HashMap<String, String>;
+
+/// One selection of a legacy request.
+struct Selection {
+    type_id: String,
+    selector: Selector,
+    from_nanos: i64,
+    to_nanos: i64,
+}
+
+/// Parameter `name`, or `{prefix}Name` for render-diff's "left"/"right" sides.
+fn param<'a>(params: &'a Params, prefix: &str, name: &str) -> Option<&'a String> {
+    if prefix.is_empty() {
+        return params.get(name);
+    }
+    let mut capitalized = name.to_string();
+    if let Some(first) = capitalized.get_mut(..1) {
+        first.make_ascii_uppercase();
+    }
+    params.get(&format!("{prefix}{capitalized}"))
+}
+
+fn selection(params: &Params, prefix: &str) -> Result<Selection, QueryError> {
+    let query = param(params, prefix, "query").ok_or_else(|| {
+        let name = if prefix.is_empty() {
+            "query".to_string()
+        } else {
+            format!("{prefix}Query")
+        };
+        QueryError::BadRequest(format!("the {name} parameter is required"))
+    })?;
+    let (type_id, selector) = parse_render_query(query)?;
+    let now = now_nanos();
+    let time = |name: &str, default: &str| -> Result<i64, QueryError> {
+        let value = param(params, prefix, name).map_or(default, String::as_str);
+        parse_time_nanos(value, now)
+            .map_err(|err| QueryError::BadRequest(format!("{prefix}{name}: {err}")))
+    };
+    let from_nanos = time("from", "now-1h")?;
+    let to_nanos = time("until", "now")?;
+    if to_nanos < from_nanos {
+        return Err(QueryError::BadRequest("until is before from".to_string()));
+    }
+    Ok(Selection {
+        type_id,
+        selector,
+        from_nanos,
+        to_nanos,
+    })
+}
+
+impl Selection {
+    fn request(&self, tenant: &str) -> SelectRequest {
+        SelectRequest {
+            tenant: tenant.to_string(),
+            types: TypeFilter::Exact(self.type_id.clone()),
+            selector: self.selector.clone(),
+            from_nanos: self.from_nanos,
+            to_nanos: self.to_nanos,
+            ..Default::default()
+        }
+    }
+
+    fn step_seconds(&self) -> i64 {
+        auto_step_seconds(self.from_nanos, self.to_nanos)
+    }
+}
+
+fn max_nodes(params: &Params) -> Result<usize, QueryError> {
+    match params.get("max-nodes").or(params.get("maxNodes")) {
+        Some(value) => value
+            .parse::<usize>()
+            .map_err(|_| QueryError::BadRequest(format!("invalid max-nodes {value:?}"))),
+        None => Ok(DEFAULT_MAX_NODES),
+    }
+}
+
+/// Timelines of the selection's totals, one per value of each series' `group_by` labels
+/// (one with no labels when `group_by` is empty).
+async fn timelines(
+    state: &SharedState,
+    request: &SelectRequest,
+    selection: &Selection,
+    group_by: &[String],
+) -> Result<BTreeMap<String, Timeline>, QueryError> {
+    let step = selection.step_seconds();
+    let options = SeriesOptions {
+        step_ms: step * 1000,
+        group_by: group_by.to_vec(),
+        ..Default::default()
+    };
+    let series = select_series(&state.querier, request, &options).await?;
+    Ok(series
+        .into_iter()
+        .map(|series| {
+            let key = series
+                .labels
+                .iter()
+                .map(|label| label.value.as_str())
+                .collect::<Vec<_>>()
+                .join(",");
+            let points: Vec<(i64, i64)> = series
+                .points
+                .iter()
+                .map(|point| (point.timestamp * 1_000_000, point.value as i64))
+                .collect();
+            (
+                key,
+                timeline(&points, selection.from_nanos, selection.to_nanos, step),
+            )
+        })
+        .collect())
+}
+
+fn total_timeline(groups: &BTreeMap<String, Timeline>, selection: &Selection) -> Timeline {
+    groups
+        .values()
+        .next()
+        .map(|timeline| Timeline {
+            start_time: timeline.start_time,
+            samples: timeline.samples.clone(),
+            duration_delta: timeline.duration_delta,
+        })
+        .unwrap_or_else(|| {
+            timeline(
+                &[],
+                selection.from_nanos,
+                selection.to_nanos,
+                selection.step_seconds(),
+            )
+        })
+}
+
+fn respond<T: serde::Serialize>(result: Result<T, QueryError>) -> Response {
+    match result {
+        Ok(response) => Json(response).into_response(),
+        Err(err) => text_error(err.status(), err.to_string()),
+    }
+}
+
+/// `GET /pyroscope/render?query=…&from=…&until=…&max-nodes=…&groupBy=…`.
+pub async fn render(
+    State(state): State<SharedState>,
+    Query(params): Query<Params>,
+    headers: HeaderMap,
+) -> Response {
+    respond(
+        async {
+            let tenant = tenant_of(&headers).map_err(QueryError::BadRequest)?;
+            let selection = selection(&params, "")?;
+            let request = selection.request(&tenant);
+            let tree = merged_tree(&state.querier, &request, max_nodes(&params)?).await?;
+            let total = timelines(&state, &request, &selection, &[]).await?;
+            let groups = match params.get("groupBy").filter(|label| !label.is_empty()) {
+                Some(label) => {
+                    Some(timelines(&state, &request, &selection, &[label.clone()]).await?)
+                }
+                None => None,
+            };
+            Ok(RenderResponse {
+                version: 1,
+                flamebearer: flamebearer(&tree),
+                metadata: metadata_for(&selection.type_id),
+                timeline: total_timeline(&total, &selection),
+                groups,
+            })
+        }
+        .await,
+    )
+}
+
+/// `GET /pyroscope/render-diff?leftQuery=…&leftFrom=…&leftUntil=…&rightQuery=…&…`.
+pub async fn render_diff(
+    State(state): State<SharedState>,
+    Query(params): Query<Params>,
+    headers: HeaderMap,
+) -> Response {
+    respond(
+        async {
+            let tenant = tenant_of(&headers).map_err(QueryError::BadRequest)?;
+            let left = selection(&params, "left")?;
+            let right = selection(&params, "right")?;
+            if left.type_id != right.type_id {
+                return Err(QueryError::BadRequest(format!(
+                    "left and right query different profile types ({} and {})",
+                    left.type_id, right.type_id
+                )));
+            }
+            let (left_request, right_request) = (left.request(&tenant), right.request(&tenant));
+            let left_tree = merged_tree(&state.querier, &left_request, 0).await?;
+            let right_tree = merged_tree(&state.querier, &right_request, 0).await?;
+            let diff = flame_graph_diff(&left_tree, &right_tree, max_nodes(&params)?);
+            let left_timeline = timelines(&state, &left_request, &left, &[]).await?;
+            let right_timeline = timelines(&state, &right_request, &right, &[]).await?;
+            let mut metadata = metadata_for(&left.type_id);
+            metadata.format = "double";
+            Ok(RenderDiffResponse {
+                version: 1,
+                flamebearer: Flamebearer {
+                    names: diff.names,
+                    levels: diff.levels.into_iter().map(|level| level.values).collect(),
+                    num_ticks: diff.total,
+                    max_self: diff.max_self,
+                },
+                metadata,
+                left_ticks: diff.left_ticks,
+                right_ticks: diff.right_ticks,
+                left_timeline: total_timeline(&left_timeline, &left),
+                right_timeline: total_timeline(&right_timeline, &right),
+            })
+        }
+        .await,
+    )
+}
+
+/// The series query of `query` (optional; a bare `{…}` or `TYPE{…}`) over `from`/`until`.
+fn series_query(params: &Params, tenant: String) -> Result<SeriesQuery, QueryError> {
+    let now = now_nanos();
+    let time = |name: &str, default: &str| -> Result<i64, QueryError> {
+        parse_time_nanos(params.get(name).map_or(default, String::as_str), now)
+            .map_err(|err| QueryError::BadRequest(format!("{name}: {err}")))
+    };
+    let selectors = match params.get("query").filter(|query| !query.trim().is_empty()) {
+        Some(query) if query.trim_start().starts_with('{') => {
+            label_queries::parse_matchers(std::slice::from_ref(query))?
+        }
+        Some(query) => {
+            let (type_id, mut selector) = parse_render_query(query)?;
+            selector.matchers.push(kiln_model::selector::Matcher::equal(
+                "__profile_type__",
+                &type_id,
+            ));
+            vec![selector]
+        }
+        None => Vec::new(),
+    };
+    Ok(SeriesQuery {
+        tenant,
+        selectors,
+        from_nanos: time("from", "now-24h")?,
+        to_nanos: time("until", "now")?,
+    })
+}
+
+/// `GET /pyroscope/label-names?query=…&from=…&until=…`: a JSON array of names.
+pub async fn label_names(
+    State(state): State<SharedState>,
+    Query(params): Query<Params>,
+    headers: HeaderMap,
+) -> Response {
+    respond(
+        async {
+            let tenant = tenant_of(&headers).map_err(QueryError::BadRequest)?;
+            let query = series_query(&params, tenant)?;
+            label_queries::label_names(&state.querier, &query).await
+        }
+        .await,
+    )
+}
+
+/// `GET /pyroscope/label-values?label=…&query=…&from=…&until=…`: a JSON array of values.
+pub async fn label_values(
+    State(state): State<SharedState>,
+    Query(params): Query<Params>,
+    headers: HeaderMap,
+) -> Response {
+    respond(
+        async {
+            let tenant = tenant_of(&headers).map_err(QueryError::BadRequest)?;
+            let label = params
+                .get("label")
+                .or(params.get("name"))
+                .ok_or_else(|| QueryError::BadRequest("the label parameter is required".into()))?;
+            let query = series_query(&params, tenant)?;
+            label_queries::label_values(&state.querier, &query, label).await
+        }
+        .await,
+    )
+}
