@@ -180,9 +180,9 @@ pub async fn render(
             let tree = merged_tree(&state.querier, &request, max_nodes(&params)?).await?;
             let total = timelines(&state, &request, &selection, &[]).await?;
             let groups = match params.get("groupBy").filter(|label| !label.is_empty()) {
-                Some(label) => {
-                    Some(timelines(&state, &request, &selection, &[label.clone()]).await?)
-                }
+                Some(label) => Some(
+                    timelines(&state, &request, &selection, std::slice::from_ref(label)).await?,
+                ),
                 None => None,
             };
             Ok(RenderResponse {
