@@ -2,6 +2,7 @@
 //! one machine with embedded defaults; `kiln bench` measures the hot paths.
 
 mod bench;
+mod query;
 
 /// Ingest allocates many small objects per profile on several threads; mimalloc measured
 /// faster than the system allocator there (docs/benchmarks.md).
@@ -48,6 +49,8 @@ struct Cli {
 enum Command {
     /// Run the server: ingest, storage and queries on one port.
     Server(ServerArgs),
+    /// Query a server: flame graphs, top functions, series, diffs, labels.
+    Query(query::QueryArgs),
     /// Measure a hot path and print its figures.
     Bench {
         #[command(subcommand)]
@@ -132,6 +135,8 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Server(args) => runtime.block_on(run_server(args.into_config()?)),
         Command::Bench { bench } => runtime.block_on(bench::run(bench)),
+        // Queries are blocking HTTP calls and need no runtime.
+        Command::Query(args) => query::run(args),
     }
 }
 

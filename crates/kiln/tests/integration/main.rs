@@ -1,6 +1,7 @@
 //! End-to-end tests: a real server on a loopback port, real profiles pushed through every
 //! ingest protocol, and the results read back and checked against `go tool pprof`.
 
+mod cli;
 mod common;
 mod limits;
 mod profefe;

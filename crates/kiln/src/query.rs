@@ -1,0 +1,676 @@
+//! `kiln query`: the query API from a terminal. It calls a server's
+//! `querier.v1.QuerierService` (Connect, `application/proto`) exactly as the UI does, and
+//! prints what a pipe or a person wants: SVG or folded flame graphs, pprof files, top
+//! tables, series as text or CSV, diffs, labels.
+
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand, ValueEnum};
+use kiln_model::profile_type::{default_legacy_type, split_legacy_name};
+use kiln_query::api;
+use prost::Message;
+
+#[derive(Args)]
+pub struct QueryArgs {
+    /// Server URL.
+    #[arg(
+        long,
+        env = "KILN_URL",
+        default_value = "http://localhost:4040",
+        global = true
+    )]
+    url: String,
+    /// Tenant (sent as X-Scope-OrgID).
+    #[arg(long, env = "KILN_TENANT", global = true)]
+    tenant: Option<String>,
+    #[command(subcommand)]
+    command: QueryCommand,
+}
+
+/// What to select: `TYPE{matchers}`, where TYPE is a profile type id
+/// (`process_cpu:cpu:nanoseconds:cpu:nanoseconds`) or a legacy `app.cpu` name.
+#[derive(Args, Clone)]
+struct Selection {
+    /// Query, e.g. 'process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name="api"}'.
+    #[arg(long, short)]
+    query: String,
+    /// Start: now-1h, RFC 3339, or epoch seconds/ms/µs/ns.
+    #[arg(long, default_value = "now-1h")]
+    from: String,
+    /// End, in the same forms.
+    #[arg(long, default_value = "now")]
+    to: String,
+}
+
+#[derive(Subcommand)]
+enum QueryCommand {
+    /// A merged flame graph: SVG by default, or folded stacks, pprof or JSON.
+    Flamegraph {
+        #[command(flatten)]
+        selection: Selection,
+        #[arg(long, value_enum, default_value = "svg")]
+        format: FlameFormat,
+        /// Nodes to keep; the rest are summed into "other" nodes (0: the server's
+        /// default, -1: every node).
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+        max_nodes: i64,
+        /// Output file [default: standard output].
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
+    /// Functions by self and total value.
+    Top {
+        #[command(flatten)]
+        selection: Selection,
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// Sort by total instead of self.
+        #[arg(long)]
+        by_total: bool,
+    },
+    /// Totals over time, one series per value of the group-by labels.
+    Series {
+        #[command(flatten)]
+        selection: Selection,
+        /// Step in seconds.
+        #[arg(long, default_value_t = 60.0)]
+        step: f64,
+        #[arg(long = "group-by")]
+        group_by: Vec<String>,
+        #[arg(long, value_enum, default_value = "text")]
+        format: SeriesFormat,
+    },
+    /// Biggest changes per function between two selections or two time ranges.
+    Diff {
+        #[command(flatten)]
+        left: Selection,
+        /// Right-hand query [default: the left query].
+        #[arg(long)]
+        right_query: Option<String>,
+        /// Right-hand start [default: the left start].
+        #[arg(long)]
+        right_from: Option<String>,
+        /// Right-hand end [default: the left end].
+        #[arg(long)]
+        right_to: Option<String>,
+        #[arg(long, default_value_t = 10)]
+        limit: usize,
+    },
+    /// Label names, or the values of one label.
+    Labels {
+        /// List the values of this label instead of the names.
+        #[arg(long)]
+        name: Option<String>,
+        /// Only series matching this selector, e.g. '{service_name="api"}'.
+        #[arg(long, short)]
+        query: Option<String>,
+        #[arg(long, default_value = "now-24h")]
+        from: String,
+        #[arg(long, default_value = "now")]
+        to: String,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum FlameFormat {
+    Svg,
+    Folded,
+    Pprof,
+    Json,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum SeriesFormat {
+    Text,
+    Csv,
+}
+
+struct Client {
+    url: String,
+    tenant: Option<String>,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    /// One unary Connect call; shows a spinner on a terminal while it waits.
+    fn call_raw(&self, method: &str, request: &impl Message) -> anyhow::Result<Vec<u8>> {
+        let url = format!(
+            "{}/querier.v1.QuerierService/{method}",
+            self.url.trim_end_matches('/')
+        );
+        let mut http = self
+            .agent
+            .post(&url)
+            .set("Content-Type", "application/proto");
+        if let Some(tenant) = &self.tenant {
+            http = http.set("X-Scope-OrgID", tenant);
+        }
+        let progress = Progress::start(method);
+        let result = http.send_bytes(&request.encode_to_vec());
+        progress.stop();
+        match result {
+            Ok(response) => {
+                let mut body = Vec::new();
+                response
+                    .into_reader()
+                    .read_to_end(&mut body)
+                    .context("cannot read the response")?;
+                Ok(body)
+            }
+            Err(ureq::Error::Status(status, response)) => {
+                let text = response.into_string().unwrap_or_default();
+                let message = serde_json::from_str::<serde_json::Value>(&text)
+                    .ok()
+                    .and_then(|error| error["message"].as_str().map(str::to_string))
+                    .unwrap_or(text);
+                bail!("{method} failed with HTTP {status}: {}", message.trim())
+            }
+            Err(err) => Err(err).with_context(|| format!("cannot reach {url}")),
+        }
+    }
+
+    fn call<T: Message + Default>(
+        &self,
+        method: &str,
+        request: &impl Message,
+    ) -> anyhow::Result<T> {
+        let body = self.call_raw(method, request)?;
+        T::decode(body.as_slice()).with_context(|| format!("invalid {method} response"))
+    }
+}
+
+use std::io::Read;
+
+/// A spinner on standard error after half a second, only when it is a terminal.
+struct Progress {
+    done: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progress {
+    fn start(what: &str) -> Progress {
+        let done = Arc::new(AtomicBool::new(false));
+        if !std::io::stderr().is_terminal() {
+            return Progress { done, thread: None };
+        }
+        let flag = done.clone();
+        let what = what.to_string();
+        let thread = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            let frames = ['|', '/', '-', '\\'];
+            let mut frame = 0;
+            while !flag.load(Ordering::Relaxed) {
+                eprint!("\r{} {what}…", frames[frame % frames.len()]);
+                frame += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if frame > 0 {
+                eprint!("\r{}\r", " ".repeat(what.len() + 4));
+            }
+        });
+        Progress {
+            done,
+            thread: Some(thread),
+        }
+    }
+
+    fn stop(mut self) {
+        self.done.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Splits `TYPE{matchers}` into a profile type id and a label selector.
+fn split_query(query: &str) -> anyhow::Result<(String, String)> {
+    let query = query.trim();
+    let (name, selector) = match query.find('{') {
+        Some(brace) => (query[..brace].trim(), query[brace..].trim()),
+        None => (query, "{}"),
+    };
+    if name.is_empty() {
+        bail!("the query needs a profile type before the braces, e.g. process_cpu:cpu:nanoseconds:cpu:nanoseconds{{}}");
+    }
+    if name.split(':').count() == 5 {
+        return Ok((name.to_string(), selector.to_string()));
+    }
+    let (app, kind) = split_legacy_name(name);
+    let type_id = kind.unwrap_or_else(default_legacy_type).profile_type.id();
+    let Some(inner) = selector
+        .strip_prefix('{')
+        .and_then(|rest| rest.strip_suffix('}'))
+        .map(str::trim)
+    else {
+        // Malformed: the server names the position of the problem.
+        return Ok((type_id, selector.to_string()));
+    };
+    let app = app.replace('\\', "\\\\").replace('"', "\\\"");
+    let selector = if inner.is_empty() {
+        format!("{{service_name=\"{app}\"}}")
+    } else {
+        format!("{{service_name=\"{app}\", {inner}}}")
+    };
+    Ok((type_id, selector))
+}
+
+fn millis(value: &str) -> anyhow::Result<i64> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0);
+    let nanos = kiln_model::time::parse_time_nanos(value, now)
+        .map_err(|err| anyhow::anyhow!("invalid time {value:?}: {err}"))?;
+    Ok(nanos.div_euclid(1_000_000))
+}
+
+impl Selection {
+    fn merge_request(&self, max_nodes: i64) -> anyhow::Result<api::SelectMergeStacktracesRequest> {
+        let (profile_type_id, label_selector) = split_query(&self.query)?;
+        Ok(api::SelectMergeStacktracesRequest {
+            profile_type_id,
+            label_selector,
+            start: millis(&self.from)?,
+            end: millis(&self.to)?,
+            max_nodes: (max_nodes != 0).then_some(max_nodes),
+            ..Default::default()
+        })
+    }
+}
+
+/// A flame tree read from Pyroscope's tree bytes: every node as (path, self value).
+struct Stacks {
+    entries: Vec<(Vec<String>, i64)>,
+}
+
+impl Stacks {
+    fn from_tree_bytes(bytes: &[u8]) -> anyhow::Result<Stacks> {
+        fn varint(bytes: &[u8], at: &mut usize) -> anyhow::Result<u64> {
+            let mut value = 0u64;
+            for shift in (0..64).step_by(7) {
+                let Some(byte) = bytes.get(*at) else {
+                    bail!("truncated tree");
+                };
+                *at += 1;
+                value |= u64::from(byte & 0x7f) << shift;
+                if byte & 0x80 == 0 {
+                    return Ok(value);
+                }
+            }
+            bail!("invalid varint in tree")
+        }
+        let mut entries = Vec::new();
+        let mut at = 0;
+        // (path, children still to read) for each open node.
+        let mut open: Vec<(Vec<String>, u64)> = Vec::new();
+        let mut first = true;
+        while at < bytes.len() {
+            let length = varint(bytes, &mut at)? as usize;
+            let name = bytes.get(at..at + length).context("truncated tree name")?;
+            at += length;
+            let self_value = varint(bytes, &mut at)? as i64;
+            let children = varint(bytes, &mut at)?;
+            let mut path = match open.last_mut() {
+                Some((path, remaining)) => {
+                    *remaining -= 1;
+                    path.clone()
+                }
+                None => Vec::new(),
+            };
+            if !first {
+                path.push(String::from_utf8_lossy(name).into_owned());
+            }
+            first = false;
+            if self_value > 0 && !path.is_empty() {
+                entries.push((path.clone(), self_value));
+            }
+            open.push((path, children));
+            while open.last().is_some_and(|(_, remaining)| *remaining == 0) {
+                open.pop();
+            }
+        }
+        Ok(Stacks { entries })
+    }
+
+    fn folded(&self) -> String {
+        let mut out = String::new();
+        for (path, value) in &self.entries {
+            out.push_str(&path.join(";"));
+            out.push(' ');
+            out.push_str(&value.to_string());
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Per function: (self, total), total counting a function once per stack.
+    fn functions(&self) -> HashMap<String, (i64, i64)> {
+        let mut functions: HashMap<String, (i64, i64)> = HashMap::new();
+        for (path, value) in &self.entries {
+            if let Some(leaf) = path.last() {
+                functions.entry(leaf.clone()).or_default().0 += value;
+            }
+            let mut seen: Vec<&String> = Vec::new();
+            for frame in path {
+                if !seen.contains(&frame) {
+                    functions.entry(frame.clone()).or_default().1 += value;
+                    seen.push(frame);
+                }
+            }
+        }
+        functions
+    }
+
+    fn total(&self) -> i64 {
+        self.entries.iter().map(|(_, value)| value).sum()
+    }
+}
+
+fn write_output(output: Option<&PathBuf>, bytes: &[u8]) -> anyhow::Result<()> {
+    match output {
+        Some(path) => {
+            std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))
+        }
+        None => {
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(bytes)?;
+            stdout.flush()?;
+            Ok(())
+        }
+    }
+}
+
+fn percent(part: i64, whole: i64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        100.0 * part as f64 / whole as f64
+    }
+}
+
+fn tree_stacks(
+    client: &Client,
+    request: &api::SelectMergeStacktracesRequest,
+) -> anyhow::Result<Stacks> {
+    let mut request = request.clone();
+    request.format = api::PROFILE_FORMAT_TREE;
+    let response: api::SelectMergeStacktracesResponse =
+        client.call("SelectMergeStacktraces", &request)?;
+    Stacks::from_tree_bytes(&response.tree)
+}
+
+pub fn run(args: QueryArgs) -> anyhow::Result<()> {
+    let client = Client {
+        url: args.url,
+        tenant: args.tenant,
+        agent: ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(300))
+            .build(),
+    };
+    match args.command {
+        QueryCommand::Flamegraph {
+            selection,
+            format,
+            max_nodes,
+            output,
+        } => {
+            let request = selection.merge_request(max_nodes)?;
+            match format {
+                FlameFormat::Pprof => {
+                    let merge = api::SelectMergeProfileRequest {
+                        profile_type_id: request.profile_type_id,
+                        label_selector: request.label_selector,
+                        start: request.start,
+                        end: request.end,
+                        ..Default::default()
+                    };
+                    let body = client.call_raw("SelectMergeProfile", &merge)?;
+                    write_output(output.as_ref(), &kiln_model::compress::gzip(&body))
+                }
+                FlameFormat::Json => {
+                    let response: api::SelectMergeStacktracesResponse =
+                        client.call("SelectMergeStacktraces", &request)?;
+                    let mut text = serde_json::to_string_pretty(&response)?;
+                    text.push('\n');
+                    write_output(output.as_ref(), text.as_bytes())
+                }
+                FlameFormat::Folded => {
+                    let stacks = tree_stacks(&client, &request)?;
+                    write_output(output.as_ref(), stacks.folded().as_bytes())
+                }
+                FlameFormat::Svg => {
+                    let stacks = tree_stacks(&client, &request)?;
+                    let folded = stacks.folded();
+                    let mut options = inferno::flamegraph::Options::default();
+                    options.title = selection.query.clone();
+                    options.count_name = request
+                        .profile_type_id
+                        .split(':')
+                        .nth(2)
+                        .unwrap_or("samples")
+                        .to_string();
+                    let mut svg = Vec::new();
+                    if folded.is_empty() {
+                        bail!(
+                            "no data for {} between {} and {}",
+                            selection.query,
+                            selection.from,
+                            selection.to
+                        );
+                    }
+                    inferno::flamegraph::from_lines(&mut options, folded.lines(), &mut svg)
+                        .context("cannot draw the flame graph")?;
+                    write_output(output.as_ref(), &svg)
+                }
+            }
+        }
+        QueryCommand::Top {
+            selection,
+            limit,
+            by_total,
+        } => {
+            let request = selection.merge_request(-1)?;
+            let stacks = tree_stacks(&client, &request)?;
+            let total = stacks.total();
+            let mut functions: Vec<(String, (i64, i64))> = stacks.functions().into_iter().collect();
+            functions.sort_by(|a, b| {
+                let key =
+                    |entry: &(String, (i64, i64))| if by_total { entry.1 .1 } else { entry.1 .0 };
+                key(b).cmp(&key(a)).then(a.0.cmp(&b.0))
+            });
+            let mut out = String::new();
+            out.push_str(&format!(
+                "{:>16} {:>7} {:>16} {:>7}  function\n",
+                "self", "self%", "total", "total%"
+            ));
+            for (name, (self_value, total_value)) in functions.into_iter().take(limit) {
+                out.push_str(&format!(
+                    "{:>16} {:>6.2}% {:>16} {:>6.2}%  {name}\n",
+                    self_value,
+                    percent(self_value, total),
+                    total_value,
+                    percent(total_value, total)
+                ));
+            }
+            write_output(None, out.as_bytes())
+        }
+        QueryCommand::Series {
+            selection,
+            step,
+            group_by,
+            format,
+        } => {
+            let merge = selection.merge_request(0)?;
+            let request = api::SelectSeriesRequest {
+                profile_type_id: merge.profile_type_id,
+                label_selector: merge.label_selector,
+                start: merge.start,
+                end: merge.end,
+                group_by,
+                step,
+                ..Default::default()
+            };
+            let response: api::SelectSeriesResponse = client.call("SelectSeries", &request)?;
+            let mut out = String::new();
+            if matches!(format, SeriesFormat::Csv) {
+                out.push_str("series,timestamp,value\n");
+            }
+            for series in &response.series {
+                let name = series
+                    .labels
+                    .iter()
+                    .map(|label| format!("{}={}", label.name, label.value))
+                    .collect::<Vec<_>>()
+                    .join(",");
+                match format {
+                    SeriesFormat::Text => out.push_str(&format!("{{{name}}}\n")),
+                    SeriesFormat::Csv => {}
+                }
+                for point in &series.points {
+                    let time = kiln_model::time::format_rfc3339(point.timestamp * 1_000_000);
+                    match format {
+                        SeriesFormat::Text => out.push_str(&format!("  {time}  {}\n", point.value)),
+                        SeriesFormat::Csv => out.push_str(&format!(
+                            "\"{}\",{time},{}\n",
+                            name.replace('"', "\"\""),
+                            point.value
+                        )),
+                    }
+                }
+            }
+            write_output(None, out.as_bytes())
+        }
+        QueryCommand::Diff {
+            left,
+            right_query,
+            right_from,
+            right_to,
+            limit,
+        } => {
+            let right = Selection {
+                query: right_query.unwrap_or_else(|| left.query.clone()),
+                from: right_from.unwrap_or_else(|| left.from.clone()),
+                to: right_to.unwrap_or_else(|| left.to.clone()),
+            };
+            let left_stacks = tree_stacks(&client, &left.merge_request(-1)?)?;
+            let right_stacks = tree_stacks(&client, &right.merge_request(-1)?)?;
+            let (left_total, right_total) = (left_stacks.total(), right_stacks.total());
+            let left_functions = left_stacks.functions();
+            let right_functions = right_stacks.functions();
+            let mut names: Vec<&String> = left_functions
+                .keys()
+                .chain(right_functions.keys())
+                .collect();
+            names.sort();
+            names.dedup();
+            // Change in share of the total, so two ranges of different length compare.
+            let mut changes: Vec<(f64, &String, i64, i64)> = names
+                .into_iter()
+                .map(|name| {
+                    let before = left_functions.get(name).map_or(0, |v| v.0);
+                    let after = right_functions.get(name).map_or(0, |v| v.0);
+                    (
+                        percent(after, right_total) - percent(before, left_total),
+                        name,
+                        before,
+                        after,
+                    )
+                })
+                .filter(|(change, _, _, _)| *change != 0.0)
+                .collect();
+            changes.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
+            let mut out = format!("left total {left_total}, right total {right_total}\n");
+            let line = |(change, name, before, after): &(f64, &String, i64, i64)| {
+                format!("{change:>+9.2}%  {before:>14} -> {after:<14}  {name}\n")
+            };
+            out.push_str("grew (self, share of total):\n");
+            for change in changes.iter().filter(|c| c.0 > 0.0).take(limit) {
+                out.push_str(&line(change));
+            }
+            out.push_str("shrank (self, share of total):\n");
+            for change in changes.iter().rev().filter(|c| c.0 < 0.0).take(limit) {
+                out.push_str(&line(change));
+            }
+            write_output(None, out.as_bytes())
+        }
+        QueryCommand::Labels {
+            name,
+            query,
+            from,
+            to,
+        } => {
+            let matchers: Vec<String> = query.into_iter().collect();
+            let (start, end) = (millis(&from)?, millis(&to)?);
+            let names = match name {
+                Some(name) => {
+                    let response: api::LabelValuesResponse = client.call(
+                        "LabelValues",
+                        &api::LabelValuesRequest {
+                            name,
+                            matchers,
+                            start,
+                            end,
+                        },
+                    )?;
+                    response.names
+                }
+                None => {
+                    let response: api::LabelNamesResponse = client.call(
+                        "LabelNames",
+                        &api::LabelNamesRequest {
+                            matchers,
+                            start,
+                            end,
+                        },
+                    )?;
+                    response.names
+                }
+            };
+            let mut out = names.join("\n");
+            out.push('\n');
+            write_output(None, out.as_bytes())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_split_into_type_and_selector() {
+        let (type_id, selector) =
+            split_query(r#"process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name="a"}"#)
+                .unwrap();
+        assert_eq!(type_id, "process_cpu:cpu:nanoseconds:cpu:nanoseconds");
+        assert_eq!(selector, r#"{service_name="a"}"#);
+        let (type_id, selector) = split_query(r#"myapp.alloc_objects{env="prod"}"#).unwrap();
+        assert_eq!(type_id, "memory:alloc_objects:count:space:bytes");
+        assert_eq!(selector, r#"{service_name="myapp", env="prod"}"#);
+        let (_, selector) = split_query("myapp").unwrap();
+        assert_eq!(selector, r#"{service_name="myapp"}"#);
+        assert!(split_query(r#"{service_name="a"}"#).is_err());
+    }
+
+    #[test]
+    fn tree_bytes_become_folded_stacks() {
+        // virtual root → main (self 2) → work (self 300); main → idle (self 5)
+        let mut bytes = vec![0, 0, 1];
+        bytes.extend_from_slice(&[4, b'm', b'a', b'i', b'n', 2, 2]);
+        bytes.extend_from_slice(&[4, b'w', b'o', b'r', b'k', 0xac, 0x02, 0]);
+        bytes.extend_from_slice(&[4, b'i', b'd', b'l', b'e', 5, 0]);
+        let stacks = Stacks::from_tree_bytes(&bytes).unwrap();
+        assert_eq!(stacks.folded(), "main 2\nmain;work 300\nmain;idle 5\n");
+        assert_eq!(stacks.total(), 307);
+        let functions = stacks.functions();
+        assert_eq!(functions["main"], (2, 307));
+        assert_eq!(functions["work"], (300, 300));
+        assert!(Stacks::from_tree_bytes(&[4, b'm']).is_err());
+    }
+}
