@@ -17,6 +17,8 @@ pub enum BenchCommand {
     Ingest(IngestArgs),
     /// CPU cost of each write-path stage on one core, without HTTP or storage.
     Stages(StagesArgs),
+    /// Query latency over 1 h, 24 h and 7 d of one service, against go tool pprof.
+    Query(crate::bench_query::QueryBenchArgs),
 }
 
 #[derive(Args)]
@@ -55,6 +57,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Ingest(args) => ingest(args).await,
         BenchCommand::Stages(args) => stages(args),
+        BenchCommand::Query(args) => crate::bench_query::run(args).await,
     }
 }
 

@@ -2,6 +2,7 @@
 //! one machine with embedded defaults; `kiln bench` measures the hot paths.
 
 mod bench;
+mod bench_query;
 mod query;
 
 /// Ingest allocates many small objects per profile on several threads; mimalloc measured

