@@ -135,6 +135,56 @@ fn flame_total(
     response.flamegraph.map_or(0, |graph| graph.total)
 }
 
+/// Per function (flat, cum) from Pyroscope's tree bytes: flat sums a node's self value,
+/// cum adds it to every distinct function on its path.
+fn tree_functions(bytes: &[u8]) -> std::collections::HashMap<String, (i64, i64)> {
+    fn varint(bytes: &[u8], at: &mut usize) -> u64 {
+        let mut value = 0u64;
+        let mut shift = 0;
+        loop {
+            let byte = bytes[*at];
+            *at += 1;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte < 0x80 {
+                return value;
+            }
+            shift += 7;
+        }
+    }
+    let mut functions: std::collections::HashMap<String, (i64, i64)> = Default::default();
+    // (name, children left) of the open nodes; the first is the nameless root.
+    let mut open: Vec<(String, u64)> = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let length = varint(bytes, &mut at) as usize;
+        let name = String::from_utf8_lossy(&bytes[at..at + length]).into_owned();
+        at += length;
+        let self_value = varint(bytes, &mut at) as i64;
+        let children = varint(bytes, &mut at);
+        if let Some((_, left)) = open.last_mut() {
+            *left -= 1;
+        }
+        open.push((name, children));
+        if self_value > 0 {
+            let path: Vec<&String> = open.iter().skip(1).map(|(name, _)| name).collect();
+            if let Some(leaf) = path.last() {
+                functions.entry((*leaf).clone()).or_default().0 += self_value;
+            }
+            let mut seen: Vec<&String> = Vec::new();
+            for name in path {
+                if !seen.contains(&name) {
+                    functions.entry(name.clone()).or_default().1 += self_value;
+                    seen.push(name);
+                }
+            }
+        }
+        while open.last().is_some_and(|(_, left)| *left == 0) {
+            open.pop();
+        }
+    }
+    functions
+}
+
 /// Reads Pyroscope's tree bytes back: (sum of self values, node count).
 fn read_tree(bytes: &[u8]) -> (i64, usize) {
     fn varint(bytes: &[u8], at: &mut usize) -> u64 {
@@ -300,6 +350,18 @@ fn merged_pprof_matches_go_tool_pprof() {
     let expected = go_function_totals(&go, &[&input, &input], CPU_INDEX);
     let actual = go_function_totals(&go, &[&output], 0);
     assert_eq!(actual, expected);
+    // The flame graph, read as a full tree, gives go's per-function values too.
+    let mut tree_request = merge_request(&loaded, r#"{service_name="api"}"#);
+    tree_request.format = api::PROFILE_FORMAT_TREE;
+    tree_request.max_nodes = Some(-1);
+    let response: api::SelectMergeStacktracesResponse =
+        call(server, "SelectMergeStacktraces", &tree_request, None);
+    let from_tree = tree_functions(&response.tree);
+    let expected_nonzero: std::collections::HashMap<String, (i64, i64)> = expected
+        .into_iter()
+        .filter(|(_, (_, cum))| *cum != 0)
+        .collect();
+    assert_eq!(from_tree, expected_nonzero);
     // JSON cannot carry a pprof message: a clear 400, not a broken answer.
     let (status, _) = call_json(server, "SelectMergeProfile", json!({"profileTypeID": CPU}));
     assert_eq!(status, 400);
@@ -579,6 +641,35 @@ fn no_method_shows_another_tenants_data() {
             .unwrap();
         assert_eq!(service.value, "secret");
     }
+    let span: api::SelectMergeStacktracesResponse = call(
+        server,
+        "SelectMergeSpanProfile",
+        &api::SelectMergeSpanProfileRequest {
+            profile_type_id: CPU.into(),
+            label_selector: r#"{service_name="api"}"#.into(),
+            span_selector: vec!["0000000000000001".into()],
+            start: loaded.start,
+            end: loaded.end,
+            ..Default::default()
+        },
+        tenant,
+    );
+    assert_eq!(span.flamegraph.map_or(0, |graph| graph.total), 0);
+    // The legacy HTTP API is scoped the same way.
+    let (from, until) = (loaded.start / 1000, loaded.end / 1000);
+    let render = server.json(
+        &format!(
+            "/pyroscope/render?query={}&from={from}&until={until}",
+            url_escape(&format!(r#"{CPU}{{service_name="api"}}"#))
+        ),
+        &[("X-Scope-OrgID", "other")],
+    );
+    assert_eq!(render["flamebearer"]["numTicks"], json!(0));
+    let legacy_values = server.json(
+        &format!("/pyroscope/label-values?label=service_name&from={from}&until={until}"),
+        &[("X-Scope-OrgID", "other")],
+    );
+    assert_eq!(legacy_values, json!(["secret"]));
     // And the anonymous tenant never sees "secret".
     let values = label_values(
         server,
@@ -762,4 +853,76 @@ fn legacy_http_queries_agree_with_the_api() {
     let (status, body) = server.get("/pyroscope/render-diff?leftQuery=x");
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("rightQuery"), "{body}");
+}
+
+#[test]
+fn span_selector_merges_only_the_samples_of_those_spans() {
+    let Some(bytes) = corpus("pyro-span_id.pb.gz") else {
+        eprintln!("skipped: ../shared/corpus/pyro-span_id.pb.gz is absent");
+        return;
+    };
+    let server = TestServer::start();
+    let profile = kiln_model::pprof::decode(&bytes, 1 << 30).unwrap();
+    let (status, text) = server.post(
+        "/ingest?name=spans&format=pprof&from=1700000000&until=1700000010",
+        &bytes,
+    );
+    assert_eq!(status, 200, "{text}");
+    // The expected value per span: the sum of the samples carrying it, first value type.
+    let mut by_span: std::collections::BTreeMap<String, i64> = Default::default();
+    for sample in profile.sample.iter() {
+        for label in sample.label {
+            if profile.string_or_empty(label.key) == "span_id" {
+                *by_span
+                    .entry(profile.string_or_empty(label.str))
+                    .or_default() += sample.value[0];
+            }
+        }
+    }
+    assert!(!by_span.is_empty(), "the profile has span ids");
+    let type_index = profile.sample_type[0];
+    let types: api::ProfileTypesResponse = call(
+        &server,
+        "ProfileTypes",
+        &api::ProfileTypesRequest {
+            start: 1_699_999_990_000,
+            end: 1_700_000_100_000,
+        },
+        None,
+    );
+    let sample_type = profile.string_or_empty(type_index.r#type);
+    let type_id = types
+        .profile_types
+        .iter()
+        .find(|t| t.sample_type == sample_type)
+        .map(|t| t.id.clone())
+        .expect("the first sample type is stored");
+    let span_total = |spans: Vec<String>| -> i64 {
+        let response: api::SelectMergeStacktracesResponse = call(
+            &server,
+            "SelectMergeSpanProfile",
+            &api::SelectMergeSpanProfileRequest {
+                profile_type_id: type_id.clone(),
+                label_selector: r#"{service_name="spans"}"#.into(),
+                span_selector: spans,
+                start: 1_699_999_990_000,
+                end: 1_700_000_100_000,
+                ..Default::default()
+            },
+            None,
+        );
+        response.flamegraph.map_or(0, |graph| graph.total)
+    };
+    let all: i64 = profile.sample.iter().map(|sample| sample.value[0]).sum();
+    let spans: Vec<String> = by_span.keys().cloned().collect();
+    let with_spans: i64 = by_span.values().sum();
+    assert!(with_spans < all, "some samples carry no span");
+    for (span, total) in &by_span {
+        assert_eq!(span_total(vec![span.clone()]), *total, "span {span}");
+    }
+    assert_eq!(span_total(spans.clone()), with_spans);
+    let mut with_unknown = spans;
+    with_unknown.push("no-such-span".into());
+    assert_eq!(span_total(with_unknown), with_spans);
+    assert_eq!(span_total(vec!["no-such-span".into()]), 0);
 }
