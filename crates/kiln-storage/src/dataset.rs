@@ -691,6 +691,128 @@ impl DatasetBuilder {
         }
     }
 
+    /// Adds every profile of an existing dataset (of the same tenant and service), mapping
+    /// its symbol ids onto this builder's. Compaction merges datasets this way: each
+    /// string, mapping, function, location, stack node, series and sample label set ends
+    /// up stored once however many inputs held it. The input must have passed
+    /// [`Dataset::check`], so every id it holds is in range.
+    pub fn add_dataset(&mut self, dataset: &Dataset) {
+        let strings: Vec<u32> = dataset.strings.iter().map(|s| self.intern(s)).collect();
+        let string = |id: u32| strings.get(id as usize).copied().unwrap_or(0);
+        let mappings: Vec<u32> = dataset
+            .mappings
+            .iter()
+            .enumerate()
+            .map(|(index, row)| {
+                if index == 0 {
+                    return 0; // the "no mapping" sentinel
+                }
+                self.mappings.intern(MappingRow {
+                    filename: string(row.filename),
+                    build_id: string(row.build_id),
+                    ..*row
+                })
+            })
+            .collect();
+        let functions: Vec<u32> = dataset
+            .functions
+            .iter()
+            .map(|row| {
+                self.functions.intern(FunctionRow {
+                    name: string(row.name),
+                    system_name: string(row.system_name),
+                    filename: string(row.filename),
+                    start_line: row.start_line,
+                })
+            })
+            .collect();
+        let line_offsets = dataset.location_line_offsets();
+        let locations: Vec<u32> = (0..dataset.location_mapping.len())
+            .map(|location| {
+                let lines = (line_offsets[location]..line_offsets[location + 1])
+                    .map(|line| {
+                        let line = line as usize;
+                        (
+                            functions[dataset.line_function[line] as usize],
+                            dataset.line_number[line],
+                        )
+                    })
+                    .collect();
+                self.locations.intern(LocationKey {
+                    mapping: mappings
+                        .get(dataset.location_mapping[location] as usize)
+                        .copied()
+                        .unwrap_or(0),
+                    address: dataset.location_address[location],
+                    lines,
+                })
+            })
+            .collect();
+        // Parents precede children, so each parent is mapped before its children.
+        let mut stacks = vec![0u32; dataset.stack_parent.len()];
+        for node in 1..dataset.stack_parent.len() {
+            stacks[node] = self.stacks.intern((
+                stacks[dataset.stack_parent[node] as usize],
+                locations[dataset.stack_location[node] as usize],
+            ));
+        }
+        let series: Vec<u32> = dataset
+            .series
+            .iter()
+            .map(|row| {
+                self.series.intern(SeriesRow {
+                    profile_type: string(row.profile_type),
+                    labels: row
+                        .labels
+                        .iter()
+                        .map(|(name, value)| (string(*name), string(*value)))
+                        .collect(),
+                })
+            })
+            .collect();
+        // Per-sample label sets, rebuilt from the sample label rows (sorted by sample).
+        let mut sample_sets = vec![0u32; dataset.sample_stack.len()];
+        let mut row = 0;
+        let label_rows = dataset.sample_label_sample.len();
+        while row < label_rows {
+            let sample = dataset.sample_label_sample[row];
+            let mut set: Vec<(u32, u32)> = Vec::new();
+            while row < label_rows && dataset.sample_label_sample[row] == sample {
+                set.push((
+                    string(dataset.sample_label_name[row]),
+                    string(dataset.sample_label_value[row]),
+                ));
+                row += 1;
+            }
+            set.sort_unstable();
+            if let Some(slot) = sample_sets.get_mut(sample as usize) {
+                *slot = self.label_sets.intern(set);
+            }
+        }
+        let offsets = dataset.profile_sample_offsets();
+        for (index, profile) in dataset.profiles.iter().enumerate() {
+            let range = offsets[index] as usize..offsets[index + 1] as usize;
+            let mut samples = HashMap::with_capacity(range.len());
+            for sample in range {
+                let slot = samples
+                    .entry((
+                        stacks[dataset.sample_stack[sample] as usize],
+                        sample_sets[sample],
+                    ))
+                    .or_insert(0i64);
+                *slot = slot.saturating_add(dataset.sample_value[sample]);
+            }
+            self.profiles.push(PendingProfile {
+                row: ProfileRow {
+                    series: series[profile.series as usize],
+                    sample_count: 0,
+                    ..profile.clone()
+                },
+                samples,
+            });
+        }
+    }
+
     pub fn finish(self) -> Dataset {
         let mut dataset = Dataset {
             tenant: self.tenant,

@@ -14,7 +14,7 @@ use kiln_query::pprof_export::merged_pprof;
 use kiln_query::select::{aggregate, DatasetSelection, SelectRequest, TypeFilter};
 use kiln_query::tree::{build_tree, FlameTree};
 use kiln_storage::format::{decode_dataset, encode_block, Projection};
-use kiln_storage::DatasetBuilder;
+use kiln_storage::{Dataset, DatasetBuilder};
 
 const FIXTURES: [&str; 5] = [
     "profefe-collector_cpu_1.prof",
@@ -66,8 +66,29 @@ fn profiles() -> Vec<ParsedProfile> {
     profiles
 }
 
-/// Builds one dataset per group and takes it through a block's bytes and back.
-fn selections(profiles: &[ParsedProfile], groups: &[Vec<usize>]) -> Vec<DatasetSelection> {
+/// One dataset per group, each taken through a block's bytes and back.
+fn datasets(profiles: &[ParsedProfile], groups: &[Vec<usize>]) -> Vec<Dataset> {
+    groups
+        .iter()
+        .filter(|group| !group.is_empty())
+        .map(|group| {
+            let mut builder = DatasetBuilder::new("t", "svc");
+            for index in group {
+                builder.add_pprof(&profiles[*index].input(1_000));
+            }
+            round_trip(builder.finish())
+        })
+        .collect()
+}
+
+fn round_trip(dataset: Dataset) -> Dataset {
+    let block = encode_block(&[dataset]).expect("encodes");
+    let dataset = decode_dataset(&bytes::Bytes::from(block), 0, Projection::ALL).expect("decodes");
+    dataset.check().expect("consistent");
+    dataset
+}
+
+fn select(datasets: Vec<Dataset>) -> Vec<DatasetSelection> {
     let request = SelectRequest {
         tenant: "t".into(),
         types: TypeFilter::Any,
@@ -75,20 +96,23 @@ fn selections(profiles: &[ParsedProfile], groups: &[Vec<usize>]) -> Vec<DatasetS
         to_nanos: i64::MAX,
         ..Default::default()
     };
-    groups
-        .iter()
-        .filter(|group| !group.is_empty())
-        .filter_map(|group| {
-            let mut builder = DatasetBuilder::new("t", "svc");
-            for index in group {
-                builder.add_pprof(&profiles[*index].input(1_000));
-            }
-            let block = encode_block(&[builder.finish()]).expect("encodes");
-            let dataset =
-                decode_dataset(&bytes::Bytes::from(block), 0, Projection::ALL).expect("decodes");
-            aggregate(Arc::new(dataset), &request)
-        })
+    datasets
+        .into_iter()
+        .filter_map(|dataset| aggregate(Arc::new(dataset), &request))
         .collect()
+}
+
+fn selections(profiles: &[ParsedProfile], groups: &[Vec<usize>]) -> Vec<DatasetSelection> {
+    select(datasets(profiles, groups))
+}
+
+/// Compaction's merge: the datasets of `groups`, merged into one by symbol remapping.
+fn compacted(profiles: &[ParsedProfile], groups: &[Vec<usize>]) -> Dataset {
+    let mut builder = DatasetBuilder::new("t", "svc");
+    for dataset in datasets(profiles, groups) {
+        builder.add_dataset(&dataset);
+    }
+    round_trip(builder.finish())
 }
 
 /// A flame tree as path → (self, total), independent of node and name numbering.
@@ -209,4 +233,64 @@ fn any_split_into_blocks_merges_to_the_same_result() {
             .sum();
         assert_eq!(sum, expected_sum, "case {case}: profile totals");
     }
+}
+
+#[test]
+fn compacting_any_split_changes_nothing_and_stores_each_symbol_once() {
+    let profiles = profiles();
+    let whole: Vec<Vec<usize>> = vec![(0..profiles.len()).collect()];
+    let reference_dataset = datasets(&profiles, &whole).remove(0);
+    let reference = select(vec![reference_dataset.clone()]);
+    let type_ids: Vec<String> = reference[0]
+        .types
+        .iter()
+        .map(|(id, _)| id.clone())
+        .collect();
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    for case in 0..16 {
+        let group_count = 1 + rng.below(8);
+        let mut groups = vec![Vec::new(); group_count];
+        for index in 0..profiles.len() {
+            groups[rng.below(group_count)].push(index);
+        }
+        let merged = compacted(&profiles, &groups);
+        // Stored once: the merged tables are exactly as large as building in one go.
+        let sizes = |d: &Dataset| {
+            [
+                d.strings.len(),
+                d.functions.len(),
+                d.location_mapping.len(),
+                d.stack_parent.len(),
+                d.series.len(),
+                d.profiles.len(),
+                d.sample_value.len(),
+            ]
+        };
+        assert_eq!(sizes(&merged), sizes(&reference_dataset), "case {case}");
+        let merged_selection = select(vec![merged]);
+        for id in &type_ids {
+            assert_eq!(
+                tree_paths(&build_tree(&merged_selection, id)),
+                tree_paths(&build_tree(&reference, id)),
+                "case {case}: {id}"
+            );
+            assert_eq!(
+                pprof_functions(&merged_pprof(&merged_selection, std::slice::from_ref(id))),
+                pprof_functions(&merged_pprof(&reference, std::slice::from_ref(id))),
+                "case {case}: {id}"
+            );
+        }
+    }
+    // Merging a dataset with itself doubles every value and keeps every table.
+    let mut builder = DatasetBuilder::new("t", "svc");
+    builder.add_dataset(&reference_dataset);
+    builder.add_dataset(&reference_dataset);
+    let doubled = round_trip(builder.finish());
+    assert_eq!(
+        doubled.stack_parent.len(),
+        reference_dataset.stack_parent.len()
+    );
+    assert_eq!(doubled.profiles.len(), 2 * reference_dataset.profiles.len());
+    let total = |dataset: &Dataset| -> i64 { dataset.sample_value.iter().sum() };
+    assert_eq!(total(&doubled), 2 * total(&reference_dataset));
 }
