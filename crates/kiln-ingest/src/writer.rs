@@ -284,6 +284,7 @@ impl Flusher {
             level: 0,
             size_bytes,
             created_at_ms: crate::parse::now_nanos() / 1_000_000,
+            deleted_at_ms: None,
         };
         let dataset_metas = datasets
             .into_iter()

@@ -24,6 +24,9 @@ pub enum MetastoreError {
     Task(String),
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
+    /// A compaction swap found its inputs already replaced; nothing was changed.
+    #[error("conflict: {0}")]
+    Conflict(String),
 }
 
 /// One object in object storage.
@@ -35,6 +38,33 @@ pub struct BlockMeta {
     pub level: u32,
     pub size_bytes: u64,
     pub created_at_ms: i64,
+    /// Set once no dataset of the block is live; the object goes after a grace period.
+    #[serde(default)]
+    pub deleted_at_ms: Option<i64>,
+}
+
+/// Which dataset: its block and row group.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DatasetRef {
+    pub block_id: String,
+    pub row_group: u32,
+}
+
+impl DatasetMeta {
+    pub fn reference(&self) -> DatasetRef {
+        DatasetRef {
+            block_id: self.block_id.clone(),
+            row_group: self.row_group,
+        }
+    }
+}
+
+/// One compaction group: the datasets of a (tenant, service) at one level.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct LeaseKey {
+    pub tenant: String,
+    pub service: String,
+    pub level: u32,
 }
 
 /// One (tenant, service) dataset inside a block.
@@ -101,6 +131,65 @@ impl Metastore {
     pub async fn list_blocks(&self) -> Result<Vec<BlockMeta>, MetastoreError> {
         match self {
             Metastore::Sqlite(store) => store.list_blocks().await,
+        }
+    }
+
+    pub async fn datasets_at_level(
+        &self,
+        level: u32,
+    ) -> Result<Vec<(DatasetMeta, i64)>, MetastoreError> {
+        match self {
+            Metastore::Sqlite(store) => store.datasets_at_level(level).await,
+        }
+    }
+
+    pub async fn acquire_lease(
+        &self,
+        group: LeaseKey,
+        owner: &str,
+        ttl_ms: i64,
+    ) -> Result<bool, MetastoreError> {
+        match self {
+            Metastore::Sqlite(store) => store.acquire_lease(group, owner, ttl_ms).await,
+        }
+    }
+
+    pub async fn release_lease(&self, group: LeaseKey, owner: &str) -> Result<(), MetastoreError> {
+        match self {
+            Metastore::Sqlite(store) => store.release_lease(group, owner).await,
+        }
+    }
+
+    pub async fn replace_datasets(
+        &self,
+        block: BlockMeta,
+        datasets: Vec<DatasetMeta>,
+        replaced: Vec<DatasetRef>,
+    ) -> Result<(), MetastoreError> {
+        match self {
+            Metastore::Sqlite(store) => store.replace_datasets(block, datasets, replaced).await,
+        }
+    }
+
+    pub async fn expire_datasets(
+        &self,
+        tenant: &str,
+        before_nanos: i64,
+    ) -> Result<usize, MetastoreError> {
+        match self {
+            Metastore::Sqlite(store) => store.expire_datasets(tenant, before_nanos).await,
+        }
+    }
+
+    pub async fn tenants(&self) -> Result<Vec<String>, MetastoreError> {
+        match self {
+            Metastore::Sqlite(store) => store.tenants().await,
+        }
+    }
+
+    pub async fn delete_block(&self, id: &str) -> Result<(), MetastoreError> {
+        match self {
+            Metastore::Sqlite(store) => store.delete_block(id).await,
         }
     }
 

@@ -10,6 +10,7 @@ fn block(id: &str) -> BlockMeta {
         level: 0,
         size_bytes: 1234,
         created_at_ms: 1,
+        deleted_at_ms: None,
     }
 }
 
@@ -51,7 +52,7 @@ async fn migrations_run_once_and_lookups_respect_time_tenant_and_service() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("m.db").display());
     let metastore = Metastore::open(&url).await.unwrap();
-    assert_eq!(metastore.schema_version().await.unwrap(), 1);
+    assert_eq!(metastore.schema_version().await.unwrap(), 2);
     metastore
         .register_block(
             block("b1"),
@@ -65,7 +66,7 @@ async fn migrations_run_once_and_lookups_respect_time_tenant_and_service() {
     // Reopening applies no migration twice and keeps the data.
     drop(metastore);
     let metastore = Metastore::open(&url).await.unwrap();
-    assert_eq!(metastore.schema_version().await.unwrap(), 1);
+    assert_eq!(metastore.schema_version().await.unwrap(), 2);
     assert_eq!(metastore.list_blocks().await.unwrap(), vec![block("b1")]);
 
     let found = metastore
@@ -152,4 +153,198 @@ async fn a_failed_registration_leaves_nothing_behind() {
         Metastore::open("postgres://nowhere").await.is_err(),
         "unsupported URLs are refused"
     );
+}
+
+async fn open(dir: &tempfile::TempDir) -> Metastore {
+    Metastore::open(&format!("sqlite://{}", dir.path().join("m.db").display()))
+        .await
+        .unwrap()
+}
+
+fn level(mut meta: BlockMeta, level: u32) -> BlockMeta {
+    meta.level = level;
+    meta
+}
+
+#[tokio::test]
+async fn a_compaction_swap_is_all_or_nothing_and_tombstones_emptied_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let metastore = open(&dir).await;
+    // Two segments; s1 holds two services, s2 one.
+    metastore
+        .register_block(
+            block("s1"),
+            vec![
+                dataset("s1", 0, "t", "api", 10, 20),
+                dataset("s1", 1, "t", "web", 10, 20),
+            ],
+        )
+        .await
+        .unwrap();
+    metastore
+        .register_block(block("s2"), vec![dataset("s2", 0, "t", "api", 30, 40)])
+        .await
+        .unwrap();
+    let at_zero = metastore.datasets_at_level(0).await.unwrap();
+    assert_eq!(at_zero.len(), 3);
+
+    // Compact api's two datasets into c1.
+    metastore
+        .replace_datasets(
+            level(block("c1"), 1),
+            vec![dataset("c1", 0, "t", "api", 10, 40)],
+            vec![
+                dataset("s1", 0, "t", "api", 10, 20).reference(),
+                dataset("s2", 0, "t", "api", 30, 40).reference(),
+            ],
+        )
+        .await
+        .unwrap();
+    let api = metastore
+        .list_datasets(query("t", Some("api"), 0, 100))
+        .await
+        .unwrap();
+    assert_eq!(api, vec![dataset("c1", 0, "t", "api", 10, 40)]);
+    // s2 is empty now and tombstoned; s1 still holds web.
+    let blocks = metastore.list_blocks().await.unwrap();
+    let state = |id: &str| blocks.iter().find(|b| b.id == id).unwrap().deleted_at_ms;
+    assert!(state("s2").is_some());
+    assert!(state("s1").is_none());
+    assert!(state("c1").is_none());
+    assert_eq!(metastore.datasets_at_level(1).await.unwrap().len(), 1);
+
+    // A second compactor with the same, now stale, inputs changes nothing.
+    let stale = metastore
+        .replace_datasets(
+            level(block("c2"), 1),
+            vec![dataset("c2", 0, "t", "api", 10, 40)],
+            vec![
+                dataset("s1", 1, "t", "web", 10, 20).reference(),
+                dataset("s2", 0, "t", "api", 30, 40).reference(),
+            ],
+        )
+        .await;
+    assert!(matches!(
+        stale,
+        Err(kiln_metastore::MetastoreError::Conflict(_))
+    ));
+    assert!(metastore
+        .list_blocks()
+        .await
+        .unwrap()
+        .iter()
+        .all(|b| b.id != "c2"));
+    assert_eq!(
+        metastore
+            .list_datasets(query("t", Some("web"), 0, 100))
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "the rolled-back swap kept web's dataset"
+    );
+
+    // Tombstoned blocks can be forgotten; live ones cannot.
+    metastore.delete_block("s2").await.unwrap();
+    metastore.delete_block("s1").await.unwrap();
+    let ids: Vec<String> = metastore
+        .list_blocks()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| b.id)
+        .collect();
+    assert_eq!(ids, vec!["c1".to_string(), "s1".to_string()]);
+}
+
+#[tokio::test]
+async fn leases_are_exclusive_until_released_or_expired() {
+    let dir = tempfile::tempdir().unwrap();
+    let metastore = open(&dir).await;
+    let group = kiln_metastore::LeaseKey {
+        tenant: "t".into(),
+        service: "api".into(),
+        level: 0,
+    };
+    assert!(metastore
+        .acquire_lease(group.clone(), "a", 60_000)
+        .await
+        .unwrap());
+    assert!(!metastore
+        .acquire_lease(group.clone(), "b", 60_000)
+        .await
+        .unwrap());
+    // The owner may renew; another group is free.
+    assert!(metastore
+        .acquire_lease(group.clone(), "a", 60_000)
+        .await
+        .unwrap());
+    let other = kiln_metastore::LeaseKey {
+        level: 1,
+        ..group.clone()
+    };
+    assert!(metastore.acquire_lease(other, "b", 60_000).await.unwrap());
+    metastore.release_lease(group.clone(), "b").await.unwrap(); // not b's: no effect
+    assert!(!metastore
+        .acquire_lease(group.clone(), "b", 60_000)
+        .await
+        .unwrap());
+    metastore.release_lease(group.clone(), "a").await.unwrap();
+    assert!(metastore
+        .acquire_lease(group.clone(), "b", -1)
+        .await
+        .unwrap());
+    // b's lease expired at once: a takes over.
+    assert!(metastore.acquire_lease(group, "a", 60_000).await.unwrap());
+}
+
+#[tokio::test]
+async fn retention_removes_only_what_ended_before_the_cutoff() {
+    let dir = tempfile::tempdir().unwrap();
+    let metastore = open(&dir).await;
+    metastore
+        .register_block(
+            block("old"),
+            vec![
+                dataset("old", 0, "t", "api", 10, 20),
+                dataset("old", 1, "other", "api", 10, 20),
+            ],
+        )
+        .await
+        .unwrap();
+    metastore
+        .register_block(block("edge"), vec![dataset("edge", 0, "t", "api", 20, 50)])
+        .await
+        .unwrap();
+    assert_eq!(metastore.tenants().await.unwrap(), vec!["other", "t"]);
+    // Cutoff 21: "old" ended at 20 (gone); "edge" ends at 50 (kept, though it starts before).
+    assert_eq!(metastore.expire_datasets("t", 21).await.unwrap(), 1);
+    let left = metastore
+        .list_datasets(query("t", None, 0, 100))
+        .await
+        .unwrap();
+    assert_eq!(left, vec![dataset("edge", 0, "t", "api", 20, 50)]);
+    // Another tenant's data in the same block is untouched, so the block stays live.
+    assert_eq!(
+        metastore
+            .list_datasets(query("other", None, 0, 100))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(metastore
+        .list_blocks()
+        .await
+        .unwrap()
+        .iter()
+        .all(|b| b.deleted_at_ms.is_none()));
+    assert_eq!(metastore.expire_datasets("other", 21).await.unwrap(), 1);
+    let blocks = metastore.list_blocks().await.unwrap();
+    assert!(blocks
+        .iter()
+        .find(|b| b.id == "old")
+        .unwrap()
+        .deleted_at_ms
+        .is_some());
 }

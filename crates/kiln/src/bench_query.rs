@@ -220,6 +220,7 @@ async fn write_stream(
                         level: 2,
                         size_bytes,
                         created_at_ms: end_nanos / 1_000_000,
+                        deleted_at_ms: None,
                     },
                     vec![meta],
                 )
