@@ -26,6 +26,9 @@ pub struct Limits {
     pub ingestion_rate_bytes: u64,
     /// Burst allowed above the rate, in bytes.
     pub ingestion_burst_bytes: u64,
+    /// Days profiles are kept; 0 keeps them forever. Older profiles are refused at ingest
+    /// rather than acknowledged and then removed by retention.
+    pub retention_days: u32,
 }
 
 impl Default for Limits {
@@ -40,6 +43,7 @@ impl Default for Limits {
             max_stack_depth: 1_000,
             ingestion_rate_bytes: 0,
             ingestion_burst_bytes: 64 << 20,
+            retention_days: 31,
         }
     }
 }

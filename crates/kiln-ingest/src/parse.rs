@@ -154,6 +154,16 @@ pub fn from_pprof(
         .time_nanos
         .or((profile.time_nanos > 0).then_some(profile.time_nanos))
         .unwrap_or_else(now_nanos);
+    if limits.retention_days > 0 {
+        let retention_nanos = i64::from(limits.retention_days) * 86_400 * 1_000_000_000;
+        if time_nanos < now_nanos().saturating_sub(retention_nanos) {
+            return Err(IngestError::BadRequest(format!(
+                "profile time {} is older than the retention period of {} days; it would be deleted at once",
+                kiln_model::time::format_rfc3339(time_nanos),
+                limits.retention_days
+            )));
+        }
+    }
     let duration_nanos = context
         .duration_nanos
         .unwrap_or(profile.duration_nanos)

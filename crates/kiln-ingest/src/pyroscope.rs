@@ -159,7 +159,9 @@ pub async fn parse_ingest(
     }
     let mut context = ProfileContext {
         labels,
-        time_nanos: from,
+        // Without `from` a profile is stamped with its arrival, as Pyroscope does; the
+        // pprof's own time_nanos may be from whenever the file was recorded.
+        time_nanos: Some(from.unwrap_or_else(crate::parse::now_nanos)),
         duration_nanos: match (from, until) {
             (Some(from), Some(until)) if until >= from => Some(until - from),
             _ => None,

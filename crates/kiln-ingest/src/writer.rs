@@ -402,16 +402,7 @@ fn build_dataset(
 
 /// The metastore entry of a dataset (block id and key are filled in by the caller).
 pub fn dataset_meta(dataset: &Dataset, row_group: u32) -> DatasetMeta {
-    let mut profile_types: Vec<String> = dataset
-        .series
-        .iter()
-        .map(|series| dataset.string(series.profile_type).to_string())
-        .collect();
-    profile_types.sort();
-    profile_types.dedup();
-    let mut ids: Vec<&[u8]> = dataset.profiles.iter().map(|p| p.id.as_slice()).collect();
-    ids.sort_unstable();
-    ids.dedup();
+    let (profile_types, profile_count) = dataset.summary();
     DatasetMeta {
         block_id: String::new(),
         object_key: String::new(),
@@ -421,6 +412,6 @@ pub fn dataset_meta(dataset: &Dataset, row_group: u32) -> DatasetMeta {
         min_time_nanos: dataset.min_time_nanos,
         max_time_nanos: dataset.max_time_nanos,
         profile_types,
-        profile_count: ids.len() as u64,
+        profile_count,
     }
 }

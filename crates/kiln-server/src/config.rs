@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use kiln_compactor::CompactorConfig;
 use kiln_ingest::Limits;
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +26,8 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// Per-tenant overrides of `limits`.
     pub tenant_limits: HashMap<String, Limits>,
+    /// Background compaction, retention and deletion of replaced objects.
+    pub compaction: CompactorConfig,
 }
 
 impl Default for ServerConfig {
@@ -38,6 +41,7 @@ impl Default for ServerConfig {
             flush_bytes: 32 << 20,
             limits: Limits::default(),
             tenant_limits: HashMap::new(),
+            compaction: CompactorConfig::default(),
         }
     }
 }

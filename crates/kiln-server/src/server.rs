@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use kiln_compactor::Compactor;
 use kiln_ingest::{Ingester, IngesterConfig, TenantLimits};
 use kiln_metastore::Metastore;
 use kiln_query::Querier;
@@ -83,6 +84,21 @@ impl Server {
         let mut registry = Registry::default();
         metrics.register(&mut registry);
         ingester.metrics().register(&mut registry);
+        let (stop_compactor, compactor_stopped) = tokio::sync::watch::channel(false);
+        let compactor_task = if config.compaction.enabled {
+            let mut compaction = config.compaction.clone();
+            compaction.retention_days = config.limits.retention_days;
+            compaction.tenant_retention_days = config
+                .tenant_limits
+                .iter()
+                .map(|(tenant, limits)| (tenant.clone(), limits.retention_days))
+                .collect();
+            let compactor = Compactor::new(metastore.clone(), storage.clone(), compaction);
+            compactor.metrics().register(&mut registry);
+            Some(compactor.spawn(compactor_stopped))
+        } else {
+            None
+        };
         let state = Arc::new(AppState {
             ingester,
             querier: Querier::new(metastore, storage),
@@ -115,6 +131,10 @@ impl Server {
             // Dropping the last handle lets the writer flush what is queued and stop.
             drop(state);
             let _ = writer_task.await;
+            let _ = stop_compactor.send(true);
+            if let Some(task) = compactor_task {
+                let _ = task.await;
+            }
             served.map_err(ServerError::Io)
         });
         Ok(RunningServer {

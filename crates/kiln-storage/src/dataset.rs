@@ -118,6 +118,22 @@ impl Dataset {
         )
     }
 
+    /// The profile type ids present, sorted, and the number of distinct profiles: what
+    /// the metastore indexes about a dataset.
+    pub fn summary(&self) -> (Vec<String>, u64) {
+        let mut profile_types: Vec<String> = self
+            .series
+            .iter()
+            .map(|series| self.string(series.profile_type).to_string())
+            .collect();
+        profile_types.sort();
+        profile_types.dedup();
+        let mut ids: Vec<&[u8]> = self.profiles.iter().map(|p| p.id.as_slice()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        (profile_types, ids.len() as u64)
+    }
+
     /// Checks that every id points inside its table, so readers can index freely.
     pub fn check(&self) -> Result<(), String> {
         let strings = self.strings.len() as u32;

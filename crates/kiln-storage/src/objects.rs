@@ -70,6 +70,32 @@ impl ObjectStorage {
         let path = Path::from(key);
         Ok(self.store.get(&path).await?.bytes().await?)
     }
+
+    /// Deletes an object. One already gone is fine: deletions are retried after a crash.
+    pub async fn delete(&self, key: &str) -> Result<(), StorageError> {
+        match self.store.delete(&Path::from(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Every object under `prefix`, as (key, last modified in ms since the epoch).
+    pub async fn list(&self, prefix: &str) -> Result<Vec<(String, i64)>, StorageError> {
+        use futures_util::StreamExt;
+        let mut stream = self.store.list(Some(&Path::from(prefix)));
+        let mut objects = Vec::new();
+        while let Some(meta) = stream.next().await {
+            match meta {
+                Ok(meta) => objects.push((
+                    meta.location.to_string(),
+                    meta.last_modified.timestamp_millis(),
+                )),
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Ok(objects)
+    }
 }
 
 fn sync_file_and_parent(file: &std::path::Path) -> std::io::Result<()> {

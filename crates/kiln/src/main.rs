@@ -86,6 +86,13 @@ struct ServerArgs {
     /// Largest body after decompression, in bytes [default: 67108864].
     #[arg(long, env = "KILN_MAX_DECOMPRESSED_BYTES")]
     max_decompressed_bytes: Option<usize>,
+    /// Days of profiles kept; 0 keeps everything [default: 31]. Per tenant in the config
+    /// file (`tenant_limits.<tenant>.retention_days`).
+    #[arg(long, env = "KILN_RETENTION_DAYS")]
+    retention_days: Option<u32>,
+    /// Run compaction and retention in this process [default: true].
+    #[arg(long, env = "KILN_COMPACTION")]
+    compaction: Option<bool>,
 }
 
 impl ServerArgs {
@@ -114,6 +121,12 @@ impl ServerArgs {
         }
         if let Some(bytes) = self.max_decompressed_bytes {
             config.limits.max_decompressed_bytes = bytes;
+        }
+        if let Some(days) = self.retention_days {
+            config.limits.retention_days = days;
+        }
+        if let Some(enabled) = self.compaction {
+            config.compaction.enabled = enabled;
         }
         Ok(config)
     }

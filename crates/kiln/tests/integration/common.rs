@@ -21,7 +21,10 @@ impl TestServer {
     }
 
     pub fn start_with(configure: impl FnOnce(&mut ServerConfig)) -> Self {
-        let data_dir = tempfile::tempdir().expect("temp dir");
+        Self::start_in(tempfile::tempdir().expect("temp dir"), configure)
+    }
+
+    fn start_in(data_dir: tempfile::TempDir, configure: impl FnOnce(&mut ServerConfig)) -> Self {
         let mut config = ServerConfig {
             listen: "127.0.0.1:0".to_string(),
             data_dir: data_dir.path().to_path_buf(),
@@ -29,6 +32,8 @@ impl TestServer {
             ..ServerConfig::default()
         };
         config.limits.max_samples_per_profile = 100_000;
+        // Fixtures carry times from years ago; retention has its own tests.
+        config.limits.retention_days = 0;
         configure(&mut config);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -44,6 +49,20 @@ impl TestServer {
             runtime: Some(runtime),
             server: Some(server),
         }
+    }
+
+    /// Stops the server and starts a new one on the same data directory.
+    pub fn restart_with(mut self, configure: impl FnOnce(&mut ServerConfig)) -> Self {
+        if let (Some(runtime), Some(server)) = (self.runtime.take(), self.server.take()) {
+            runtime.block_on(server.shutdown()).expect("server stops");
+        }
+        let data_dir =
+            std::mem::replace(&mut self._data_dir, tempfile::tempdir().expect("temp dir"));
+        Self::start_in(data_dir, configure)
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        self._data_dir.path()
     }
 
     pub fn agent() -> ureq::Agent {

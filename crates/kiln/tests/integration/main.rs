@@ -3,6 +3,7 @@
 
 mod cli;
 mod common;
+mod compaction;
 mod limits;
 mod profefe;
 mod push;

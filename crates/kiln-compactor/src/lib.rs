@@ -1,0 +1,480 @@
+//! Compaction and retention: the background work that turns the write path's many small
+//! segments into few large per-service blocks, and removes what is past retention.
+//!
+//! A segment holds one dataset per (tenant, service) of one flush. The compactor groups
+//! the live datasets of a (tenant, service) by level (the level of the block holding them)
+//! and, once a group is due ([`LevelPolicy`]), merges its datasets into one dataset of the
+//! next level: symbols are re-interned, so each string, function, location, mapping and
+//! stack is stored once per output, and identical series become one.
+//!
+//! Every step is safe to interrupt:
+//! 1. the group's lease is taken in the metastore, so two compactors never do the same job;
+//! 2. the inputs are read and merged, and the output is written as a new object — a crash
+//!    here leaves an unregistered object, invisible to readers and removed by the orphan
+//!    sweep once older than the grace period;
+//! 3. one metastore transaction registers the output and removes the inputs (readers see
+//!    one or the other, never both or neither); if another compactor or retention removed
+//!    an input meanwhile, the transaction changes nothing and the output becomes an orphan;
+//! 4. blocks left without datasets are tombstoned and their objects deleted after the
+//!    grace period, so queries that listed them just before can still read them.
+//!
+//! Retention removes, per tenant, the datasets whose newest profile is older than the
+//! tenant's retention, through the same tombstones.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use bytes::Bytes;
+use kiln_metastore::{BlockMeta, DatasetMeta, LeaseKey, Metastore, MetastoreError};
+use kiln_storage::format::{decode_dataset, encode_block, Projection};
+use kiln_storage::{Dataset, DatasetBuilder, ObjectStorage, StorageError};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+const NANOS_PER_MS: i64 = 1_000_000;
+const DAY_MS: i64 = 86_400_000;
+
+#[derive(Debug, Error)]
+pub enum CompactorError {
+    #[error("metastore: {0}")]
+    Metastore(#[from] MetastoreError),
+    #[error("object storage: {0}")]
+    Storage(#[from] StorageError),
+    #[error("dataset {0} is corrupt: {1}")]
+    Corrupt(String, String),
+    #[error("compaction task failed: {0}")]
+    Task(String),
+}
+
+/// When a level's datasets of one (tenant, service) are merged into the next level.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LevelPolicy {
+    /// Merge once this many datasets wait.
+    pub max_datasets: usize,
+    /// Or once the oldest has waited this long (milliseconds).
+    pub max_age_ms: i64,
+    /// Outputs never span two windows of this width (milliseconds; 0: no windows), so
+    /// retention and time-range queries can skip whole blocks.
+    pub window_ms: i64,
+}
+
+impl Default for LevelPolicy {
+    fn default() -> Self {
+        LevelPolicy {
+            max_datasets: 10,
+            max_age_ms: 600_000,
+            window_ms: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompactorConfig {
+    pub enabled: bool,
+    /// Pause between two passes (milliseconds).
+    pub interval_ms: u64,
+    /// Policy of level `i` (its datasets become level `i + 1`). Kiln's defaults, against
+    /// Pyroscope's (20 / 36 s, 10 / 12 min, 10 / 3 h): segments merge after 20 or 10 s,
+    /// so the median profile is compacted well within 30 s of its ingest; level 1 after 10
+    /// or 10 min within hour windows; level 2 after 24 or 6 h within day windows.
+    pub levels: Vec<LevelPolicy>,
+    /// At most this many datasets in one merge, to bound its memory.
+    pub max_inputs: usize,
+    /// Replaced and unregistered objects are deleted after this long (milliseconds):
+    /// longer than any query may take between listing a block and reading it.
+    pub grace_ms: i64,
+    /// How long a lease holds before another compactor may take over (milliseconds).
+    pub lease_ms: i64,
+    /// Days of data kept; 0 keeps everything. Set from the tenant limits (one place to
+    /// configure retention, which ingest also enforces), not from this section.
+    #[serde(skip)]
+    pub retention_days: u32,
+    /// Per-tenant retention in days, overriding `retention_days`.
+    #[serde(skip)]
+    pub tenant_retention_days: HashMap<String, u32>,
+}
+
+impl Default for CompactorConfig {
+    fn default() -> Self {
+        CompactorConfig {
+            enabled: true,
+            interval_ms: 5_000,
+            levels: vec![
+                LevelPolicy {
+                    max_datasets: 20,
+                    max_age_ms: 10_000,
+                    window_ms: 0,
+                },
+                LevelPolicy {
+                    max_datasets: 10,
+                    max_age_ms: 600_000,
+                    window_ms: 3_600_000,
+                },
+                LevelPolicy {
+                    max_datasets: 24,
+                    max_age_ms: 6 * 3_600_000,
+                    window_ms: DAY_MS,
+                },
+            ],
+            max_inputs: 200,
+            grace_ms: 300_000,
+            lease_ms: 600_000,
+            retention_days: 31,
+            tenant_retention_days: HashMap::new(),
+        }
+    }
+}
+
+#[derive(Clone, Default)]
+pub struct CompactorMetrics {
+    pub jobs: Counter,
+    pub conflicts: Counter,
+    pub input_bytes: Counter,
+    pub output_bytes: Counter,
+    pub expired_datasets: Counter,
+    pub deleted_objects: Counter,
+}
+
+impl CompactorMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "kiln_compaction_jobs",
+            "Compactions committed",
+            self.jobs.clone(),
+        );
+        registry.register(
+            "kiln_compaction_conflicts",
+            "Compactions abandoned because their inputs changed",
+            self.conflicts.clone(),
+        );
+        registry.register(
+            "kiln_compaction_input_bytes",
+            "Bytes of block objects read by compaction",
+            self.input_bytes.clone(),
+        );
+        registry.register(
+            "kiln_compaction_output_bytes",
+            "Bytes of block objects written by compaction",
+            self.output_bytes.clone(),
+        );
+        registry.register(
+            "kiln_retention_expired_datasets",
+            "Datasets removed by retention",
+            self.expired_datasets.clone(),
+        );
+        registry.register(
+            "kiln_deleted_objects",
+            "Objects deleted after their grace period",
+            self.deleted_objects.clone(),
+        );
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassReport {
+    pub compactions: usize,
+    pub conflicts: usize,
+    pub expired_datasets: usize,
+    pub deleted_objects: usize,
+}
+
+#[derive(Clone)]
+pub struct Compactor {
+    metastore: Metastore,
+    storage: ObjectStorage,
+    config: CompactorConfig,
+    /// Lease owner name: unique per process.
+    owner: String,
+    metrics: CompactorMetrics,
+}
+
+/// Prefixes under which Kiln writes objects: the orphan sweep looks only there.
+pub const OBJECT_PREFIXES: [&str; 2] = ["segments", "blocks"];
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A due merge: the inputs of one group.
+struct Job {
+    key: LeaseKey,
+    inputs: Vec<DatasetMeta>,
+}
+
+impl Compactor {
+    pub fn new(metastore: Metastore, storage: ObjectStorage, config: CompactorConfig) -> Self {
+        Compactor {
+            metastore,
+            storage,
+            config,
+            owner: format!("compactor-{}", ulid::Ulid::new()),
+            metrics: CompactorMetrics::default(),
+        }
+    }
+
+    pub fn metrics(&self) -> &CompactorMetrics {
+        &self.metrics
+    }
+
+    /// Runs passes every `interval_ms` until `stop` fires.
+    pub fn spawn(
+        self,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let interval = Duration::from_millis(self.config.interval_ms.max(10));
+            loop {
+                match self.run_pass(now_ms()).await {
+                    Ok(report) if report != PassReport::default() => {
+                        tracing::debug!(?report, "compaction pass")
+                    }
+                    Ok(_) => {}
+                    Err(err) => tracing::warn!(error = %err, "compaction pass failed"),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(interval) => {}
+                    _ = stop.changed() => return,
+                }
+            }
+        })
+    }
+
+    /// One pass: every due compaction, then retention, then deletion of objects past their
+    /// grace period.
+    pub async fn run_pass(&self, now_ms: i64) -> Result<PassReport, CompactorError> {
+        let mut report = PassReport::default();
+        for level in 0..self.config.levels.len() as u32 {
+            for job in self.due_jobs(level, now_ms).await? {
+                match self.compact(job).await? {
+                    true => report.compactions += 1,
+                    false => report.conflicts += 1,
+                }
+            }
+        }
+        report.expired_datasets = self.apply_retention(now_ms).await?;
+        report.deleted_objects = self.delete_garbage(now_ms).await?;
+        Ok(report)
+    }
+
+    /// Groups the live datasets of `level` by (tenant, service, window) and returns the
+    /// groups that are due.
+    async fn due_jobs(&self, level: u32, now_ms: i64) -> Result<Vec<Job>, CompactorError> {
+        let policy = &self.config.levels[level as usize];
+        let mut groups: BTreeMap<(String, String, i64), Vec<(DatasetMeta, i64)>> = BTreeMap::new();
+        for (dataset, created_at_ms) in self.metastore.datasets_at_level(level).await? {
+            let window = match policy.window_ms {
+                window if window > 0 => (dataset.min_time_nanos / NANOS_PER_MS).div_euclid(window),
+                _ => 0,
+            };
+            groups
+                .entry((dataset.tenant.clone(), dataset.service.clone(), window))
+                .or_default()
+                .push((dataset, created_at_ms));
+        }
+        let mut jobs = Vec::new();
+        for ((tenant, service, _), mut datasets) in groups {
+            let oldest = datasets
+                .iter()
+                .map(|(_, created)| *created)
+                .min()
+                .unwrap_or(now_ms);
+            let due = datasets.len() >= policy.max_datasets || now_ms - oldest >= policy.max_age_ms;
+            // A lone dataset above level 0 is already merged; one at level 0 still shares
+            // its segment with other services, and moving it lets the segment go.
+            if !due || (datasets.len() < 2 && level > 0) {
+                continue;
+            }
+            datasets.sort_by_key(|(dataset, created)| (*created, dataset.min_time_nanos));
+            for chunk in datasets.chunks(self.config.max_inputs.max(1)) {
+                jobs.push(Job {
+                    key: LeaseKey {
+                        tenant: tenant.clone(),
+                        service: service.clone(),
+                        level,
+                    },
+                    inputs: chunk.iter().map(|(dataset, _)| dataset.clone()).collect(),
+                });
+            }
+        }
+        Ok(jobs)
+    }
+
+    /// Merges one group; false when it lost a race (lease held elsewhere or inputs gone).
+    async fn compact(&self, job: Job) -> Result<bool, CompactorError> {
+        if !self
+            .metastore
+            .acquire_lease(job.key.clone(), &self.owner, self.config.lease_ms)
+            .await?
+        {
+            return Ok(false);
+        }
+        let result = self.merge_and_swap(&job).await;
+        self.metastore
+            .release_lease(job.key.clone(), &self.owner)
+            .await?;
+        match result {
+            Ok(()) => {
+                self.metrics.jobs.inc();
+                Ok(true)
+            }
+            Err(CompactorError::Metastore(MetastoreError::Conflict(message))) => {
+                tracing::info!(%message, tenant = %job.key.tenant, service = %job.key.service, "compaction inputs changed; abandoned");
+                self.metrics.conflicts.inc();
+                Ok(false)
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    async fn merge_and_swap(&self, job: &Job) -> Result<(), CompactorError> {
+        let mut objects: HashMap<String, Bytes> = HashMap::new();
+        for input in &job.inputs {
+            if !objects.contains_key(&input.object_key) {
+                let bytes = self.storage.get(&input.object_key).await?;
+                self.metrics.input_bytes.inc_by(bytes.len() as u64);
+                objects.insert(input.object_key.clone(), bytes);
+            }
+        }
+        let inputs = job.inputs.clone();
+        let (tenant, service) = (job.key.tenant.clone(), job.key.service.clone());
+        let (block, dataset_meta) = tokio::task::spawn_blocking(move || {
+            merge_datasets(&tenant, &service, &inputs, &objects)
+        })
+        .await
+        .map_err(|err| CompactorError::Task(err.to_string()))??;
+        let id = ulid::Ulid::new().to_string();
+        let object_key = format!("blocks/{id}.parquet");
+        let size_bytes = block.len() as u64;
+        self.storage.put(&object_key, Bytes::from(block)).await?;
+        self.metrics.output_bytes.inc_by(size_bytes);
+        let meta = DatasetMeta {
+            block_id: id.clone(),
+            object_key: object_key.clone(),
+            ..dataset_meta
+        };
+        self.metastore
+            .replace_datasets(
+                BlockMeta {
+                    id,
+                    object_key,
+                    level: job.key.level + 1,
+                    size_bytes,
+                    created_at_ms: now_ms(),
+                    deleted_at_ms: None,
+                },
+                vec![meta],
+                job.inputs.iter().map(DatasetMeta::reference).collect(),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Expires, per tenant, the datasets that ended before the tenant's retention.
+    async fn apply_retention(&self, now_ms: i64) -> Result<usize, CompactorError> {
+        let mut expired = 0;
+        for tenant in self.metastore.tenants().await? {
+            let days = self
+                .config
+                .tenant_retention_days
+                .get(&tenant)
+                .copied()
+                .unwrap_or(self.config.retention_days);
+            if days == 0 {
+                continue;
+            }
+            let cutoff_nanos = (now_ms - i64::from(days) * DAY_MS).saturating_mul(NANOS_PER_MS);
+            expired += self
+                .metastore
+                .expire_datasets(&tenant, cutoff_nanos)
+                .await?;
+        }
+        self.metrics.expired_datasets.inc_by(expired as u64);
+        Ok(expired)
+    }
+
+    /// Deletes tombstoned blocks' objects and unregistered objects, once past the grace
+    /// period; the metastore row of a tombstoned block goes after its object.
+    async fn delete_garbage(&self, now_ms: i64) -> Result<usize, CompactorError> {
+        let cutoff = now_ms - self.config.grace_ms;
+        let blocks = self.metastore.list_blocks().await?;
+        let mut deleted = 0;
+        for block in blocks
+            .iter()
+            .filter(|block| block.deleted_at_ms.is_some_and(|at| at <= cutoff))
+        {
+            self.storage.delete(&block.object_key).await?;
+            self.metastore.delete_block(&block.id).await?;
+            deleted += 1;
+        }
+        let registered: HashSet<&str> = blocks
+            .iter()
+            .map(|block| block.object_key.as_str())
+            .collect();
+        for prefix in OBJECT_PREFIXES {
+            for (key, modified_ms) in self.storage.list(prefix).await? {
+                if modified_ms <= cutoff && !registered.contains(key.as_str()) {
+                    tracing::info!(%key, "deleting unregistered object");
+                    self.storage.delete(&key).await?;
+                    deleted += 1;
+                }
+            }
+        }
+        self.metrics.deleted_objects.inc_by(deleted as u64);
+        Ok(deleted)
+    }
+}
+
+/// Decodes the inputs and merges them into one dataset, encoded as a one-dataset block.
+fn merge_datasets(
+    tenant: &str,
+    service: &str,
+    inputs: &[DatasetMeta],
+    objects: &HashMap<String, Bytes>,
+) -> Result<(Vec<u8>, DatasetMeta), CompactorError> {
+    let mut builder = DatasetBuilder::new(tenant, service);
+    for input in inputs {
+        let name = format!("{}#{}", input.object_key, input.row_group);
+        let bytes = objects
+            .get(&input.object_key)
+            .ok_or_else(|| CompactorError::Task(format!("{name} was not read")))?;
+        let dataset: Dataset = decode_dataset(bytes, input.row_group as usize, Projection::ALL)
+            .map_err(|err| CompactorError::Corrupt(name.clone(), err.to_string()))?;
+        dataset
+            .check()
+            .map_err(|err| CompactorError::Corrupt(name.clone(), err))?;
+        if dataset.tenant != tenant || dataset.service != service {
+            return Err(CompactorError::Corrupt(
+                name,
+                format!(
+                    "holds {}/{}, not {tenant}/{service}",
+                    dataset.tenant, dataset.service
+                ),
+            ));
+        }
+        builder.add_dataset(&dataset);
+    }
+    let dataset = builder.finish();
+    let (profile_types, profile_count) = dataset.summary();
+    let meta = DatasetMeta {
+        block_id: String::new(),
+        object_key: String::new(),
+        tenant: tenant.to_string(),
+        service: service.to_string(),
+        row_group: 0,
+        min_time_nanos: dataset.min_time_nanos,
+        max_time_nanos: dataset.max_time_nanos,
+        profile_types,
+        profile_count,
+    };
+    let block = encode_block(std::slice::from_ref(&dataset))
+        .map_err(|err| CompactorError::Task(err.to_string()))?;
+    Ok((block, meta))
+}

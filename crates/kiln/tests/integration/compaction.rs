@@ -1,0 +1,390 @@
+//! Compaction and retention on a live server: every answer is the same before and after
+//! compaction, segments are merged into per-service blocks and their objects deleted, and
+//! retention removes exactly what is older than the window.
+
+use std::time::{Duration, Instant};
+
+use kiln_metastore::Metastore;
+use kiln_query::api;
+use kiln_server::ServerConfig;
+use prost::Message;
+
+use crate::common::*;
+
+const FIXTURES: [&str; 4] = [
+    "profefe-collector_cpu_1.prof",
+    "pprof-report-sample.cpu.pb.gz",
+    "parca-profile-with-labels.pb.gz",
+    "profefe-collector_heap_1.prof",
+];
+
+fn no_compaction(config: &mut ServerConfig) {
+    config.compaction.enabled = false;
+}
+
+/// Compacts as fast as possible: every level due at once, objects deleted at once.
+fn eager_compaction(config: &mut ServerConfig) {
+    config.compaction.enabled = true;
+    config.compaction.interval_ms = 20;
+    config.compaction.grace_ms = 0;
+    for level in &mut config.compaction.levels {
+        level.max_datasets = 2;
+        level.max_age_ms = 0;
+    }
+}
+
+fn metastore(server: &TestServer) -> (tokio::runtime::Runtime, Metastore) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = format!(
+        "sqlite://{}",
+        server.data_dir().join("metastore.db").display()
+    );
+    let metastore = runtime.block_on(Metastore::open(&url)).unwrap();
+    (runtime, metastore)
+}
+
+/// Every answer a client could ask of this data, in canonical form.
+fn answers(server: &TestServer, start: i64, end: i64) -> Vec<String> {
+    let mut out = Vec::new();
+    let post = |method: &str, body: Vec<u8>| -> Vec<u8> {
+        let (status, bytes) = server.post_bytes(
+            &format!("/querier.v1.QuerierService/{method}"),
+            &body,
+            &[("Content-Type", "application/proto")],
+        );
+        assert_eq!(status, 200, "{method}: {}", String::from_utf8_lossy(&bytes));
+        bytes
+    };
+    let types = api::ProfileTypesResponse::decode(
+        post(
+            "ProfileTypes",
+            api::ProfileTypesRequest { start, end }.encode_to_vec(),
+        )
+        .as_slice(),
+    )
+    .unwrap();
+    assert!(types.profile_types.len() >= 4);
+    for profile_type in &types.profile_types {
+        for selector in [
+            "{}",
+            r#"{service_name="api"}"#,
+            r#"{service_name="web", instance="b"}"#,
+        ] {
+            let request = api::SelectMergeStacktracesRequest {
+                profile_type_id: profile_type.id.clone(),
+                label_selector: selector.to_string(),
+                start,
+                end,
+                max_nodes: Some(-1),
+                format: api::PROFILE_FORMAT_TREE,
+                ..Default::default()
+            };
+            let tree = post("SelectMergeStacktraces", request.encode_to_vec());
+            let response = api::SelectMergeStacktracesResponse::decode(tree.as_slice()).unwrap();
+            out.push(format!(
+                "{} {selector} tree {:?}",
+                profile_type.id,
+                canonical_tree(&response.tree)
+            ));
+            let pprof = post(
+                "SelectMergeProfile",
+                api::SelectMergeProfileRequest {
+                    profile_type_id: profile_type.id.clone(),
+                    label_selector: selector.to_string(),
+                    start,
+                    end,
+                    ..Default::default()
+                }
+                .encode_to_vec(),
+            );
+            let profile = kiln_model::pprof::decode(&pprof, 1 << 30).unwrap();
+            let total: i64 = profile.sample.iter().map(|s| s.value[0]).sum();
+            out.push(format!(
+                "{} {selector} pprof total {total} samples {}",
+                profile_type.id,
+                profile.sample.len()
+            ));
+            let series = api::SelectSeriesResponse::decode(
+                post(
+                    "SelectSeries",
+                    api::SelectSeriesRequest {
+                        profile_type_id: profile_type.id.clone(),
+                        label_selector: selector.to_string(),
+                        start,
+                        end,
+                        step: 60.0,
+                        group_by: vec!["instance".into()],
+                        exemplar_type: api::EXEMPLAR_TYPE_INDIVIDUAL,
+                        ..Default::default()
+                    }
+                    .encode_to_vec(),
+                )
+                .as_slice(),
+            )
+            .unwrap();
+            out.push(format!("{} {selector} series {series:?}", profile_type.id));
+        }
+    }
+    let series = api::SeriesResponse::decode(
+        post(
+            "Series",
+            api::SeriesRequest {
+                start,
+                end,
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        )
+        .as_slice(),
+    )
+    .unwrap();
+    out.push(format!("series sets {:?}", series.labels_set));
+    out
+}
+
+/// Tree bytes as sorted (path, self) pairs: child order is not part of the answer.
+fn canonical_tree(bytes: &[u8]) -> Vec<(String, u64)> {
+    fn varint(bytes: &[u8], at: &mut usize) -> u64 {
+        let mut value = 0u64;
+        let mut shift = 0;
+        loop {
+            let byte = bytes[*at];
+            *at += 1;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte < 0x80 {
+                return value;
+            }
+            shift += 7;
+        }
+    }
+    let mut out = Vec::new();
+    let mut open: Vec<(String, u64)> = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let length = varint(bytes, &mut at) as usize;
+        let name = String::from_utf8_lossy(&bytes[at..at + length]).into_owned();
+        at += length;
+        let self_value = varint(bytes, &mut at);
+        let children = varint(bytes, &mut at);
+        if let Some((_, left)) = open.last_mut() {
+            *left -= 1;
+        }
+        let path = match open.last() {
+            Some((parent, _)) => format!("{parent};{name}"),
+            None => name,
+        };
+        out.push((path.clone(), self_value));
+        open.push((path, children));
+        while open.last().is_some_and(|(_, left)| *left == 0) {
+            open.pop();
+        }
+    }
+    out.sort();
+    out
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn compaction_changes_no_answer_and_leaves_one_block_per_service() {
+    let server = TestServer::start_with(no_compaction);
+    // Three rounds, each a separate flush (segment) holding both services.
+    let base = 1_700_000_000;
+    for round in 0..3 {
+        for (index, name) in FIXTURES.iter().enumerate() {
+            for (service, instance) in [("api", "a"), ("web", "b")] {
+                let from = base + round * 60 + index as i64;
+                let (status, text) = server.post(
+                    &format!(
+                        "/ingest?name={service}{{instance={instance}}}&format=pprof&from={from}&until={}",
+                        from + 10
+                    ),
+                    &fixture(name),
+                );
+                assert_eq!(status, 200, "{text}");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(120)); // let this round flush on its own
+    }
+    let (start, end) = ((base - 10) * 1000, (base + 600) * 1000);
+    let before = answers(&server, start, end);
+    let (runtime, store) = metastore(&server);
+    let segments_before = runtime.block_on(store.datasets_at_level(0)).unwrap().len();
+    assert!(segments_before >= 6, "{segments_before} level-0 datasets");
+    drop(store);
+
+    let server = server.restart_with(eager_compaction);
+    let (runtime, store) = metastore(&server);
+    wait_until("every dataset to reach one block per service", || {
+        let blocks = runtime.block_on(store.list_blocks()).unwrap();
+        let live: Vec<_> = blocks
+            .iter()
+            .filter(|b| b.deleted_at_ms.is_none())
+            .collect();
+        blocks.iter().all(|b| b.deleted_at_ms.is_none())
+            && live.len() == 2
+            && live.iter().all(|b| b.level >= 1)
+    });
+    // The segments' objects are gone from storage, and only the two blocks remain.
+    let mut files: Vec<String> = Vec::new();
+    for entry in walk(&server.data_dir().join("blocks")) {
+        files.push(entry);
+    }
+    assert_eq!(files.len(), 2, "objects left: {files:?}");
+    assert!(files.iter().all(|f| f.starts_with("blocks/")), "{files:?}");
+
+    let after = answers(&server, start, end);
+    assert_eq!(before.len(), after.len());
+    for (before, after) in before.iter().zip(&after) {
+        assert_eq!(before, after);
+    }
+    // And they still are after a restart.
+    let server = server.restart_with(no_compaction);
+    assert_eq!(answers(&server, start, end), before);
+}
+
+/// Files under `root`, as paths relative to it.
+fn walk(root: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                out.push(
+                    path.strip_prefix(root)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned(),
+                );
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn retention_removes_only_what_is_older_than_the_window() {
+    let server = TestServer::start_with(no_compaction);
+    let now = kiln_ingest::parse::now_nanos() / 1_000_000_000;
+    let day = 86_400;
+    let profile = fixture("profefe-collector_cpu_1.prof");
+    // One profile 40 days old, one 20 days old, one from now; two services.
+    for (service, age_days) in [("old", 40), ("mid", 20), ("new", 0)] {
+        let from = now - age_days * day - 60;
+        let (status, text) = server.post(
+            &format!(
+                "/ingest?name={service}&format=pprof&from={from}&until={}",
+                from + 10
+            ),
+            &profile,
+        );
+        assert_eq!(status, 200, "{text}");
+        std::thread::sleep(Duration::from_millis(120));
+    }
+    let (start, end) = ((now - 60 * day) * 1000, (now + 60) * 1000);
+    let total = |server: &TestServer, service: &str| -> i64 {
+        let request = api::SelectMergeStacktracesRequest {
+            profile_type_id: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(),
+            label_selector: format!(r#"{{service_name="{service}"}}"#),
+            start,
+            end,
+            ..Default::default()
+        };
+        let (status, bytes) = server.post_bytes(
+            "/querier.v1.QuerierService/SelectMergeStacktraces",
+            &request.encode_to_vec(),
+            &[("Content-Type", "application/proto")],
+        );
+        assert_eq!(status, 200);
+        api::SelectMergeStacktracesResponse::decode(bytes.as_slice())
+            .unwrap()
+            .flamegraph
+            .map_or(0, |graph| graph.total)
+    };
+    let expected = pprof_total(&profile, 1);
+    for service in ["old", "mid", "new"] {
+        assert_eq!(
+            total(&server, service),
+            expected,
+            "{service} before retention"
+        );
+    }
+    let mid_before = answers_for(&server, "mid", start, end);
+    // 31 days by default; no level ever due, so that only retention acts.
+    let server = server.restart_with(|config| {
+        config.limits.retention_days = 31;
+        config.compaction.enabled = true;
+        config.compaction.interval_ms = 20;
+        config.compaction.grace_ms = 0;
+        for level in &mut config.compaction.levels {
+            level.max_age_ms = i64::MAX;
+            level.max_datasets = usize::MAX;
+        }
+    });
+    wait_until("the 40-day-old profile to expire", || {
+        total(&server, "old") == 0
+    });
+    // A profile already past retention is refused, not acknowledged and then deleted.
+    let old = now - 40 * day;
+    let (status, text) = server.post(
+        &format!(
+            "/ingest?name=late&format=pprof&from={old}&until={}",
+            old + 10
+        ),
+        &profile,
+    );
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("retention"), "{text}");
+    assert_eq!(total(&server, "mid"), expected);
+    assert_eq!(total(&server, "new"), expected);
+    assert_eq!(answers_for(&server, "mid", start, end), mid_before);
+    // A tenant-specific retention of 10 days takes "mid" too, and nothing else.
+    let server = server.restart_with(|config| {
+        config.compaction.interval_ms = 20;
+        config.compaction.grace_ms = 0;
+        config.limits.retention_days = 31;
+        let mut tenant = config.limits;
+        tenant.retention_days = 10;
+        config.tenant_limits.insert("anonymous".into(), tenant);
+    });
+    wait_until("the 20-day-old profile to expire", || {
+        total(&server, "mid") == 0
+    });
+    assert_eq!(total(&server, "new"), expected);
+}
+
+/// The full tree of one service's CPU profiles.
+fn answers_for(server: &TestServer, service: &str, start: i64, end: i64) -> Vec<(String, u64)> {
+    let request = api::SelectMergeStacktracesRequest {
+        profile_type_id: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(),
+        label_selector: format!(r#"{{service_name="{service}"}}"#),
+        start,
+        end,
+        max_nodes: Some(-1),
+        format: api::PROFILE_FORMAT_TREE,
+        ..Default::default()
+    };
+    let (_, bytes) = server.post_bytes(
+        "/querier.v1.QuerierService/SelectMergeStacktraces",
+        &request.encode_to_vec(),
+        &[("Content-Type", "application/proto")],
+    );
+    canonical_tree(
+        &api::SelectMergeStacktracesResponse::decode(bytes.as_slice())
+            .unwrap()
+            .tree,
+    )
+}
