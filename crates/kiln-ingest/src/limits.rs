@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::IngestError;
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Largest request body accepted as sent (compressed).

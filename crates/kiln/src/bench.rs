@@ -124,6 +124,8 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
                 .port();
             let child = std::process::Command::new(std::env::current_exe()?)
                 .args(["server", "--listen", &format!("127.0.0.1:{port}")])
+                // Compaction is measured on its own; here it would compete for the cores.
+                .args(["--compaction", "false"])
                 .arg("--data-dir")
                 .arg(&temp)
                 .env("KILN_LOG_LEVEL", "warn")
@@ -290,7 +292,11 @@ fn process_cpu_seconds(pid: u32) -> Option<f64> {
 fn stages(args: StagesArgs) -> anyhow::Result<()> {
     let files = load_corpus(&args.corpus, 0)?;
     let gzip_bytes: usize = files.iter().map(|file| file.body.len()).sum();
-    let limits = kiln_ingest::Limits::default();
+    // Corpus files carry their recording times, years old: no retention here.
+    let limits = kiln_ingest::Limits {
+        retention_days: 0,
+        ..Default::default()
+    };
     let mut inflate = Duration::ZERO;
     let mut decode = Duration::ZERO;
     let mut plan = Duration::ZERO;

@@ -58,8 +58,10 @@ struct Template {
 
 fn load_templates(args: &QueryBenchArgs) -> anyhow::Result<Vec<Template>> {
     let mut templates = Vec::new();
+    // Corpus files carry their recording times, years old: no retention here.
     let limits = kiln_ingest::Limits {
         max_samples_per_profile: usize::MAX,
+        retention_days: 0,
         ..Default::default()
     };
     let mut entries: Vec<PathBuf> = std::fs::read_dir(&args.corpus)
@@ -243,6 +245,8 @@ impl Server {
             .port();
         let child = std::process::Command::new(std::env::current_exe()?)
             .args(["server", "--listen", &format!("127.0.0.1:{port}")])
+            // Compaction is measured on its own; here it would compete for the cores.
+            .args(["--compaction", "false"])
             .arg("--data-dir")
             .arg(data_dir)
             .env("KILN_LOG_LEVEL", "warn")

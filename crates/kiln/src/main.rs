@@ -233,6 +233,25 @@ mod tests {
         assert_eq!(config.metastore_url(), "sqlite:///from/flag/metastore.db");
     }
 
+    /// The README's example configuration is a valid one, with the defaults it shows.
+    #[test]
+    fn the_readme_config_example_parses() {
+        let readme = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+        )
+        .unwrap();
+        let start = readme.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+        let end = start + readme[start..].find("```").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("kiln.yaml");
+        std::fs::write(&file, &readme[start..end]).unwrap();
+        let config = ServerConfig::from_yaml_file(&file).unwrap();
+        let defaults = ServerConfig::default();
+        assert_eq!(config.limits, defaults.limits);
+        assert_eq!(config.compaction, defaults.compaction);
+        assert_eq!(config.tenant_limits["team-a"].retention_days, 7);
+    }
+
     #[test]
     fn unknown_config_keys_are_errors() {
         let dir = tempfile::tempdir().unwrap();

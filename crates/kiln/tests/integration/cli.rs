@@ -152,3 +152,50 @@ fn every_query_subcommand_answers_from_the_server() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("HTTP 400"));
 }
+
+/// The benchmarks run end to end on the committed fixtures (their figures are for
+/// docs/benchmarks.md; here only that they work and agree with themselves).
+#[test]
+fn the_benchmarks_run_on_the_fixtures() {
+    let testdata = workspace_root().join("testdata");
+    let run = |args: &[&str]| -> String {
+        let output = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .arg("bench")
+            .args(args)
+            .arg("--corpus")
+            .arg(&testdata)
+            .env("KILN_LOG_LEVEL", "warn")
+            .output()
+            .expect("kiln runs");
+        assert!(
+            output.status.success(),
+            "kiln bench {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let stages = run(&["stages", "--rounds", "1"]);
+    assert!(stages.contains("all stages"), "{stages}");
+    let query = run(&[
+        "query",
+        "--days",
+        "1",
+        "--instances",
+        "2",
+        "--interval",
+        "600",
+        "--skip-go",
+    ]);
+    let line = query
+        .lines()
+        .find(|line| line.starts_with("24 h flame graph total"))
+        .unwrap_or_else(|| panic!("{query}"));
+    // "24 h flame graph total T; series points sum to S (N series)"
+    let numbers: Vec<i64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|part| part.parse().ok())
+        .collect();
+    assert!(numbers.len() >= 4, "{line}");
+    assert!(numbers[1] > 0, "{line}");
+    assert_eq!(numbers[1], numbers[2], "{line}");
+}
