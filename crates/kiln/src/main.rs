@@ -1,6 +1,7 @@
 //! `kiln`: one binary for every role. `kiln server` runs ingest, storage and queries on
 //! one machine with embedded defaults; `kiln bench` measures the hot paths.
 
+mod admin;
 mod bench;
 mod bench_query;
 mod query;
@@ -52,6 +53,8 @@ enum Command {
     Server(ServerArgs),
     /// Query a server: flame graphs, top functions, series, diffs, labels.
     Query(query::QueryArgs),
+    /// Inspect what a server's storage holds.
+    Admin(admin::AdminArgs),
     /// Measure a hot path and print its figures.
     Bench {
         #[command(subcommand)]
@@ -151,6 +154,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench { bench } => runtime.block_on(bench::run(bench)),
         // Queries are blocking HTTP calls and need no runtime.
         Command::Query(args) => query::run(args),
+        Command::Admin(args) => runtime.block_on(admin::run(args)),
     }
 }
 

@@ -388,3 +388,52 @@ fn answers_for(server: &TestServer, service: &str, start: i64, end: i64) -> Vec<
             .tree,
     )
 }
+
+#[test]
+fn admin_blocks_shows_levels_and_symbol_counts() {
+    let server = TestServer::start_with(no_compaction);
+    for service in ["api", "web"] {
+        let (status, text) = server.post(
+            &format!("/ingest?name={service}&format=pprof&from=1700000000&until=1700000010"),
+            &fixture("profefe-collector_cpu_1.prof"),
+        );
+        assert_eq!(status, 200, "{text}");
+    }
+    let data_dir = server.data_dir().to_path_buf();
+    let admin = |args: &[&str]| -> String {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["admin", "--data-dir"])
+            .arg(&data_dir)
+            .args(args)
+            .env("KILN_LOG_LEVEL", "warn")
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let list = admin(&["blocks", "list"]);
+    let rows: Vec<&str> = list.lines().filter(|line| line.ends_with("live")).collect();
+    assert!(!rows.is_empty(), "{list}");
+    assert!(
+        list.contains("2023-11-14T22:13:20"),
+        "time range shown: {list}"
+    );
+    let id = rows[0].split_whitespace().next().unwrap();
+    let inspect = admin(&["blocks", "inspect", id]);
+    assert!(
+        inspect.contains("service api") || inspect.contains("service web"),
+        "{inspect}"
+    );
+    assert!(
+        inspect.contains("functions") && inspect.contains("stack nodes"),
+        "{inspect}"
+    );
+    assert!(
+        inspect.contains("type process_cpu:cpu:nanoseconds:cpu:nanoseconds"),
+        "{inspect}"
+    );
+}
