@@ -3,7 +3,11 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let limits = kiln_ingest::Limits::default();
+    // No retention: random times would otherwise stop most inputs before the builder.
+    let limits = kiln_ingest::Limits {
+        retention_days: 0,
+        ..Default::default()
+    };
     let context = kiln_ingest::parse::ProfileContext::default();
     if let Ok(parsed) = kiln_ingest::parse::from_pprof_bytes(data, context, &limits) {
         let mut builder = kiln_storage::DatasetBuilder::new("t", parsed.service());

@@ -281,7 +281,10 @@ mod tests {
             &params,
             "text/plain",
             Bytes::from_static(b"main;work 3\nmain 1\n"),
-            &Limits::default(),
+            &Limits {
+                retention_days: 0, // the time above is from 2023
+                ..Limits::default()
+            },
         )
         .await
         .unwrap();

@@ -22,7 +22,11 @@ pub struct SeriesOptions {
     pub average: bool,
     /// Keep only the `limit` series with the largest sum.
     pub limit: Option<usize>,
+    /// One exemplar per profile behind a point (`EXEMPLAR_TYPE_INDIVIDUAL`).
     pub exemplars: bool,
+    /// One exemplar per trace span behind a point, from the samples' `span_id` labels,
+    /// with the profile holding it (`EXEMPLAR_TYPE_SPAN`).
+    pub span_exemplars: bool,
 }
 
 #[derive(Default)]
@@ -45,6 +49,11 @@ pub async fn select_series(
     let mut series: BTreeMap<Vec<LabelPair>, BTreeMap<i64, Bucket>> = BTreeMap::new();
     for selection in &selections {
         let dataset = &selection.dataset;
+        let offsets = if options.span_exemplars {
+            dataset.profile_sample_offsets()
+        } else {
+            Vec::new()
+        };
         // Group labels per dataset series, computed once.
         let mut group_of: Vec<Option<(Vec<LabelPair>, Labels)>> = vec![None; dataset.series.len()];
         for profile in &selection.profiles {
@@ -76,21 +85,29 @@ pub async fn select_series(
                 .or_default();
             bucket.sum = bucket.sum.saturating_add(profile.total);
             bucket.count += 1;
+            let exemplar = |span_id: String, value: i64| Exemplar {
+                timestamp: time_ms,
+                profile_id: String::from_utf8_lossy(&row.id).into_owned(),
+                span_id,
+                value,
+                labels: labels
+                    .iter()
+                    .filter(|label| !label.name.starts_with("__"))
+                    .map(|label| LabelPair {
+                        name: label.name.clone(),
+                        value: label.value.clone(),
+                    })
+                    .collect(),
+            };
             if options.exemplars {
-                bucket.exemplars.push(Exemplar {
-                    timestamp: time_ms,
-                    profile_id: String::from_utf8_lossy(&row.id).into_owned(),
-                    span_id: String::new(),
-                    value: profile.total,
-                    labels: labels
-                        .iter()
-                        .filter(|label| !label.name.starts_with("__"))
-                        .map(|label| LabelPair {
-                            name: label.name.clone(),
-                            value: label.value.clone(),
-                        })
-                        .collect(),
-                });
+                bucket
+                    .exemplars
+                    .push(exemplar(String::new(), profile.total));
+            }
+            if options.span_exemplars {
+                for (span_id, value) in span_values(dataset, &offsets, profile.row) {
+                    bucket.exemplars.push(exemplar(span_id, value));
+                }
             }
         }
     }
@@ -128,4 +145,34 @@ pub async fn select_series(
         result.sort_by(|a, b| a.1.labels.cmp(&b.1.labels));
     }
     Ok(result.into_iter().map(|(_, series)| series).collect())
+}
+
+/// The value of each span in one profile: its samples' values summed by `span_id` label.
+fn span_values(dataset: &kiln_storage::Dataset, offsets: &[u32], row: usize) -> Vec<(String, i64)> {
+    let (Some(start), Some(end)) = (offsets.get(row), offsets.get(row + 1)) else {
+        return Vec::new();
+    };
+    // Label rows are sorted by sample: find this profile's first one.
+    let first = dataset
+        .sample_label_sample
+        .partition_point(|sample| sample < start);
+    let mut spans: BTreeMap<String, i64> = BTreeMap::new();
+    for label in first..dataset.sample_label_sample.len() {
+        let sample = dataset.sample_label_sample[label];
+        if sample >= *end {
+            break;
+        }
+        if dataset.string(dataset.sample_label_name[label]) == "span_id" {
+            let value = dataset.sample_value[sample as usize];
+            let slot = spans
+                .entry(
+                    dataset
+                        .string(dataset.sample_label_value[label])
+                        .to_string(),
+                )
+                .or_default();
+            *slot = slot.saturating_add(value);
+        }
+    }
+    spans.into_iter().collect()
 }

@@ -344,11 +344,6 @@ pub async fn querier_service(
             }
         }
         "SelectSeries" => call!(api::SelectSeriesRequest, |request| {
-            if request.exemplar_type == EXEMPLAR_TYPE_SPAN {
-                return Err(QueryError::BadRequest(
-                    "exemplar type EXEMPLAR_TYPE_SPAN is not supported; use EXEMPLAR_TYPE_INDIVIDUAL".to_string(),
-                ));
-            }
             let select = select_request(
                 &tenant,
                 Selection {
@@ -376,6 +371,7 @@ pub async fn querier_service(
                     .filter(|limit| *limit > 0)
                     .map(|limit| usize::try_from(limit).unwrap_or(usize::MAX)),
                 exemplars: request.exemplar_type == EXEMPLAR_TYPE_INDIVIDUAL,
+                span_exemplars: request.exemplar_type == EXEMPLAR_TYPE_SPAN,
             };
             let series = select_series(querier, &select, &options).await?;
             Ok(api::SelectSeriesResponse { series })

@@ -925,4 +925,29 @@ fn span_selector_merges_only_the_samples_of_those_spans() {
     with_unknown.push("no-such-span".into());
     assert_eq!(span_total(with_unknown), with_spans);
     assert_eq!(span_total(vec!["no-such-span".into()]), 0);
+    // Span exemplars on the series name each span with its value.
+    let series: api::SelectSeriesResponse = call(
+        &server,
+        "SelectSeries",
+        &api::SelectSeriesRequest {
+            profile_type_id: type_id.clone(),
+            label_selector: r#"{service_name="spans"}"#.into(),
+            start: 1_699_999_990_000,
+            end: 1_700_000_100_000,
+            step: 3600.0,
+            exemplar_type: api::EXEMPLAR_TYPE_SPAN,
+            ..Default::default()
+        },
+        None,
+    );
+    let exemplars: std::collections::BTreeMap<String, i64> = series.series[0].points[0]
+        .exemplars
+        .iter()
+        .map(|exemplar| (exemplar.span_id.clone(), exemplar.value))
+        .collect();
+    assert_eq!(exemplars, by_span);
+    assert!(series.series[0].points[0]
+        .exemplars
+        .iter()
+        .all(|e| !e.profile_id.is_empty()));
 }
