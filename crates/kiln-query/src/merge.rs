@@ -108,6 +108,56 @@ pub fn tree_bytes(tree: &FlameTree) -> Vec<u8> {
     out
 }
 
+/// Reads Pyroscope's tree bytes back ([`tree_bytes`]): every node but the virtual root,
+/// as (frame names from the outermost, self value), in the order written.
+pub fn read_tree_bytes(bytes: &[u8]) -> Result<Vec<(Vec<String>, i64)>, QueryError> {
+    fn varint(bytes: &[u8], at: &mut usize) -> Result<u64, QueryError> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = *bytes
+                .get(*at)
+                .ok_or_else(|| QueryError::BadRequest("truncated tree".to_string()))?;
+            *at += 1;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(QueryError::BadRequest("invalid varint in tree".to_string()))
+    }
+    let mut nodes = Vec::new();
+    let mut at = 0;
+    // (path, children still to read) of each open node; the first node is the root.
+    let mut open: Vec<(Vec<String>, u64)> = Vec::new();
+    let mut first = true;
+    while at < bytes.len() {
+        let length = varint(bytes, &mut at)? as usize;
+        let name = bytes
+            .get(at..at.saturating_add(length))
+            .ok_or_else(|| QueryError::BadRequest("truncated tree name".to_string()))?;
+        at += length;
+        let self_value = varint(bytes, &mut at)? as i64;
+        let children = varint(bytes, &mut at)?;
+        let mut path = match open.last_mut() {
+            Some((path, remaining)) => {
+                *remaining -= 1;
+                path.clone()
+            }
+            None => Vec::new(),
+        };
+        if !first {
+            path.push(String::from_utf8_lossy(name).into_owned());
+            nodes.push((path.clone(), self_value));
+        }
+        first = false;
+        open.push((path, children));
+        while open.last().is_some_and(|(_, remaining)| *remaining == 0) {
+            open.pop();
+        }
+    }
+    Ok(nodes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +181,12 @@ mod tests {
         expected.extend_from_slice(&[4, b'm', b'a', b'i', b'n', 2, 1]);
         expected.extend_from_slice(&[4, b'w', b'o', b'r', b'k', 0xac, 0x02, 0]);
         assert_eq!(bytes, expected);
+        let names = |path: &[&str]| path.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            read_tree_bytes(&bytes).unwrap(),
+            vec![(names(&["main"]), 2), (names(&["main", "work"]), 300)]
+        );
+        assert!(read_tree_bytes(&bytes[..bytes.len() - 2]).is_err());
     }
 
     #[test]

@@ -110,39 +110,46 @@ fn load_corpus(dir: &PathBuf, min_bytes: usize) -> anyhow::Result<Vec<BenchFile>
     Ok(files)
 }
 
+/// Starts `kiln server` as a child process on `data_dir` and waits until it is ready;
+/// returns the child and its URL. A child, so that its CPU time and memory can be told
+/// from the load generator's, which shares the machine. Compaction is off: it is measured
+/// on its own, and here it would compete for the cores.
+pub fn start_server(data_dir: &std::path::Path) -> anyhow::Result<(std::process::Child, String)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(["server", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--compaction", "false"])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .env("KILN_LOG_LEVEL", "warn")
+        .spawn()
+        .context("cannot start the server")?;
+    let url = format!("http://127.0.0.1:{port}");
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(1))
+        .build();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while agent.get(&format!("{url}/ready")).call().is_err() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("the server did not become ready");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok((child, url))
+}
+
 async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     let files = Arc::new(load_corpus(&args.corpus, args.min_file_bytes)?);
     let temp = std::env::temp_dir().join(format!("kiln-bench-{}", std::process::id()));
-    // The server runs as a child process so its CPU time can be told from the load
-    // generator's, which shares the machine.
     let mut server = None;
     let url = match &args.url {
         Some(url) => url.trim_end_matches('/').to_string(),
         None => {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")?
-                .local_addr()?
-                .port();
-            let child = std::process::Command::new(std::env::current_exe()?)
-                .args(["server", "--listen", &format!("127.0.0.1:{port}")])
-                // Compaction is measured on its own; here it would compete for the cores.
-                .args(["--compaction", "false"])
-                .arg("--data-dir")
-                .arg(&temp)
-                .env("KILN_LOG_LEVEL", "warn")
-                .spawn()
-                .context("cannot start the server")?;
+            let (child, url) = start_server(&temp)?;
             server = Some(child);
-            let url = format!("http://127.0.0.1:{port}");
-            let agent = ureq::AgentBuilder::new()
-                .timeout(Duration::from_secs(1))
-                .build();
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while agent.get(&format!("{url}/ready")).call().is_err() {
-                if Instant::now() > deadline {
-                    bail!("the server did not become ready");
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
             url
         }
     };

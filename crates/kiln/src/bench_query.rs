@@ -240,29 +240,7 @@ struct Server {
 
 impl Server {
     fn start(data_dir: &Path) -> anyhow::Result<Server> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let child = std::process::Command::new(std::env::current_exe()?)
-            .args(["server", "--listen", &format!("127.0.0.1:{port}")])
-            // Compaction is measured on its own; here it would compete for the cores.
-            .args(["--compaction", "false"])
-            .arg("--data-dir")
-            .arg(data_dir)
-            .env("KILN_LOG_LEVEL", "warn")
-            .spawn()
-            .context("cannot start the server")?;
-        let url = format!("http://127.0.0.1:{port}");
-        let agent = ureq::AgentBuilder::new()
-            .timeout(Duration::from_secs(1))
-            .build();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while agent.get(&format!("{url}/ready")).call().is_err() {
-            if Instant::now() > deadline {
-                bail!("the server did not become ready");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let (child, url) = crate::bench::start_server(data_dir)?;
         Ok(Server { child, url })
     }
 

@@ -291,50 +291,11 @@ struct Stacks {
 
 impl Stacks {
     fn from_tree_bytes(bytes: &[u8]) -> anyhow::Result<Stacks> {
-        fn varint(bytes: &[u8], at: &mut usize) -> anyhow::Result<u64> {
-            let mut value = 0u64;
-            for shift in (0..64).step_by(7) {
-                let Some(byte) = bytes.get(*at) else {
-                    bail!("truncated tree");
-                };
-                *at += 1;
-                value |= u64::from(byte & 0x7f) << shift;
-                if byte & 0x80 == 0 {
-                    return Ok(value);
-                }
-            }
-            bail!("invalid varint in tree")
-        }
-        let mut entries = Vec::new();
-        let mut at = 0;
-        // (path, children still to read) for each open node.
-        let mut open: Vec<(Vec<String>, u64)> = Vec::new();
-        let mut first = true;
-        while at < bytes.len() {
-            let length = varint(bytes, &mut at)? as usize;
-            let name = bytes.get(at..at + length).context("truncated tree name")?;
-            at += length;
-            let self_value = varint(bytes, &mut at)? as i64;
-            let children = varint(bytes, &mut at)?;
-            let mut path = match open.last_mut() {
-                Some((path, remaining)) => {
-                    *remaining -= 1;
-                    path.clone()
-                }
-                None => Vec::new(),
-            };
-            if !first {
-                path.push(String::from_utf8_lossy(name).into_owned());
-            }
-            first = false;
-            if self_value > 0 && !path.is_empty() {
-                entries.push((path.clone(), self_value));
-            }
-            open.push((path, children));
-            while open.last().is_some_and(|(_, remaining)| *remaining == 0) {
-                open.pop();
-            }
-        }
+        let entries = kiln_query::merge::read_tree_bytes(bytes)
+            .context("invalid tree in the response")?
+            .into_iter()
+            .filter(|(_, self_value)| *self_value > 0)
+            .collect();
         Ok(Stacks { entries })
     }
 

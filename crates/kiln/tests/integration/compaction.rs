@@ -146,44 +146,14 @@ fn answers(server: &TestServer, start: i64, end: i64) -> Vec<String> {
 }
 
 /// Tree bytes as sorted (path, self) pairs: child order is not part of the answer.
-fn canonical_tree(bytes: &[u8]) -> Vec<(String, u64)> {
-    fn varint(bytes: &[u8], at: &mut usize) -> u64 {
-        let mut value = 0u64;
-        let mut shift = 0;
-        loop {
-            let byte = bytes[*at];
-            *at += 1;
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte < 0x80 {
-                return value;
-            }
-            shift += 7;
-        }
-    }
-    let mut out = Vec::new();
-    let mut open: Vec<(String, u64)> = Vec::new();
-    let mut at = 0;
-    while at < bytes.len() {
-        let length = varint(bytes, &mut at) as usize;
-        let name = String::from_utf8_lossy(&bytes[at..at + length]).into_owned();
-        at += length;
-        let self_value = varint(bytes, &mut at);
-        let children = varint(bytes, &mut at);
-        if let Some((_, left)) = open.last_mut() {
-            *left -= 1;
-        }
-        let path = match open.last() {
-            Some((parent, _)) => format!("{parent};{name}"),
-            None => name,
-        };
-        out.push((path.clone(), self_value));
-        open.push((path, children));
-        while open.last().is_some_and(|(_, left)| *left == 0) {
-            open.pop();
-        }
-    }
-    out.sort();
-    out
+fn canonical_tree(bytes: &[u8]) -> Vec<(String, i64)> {
+    let mut nodes: Vec<(String, i64)> = kiln_query::merge::read_tree_bytes(bytes)
+        .expect("tree")
+        .into_iter()
+        .map(|(path, value)| (path.join(";"), value))
+        .collect();
+    nodes.sort();
+    nodes
 }
 
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
@@ -367,7 +337,7 @@ fn retention_removes_only_what_is_older_than_the_window() {
 }
 
 /// The full tree of one service's CPU profiles.
-fn answers_for(server: &TestServer, service: &str, start: i64, end: i64) -> Vec<(String, u64)> {
+fn answers_for(server: &TestServer, service: &str, start: i64, end: i64) -> Vec<(String, i64)> {
     let request = api::SelectMergeStacktracesRequest {
         profile_type_id: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(),
         label_selector: format!(r#"{{service_name="{service}"}}"#),

@@ -5,6 +5,7 @@
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use kiln_query::api::{self, CallSiteLocation, StackTraceSelector};
+use kiln_query::merge::read_tree_bytes;
 use prost::Message;
 use serde_json::{json, Value};
 
@@ -138,79 +139,29 @@ fn flame_total(
 /// Per function (flat, cum) from Pyroscope's tree bytes: flat sums a node's self value,
 /// cum adds it to every distinct function on its path.
 fn tree_functions(bytes: &[u8]) -> std::collections::HashMap<String, (i64, i64)> {
-    fn varint(bytes: &[u8], at: &mut usize) -> u64 {
-        let mut value = 0u64;
-        let mut shift = 0;
-        loop {
-            let byte = bytes[*at];
-            *at += 1;
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte < 0x80 {
-                return value;
-            }
-            shift += 7;
-        }
-    }
     let mut functions: std::collections::HashMap<String, (i64, i64)> = Default::default();
-    // (name, children left) of the open nodes; the first is the nameless root.
-    let mut open: Vec<(String, u64)> = Vec::new();
-    let mut at = 0;
-    while at < bytes.len() {
-        let length = varint(bytes, &mut at) as usize;
-        let name = String::from_utf8_lossy(&bytes[at..at + length]).into_owned();
-        at += length;
-        let self_value = varint(bytes, &mut at) as i64;
-        let children = varint(bytes, &mut at);
-        if let Some((_, left)) = open.last_mut() {
-            *left -= 1;
+    for (path, self_value) in read_tree_bytes(bytes).expect("tree") {
+        if self_value == 0 {
+            continue;
         }
-        open.push((name, children));
-        if self_value > 0 {
-            let path: Vec<&String> = open.iter().skip(1).map(|(name, _)| name).collect();
-            if let Some(leaf) = path.last() {
-                functions.entry((*leaf).clone()).or_default().0 += self_value;
-            }
-            let mut seen: Vec<&String> = Vec::new();
-            for name in path {
-                if !seen.contains(&name) {
-                    functions.entry(name.clone()).or_default().1 += self_value;
-                    seen.push(name);
-                }
-            }
+        if let Some(leaf) = path.last() {
+            functions.entry(leaf.clone()).or_default().0 += self_value;
         }
-        while open.last().is_some_and(|(_, left)| *left == 0) {
-            open.pop();
+        let mut seen: Vec<&String> = Vec::new();
+        for name in &path {
+            if !seen.contains(&name) {
+                functions.entry(name.clone()).or_default().1 += self_value;
+                seen.push(name);
+            }
         }
     }
     functions
 }
 
-/// Reads Pyroscope's tree bytes back: (sum of self values, node count).
+/// Pyroscope's tree bytes read back: (sum of self values, node count).
 fn read_tree(bytes: &[u8]) -> (i64, usize) {
-    fn varint(bytes: &[u8], at: &mut usize) -> u64 {
-        let mut value = 0u64;
-        let mut shift = 0;
-        loop {
-            let byte = bytes[*at];
-            *at += 1;
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte < 0x80 {
-                return value;
-            }
-            shift += 7;
-        }
-    }
-    let (mut at, mut sum, mut nodes, mut pending) = (0usize, 0i64, 0usize, 1u64);
-    while pending > 0 {
-        let name_length = varint(bytes, &mut at) as usize;
-        at += name_length;
-        sum += varint(bytes, &mut at) as i64;
-        pending += varint(bytes, &mut at);
-        pending -= 1;
-        nodes += 1;
-    }
-    assert_eq!(at, bytes.len(), "tree bytes fully read");
-    (sum, nodes)
+    let nodes = read_tree_bytes(bytes).expect("tree");
+    (nodes.iter().map(|(_, value)| value).sum(), nodes.len())
 }
 
 #[test]
