@@ -3,6 +3,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use futures_util::StreamExt;
+
 use kiln_metastore::{DatasetMeta, DatasetQuery, Metastore};
 use kiln_model::labels::{Labels, SERVICE_NAME};
 use kiln_model::selector::Selector;
@@ -93,11 +95,14 @@ pub struct SelectedProfile {
 /// written, so entries never go stale; the oldest go first when the cache is full.
 #[derive(Default)]
 struct DatasetCache {
-    entries: HashMap<(String, u32), Arc<Dataset>>,
+    entries: HashMap<(String, u32), (Arc<Dataset>, usize)>,
     order: std::collections::VecDeque<(String, u32)>,
+    bytes: usize,
 }
 
-const CACHE_ENTRIES: usize = 512;
+/// Memory the cache may hold. Decoded datasets are 10-100x their compressed size, so a
+/// count limit alone could hold gigabytes; a week of one busy service decodes to ~1.3 GB.
+const CACHE_BYTES: usize = 1 << 30;
 
 /// Stateless query front: everything it knows comes from the metastore and object store.
 #[derive(Clone)]
@@ -151,7 +156,7 @@ impl Querier {
             .cache
             .lock()
             .ok()
-            .and_then(|cache| cache.entries.get(&key).cloned())
+            .and_then(|cache| cache.entries.get(&key).map(|(dataset, _)| dataset.clone()))
         {
             return Ok(dataset);
         }
@@ -168,13 +173,20 @@ impl Querier {
         .map_err(|err| QueryError::Task(err.to_string()))??;
         let dataset = Arc::new(dataset);
         if let Ok(mut cache) = self.cache.lock() {
-            if cache.entries.len() >= CACHE_ENTRIES {
-                if let Some(oldest) = cache.order.pop_front() {
-                    cache.entries.remove(&oldest);
+            let size = dataset.heap_bytes();
+            while cache.bytes + size > CACHE_BYTES {
+                let Some(oldest) = cache.order.pop_front() else {
+                    break;
+                };
+                if let Some((_, evicted)) = cache.entries.remove(&oldest) {
+                    cache.bytes -= evicted;
                 }
             }
-            cache.entries.insert(key.clone(), dataset.clone());
-            cache.order.push_back(key);
+            if size <= CACHE_BYTES && !cache.entries.contains_key(&key) {
+                cache.bytes += size;
+                cache.entries.insert(key.clone(), (dataset.clone(), size));
+                cache.order.push_back(key);
+            }
         }
         Ok(dataset)
     }
@@ -195,7 +207,13 @@ impl Querier {
                     .map_err(|err| QueryError::Task(err.to_string()))
             }
         });
-        let results = futures_util::future::join_all(tasks).await;
+        // A few datasets in flight per core: all cores stay busy, while decoding buffers
+        // of a week of blocks are not all alive at once.
+        let in_flight = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
+        let results: Vec<_> = futures_util::stream::iter(tasks)
+            .buffered(in_flight)
+            .collect()
+            .await;
         let mut selections = Vec::new();
         for result in results {
             if let Some(selection) = result? {

@@ -118,6 +118,34 @@ impl Dataset {
         )
     }
 
+    /// Approximate heap memory held, for caches to budget by.
+    pub fn heap_bytes(&self) -> usize {
+        fn vec<T>(v: &[T]) -> usize {
+            std::mem::size_of_val(v)
+        }
+        self.strings.iter().map(|s| s.len() + 24).sum::<usize>()
+            + vec(&self.mappings)
+            + vec(&self.functions)
+            + vec(&self.location_mapping)
+            + vec(&self.location_address)
+            + vec(&self.location_line_count)
+            + vec(&self.line_function)
+            + vec(&self.line_number)
+            + vec(&self.stack_parent)
+            + vec(&self.stack_location)
+            + self
+                .series
+                .iter()
+                .map(|s| 32 + 8 * s.labels.len())
+                .sum::<usize>()
+            + self.profiles.iter().map(|p| 64 + p.id.len()).sum::<usize>()
+            + vec(&self.sample_stack)
+            + vec(&self.sample_value)
+            + vec(&self.sample_label_sample)
+            + vec(&self.sample_label_name)
+            + vec(&self.sample_label_value)
+    }
+
     /// The profile type ids present, sorted, and the number of distinct profiles: what
     /// the metastore indexes about a dataset.
     pub fn summary(&self) -> (Vec<String>, u64) {
