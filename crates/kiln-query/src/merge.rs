@@ -6,7 +6,7 @@ use kiln_model::pprof::Profile;
 use crate::api::{FlameGraph, Level};
 use crate::flamebearer::flamebearer;
 use crate::pprof_export::merged_pprof;
-use crate::select::{Querier, SelectRequest, TypeFilter};
+use crate::select::{DatasetSelection, Querier, SelectRequest, TypeFilter};
 use crate::tree::{build_tree, FlameTree};
 use crate::QueryError;
 
@@ -22,6 +22,16 @@ pub fn max_nodes(requested: Option<i64>) -> usize {
     }
 }
 
+/// The one profile type id a merge query asks for.
+pub fn exact_type(request: &SelectRequest) -> Result<&str, QueryError> {
+    match &request.types {
+        TypeFilter::Exact(type_id) => Ok(type_id),
+        _ => Err(QueryError::BadRequest(
+            "a merge query needs one profile type id".to_string(),
+        )),
+    }
+}
+
 /// The merged flame tree of the request's one profile type, cut to `max_nodes` (0 keeps
 /// every node). The call site, when given, was applied to the samples, so the tree holds
 /// that subtree at full resolution under its call-site path.
@@ -30,18 +40,23 @@ pub async fn merged_tree(
     request: &SelectRequest,
     max_nodes: usize,
 ) -> Result<FlameTree, QueryError> {
-    let TypeFilter::Exact(type_id) = &request.types else {
-        return Err(QueryError::BadRequest(
-            "a merge query needs one profile type id".to_string(),
-        ));
-    };
+    let type_id = exact_type(request)?;
     let selections = querier.select(request).await?;
-    let tree = build_tree(&selections, type_id);
-    Ok(if max_nodes == 0 {
+    Ok(tree_from_selections(&selections, type_id, max_nodes))
+}
+
+/// [`merged_tree`] over selections already made.
+pub fn tree_from_selections(
+    selections: &[DatasetSelection],
+    type_id: &str,
+    max_nodes: usize,
+) -> FlameTree {
+    let tree = build_tree(selections, type_id);
+    if max_nodes == 0 {
         tree
     } else {
         tree.truncate(max_nodes)
-    })
+    }
 }
 
 /// The merged pprof of the request's profile type, never truncated.
@@ -49,13 +64,9 @@ pub async fn merged_profile(
     querier: &Querier,
     request: &SelectRequest,
 ) -> Result<Profile, QueryError> {
-    let TypeFilter::Exact(type_id) = &request.types else {
-        return Err(QueryError::BadRequest(
-            "a merge query needs one profile type id".to_string(),
-        ));
-    };
+    let type_id = exact_type(request)?;
     let selections = querier.select(request).await?;
-    Ok(merged_pprof(&selections, std::slice::from_ref(type_id)))
+    Ok(merged_pprof(&selections, &[type_id.to_string()]))
 }
 
 /// The API's flame graph: the flamebearer layout, levels wrapped as messages.

@@ -174,15 +174,16 @@ impl Querier {
         let dataset = Arc::new(dataset);
         if let Ok(mut cache) = self.cache.lock() {
             let size = dataset.heap_bytes();
-            while cache.bytes + size > CACHE_BYTES {
-                let Some(oldest) = cache.order.pop_front() else {
-                    break;
-                };
-                if let Some((_, evicted)) = cache.entries.remove(&oldest) {
-                    cache.bytes -= evicted;
-                }
-            }
+            // Another query may have cached it meanwhile; nothing to evict for it then.
             if size <= CACHE_BYTES && !cache.entries.contains_key(&key) {
+                while cache.bytes + size > CACHE_BYTES {
+                    let Some(oldest) = cache.order.pop_front() else {
+                        break;
+                    };
+                    if let Some((_, evicted)) = cache.entries.remove(&oldest) {
+                        cache.bytes -= evicted;
+                    }
+                }
                 cache.bytes += size;
                 cache.entries.insert(key.clone(), (dataset.clone(), size));
                 cache.order.push_back(key);
@@ -226,15 +227,23 @@ impl Querier {
 
 /// Sums the matching samples of one dataset per stack node.
 pub fn aggregate(dataset: Arc<Dataset>, request: &SelectRequest) -> Option<DatasetSelection> {
+    // The derived type labels cost six more strings per series; only build them when the
+    // selector names one.
+    let wants_type_labels = request
+        .selector
+        .matchers
+        .iter()
+        .any(|matcher| TYPE_LABELS.contains(&matcher.name.as_str()));
     let mut types: Vec<(String, u32)> = Vec::new();
     let mut series_type: Vec<Option<usize>> = Vec::with_capacity(dataset.series.len());
     for series in &dataset.series {
         let type_id = dataset.string(series.profile_type);
-        if !request.types.matches(type_id)
-            || !request
-                .selector
-                .matches(&selectable_labels(&dataset, series))
-        {
+        let labels = if wants_type_labels {
+            selectable_labels(&dataset, series)
+        } else {
+            dataset.series_labels(series)
+        };
+        if !request.types.matches(type_id) || !request.selector.matches(&labels) {
             series_type.push(None);
             continue;
         }

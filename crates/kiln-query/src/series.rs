@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use kiln_model::labels::Labels;
 
 use crate::api::{Exemplar, LabelPair, Point, Series};
-use crate::select::{selectable_labels, Querier, SelectRequest};
+use crate::select::{selectable_labels, DatasetSelection, Querier, SelectRequest};
 use crate::QueryError;
 
 /// The exemplars kept per point: the profiles with the largest values.
@@ -46,8 +46,20 @@ pub async fn select_series(
         return Err(QueryError::BadRequest("step must be positive".to_string()));
     }
     let selections = querier.select(request).await?;
+    series_from_selections(&selections, options)
+}
+
+/// [`select_series`] over selections already made, so that one selection can feed a
+/// flame graph and its timelines.
+pub fn series_from_selections(
+    selections: &[DatasetSelection],
+    options: &SeriesOptions,
+) -> Result<Vec<Series>, QueryError> {
+    if options.step_ms <= 0 {
+        return Err(QueryError::BadRequest("step must be positive".to_string()));
+    }
     let mut series: BTreeMap<Vec<LabelPair>, BTreeMap<i64, Bucket>> = BTreeMap::new();
-    for selection in &selections {
+    for selection in selections {
         let dataset = &selection.dataset;
         let offsets = if options.span_exemplars {
             dataset.profile_sample_offsets()

@@ -18,9 +18,10 @@ use kiln_query::flamebearer::{
     RenderResponse, Timeline,
 };
 use kiln_query::labels::{self as label_queries, SeriesQuery};
-use kiln_query::merge::{merged_tree, DEFAULT_MAX_NODES};
+use kiln_query::merge::{tree_from_selections, DEFAULT_MAX_NODES};
+use kiln_query::select::DatasetSelection;
 use kiln_query::select::{SelectRequest, TypeFilter};
-use kiln_query::series::{select_series, SeriesOptions};
+use kiln_query::series::{series_from_selections, SeriesOptions};
 use kiln_query::QueryError;
 
 use crate::routes::{now_nanos, parse_render_query, text_error, SharedState};
@@ -59,13 +60,8 @@ fn selection(params: &Params, prefix: &str) -> Result<Selection, QueryError> {
     })?;
     let (type_id, selector) = parse_render_query(query)?;
     let now = now_nanos();
-    let time = |name: &str, default: &str| -> Result<i64, QueryError> {
-        let value = param(params, prefix, name).map_or(default, String::as_str);
-        parse_time_nanos(value, now)
-            .map_err(|err| QueryError::BadRequest(format!("{prefix}{name}: {err}")))
-    };
-    let from_nanos = time("from", "now-1h")?;
-    let to_nanos = time("until", "now")?;
+    let from_nanos = time_param(param(params, prefix, "from"), "now-1h", now, prefix, "from")?;
+    let to_nanos = time_param(param(params, prefix, "until"), "now", now, prefix, "until")?;
     if to_nanos < from_nanos {
         return Err(QueryError::BadRequest("until is before from".to_string()));
     }
@@ -75,6 +71,19 @@ fn selection(params: &Params, prefix: &str) -> Result<Selection, QueryError> {
         from_nanos,
         to_nanos,
     })
+}
+
+/// A time parameter (`now-1h`, RFC 3339, epoch), or `default` when absent; errors name
+/// the parameter as the client spelled it.
+fn time_param(
+    value: Option<&String>,
+    default: &str,
+    now: i64,
+    prefix: &str,
+    name: &str,
+) -> Result<i64, QueryError> {
+    parse_time_nanos(value.map_or(default, String::as_str), now)
+        .map_err(|err| QueryError::BadRequest(format!("{prefix}{name}: {err}")))
 }
 
 impl Selection {
@@ -105,9 +114,8 @@ fn max_nodes(params: &Params) -> Result<usize, QueryError> {
 
 /// Timelines of the selection's totals, one per value of each series' `group_by` labels
 /// (one with no labels when `group_by` is empty).
-async fn timelines(
-    state: &SharedState,
-    request: &SelectRequest,
+fn timelines(
+    selections: &[DatasetSelection],
     selection: &Selection,
     group_by: &[String],
 ) -> Result<BTreeMap<String, Timeline>, QueryError> {
@@ -117,8 +125,7 @@ async fn timelines(
         group_by: group_by.to_vec(),
         ..Default::default()
     };
-    let series = select_series(&state.querier, request, &options).await?;
-    Ok(series
+    Ok(series_from_selections(selections, &options)?
         .into_iter()
         .map(|series| {
             let key = series
@@ -140,15 +147,14 @@ async fn timelines(
         .collect())
 }
 
-fn total_timeline(groups: &BTreeMap<String, Timeline>, selection: &Selection) -> Timeline {
-    groups
-        .values()
+/// The selection's total over time: the one ungrouped timeline, or an empty one.
+fn total_timeline(
+    selections: &[DatasetSelection],
+    selection: &Selection,
+) -> Result<Timeline, QueryError> {
+    Ok(timelines(selections, selection, &[])?
+        .into_values()
         .next()
-        .map(|timeline| Timeline {
-            start_time: timeline.start_time,
-            samples: timeline.samples.clone(),
-            duration_delta: timeline.duration_delta,
-        })
         .unwrap_or_else(|| {
             timeline(
                 &[],
@@ -156,7 +162,7 @@ fn total_timeline(groups: &BTreeMap<String, Timeline>, selection: &Selection) ->
                 selection.to_nanos,
                 selection.step_seconds(),
             )
-        })
+        }))
 }
 
 fn respond<T: serde::Serialize>(result: Result<T, QueryError>) -> Response {
@@ -176,20 +182,22 @@ pub async fn render(
         async {
             let tenant = tenant_of(&headers).map_err(QueryError::BadRequest)?;
             let selection = selection(&params, "")?;
-            let request = selection.request(&tenant);
-            let tree = merged_tree(&state.querier, &request, max_nodes(&params)?).await?;
-            let total = timelines(&state, &request, &selection, &[]).await?;
+            // One selection feeds the flame graph and every timeline.
+            let selections = state.querier.select(&selection.request(&tenant)).await?;
+            let tree = tree_from_selections(&selections, &selection.type_id, max_nodes(&params)?);
             let groups = match params.get("groupBy").filter(|label| !label.is_empty()) {
-                Some(label) => Some(
-                    timelines(&state, &request, &selection, std::slice::from_ref(label)).await?,
-                ),
+                Some(label) => Some(timelines(
+                    &selections,
+                    &selection,
+                    std::slice::from_ref(label),
+                )?),
                 None => None,
             };
             Ok(RenderResponse {
                 version: 1,
                 flamebearer: flamebearer(&tree),
                 metadata: metadata_for(&selection.type_id),
-                timeline: total_timeline(&total, &selection),
+                timeline: total_timeline(&selections, &selection)?,
                 groups,
             })
         }
@@ -214,12 +222,13 @@ pub async fn render_diff(
                     left.type_id, right.type_id
                 )));
             }
-            let (left_request, right_request) = (left.request(&tenant), right.request(&tenant));
-            let left_tree = merged_tree(&state.querier, &left_request, 0).await?;
-            let right_tree = merged_tree(&state.querier, &right_request, 0).await?;
-            let diff = flame_graph_diff(&left_tree, &right_tree, max_nodes(&params)?);
-            let left_timeline = timelines(&state, &left_request, &left, &[]).await?;
-            let right_timeline = timelines(&state, &right_request, &right, &[]).await?;
+            let left_selections = state.querier.select(&left.request(&tenant)).await?;
+            let right_selections = state.querier.select(&right.request(&tenant)).await?;
+            let diff = flame_graph_diff(
+                &tree_from_selections(&left_selections, &left.type_id, 0),
+                &tree_from_selections(&right_selections, &right.type_id, 0),
+                max_nodes(&params)?,
+            );
             let mut metadata = metadata_for(&left.type_id);
             metadata.format = "double";
             Ok(RenderDiffResponse {
@@ -233,8 +242,8 @@ pub async fn render_diff(
                 metadata,
                 left_ticks: diff.left_ticks,
                 right_ticks: diff.right_ticks,
-                left_timeline: total_timeline(&left_timeline, &left),
-                right_timeline: total_timeline(&right_timeline, &right),
+                left_timeline: total_timeline(&left_selections, &left)?,
+                right_timeline: total_timeline(&right_selections, &right)?,
             })
         }
         .await,
@@ -244,10 +253,7 @@ pub async fn render_diff(
 /// The series query of `query` (optional; a bare `{…}` or `TYPE{…}`) over `from`/`until`.
 fn series_query(params: &Params, tenant: String) -> Result<SeriesQuery, QueryError> {
     let now = now_nanos();
-    let time = |name: &str, default: &str| -> Result<i64, QueryError> {
-        parse_time_nanos(params.get(name).map_or(default, String::as_str), now)
-            .map_err(|err| QueryError::BadRequest(format!("{name}: {err}")))
-    };
+    let time = |name: &str, default: &str| time_param(params.get(name), default, now, "", name);
     let selectors = match params.get("query").filter(|query| !query.trim().is_empty()) {
         Some(query) if query.trim_start().starts_with('{') => {
             label_queries::parse_matchers(std::slice::from_ref(query))?
