@@ -22,6 +22,8 @@
 //! tenant's retention, through the same tombstones.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -191,6 +193,9 @@ pub struct Compactor {
     /// Lease owner name: unique per process.
     owner: String,
     metrics: CompactorMetrics,
+    /// When the last orphan sweep listed the store (ms): listing every object is costly
+    /// on S3, and orphans only age out once per grace period anyway.
+    last_sweep_ms: Arc<AtomicI64>,
 }
 
 /// Prefixes under which Kiln writes objects: the orphan sweep looks only there.
@@ -217,6 +222,7 @@ impl Compactor {
             config,
             owner: format!("compactor-{}", ulid::Ulid::new()),
             metrics: CompactorMetrics::default(),
+            last_sweep_ms: Default::default(),
         }
     }
 
@@ -414,6 +420,12 @@ impl Compactor {
             self.metastore.delete_block(&block.id).await?;
             deleted += 1;
         }
+        let last_sweep = self.last_sweep_ms.load(Ordering::Relaxed);
+        if last_sweep != 0 && now_ms - last_sweep < self.config.grace_ms {
+            self.metrics.deleted_objects.inc_by(deleted as u64);
+            return Ok(deleted);
+        }
+        self.last_sweep_ms.store(now_ms, Ordering::Relaxed);
         let registered: HashSet<&str> = blocks
             .iter()
             .map(|block| block.object_key.as_str())
