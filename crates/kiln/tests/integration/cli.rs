@@ -8,18 +8,7 @@ use crate::common::*;
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 
 fn kiln_query(server: &TestServer, args: &[&str]) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .arg("query")
-        .args(["--url", &server.url])
-        .args(args)
-        .output()
-        .expect("kiln runs");
-    assert!(
-        output.status.success(),
-        "kiln query {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).expect("utf-8 output")
+    run_kiln(["query", "--url", server.url.as_str()].iter().chain(args))
 }
 
 #[test]
@@ -158,21 +147,14 @@ fn every_query_subcommand_answers_from_the_server() {
 #[test]
 fn the_benchmarks_run_on_the_fixtures() {
     let testdata = workspace_root().join("testdata");
+    let corpus = testdata.to_string_lossy().into_owned();
     let run = |args: &[&str]| -> String {
-        let output = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .arg("bench")
-            .args(args)
-            .arg("--corpus")
-            .arg(&testdata)
-            .env("KILN_LOG_LEVEL", "warn")
-            .output()
-            .expect("kiln runs");
-        assert!(
-            output.status.success(),
-            "kiln bench {args:?} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).unwrap()
+        run_kiln(
+            ["bench"]
+                .iter()
+                .chain(args)
+                .chain(&["--corpus", corpus.as_str()]),
+        )
     };
     let stages = run(&["stages", "--rounds", "1"]);
     assert!(stages.contains("all stages"), "{stages}");

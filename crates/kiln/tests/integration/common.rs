@@ -167,6 +167,27 @@ fn response_text(result: Result<ureq::Response, ureq::Error>) -> (u16, String) {
     }
 }
 
+/// Runs the `kiln` binary with `args` and returns its standard output; fails the test,
+/// showing standard error, when it exits non-zero.
+pub fn run_kiln<I, S>(args: I) -> String
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().into()).collect();
+    let output = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(&args)
+        .env("KILN_LOG_LEVEL", "warn")
+        .output()
+        .expect("kiln runs");
+    assert!(
+        output.status.success(),
+        "kiln {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("utf-8 output")
+}
+
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")

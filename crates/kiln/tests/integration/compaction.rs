@@ -370,20 +370,13 @@ fn admin_blocks_shows_levels_and_symbol_counts() {
         assert_eq!(status, 200, "{text}");
     }
     let data_dir = server.data_dir().to_path_buf();
+    let data_dir = data_dir.to_string_lossy().into_owned();
     let admin = |args: &[&str]| -> String {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args(["admin", "--data-dir"])
-            .arg(&data_dir)
-            .args(args)
-            .env("KILN_LOG_LEVEL", "warn")
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).unwrap()
+        run_kiln(
+            ["admin", "--data-dir", data_dir.as_str()]
+                .iter()
+                .chain(args),
+        )
     };
     let list = admin(&["blocks", "list"]);
     let rows: Vec<&str> = list.lines().filter(|line| line.ends_with("live")).collect();

@@ -215,6 +215,25 @@ fn merged_flame_graphs_in_every_encoding_agree_with_the_inputs() {
         "{node_count} nodes"
     );
     assert_eq!(small_graph.total, graph.total);
+    // What was cut is still there, summed into explicit "other" nodes, and every level
+    // still adds up: no node is larger than its parent.
+    let other = small_graph
+        .names
+        .iter()
+        .position(|name| name == "other")
+        .expect("an other node") as i64;
+    let other_total: i64 = small_graph
+        .levels
+        .iter()
+        .flat_map(|level| level.values.chunks(4))
+        .filter(|node| node[3] == other)
+        .map(|node| node[1])
+        .sum();
+    assert!(other_total > 0);
+    for level in &small_graph.levels[1..] {
+        let level_total: i64 = level.values.chunks(4).map(|node| node[1]).sum();
+        assert!(level_total <= graph.total);
+    }
 }
 
 #[test]
