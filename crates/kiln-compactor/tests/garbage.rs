@@ -1,5 +1,6 @@
 //! Garbage collection: objects nobody registered and blocks nobody uses are deleted once
-//! past the grace period, and never before; live blocks are never touched.
+//! past the grace period, and never before; live blocks are never touched. Run on both
+//! deployments: local directory + SQLite, and S3 + PostgreSQL servers on loopback.
 
 use bytes::Bytes;
 use kiln_compactor::{Compactor, CompactorConfig, LevelPolicy};
@@ -41,13 +42,35 @@ fn now_ms() -> i64 {
 }
 
 #[tokio::test]
-async fn only_garbage_older_than_the_grace_period_is_deleted() {
+async fn local_sqlite_only_garbage_older_than_the_grace_period_is_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let storage =
         ObjectStorage::open(&format!("file://{}", dir.path().join("blocks").display())).unwrap();
     let metastore = Metastore::open(&format!("sqlite://{}", dir.path().join("m.db").display()))
         .await
         .unwrap();
+    only_garbage_older_than_the_grace_period_is_deleted(storage, metastore).await;
+}
+
+#[tokio::test]
+async fn s3_postgres_only_garbage_older_than_the_grace_period_is_deleted() {
+    let servers = kiln_testkit::s3().and_then(|s3| Ok((s3, kiln_testkit::postgres()?)));
+    let (s3, postgres) = match servers {
+        Ok(servers) => servers,
+        Err(reason) => {
+            println!("skipped: {reason}");
+            return;
+        }
+    };
+    let storage = ObjectStorage::open_with(&s3.fresh_bucket(), &s3.env()).unwrap();
+    let metastore = Metastore::open(&postgres.fresh_database()).await.unwrap();
+    only_garbage_older_than_the_grace_period_is_deleted(storage, metastore).await;
+}
+
+async fn only_garbage_older_than_the_grace_period_is_deleted(
+    storage: ObjectStorage,
+    metastore: Metastore,
+) {
     for key in [
         "segments/live.parquet",
         "segments/orphan.parquet",
@@ -71,6 +94,7 @@ async fn only_garbage_older_than_the_grace_period_is_deleted() {
         .unwrap();
     let config = CompactorConfig {
         grace_ms: GRACE_MS,
+        orphan_age_ms: GRACE_MS,
         retention_days: 1,
         // No level is ever due: this test is about garbage only.
         levels: vec![LevelPolicy {

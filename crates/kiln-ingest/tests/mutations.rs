@@ -149,14 +149,24 @@ fn mutated_blocks_are_errors_not_panics() {
     let parsed = from_pprof_bytes(&input, ProfileContext::default(), &limits()).unwrap();
     let mut builder = DatasetBuilder::new("t", "s");
     builder.add_pprof(&parsed.input(1000));
-    let block = kiln_storage::format::encode_block(&[builder.finish()]).unwrap();
-    let mut random = Random(7);
-    for _ in 0..3000 {
-        let data = bytes::Bytes::from(mutate(&mut random, &block));
-        if let Ok(dataset) =
-            kiln_storage::format::decode_dataset(&data, 0, kiln_storage::format::Projection::ALL)
-        {
-            let _ = dataset.check();
+    let dataset = builder.finish();
+    // Both encodings: segments (plain) and compacted blocks (byte-stream-split, delta).
+    for encoding in [
+        kiln_storage::format::BlockEncoding::Segment,
+        kiln_storage::format::BlockEncoding::Compacted,
+    ] {
+        let block = kiln_storage::format::encode_block_as(std::slice::from_ref(&dataset), encoding)
+            .unwrap();
+        let mut random = Random(7);
+        for _ in 0..3000 {
+            let data = bytes::Bytes::from(mutate(&mut random, &block));
+            if let Ok(dataset) = kiln_storage::format::decode_dataset(
+                &data,
+                0,
+                kiln_storage::format::Projection::ALL,
+            ) {
+                let _ = dataset.check();
+            }
         }
     }
 }

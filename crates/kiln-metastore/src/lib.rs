@@ -4,20 +4,67 @@
 //! written first. This ordering is what makes a flush atomic: a crash between the two
 //! leaves an unreferenced object (garbage, never half-visible data).
 //!
-//! Backends are chosen by URL (`sqlite:///path`; PostgreSQL comes with the scaled-out
-//! deployment). Schema migrations are versioned and applied at open.
+//! Backends are chosen by URL: `sqlite:///path` (embedded, one node) or `postgres://…`
+//! (shared by every node of a scaled-out deployment). Both keep the same tables and
+//! schema versions; migrations are versioned and applied at open. One behavioural test
+//! suite (`tests/suite.rs`) runs against both.
 
+mod postgres;
 mod sqlite;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+pub use postgres::{redact as redact_url, PostgresMetastore};
 pub use sqlite::SqliteMetastore;
+
+/// Versioned schema migrations, shared by both backends; entry `i` brings the schema to
+/// version `i + 1`. Written in the SQL both speak: SQLite gives `BIGINT` columns integer
+/// affinity (64-bit), PostgreSQL needs it for nanosecond times.
+const MIGRATIONS: &[&str] = &[
+    // 1: blocks and the datasets inside them.
+    "CREATE TABLE blocks (
+        id TEXT PRIMARY KEY,
+        object_key TEXT NOT NULL,
+        level INTEGER NOT NULL,
+        size_bytes BIGINT NOT NULL,
+        created_at_ms BIGINT NOT NULL
+     );
+     CREATE TABLE datasets (
+        block_id TEXT NOT NULL REFERENCES blocks(id) ON DELETE CASCADE,
+        tenant TEXT NOT NULL,
+        service TEXT NOT NULL,
+        row_group INTEGER NOT NULL,
+        min_time_nanos BIGINT NOT NULL,
+        max_time_nanos BIGINT NOT NULL,
+        profile_types TEXT NOT NULL,
+        profile_count BIGINT NOT NULL,
+        PRIMARY KEY (block_id, row_group)
+     );
+     CREATE INDEX datasets_by_time ON datasets (tenant, service, max_time_nanos, min_time_nanos);",
+    // 2: compaction and retention. A block whose datasets were all replaced or expired is
+    // tombstoned (deleted_at_ms) and its object deleted after a grace period; leases let
+    // several compactors share the work.
+    "ALTER TABLE blocks ADD COLUMN deleted_at_ms BIGINT;
+     CREATE INDEX datasets_by_block ON datasets (block_id);
+     CREATE TABLE compaction_leases (
+        tenant TEXT NOT NULL,
+        service TEXT NOT NULL,
+        level INTEGER NOT NULL,
+        owner TEXT NOT NULL,
+        expires_at_ms BIGINT NOT NULL,
+        PRIMARY KEY (tenant, service, level)
+     );",
+];
 
 #[derive(Debug, Error)]
 pub enum MetastoreError {
     #[error("sqlite error: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[error("postgres error: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("postgres connection pool: {0}")]
+    Pool(String),
     #[error("invalid metastore url {url:?}: {message}")]
     InvalidUrl { url: String, message: String },
     #[error("metastore task failed: {0}")]
@@ -94,6 +141,17 @@ pub struct DatasetQuery {
 #[derive(Clone, Debug)]
 pub enum Metastore {
     Sqlite(SqliteMetastore),
+    Postgres(PostgresMetastore),
+}
+
+/// Calls the same method on whichever backend this is.
+macro_rules! dispatch {
+    ($self:ident . $method:ident ( $($arg:expr),* )) => {
+        match $self {
+            Metastore::Sqlite(store) => store.$method($($arg),*).await,
+            Metastore::Postgres(store) => store.$method($($arg),*).await,
+        }
+    };
 }
 
 impl Metastore {
@@ -102,9 +160,13 @@ impl Metastore {
         if let Some(path) = url.strip_prefix("sqlite://") {
             return Ok(Metastore::Sqlite(SqliteMetastore::open(path).await?));
         }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Metastore::Postgres(PostgresMetastore::open(url).await?));
+        }
         Err(MetastoreError::InvalidUrl {
-            url: url.to_string(),
-            message: "expected sqlite:///path/to/metastore.db".to_string(),
+            url: postgres::redact(url),
+            message: "expected sqlite:///path/to/metastore.db or postgres://user@host/database"
+                .to_string(),
         })
     }
 
@@ -114,33 +176,25 @@ impl Metastore {
         block: BlockMeta,
         datasets: Vec<DatasetMeta>,
     ) -> Result<(), MetastoreError> {
-        match self {
-            Metastore::Sqlite(store) => store.register_block(block, datasets).await,
-        }
+        dispatch!(self.register_block(block, datasets))
     }
 
     pub async fn list_datasets(
         &self,
         query: DatasetQuery,
     ) -> Result<Vec<DatasetMeta>, MetastoreError> {
-        match self {
-            Metastore::Sqlite(store) => store.list_datasets(query).await,
-        }
+        dispatch!(self.list_datasets(query))
     }
 
     pub async fn list_blocks(&self) -> Result<Vec<BlockMeta>, MetastoreError> {
-        match self {
-            Metastore::Sqlite(store) => store.list_blocks().await,
-        }
+        dispatch!(self.list_blocks())
     }
 
     pub async fn datasets_at_level(
         &self,
         level: u32,
     ) -> Result<Vec<(DatasetMeta, i64)>, MetastoreError> {
-        match self {
-            Metastore::Sqlite(store) => store.datasets_at_level(level).await,
-        }
+        dispatch!(self.datasets_at_level(level))
     }
 
     pub async fn acquire_lease(
@@ -149,15 +203,11 @@ impl Metastore {
         owner: &str,
         ttl_ms: i64,
     ) -> Result<bool, MetastoreError> {
-        match self {
-            Metastore::Sqlite(store) => store.acquire_lease(group, owner, ttl_ms).await,
-        }
+        dispatch!(self.acquire_lease(group, owner, ttl_ms))
     }
 
     pub async fn release_lease(&self, group: LeaseKey, owner: &str) -> Result<(), MetastoreError> {
-        match self {
-            Metastore::Sqlite(store) => store.release_lease(group, owner).await,
-        }
+        dispatch!(self.release_lease(group, owner))
     }
 
     pub async fn replace_datasets(
@@ -166,9 +216,7 @@ impl Metastore {
         datasets: Vec<DatasetMeta>,
         replaced: Vec<DatasetRef>,
     ) -> Result<(), MetastoreError> {
-        match self {
-            Metastore::Sqlite(store) => store.replace_datasets(block, datasets, replaced).await,
-        }
+        dispatch!(self.replace_datasets(block, datasets, replaced))
     }
 
     pub async fn expire_datasets(
@@ -176,21 +224,15 @@ impl Metastore {
         tenant: &str,
         before_nanos: i64,
     ) -> Result<usize, MetastoreError> {
-        match self {
-            Metastore::Sqlite(store) => store.expire_datasets(tenant, before_nanos).await,
-        }
+        dispatch!(self.expire_datasets(tenant, before_nanos))
     }
 
     pub async fn tenants(&self) -> Result<Vec<String>, MetastoreError> {
-        match self {
-            Metastore::Sqlite(store) => store.tenants().await,
-        }
+        dispatch!(self.tenants())
     }
 
     pub async fn delete_block(&self, id: &str) -> Result<(), MetastoreError> {
-        match self {
-            Metastore::Sqlite(store) => store.delete_block(id).await,
-        }
+        dispatch!(self.delete_block(id))
     }
 
     /// Services of a tenant with data overlapping `[from, to]`.
@@ -200,14 +242,10 @@ impl Metastore {
         from_nanos: i64,
         to_nanos: i64,
     ) -> Result<Vec<String>, MetastoreError> {
-        match self {
-            Metastore::Sqlite(store) => store.services(tenant, from_nanos, to_nanos).await,
-        }
+        dispatch!(self.services(tenant, from_nanos, to_nanos))
     }
 
     pub async fn schema_version(&self) -> Result<i64, MetastoreError> {
-        match self {
-            Metastore::Sqlite(store) => store.schema_version().await,
-        }
+        dispatch!(self.schema_version())
     }
 }

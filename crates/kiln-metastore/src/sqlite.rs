@@ -7,44 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::{BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, LeaseKey, MetastoreError};
-
-/// Versioned schema migrations; entry `i` brings the schema to version `i + 1`.
-const MIGRATIONS: &[&str] = &[
-    // 1: blocks and the datasets inside them.
-    "CREATE TABLE blocks (
-        id TEXT PRIMARY KEY,
-        object_key TEXT NOT NULL,
-        level INTEGER NOT NULL,
-        size_bytes INTEGER NOT NULL,
-        created_at_ms INTEGER NOT NULL
-     );
-     CREATE TABLE datasets (
-        block_id TEXT NOT NULL REFERENCES blocks(id) ON DELETE CASCADE,
-        tenant TEXT NOT NULL,
-        service TEXT NOT NULL,
-        row_group INTEGER NOT NULL,
-        min_time_nanos INTEGER NOT NULL,
-        max_time_nanos INTEGER NOT NULL,
-        profile_types TEXT NOT NULL,
-        profile_count INTEGER NOT NULL,
-        PRIMARY KEY (block_id, row_group)
-     );
-     CREATE INDEX datasets_by_time ON datasets (tenant, service, max_time_nanos, min_time_nanos);",
-    // 2: compaction and retention. A block whose datasets were all replaced or expired is
-    // tombstoned (deleted_at_ms) and its object deleted after a grace period; leases let
-    // several compactors share the work.
-    "ALTER TABLE blocks ADD COLUMN deleted_at_ms INTEGER;
-     CREATE INDEX datasets_by_block ON datasets (block_id);
-     CREATE TABLE compaction_leases (
-        tenant TEXT NOT NULL,
-        service TEXT NOT NULL,
-        level INTEGER NOT NULL,
-        owner TEXT NOT NULL,
-        expires_at_ms INTEGER NOT NULL,
-        PRIMARY KEY (tenant, service, level)
-     );",
-];
+use crate::{
+    BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, LeaseKey, MetastoreError, MIGRATIONS,
+};
 
 #[derive(Clone)]
 pub struct SqliteMetastore {

@@ -1,7 +1,7 @@
 //! Server configuration: defaults, overridden by a YAML file, overridden by environment
 //! variables and flags (the binary merges those).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use kiln_compactor::CompactorConfig;
@@ -16,6 +16,9 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// Object store URL; `file://<data-dir>/blocks` when empty.
     pub object_store: String,
+    /// Object store settings, named like the environment variables they take precedence
+    /// over (`AWS_ENDPOINT_URL`, `AWS_REGION`, ...).
+    pub object_store_options: BTreeMap<String, String>,
     /// Metastore URL; `sqlite://<data-dir>/metastore.db` when empty.
     pub metastore: String,
     /// Longest a write waits for its segment flush, in milliseconds.
@@ -36,6 +39,7 @@ impl Default for ServerConfig {
             listen: "0.0.0.0:4040".to_string(),
             data_dir: PathBuf::from("./kiln-data"),
             object_store: String::new(),
+            object_store_options: BTreeMap::new(),
             metastore: String::new(),
             flush_interval_ms: 500,
             flush_bytes: 32 << 20,
@@ -61,6 +65,13 @@ impl ServerConfig {
         }
         let blocks = absolute(&self.data_dir).join("blocks");
         format!("file://{}", blocks.display())
+    }
+
+    pub fn object_store_options(&self) -> Vec<(String, String)> {
+        self.object_store_options
+            .iter()
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect()
     }
 
     pub fn metastore_url(&self) -> String {

@@ -66,9 +66,10 @@ impl RunningServer {
 impl Server {
     pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         std::fs::create_dir_all(&config.data_dir)?;
-        let storage = ObjectStorage::open(&config.object_store_url())?;
+        let storage =
+            ObjectStorage::open_with(&config.object_store_url(), &config.object_store_options())?;
         let metastore = Metastore::open(&config.metastore_url()).await?;
-        tracing::info!(object_store = %config.object_store_url(), metastore = %config.metastore_url(), "storage opened");
+        tracing::info!(object_store = %config.object_store_url(), metastore = %kiln_metastore::redact_url(&config.metastore_url()), "storage opened");
 
         let (ingester, writer_task) = Ingester::start(
             storage.clone(),

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use parquet::basic::{Compression, ZstdLevel};
+use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::column::reader::ColumnReader;
 use parquet::column::writer::ColumnWriter;
 use parquet::data_type::ByteArray;
@@ -18,6 +18,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersi
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
+use parquet::schema::types::ColumnPath;
 
 use crate::dataset::{Dataset, FunctionRow, MappingRow, ProfileRow, SeriesRow};
 use crate::StorageError;
@@ -192,14 +193,38 @@ fn dataset_columns(dataset: &Dataset) -> Vec<Column> {
     ]
 }
 
-fn writer_properties() -> Result<WriterProperties, StorageError> {
-    Ok(WriterProperties::builder()
+/// What a block is written for: the write path wants cheap encoding (segments live
+/// minutes), compaction wants small output (blocks live for the retention period).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockEncoding {
+    Segment,
+    Compacted,
+}
+
+fn writer_properties(encoding: BlockEncoding) -> Result<WriterProperties, StorageError> {
+    let column = |table: &str, field: &str| ColumnPath::new(vec![table.into(), field.into()]);
+    let builder = WriterProperties::builder()
         .set_writer_version(WriterVersion::PARQUET_1_0)
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(1)?))
         .set_statistics_enabled(EnabledStatistics::Chunk)
         // Ids are small integers already; plain + zstd measured smaller and faster than
         // dictionary + zstd (docs/FORMAT.md).
-        .set_dictionary_enabled(false)
+        .set_dictionary_enabled(false);
+    let builder = match encoding {
+        BlockEncoding::Segment => {
+            builder.set_compression(Compression::ZSTD(ZstdLevel::try_new(1)?))
+        }
+        BlockEncoding::Compacted => builder
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+            // Sample values are small next to the int64 range: split into byte streams,
+            // the high bytes are runs of zeros that zstd all but erases.
+            .set_column_encoding(column("samples", "value"), Encoding::BYTE_STREAM_SPLIT)
+            // Global sample indices only grow: their deltas pack into a few bits.
+            .set_column_encoding(
+                column("sample_labels", "sample"),
+                Encoding::DELTA_BINARY_PACKED,
+            ),
+    };
+    Ok(builder
         .set_created_by(format!("kiln {}", env!("CARGO_PKG_VERSION")))
         .set_key_value_metadata(Some(vec![KeyValue::new(
             "kiln.block.version".to_string(),
@@ -208,10 +233,18 @@ fn writer_properties() -> Result<WriterProperties, StorageError> {
         .build())
 }
 
-/// Encodes datasets into one block object; dataset `i` is row group `i`.
+/// Encodes datasets into one block object as a segment; dataset `i` is row group `i`.
 pub fn encode_block(datasets: &[Dataset]) -> Result<Vec<u8>, StorageError> {
+    encode_block_as(datasets, BlockEncoding::Segment)
+}
+
+/// Encodes datasets into one block object; dataset `i` is row group `i`.
+pub fn encode_block_as(
+    datasets: &[Dataset],
+    encoding: BlockEncoding,
+) -> Result<Vec<u8>, StorageError> {
     let schema = Arc::new(parse_message_type(SCHEMA)?);
-    let properties = Arc::new(writer_properties()?);
+    let properties = Arc::new(writer_properties(encoding)?);
     let mut writer = SerializedFileWriter::new(Vec::new(), schema, properties)?;
     for dataset in datasets {
         let columns = dataset_columns(dataset);

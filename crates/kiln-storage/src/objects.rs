@@ -1,15 +1,25 @@
-//! Object storage behind one URL: `file:///path` today, any `object_store` backend later.
+//! Object storage behind one URL: `file:///path` (or a plain path), `s3://bucket/prefix`,
+//! `gs://bucket/prefix` or `az://container/prefix`, through the `object_store` crate.
+//!
+//! Cloud credentials, regions and endpoints come from the environment the way each
+//! backend's tools read it (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `GOOGLE_*`,
+//! `AZURE_*`), so one URL flag is all Kiln needs to be told.
 //!
 //! `object_store`'s local backend writes to a temporary file and renames it into place,
 //! but does not fsync. An acknowledged profile must survive a crash of the machine, not
 //! just of the process, so after a local put the file and its directory are synced here.
+//! A cloud store acknowledges a PUT only once the object is durable.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
+use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
+use object_store::prefix::PrefixStore;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use crate::StorageError;
@@ -31,18 +41,81 @@ impl std::fmt::Debug for ObjectStorage {
 }
 
 impl ObjectStorage {
-    /// Opens the store named by `url`: `file:///absolute/path` or a plain path.
+    /// Opens the store named by `url`; see the module docs for the schemes.
     pub fn open(url: &str) -> Result<Self, StorageError> {
-        let path = if let Some(rest) = url.strip_prefix("file://") {
-            PathBuf::from(rest)
-        } else if url.contains("://") {
-            return Err(StorageError::InvalidUrl {
-                url: url.to_string(),
-                message: "only file:// object stores are supported by this build".to_string(),
-            });
-        } else {
-            PathBuf::from(url)
+        Self::open_with(url, &[])
+    }
+
+    /// Like [`ObjectStorage::open`], with settings that take precedence over the
+    /// environment's, named as the environment names them (`AWS_ENDPOINT_URL`, ...).
+    pub fn open_with(url: &str, options: &[(String, String)]) -> Result<Self, StorageError> {
+        let invalid = |message: &str| StorageError::InvalidUrl {
+            url: url.to_string(),
+            message: message.to_string(),
         };
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Self::open_local(PathBuf::from(url), url);
+        };
+        if scheme == "file" {
+            return Self::open_local(PathBuf::from(rest), url);
+        }
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(invalid("the url names no bucket"));
+        }
+        let bucket_url = format!("{scheme}://{bucket}");
+        let store: Arc<dyn ObjectStore> = match scheme {
+            "s3" | "s3a" => {
+                let mut builder = AmazonS3Builder::from_env().with_url(bucket_url);
+                let mut endpoint = std::env::var("AWS_ENDPOINT_URL")
+                    .or_else(|_| std::env::var("AWS_ENDPOINT"))
+                    .ok();
+                for (key, value) in options {
+                    let config_key = key
+                        .to_ascii_lowercase()
+                        .parse()
+                        .map_err(|_| invalid(&format!("unknown S3 setting {key}")))?;
+                    if matches!(config_key, object_store::aws::AmazonS3ConfigKey::Endpoint) {
+                        endpoint = Some(value.clone());
+                    }
+                    builder = builder.with_config(config_key, value);
+                }
+                // An endpoint given as http:// (MinIO, a local test server) is meant to be used.
+                if endpoint.is_some_and(|endpoint| endpoint.starts_with("http://")) {
+                    builder = builder.with_allow_http(true);
+                }
+                Arc::new(builder.build()?)
+            }
+            "gs" => Arc::new(
+                GoogleCloudStorageBuilder::from_env()
+                    .with_url(bucket_url)
+                    .build()?,
+            ),
+            "az" | "azure" | "abfs" | "abfss" => Arc::new(
+                MicrosoftAzureBuilder::from_env()
+                    .with_url(bucket_url)
+                    .build()?,
+            ),
+            _ => {
+                return Err(invalid(
+                    "expected file:///path, s3://bucket/prefix, gs://bucket/prefix or az://container/prefix",
+                ))
+            }
+        };
+        let prefix = prefix.trim_matches('/');
+        let store = if prefix.is_empty() {
+            store
+        } else {
+            Arc::new(PrefixStore::new(store, Path::from(prefix)))
+        };
+        Ok(ObjectStorage {
+            store,
+            local_root: None,
+            url: url.to_string(),
+        })
+    }
+
+    fn open_local(path: PathBuf, url: &str) -> Result<Self, StorageError> {
         std::fs::create_dir_all(&path)?;
         let root = path.canonicalize()?;
         let store = LocalFileSystem::new_with_prefix(&root)?;
@@ -51,6 +124,11 @@ impl ObjectStorage {
             local_root: Some(root),
             url: url.to_string(),
         })
+    }
+
+    /// The URL this store was opened with.
+    pub fn url(&self) -> &str {
+        &self.url
     }
 
     /// Writes an object durably: when this returns Ok, the bytes survive a crash.

@@ -5,7 +5,9 @@ use kiln_model::pprof::{
 };
 use kiln_model::ProfileType;
 use kiln_storage::dataset::{PprofInput, TypePlan};
-use kiln_storage::format::{decode_dataset, encode_block, Projection};
+use kiln_storage::format::{
+    decode_dataset, encode_block, encode_block_as, BlockEncoding, Projection,
+};
 use kiln_storage::DatasetBuilder;
 
 fn profile() -> Profile {
@@ -132,6 +134,19 @@ fn builder_interns_and_block_round_trips() {
     let block = Bytes::from(encode_block(&[dataset.clone(), other.clone()]).unwrap());
     assert_eq!(decode_dataset(&block, 0, Projection::ALL).unwrap(), dataset);
     assert_eq!(decode_dataset(&block, 1, Projection::ALL).unwrap(), other);
+    // Compacted blocks choose other encodings per column; the data is the same.
+    let compacted = Bytes::from(
+        encode_block_as(&[dataset.clone(), other.clone()], BlockEncoding::Compacted).unwrap(),
+    );
+    assert_ne!(compacted, block);
+    assert_eq!(
+        decode_dataset(&compacted, 0, Projection::ALL).unwrap(),
+        dataset
+    );
+    assert_eq!(
+        decode_dataset(&compacted, 1, Projection::ALL).unwrap(),
+        other
+    );
     let index_only = decode_dataset(&block, 0, Projection::INDEX).unwrap();
     assert!(index_only.sample_value.is_empty());
     assert_eq!(index_only.profiles, dataset.profiles);

@@ -62,7 +62,12 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
     }
     let metastore = Metastore::open(&config.metastore_url())
         .await
-        .with_context(|| format!("cannot open the metastore {}", config.metastore_url()))?;
+        .with_context(|| {
+            format!(
+                "cannot open the metastore {}",
+                kiln_metastore::redact_url(&config.metastore_url())
+            )
+        })?;
     let blocks = metastore.list_blocks().await?;
     // Every dataset of every tenant, by block.
     let mut datasets = Vec::new();
@@ -126,7 +131,10 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 "block {} level {} key {} bytes {}",
                 block.id, block.level, block.object_key, block.size_bytes
             );
-            let storage = ObjectStorage::open(&config.object_store_url())?;
+            let storage = ObjectStorage::open_with(
+                &config.object_store_url(),
+                &config.object_store_options(),
+            )?;
             let bytes = storage.get(&block.object_key).await?;
             for meta in datasets.iter().filter(|d| d.block_id == block.id) {
                 let dataset = decode_dataset(&bytes, meta.row_group as usize, Projection::ALL)?;

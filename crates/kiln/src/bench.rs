@@ -19,6 +19,8 @@ pub enum BenchCommand {
     Stages(StagesArgs),
     /// Query latency over 1 h, 24 h and 7 d of one service, against go tool pprof.
     Query(crate::bench_query::QueryBenchArgs),
+    /// Bytes kept for a day of one service after compaction, and compaction throughput.
+    Storage(crate::bench_storage::StorageBenchArgs),
 }
 
 #[derive(Args)]
@@ -58,6 +60,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Ingest(args) => ingest(args).await,
         BenchCommand::Stages(args) => stages(args),
         BenchCommand::Query(args) => crate::bench_query::run(args).await,
+        BenchCommand::Storage(args) => crate::bench_storage::run(args).await,
     }
 }
 
@@ -115,12 +118,20 @@ fn load_corpus(dir: &PathBuf, min_bytes: usize) -> anyhow::Result<Vec<BenchFile>
 /// from the load generator's, which shares the machine. Compaction is off: it is measured
 /// on its own, and here it would compete for the cores.
 pub fn start_server(data_dir: &std::path::Path) -> anyhow::Result<(std::process::Child, String)> {
+    start_server_with(data_dir, &["--compaction".into(), "false".into()])
+}
+
+/// [`start_server`] with other server flags instead of `--compaction false`.
+pub fn start_server_with(
+    data_dir: &std::path::Path,
+    flags: &[std::ffi::OsString],
+) -> anyhow::Result<(std::process::Child, String)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
     let mut child = std::process::Command::new(std::env::current_exe()?)
         .args(["server", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--compaction", "false"])
+        .args(flags)
         .arg("--data-dir")
         .arg(data_dir)
         .env("KILN_LOG_LEVEL", "warn")
@@ -284,7 +295,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
 
 /// User plus system CPU seconds of a process, from `/proc/PID/stat` (Linux; clock ticks are
 /// 100 per second there).
-fn process_cpu_seconds(pid: u32) -> Option<f64> {
+pub(crate) fn process_cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
     let rest = &stat[stat.rfind(')')? + 2..];

@@ -4,6 +4,7 @@
 mod admin;
 mod bench;
 mod bench_query;
+mod bench_storage;
 mod query;
 
 /// Ingest allocates many small objects per profile on several threads; mimalloc measured

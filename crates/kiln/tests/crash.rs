@@ -83,7 +83,7 @@ fn acknowledged_profiles_survive_sigkill() {
     // swaps; garbage is deleted 2 s after it becomes garbage.
     std::fs::write(
         data_dir.path().join("kiln.yaml"),
-        "compaction:\n  interval_ms: 30\n  grace_ms: 2000\n  levels:\n\
+        "compaction:\n  interval_ms: 30\n  grace_ms: 2000\n  orphan_age_ms: 2000\n  levels:\n\
          \x20   - {max_datasets: 3, max_age_ms: 0, window_ms: 0}\n\
          \x20   - {max_datasets: 3, max_age_ms: 0, window_ms: 3600000}\n\
          \x20   - {max_datasets: 3, max_age_ms: 0, window_ms: 86400000}\n",
@@ -225,4 +225,166 @@ fn stored_objects(root: &Path) -> Vec<String> {
     }
     out.sort();
     out
+}
+
+/// The CPU total of everything stored, through the query API.
+fn cpu_total(port: u16) -> i64 {
+    use prost::Message;
+    let request = kiln_query::api::SelectMergeStacktracesRequest {
+        profile_type_id: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(),
+        label_selector: r#"{service_name="crash"}"#.into(),
+        start: 1_600_000_000_000,
+        end: 1_800_000_000_000,
+        max_nodes: Some(1),
+        ..Default::default()
+    };
+    let response = ureq::post(&format!(
+        "http://127.0.0.1:{port}/querier.v1.QuerierService/SelectMergeStacktraces"
+    ))
+    .set("Content-Type", "application/proto")
+    .send_bytes(&request.encode_to_vec())
+    .expect("query");
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut response.into_reader(), &mut bytes).unwrap();
+    kiln_query::api::SelectMergeStacktracesResponse::decode(bytes.as_slice())
+        .unwrap()
+        .flamegraph
+        .map_or(0, |graph| graph.total)
+}
+
+fn write_config(data_dir: &Path, compaction_enabled: bool) {
+    std::fs::write(
+        data_dir.join("kiln.yaml"),
+        format!(
+            "compaction:\n  enabled: {compaction_enabled}\n  interval_ms: 30\n  grace_ms: 0\n  orphan_age_ms: 3000\n  lease_ms: 500\n  levels:\n\
+             \x20   - {{max_datasets: 2, max_age_ms: 0, window_ms: 0}}\n\
+             \x20   - {{max_datasets: 2, max_age_ms: 0, window_ms: 3600000}}\n\
+             \x20   - {{max_datasets: 2, max_age_ms: 0, window_ms: 86400000}}\n"
+        ),
+    )
+    .unwrap();
+}
+
+/// Kills the server (SIGKILL, from inside, at the exact step) at each step of a
+/// compaction and of the deletion that follows it; after a restart, compaction finishes,
+/// the totals are those ingested (nothing lost, nothing counted twice) and every stored
+/// object is a registered, live block.
+#[test]
+fn compaction_killed_at_every_step_loses_and_duplicates_nothing() {
+    use std::os::unix::process::ExitStatusExt;
+    let profile = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/profefe-collector_cpu_1.prof"),
+    )
+    .unwrap();
+    let one_total: i64 = kiln_model::pprof::decode(&profile, 1 << 30)
+        .unwrap()
+        .sample
+        .iter()
+        .map(|s| s.value[1])
+        .sum();
+    let profiles = 6;
+    for point in [
+        "compaction-merged",
+        "compaction-uploaded",
+        "compaction-swapped",
+        "garbage-object-deleted",
+    ] {
+        let data_dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        write_config(data_dir.path(), false);
+        let mut server = start(data_dir.path(), port);
+        for index in 0..profiles {
+            let from = 1_700_000_000 + index * 60;
+            let response = ureq::post(&format!(
+                "http://127.0.0.1:{port}/ingest?name=crash&format=pprof&from={from}&until={}",
+                from + 10
+            ))
+            .send_bytes(&profile)
+            .expect("ingest");
+            assert_eq!(response.status(), 200);
+            std::thread::sleep(Duration::from_millis(120)); // one segment each
+        }
+        assert_eq!(cpu_total(port), profiles * one_total);
+        server.kill().ok();
+        server.wait().ok();
+
+        // With compaction on and the crash point armed, the server kills itself.
+        write_config(data_dir.path(), true);
+        let mut crashing = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["server", "--listen", &format!("127.0.0.1:{port}")])
+            .args([
+                "--flush-interval-ms",
+                "50",
+                "--retention-days",
+                "0",
+                "--config",
+            ])
+            .arg(data_dir.path().join("kiln.yaml"))
+            .arg("--data-dir")
+            .arg(data_dir.path())
+            .env("KILN_LOG_LEVEL", "warn")
+            .env("KILN_TEST_CRASH_AT", point)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("kiln server starts");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = crashing.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{point}: the crash point was never reached"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(status.signal(), Some(9), "{point}: {status:?}");
+
+        // Restarted, compaction completes from whatever the crash left.
+        let mut server = start(data_dir.path(), port);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let metastore = runtime
+            .block_on(kiln_metastore::Metastore::open(&format!(
+                "sqlite://{}",
+                data_dir.path().join("metastore.db").display()
+            )))
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let blocks = runtime.block_on(metastore.list_blocks()).unwrap();
+            let mut live: Vec<String> = blocks
+                .iter()
+                .filter(|block| block.deleted_at_ms.is_none())
+                .map(|block| block.object_key.clone())
+                .collect();
+            live.sort();
+            let stored = stored_objects(&data_dir.path().join("blocks"));
+            // The six segments end as one level-1 block.
+            let settled = blocks
+                .iter()
+                .all(|block| block.deleted_at_ms.is_none() && block.level == 1)
+                && live.len() == 1
+                && stored == live;
+            if settled {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{point}: not settled: blocks {blocks:?}, stored {stored:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            cpu_total(port),
+            profiles * one_total,
+            "{point}: totals changed"
+        );
+        eprintln!("{point}: killed there, restarted, compacted; totals unchanged, no orphan");
+        server.kill().ok();
+        server.wait().ok();
+    }
 }

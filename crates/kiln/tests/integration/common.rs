@@ -1,16 +1,83 @@
 //! Shared test support: an in-process server on a loopback port, fixtures, the corpus,
 //! and `go tool pprof` as the reference reader.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kiln_server::{RunningServer, Server, ServerConfig};
 
+/// Where a test server keeps its data: the embedded defaults (a local directory and
+/// SQLite), or the scaled-out pair (a real S3-compatible server and PostgreSQL).
+#[derive(Debug, Clone)]
+pub enum Backend {
+    Local,
+    S3Postgres {
+        object_store: String,
+        options: BTreeMap<String, String>,
+        metastore: String,
+    },
+}
+
+impl Backend {
+    /// The S3 + PostgreSQL pair with a fresh bucket and database, or `None` (after
+    /// printing why) when those servers cannot be started here.
+    pub fn s3_postgres() -> Option<Backend> {
+        let servers = kiln_testkit::s3().and_then(|s3| Ok((s3, kiln_testkit::postgres()?)));
+        let (s3, postgres) = match servers {
+            Ok(servers) => servers,
+            Err(reason) => {
+                println!("skipped: {reason}");
+                return None;
+            }
+        };
+        Some(Backend::S3Postgres {
+            object_store: s3.fresh_bucket(),
+            options: s3.env().into_iter().collect(),
+            metastore: postgres.fresh_database(),
+        })
+    }
+
+    fn apply(&self, config: &mut ServerConfig) {
+        if let Backend::S3Postgres {
+            object_store,
+            options,
+            metastore,
+        } = self
+        {
+            config.object_store = object_store.clone();
+            config.object_store_options = options.clone();
+            config.metastore = metastore.clone();
+        }
+    }
+}
+
+/// Runs each named test, a `fn(Backend)`, once per backend: `local` and `s3_postgres`.
+macro_rules! on_every_backend {
+    ($($test:ident),* $(,)?) => {
+        mod local {
+            $(#[test]
+            fn $test() {
+                super::$test($crate::common::Backend::Local);
+            })*
+        }
+        mod s3_postgres {
+            $(#[test]
+            fn $test() {
+                let Some(backend) = $crate::common::Backend::s3_postgres() else { return };
+                super::$test(backend);
+            })*
+        }
+    };
+}
+pub(crate) use on_every_backend;
+
 /// A server on its own runtime and a fresh data directory, stopped on drop.
 pub struct TestServer {
     pub url: String,
     _data_dir: tempfile::TempDir,
+    backend: Backend,
+    config: ServerConfig,
     runtime: Option<tokio::runtime::Runtime>,
     server: Option<RunningServer>,
 }
@@ -21,16 +88,25 @@ impl TestServer {
     }
 
     pub fn start_with(configure: impl FnOnce(&mut ServerConfig)) -> Self {
-        Self::start_in(tempfile::tempdir().expect("temp dir"), configure)
+        Self::start_on(Backend::Local, configure)
     }
 
-    fn start_in(data_dir: tempfile::TempDir, configure: impl FnOnce(&mut ServerConfig)) -> Self {
+    pub fn start_on(backend: Backend, configure: impl FnOnce(&mut ServerConfig)) -> Self {
+        Self::start_in(tempfile::tempdir().expect("temp dir"), backend, configure)
+    }
+
+    fn start_in(
+        data_dir: tempfile::TempDir,
+        backend: Backend,
+        configure: impl FnOnce(&mut ServerConfig),
+    ) -> Self {
         let mut config = ServerConfig {
             listen: "127.0.0.1:0".to_string(),
             data_dir: data_dir.path().to_path_buf(),
             flush_interval_ms: 50,
             ..ServerConfig::default()
         };
+        backend.apply(&mut config);
         config.limits.max_samples_per_profile = 100_000;
         // Fixtures carry times from years ago; retention has its own tests.
         config.limits.retention_days = 0;
@@ -41,11 +117,13 @@ impl TestServer {
             .build()
             .expect("runtime");
         let server = runtime
-            .block_on(Server::start(config))
+            .block_on(Server::start(config.clone()))
             .expect("server starts");
         TestServer {
             url: format!("http://{}", server.local_addr),
             _data_dir: data_dir,
+            backend,
+            config,
             runtime: Some(runtime),
             server: Some(server),
         }
@@ -58,7 +136,39 @@ impl TestServer {
         }
         let data_dir =
             std::mem::replace(&mut self._data_dir, tempfile::tempdir().expect("temp dir"));
-        Self::start_in(data_dir, configure)
+        Self::start_in(data_dir, self.backend.clone(), configure)
+    }
+
+    /// The server's own metastore, opened again on a runtime of the caller's.
+    pub fn open_metastore(&self) -> (tokio::runtime::Runtime, kiln_metastore::Metastore) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let metastore = runtime
+            .block_on(kiln_metastore::Metastore::open(
+                &self.config.metastore_url(),
+            ))
+            .expect("metastore opens");
+        (runtime, metastore)
+    }
+
+    /// Every object key in the server's object store.
+    pub fn object_keys(&self) -> Vec<String> {
+        let storage = kiln_storage::ObjectStorage::open_with(
+            &self.config.object_store_url(),
+            &self.config.object_store_options(),
+        )
+        .expect("object store opens");
+        let mut keys: Vec<String> = self
+            .runtime()
+            .block_on(storage.list(""))
+            .expect("list")
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect();
+        keys.sort();
+        keys
     }
 
     pub fn data_dir(&self) -> &Path {

@@ -4,7 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use kiln_metastore::Metastore;
 use kiln_query::api;
 use kiln_server::ServerConfig;
 use prost::Message;
@@ -33,18 +32,10 @@ fn eager_compaction(config: &mut ServerConfig) {
     }
 }
 
-fn metastore(server: &TestServer) -> (tokio::runtime::Runtime, Metastore) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let url = format!(
-        "sqlite://{}",
-        server.data_dir().join("metastore.db").display()
-    );
-    let metastore = runtime.block_on(Metastore::open(&url)).unwrap();
-    (runtime, metastore)
-}
+on_every_backend!(
+    compaction_changes_no_answer_and_leaves_one_block_per_service,
+    retention_removes_only_what_is_older_than_the_window,
+);
 
 /// Every answer a client could ask of this data, in canonical form.
 fn answers(server: &TestServer, start: i64, end: i64) -> Vec<String> {
@@ -164,9 +155,8 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-#[test]
-fn compaction_changes_no_answer_and_leaves_one_block_per_service() {
-    let server = TestServer::start_with(no_compaction);
+fn compaction_changes_no_answer_and_leaves_one_block_per_service(backend: Backend) {
+    let server = TestServer::start_on(backend, no_compaction);
     // Three rounds, each a separate flush (segment) holding both services.
     let base = 1_700_000_000;
     for round in 0..3 {
@@ -187,13 +177,13 @@ fn compaction_changes_no_answer_and_leaves_one_block_per_service() {
     }
     let (start, end) = ((base - 10) * 1000, (base + 600) * 1000);
     let before = answers(&server, start, end);
-    let (runtime, store) = metastore(&server);
+    let (runtime, store) = server.open_metastore();
     let segments_before = runtime.block_on(store.datasets_at_level(0)).unwrap().len();
     assert!(segments_before >= 6, "{segments_before} level-0 datasets");
     drop(store);
 
     let server = server.restart_with(eager_compaction);
-    let (runtime, store) = metastore(&server);
+    let (runtime, store) = server.open_metastore();
     wait_until("every dataset to reach one block per service", || {
         let blocks = runtime.block_on(store.list_blocks()).unwrap();
         let live: Vec<_> = blocks
@@ -205,10 +195,7 @@ fn compaction_changes_no_answer_and_leaves_one_block_per_service() {
             && live.iter().all(|b| b.level >= 1)
     });
     // The segments' objects are gone from storage, and only the two blocks remain.
-    let mut files: Vec<String> = Vec::new();
-    for entry in walk(&server.data_dir().join("blocks")) {
-        files.push(entry);
-    }
+    let files = server.object_keys();
     assert_eq!(files.len(), 2, "objects left: {files:?}");
     assert!(files.iter().all(|f| f.starts_with("blocks/")), "{files:?}");
 
@@ -222,32 +209,8 @@ fn compaction_changes_no_answer_and_leaves_one_block_per_service() {
     assert_eq!(answers(&server, start, end), before);
 }
 
-/// Files under `root`, as paths relative to it.
-fn walk(root: &std::path::Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut pending = vec![root.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                pending.push(path);
-            } else {
-                out.push(
-                    path.strip_prefix(root)
-                        .unwrap()
-                        .to_string_lossy()
-                        .into_owned(),
-                );
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
-#[test]
-fn retention_removes_only_what_is_older_than_the_window() {
-    let server = TestServer::start_with(no_compaction);
+fn retention_removes_only_what_is_older_than_the_window(backend: Backend) {
+    let server = TestServer::start_on(backend, no_compaction);
     let now = kiln_ingest::parse::now_nanos() / 1_000_000_000;
     let day = 86_400;
     let profile = fixture("profefe-collector_cpu_1.prof");

@@ -4,6 +4,7 @@
 mod cli;
 mod common;
 mod compaction;
+mod duckdb;
 mod limits;
 mod profefe;
 mod push;

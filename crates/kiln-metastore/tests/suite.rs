@@ -1,0 +1,497 @@
+//! The metastore's contract, run by one macro against every backend: embedded SQLite
+//! and a real PostgreSQL server on loopback (skipped, saying so, when it cannot be
+//! started). Migrations, the time-overlap lookup, tenant and service scoping,
+//! all-or-nothing registration, compaction swaps, leases and retention, and the races
+//! between concurrent writers that a shared metastore must settle.
+
+use kiln_metastore::{
+    BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, LeaseKey, Metastore, MetastoreError,
+};
+
+fn block(id: &str) -> BlockMeta {
+    BlockMeta {
+        id: id.to_string(),
+        object_key: format!("segments/{id}.parquet"),
+        level: 0,
+        size_bytes: 1234,
+        created_at_ms: 1,
+        deleted_at_ms: None,
+    }
+}
+
+fn dataset(
+    block: &str,
+    row_group: u32,
+    tenant: &str,
+    service: &str,
+    from: i64,
+    to: i64,
+) -> DatasetMeta {
+    DatasetMeta {
+        block_id: block.to_string(),
+        object_key: format!("segments/{block}.parquet"),
+        tenant: tenant.to_string(),
+        service: service.to_string(),
+        row_group,
+        min_time_nanos: from,
+        max_time_nanos: to,
+        profile_types: vec![
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(),
+            "memory:alloc_space:bytes:space:bytes".into(),
+        ],
+        profile_count: 3,
+    }
+}
+
+fn query(tenant: &str, service: Option<&str>, from: i64, to: i64) -> DatasetQuery {
+    DatasetQuery {
+        tenant: tenant.to_string(),
+        service: service.map(str::to_string),
+        from_nanos: from,
+        to_nanos: to,
+    }
+}
+
+fn level(mut meta: BlockMeta, level: u32) -> BlockMeta {
+    meta.level = level;
+    meta
+}
+
+/// One backend's metastore for one test, and what keeps it alive.
+struct Fixture {
+    url: String,
+    metastore: Metastore,
+    _dir: Option<tempfile::TempDir>,
+}
+
+async fn sqlite() -> Option<Fixture> {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("m.db").display());
+    Some(Fixture {
+        metastore: Metastore::open(&url).await.unwrap(),
+        url,
+        _dir: Some(dir),
+    })
+}
+
+async fn postgres() -> Option<Fixture> {
+    let server = match kiln_testkit::postgres() {
+        Ok(server) => server,
+        Err(reason) => {
+            println!("skipped: {reason}");
+            return None;
+        }
+    };
+    let url = server.fresh_database();
+    Some(Fixture {
+        metastore: Metastore::open(&url).await.unwrap(),
+        url,
+        _dir: None,
+    })
+}
+
+macro_rules! metastore_suite {
+    ($backend:ident) => {
+        mod $backend {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn migrations_run_once_and_lookups_respect_time_tenant_and_service() {
+                let Some(fixture) = super::$backend().await else {
+                    return;
+                };
+                let url = fixture.url.clone();
+                let metastore = fixture.metastore.clone();
+                assert_eq!(metastore.schema_version().await.unwrap(), 2);
+                metastore
+                    .register_block(
+                        block("b1"),
+                        vec![
+                            dataset("b1", 0, "t1", "api", 10, 20),
+                            dataset("b1", 1, "t2", "api", 10, 20),
+                        ],
+                    )
+                    .await
+                    .unwrap();
+                // Reopening applies no migration twice and keeps the data.
+                drop(metastore);
+                let metastore = Metastore::open(&url).await.unwrap();
+                assert_eq!(metastore.schema_version().await.unwrap(), 2);
+                assert_eq!(metastore.list_blocks().await.unwrap(), vec![block("b1")]);
+
+                let found = metastore
+                    .list_datasets(query("t1", None, 0, 100))
+                    .await
+                    .unwrap();
+                assert_eq!(found, vec![dataset("b1", 0, "t1", "api", 10, 20)]);
+                // Inclusive overlap at both ends, nothing outside.
+                assert_eq!(
+                    metastore
+                        .list_datasets(query("t1", None, 20, 30))
+                        .await
+                        .unwrap()
+                        .len(),
+                    1
+                );
+                assert_eq!(
+                    metastore
+                        .list_datasets(query("t1", None, 0, 10))
+                        .await
+                        .unwrap()
+                        .len(),
+                    1
+                );
+                assert_eq!(
+                    metastore
+                        .list_datasets(query("t1", None, 15, 15))
+                        .await
+                        .unwrap()
+                        .len(),
+                    1
+                );
+                assert!(metastore
+                    .list_datasets(query("t1", None, 21, 30))
+                    .await
+                    .unwrap()
+                    .is_empty());
+                assert!(metastore
+                    .list_datasets(query("t1", None, 0, 9))
+                    .await
+                    .unwrap()
+                    .is_empty());
+                assert!(metastore
+                    .list_datasets(query("t1", Some("web"), 0, 100))
+                    .await
+                    .unwrap()
+                    .is_empty());
+                assert!(metastore
+                    .list_datasets(query("t3", None, 0, 100))
+                    .await
+                    .unwrap()
+                    .is_empty());
+                assert_eq!(
+                    metastore.services("t2", 0, 100).await.unwrap(),
+                    vec!["api".to_string()]
+                );
+                assert!(metastore.services("t2", 30, 100).await.unwrap().is_empty());
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_failed_registration_leaves_nothing_behind() {
+                let Some(fixture) = super::$backend().await else {
+                    return;
+                };
+                let metastore = fixture.metastore.clone();
+                // The second dataset repeats the first one's row group: the whole transaction fails.
+                let result = metastore
+                    .register_block(
+                        block("bad"),
+                        vec![
+                            dataset("bad", 0, "t", "a", 1, 2),
+                            dataset("bad", 0, "t", "b", 1, 2),
+                        ],
+                    )
+                    .await;
+                assert!(result.is_err());
+                assert!(metastore.list_blocks().await.unwrap().is_empty());
+                assert!(metastore
+                    .list_datasets(query("t", None, 0, 10))
+                    .await
+                    .unwrap()
+                    .is_empty());
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_compaction_swap_is_all_or_nothing_and_tombstones_emptied_blocks() {
+                let Some(fixture) = super::$backend().await else {
+                    return;
+                };
+                let metastore = fixture.metastore.clone();
+                // Two segments; s1 holds two services, s2 one.
+                metastore
+                    .register_block(
+                        block("s1"),
+                        vec![
+                            dataset("s1", 0, "t", "api", 10, 20),
+                            dataset("s1", 1, "t", "web", 10, 20),
+                        ],
+                    )
+                    .await
+                    .unwrap();
+                metastore
+                    .register_block(block("s2"), vec![dataset("s2", 0, "t", "api", 30, 40)])
+                    .await
+                    .unwrap();
+                let at_zero = metastore.datasets_at_level(0).await.unwrap();
+                assert_eq!(at_zero.len(), 3);
+
+                // Compact api's two datasets into c1.
+                metastore
+                    .replace_datasets(
+                        level(block("c1"), 1),
+                        vec![dataset("c1", 0, "t", "api", 10, 40)],
+                        vec![
+                            dataset("s1", 0, "t", "api", 10, 20).reference(),
+                            dataset("s2", 0, "t", "api", 30, 40).reference(),
+                        ],
+                    )
+                    .await
+                    .unwrap();
+                let api = metastore
+                    .list_datasets(query("t", Some("api"), 0, 100))
+                    .await
+                    .unwrap();
+                assert_eq!(api, vec![dataset("c1", 0, "t", "api", 10, 40)]);
+                // s2 is empty now and tombstoned; s1 still holds web.
+                let blocks = metastore.list_blocks().await.unwrap();
+                let state = |id: &str| blocks.iter().find(|b| b.id == id).unwrap().deleted_at_ms;
+                assert!(state("s2").is_some());
+                assert!(state("s1").is_none());
+                assert!(state("c1").is_none());
+                assert_eq!(metastore.datasets_at_level(1).await.unwrap().len(), 1);
+
+                // A second compactor with the same, now stale, inputs changes nothing.
+                let stale = metastore
+                    .replace_datasets(
+                        level(block("c2"), 1),
+                        vec![dataset("c2", 0, "t", "api", 10, 40)],
+                        vec![
+                            dataset("s1", 1, "t", "web", 10, 20).reference(),
+                            dataset("s2", 0, "t", "api", 30, 40).reference(),
+                        ],
+                    )
+                    .await;
+                assert!(matches!(
+                    stale,
+                    Err(kiln_metastore::MetastoreError::Conflict(_))
+                ));
+                assert!(metastore
+                    .list_blocks()
+                    .await
+                    .unwrap()
+                    .iter()
+                    .all(|b| b.id != "c2"));
+                assert_eq!(
+                    metastore
+                        .list_datasets(query("t", Some("web"), 0, 100))
+                        .await
+                        .unwrap()
+                        .len(),
+                    1,
+                    "the rolled-back swap kept web's dataset"
+                );
+
+                // Tombstoned blocks can be forgotten; live ones cannot.
+                metastore.delete_block("s2").await.unwrap();
+                metastore.delete_block("s1").await.unwrap();
+                let ids: Vec<String> = metastore
+                    .list_blocks()
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|b| b.id)
+                    .collect();
+                assert_eq!(ids, vec!["c1".to_string(), "s1".to_string()]);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn leases_are_exclusive_until_released_or_expired() {
+                let Some(fixture) = super::$backend().await else {
+                    return;
+                };
+                let metastore = fixture.metastore.clone();
+                let group = kiln_metastore::LeaseKey {
+                    tenant: "t".into(),
+                    service: "api".into(),
+                    level: 0,
+                };
+                assert!(metastore
+                    .acquire_lease(group.clone(), "a", 60_000)
+                    .await
+                    .unwrap());
+                assert!(!metastore
+                    .acquire_lease(group.clone(), "b", 60_000)
+                    .await
+                    .unwrap());
+                // The owner may renew; another group is free.
+                assert!(metastore
+                    .acquire_lease(group.clone(), "a", 60_000)
+                    .await
+                    .unwrap());
+                let other = kiln_metastore::LeaseKey {
+                    level: 1,
+                    ..group.clone()
+                };
+                assert!(metastore.acquire_lease(other, "b", 60_000).await.unwrap());
+                metastore.release_lease(group.clone(), "b").await.unwrap(); // not b's: no effect
+                assert!(!metastore
+                    .acquire_lease(group.clone(), "b", 60_000)
+                    .await
+                    .unwrap());
+                metastore.release_lease(group.clone(), "a").await.unwrap();
+                assert!(metastore
+                    .acquire_lease(group.clone(), "b", -1)
+                    .await
+                    .unwrap());
+                // b's lease expired at once: a takes over.
+                assert!(metastore.acquire_lease(group, "a", 60_000).await.unwrap());
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn retention_removes_only_what_ended_before_the_cutoff() {
+                let Some(fixture) = super::$backend().await else {
+                    return;
+                };
+                let metastore = fixture.metastore.clone();
+                metastore
+                    .register_block(
+                        block("old"),
+                        vec![
+                            dataset("old", 0, "t", "api", 10, 20),
+                            dataset("old", 1, "other", "api", 10, 20),
+                        ],
+                    )
+                    .await
+                    .unwrap();
+                metastore
+                    .register_block(block("edge"), vec![dataset("edge", 0, "t", "api", 20, 50)])
+                    .await
+                    .unwrap();
+                assert_eq!(metastore.tenants().await.unwrap(), vec!["other", "t"]);
+                // Cutoff 21: "old" ended at 20 (gone); "edge" ends at 50 (kept, though it starts before).
+                assert_eq!(metastore.expire_datasets("t", 21).await.unwrap(), 1);
+                let left = metastore
+                    .list_datasets(query("t", None, 0, 100))
+                    .await
+                    .unwrap();
+                assert_eq!(left, vec![dataset("edge", 0, "t", "api", 20, 50)]);
+                // Another tenant's data in the same block is untouched, so the block stays live.
+                assert_eq!(
+                    metastore
+                        .list_datasets(query("other", None, 0, 100))
+                        .await
+                        .unwrap()
+                        .len(),
+                    1
+                );
+                assert!(metastore
+                    .list_blocks()
+                    .await
+                    .unwrap()
+                    .iter()
+                    .all(|b| b.deleted_at_ms.is_none()));
+                assert_eq!(metastore.expire_datasets("other", 21).await.unwrap(), 1);
+                let blocks = metastore.list_blocks().await.unwrap();
+                assert!(blocks
+                    .iter()
+                    .find(|b| b.id == "old")
+                    .unwrap()
+                    .deleted_at_ms
+                    .is_some());
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn concurrent_swaps_over_the_same_inputs_let_exactly_one_win() {
+                let Some(fixture) = super::$backend().await else {
+                    return;
+                };
+                let metastore = fixture.metastore.clone();
+                for id in ["s1", "s2", "s3"] {
+                    metastore
+                        .register_block(block(id), vec![dataset(id, 0, "t", "api", 10, 20)])
+                        .await
+                        .unwrap();
+                }
+                let inputs: Vec<DatasetRef> = ["s1", "s2", "s3"]
+                    .iter()
+                    .map(|id| dataset(id, 0, "t", "api", 10, 20).reference())
+                    .collect();
+                let mut racers = Vec::new();
+                for racer in 0..8 {
+                    let metastore = metastore.clone();
+                    let inputs = inputs.clone();
+                    racers.push(tokio::spawn(async move {
+                        let id = format!("c{racer}");
+                        metastore
+                            .replace_datasets(
+                                level(block(&id), 1),
+                                vec![dataset(&id, 0, "t", "api", 10, 20)],
+                                inputs,
+                            )
+                            .await
+                    }));
+                }
+                let mut won = 0;
+                for racer in racers {
+                    match racer.await.unwrap() {
+                        Ok(()) => won += 1,
+                        Err(MetastoreError::Conflict(_)) => {}
+                        Err(other) => panic!("unexpected error: {other}"),
+                    }
+                }
+                assert_eq!(won, 1);
+                let live = metastore
+                    .list_datasets(query("t", None, 0, 100))
+                    .await
+                    .unwrap();
+                assert_eq!(live.len(), 1, "{live:?}");
+                assert!(live[0].block_id.starts_with('c'));
+                let blocks = metastore.list_blocks().await.unwrap();
+                assert_eq!(
+                    blocks.len(),
+                    4,
+                    "three tombstoned inputs and one output: {blocks:?}"
+                );
+                assert_eq!(
+                    blocks.iter().filter(|b| b.deleted_at_ms.is_some()).count(),
+                    3
+                );
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn concurrent_lease_requests_grant_one_owner() {
+                let Some(fixture) = super::$backend().await else {
+                    return;
+                };
+                let group = LeaseKey {
+                    tenant: "t".into(),
+                    service: "api".into(),
+                    level: 0,
+                };
+                let mut requests = Vec::new();
+                for owner in 0..8 {
+                    let metastore = fixture.metastore.clone();
+                    let group = group.clone();
+                    requests.push(tokio::spawn(async move {
+                        metastore
+                            .acquire_lease(group, &format!("node-{owner}"), 60_000)
+                            .await
+                    }));
+                }
+                let mut granted = 0;
+                for request in requests {
+                    granted += usize::from(request.await.unwrap().unwrap());
+                }
+                assert_eq!(granted, 1);
+            }
+        }
+    };
+}
+
+metastore_suite!(sqlite);
+metastore_suite!(postgres);
+
+#[tokio::test]
+async fn unsupported_urls_are_refused_without_echoing_passwords() {
+    let err = Metastore::open("mysql://user:secret@host/db")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("expected sqlite://"), "{err}");
+    assert!(!err.contains("secret"), "{err}");
+    let err = Metastore::open("postgres://user:secret@127.0.0.1:1/db")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(!err.contains("secret"), "{err}");
+}

@@ -1,0 +1,144 @@
+//! The object storage contract, run against every backend: a local directory and a real
+//! S3-compatible server on loopback (skipped, saying so, when that cannot be started).
+
+use bytes::Bytes;
+use kiln_storage::ObjectStorage;
+
+/// A store for one test, and what keeps it alive.
+struct Fixture {
+    storage: ObjectStorage,
+    /// Opens another store on the same bucket or directory, under a different prefix.
+    sibling: Box<dyn Fn(&str) -> ObjectStorage>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn local() -> Option<Fixture> {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    Some(Fixture {
+        storage: ObjectStorage::open(&format!("file://{}", root.join("blocks").display())).unwrap(),
+        sibling: Box::new(move |prefix| {
+            ObjectStorage::open(&format!("file://{}", root.join(prefix).display())).unwrap()
+        }),
+        _dir: Some(dir),
+    })
+}
+
+fn s3() -> Option<Fixture> {
+    let server = match kiln_testkit::s3() {
+        Ok(server) => server,
+        Err(reason) => {
+            println!("skipped: {reason}");
+            return None;
+        }
+    };
+    let url = server.fresh_bucket();
+    let env = server.env();
+    let bucket = url.trim_end_matches("/kiln").to_string();
+    Some(Fixture {
+        storage: ObjectStorage::open_with(&url, &env).unwrap(),
+        sibling: Box::new(move |prefix| {
+            ObjectStorage::open_with(&format!("{bucket}/{prefix}"), &env).unwrap()
+        }),
+        _dir: None,
+    })
+}
+
+macro_rules! object_storage_suite {
+    ($backend:ident) => {
+        mod $backend {
+            use super::*;
+
+            #[tokio::test]
+            async fn put_get_list_and_delete() {
+                let Some(fixture) = super::$backend() else {
+                    return;
+                };
+                let store = &fixture.storage;
+                let payload =
+                    Bytes::from((0..200_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>());
+                store
+                    .put("segments/a.parquet", payload.clone())
+                    .await
+                    .unwrap();
+                store
+                    .put("segments/b.parquet", Bytes::from_static(b"b"))
+                    .await
+                    .unwrap();
+                store
+                    .put("blocks/c.parquet", Bytes::from_static(b"c"))
+                    .await
+                    .unwrap();
+                assert_eq!(store.get("segments/a.parquet").await.unwrap(), payload);
+
+                let mut listed: Vec<String> = store
+                    .list("segments")
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|(key, _)| key)
+                    .collect();
+                listed.sort();
+                assert_eq!(listed, ["segments/a.parquet", "segments/b.parquet"]);
+                let now_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis() as i64;
+                for (_, modified_ms) in store.list("blocks").await.unwrap() {
+                    assert!(
+                        (modified_ms - now_ms).abs() < 120_000,
+                        "modified {modified_ms} vs now {now_ms}"
+                    );
+                }
+
+                store.delete("segments/a.parquet").await.unwrap();
+                assert!(store.get("segments/a.parquet").await.is_err());
+                // Deleting what is already gone is not an error: deletions are retried.
+                store.delete("segments/a.parquet").await.unwrap();
+                assert_eq!(store.list("segments").await.unwrap().len(), 1);
+                assert!(store.list("nothing-here").await.unwrap().is_empty());
+            }
+
+            #[tokio::test]
+            async fn a_prefix_isolates_one_deployment_from_another() {
+                let Some(fixture) = super::$backend() else {
+                    return;
+                };
+                let other = (fixture.sibling)("other");
+                fixture
+                    .storage
+                    .put("blocks/x.parquet", Bytes::from_static(b"mine"))
+                    .await
+                    .unwrap();
+                other
+                    .put("blocks/x.parquet", Bytes::from_static(b"theirs"))
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    fixture.storage.get("blocks/x.parquet").await.unwrap(),
+                    Bytes::from_static(b"mine")
+                );
+                assert_eq!(
+                    other.get("blocks/x.parquet").await.unwrap(),
+                    Bytes::from_static(b"theirs")
+                );
+                assert_eq!(other.list("blocks").await.unwrap().len(), 1);
+            }
+        }
+    };
+}
+
+object_storage_suite!(local);
+object_storage_suite!(s3);
+
+#[test]
+fn unknown_schemes_and_settings_are_clear_errors() {
+    let err = ObjectStorage::open("ftp://host/x").unwrap_err().to_string();
+    assert!(err.contains("expected file:///path, s3://"), "{err}");
+    let err = ObjectStorage::open("s3:///prefix").unwrap_err().to_string();
+    assert!(err.contains("names no bucket"), "{err}");
+    let err = ObjectStorage::open_with("s3://b/p", &[("AWS_NO_SUCH".into(), "1".into())])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown S3 setting AWS_NO_SUCH"), "{err}");
+}

@@ -1,0 +1,482 @@
+//! `kiln bench storage`: what a day of one service costs to keep, and how fast compaction
+//! gets it there.
+//!
+//! The real corpus files are replayed as one service whose instances each send a profile
+//! every interval, with every sample value jittered (×0.5–1.5, CPU values kept whole
+//! multiples of the period), so that no two profiles are byte-identical. Each body is
+//! sent as SDKs send it, gzip'd (level 6, the conservative choice: Go's runtime uses
+//! level 1, whose bodies are bigger and would flatter the ratio).
+//!
+//! Phase 1 ingests through a `kiln server` child with compaction off and measures the
+//! segments. Phase 2 restarts the server with compaction on (every level due at once,
+//! no grace period) and waits until the layout settles; the server's CPU time over that
+//! phase gives compaction throughput. The figure is then the bytes in object storage plus
+//! the metastore files, against the gzip bytes ingested, and the query totals before and
+//! after compaction are checked against the values sent.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use kiln_ingest::parse::{from_pprof, ProfileContext};
+use kiln_model::pprof::Profile;
+use kiln_query::api;
+use prost::Message;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Stream {
+    /// CPU profiles (`process_cpu:cpu:nanoseconds:cpu:nanoseconds`).
+    Cpu,
+    /// Heap profiles with four sample types (alloc/inuse objects/space).
+    Heap,
+}
+
+#[derive(Args)]
+pub struct StorageBenchArgs {
+    /// Directory of profiles to replay.
+    #[arg(long, default_value = "../shared/corpus")]
+    corpus: PathBuf,
+    #[arg(long, value_enum, default_value = "cpu")]
+    stream: Stream,
+    /// Hours of data.
+    #[arg(long, default_value_t = 24)]
+    hours: i64,
+    #[arg(long, default_value_t = 10)]
+    instances: usize,
+    /// Seconds between two profiles of one instance.
+    #[arg(long, default_value_t = 10)]
+    interval: i64,
+    /// Leave out corpus files larger than this (bytes): a 10 s profile is small.
+    #[arg(long, default_value_t = 200_000)]
+    max_file_bytes: usize,
+    /// Concurrent senders (each waits for its durable ack, a group commit away).
+    #[arg(long, default_value_t = 256)]
+    clients: usize,
+    /// Keep the data directory afterwards, for `kiln admin blocks` or DuckDB.
+    #[arg(long)]
+    keep_data: bool,
+}
+
+/// A corpus file and where its measured type's values are.
+struct Template {
+    name: String,
+    profile: Profile,
+    value_index: usize,
+}
+
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+const ALLOC_SPACE: &str = "memory:alloc_space:bytes:space:bytes";
+const SERVICE: &str = "checkout";
+
+fn load_templates(args: &StorageBenchArgs) -> anyhow::Result<Vec<Template>> {
+    let limits = kiln_ingest::Limits {
+        max_samples_per_profile: usize::MAX,
+        retention_days: 0,
+        ..Default::default()
+    };
+    let target = match args.stream {
+        Stream::Cpu => CPU,
+        Stream::Heap => ALLOC_SPACE,
+    };
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(&args.corpus)
+        .with_context(|| format!("cannot read corpus {}", args.corpus.display()))?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .collect();
+    entries.sort();
+    let mut templates = Vec::new();
+    for path in entries {
+        let bytes = std::fs::read(&path)?;
+        if bytes.len() > args.max_file_bytes {
+            continue;
+        }
+        let Ok(profile) = kiln_model::pprof::decode(&bytes, 64 << 20) else {
+            continue;
+        };
+        if profile.sample.is_empty() {
+            continue;
+        }
+        if args.stream == Stream::Heap && profile.sample_type.len() != 4 {
+            continue;
+        }
+        let Ok(parsed) = from_pprof(profile.clone(), ProfileContext::default(), 0, &limits) else {
+            continue;
+        };
+        let Some(plan) = parsed
+            .types
+            .iter()
+            .find(|plan| plan.profile_type.id() == target && plan.scale.is_none())
+        else {
+            continue;
+        };
+        templates.push(Template {
+            name: path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+            value_index: plan.value_index,
+            profile,
+        });
+    }
+    if templates.is_empty() {
+        bail!(
+            "no {target} profiles under {} bytes in {}",
+            args.max_file_bytes,
+            args.corpus.display()
+        );
+    }
+    Ok(templates)
+}
+
+/// xorshift64*: reproducible jitter without a dependency.
+struct Random(u64);
+
+impl Random {
+    fn next_unit(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The template with every value scaled by its own factor in [0.5, 1.5); values that are
+/// whole multiples of the period (CPU time) stay so. Returns the pprof bytes and the sum
+/// of the measured type's values.
+fn jittered(template: &Template, random: &mut Random) -> (Vec<u8>, i64) {
+    let mut profile = template.profile.clone();
+    let period = profile.period;
+    let mut total = 0i64;
+    for sample in 0..profile.sample.len() {
+        let Some(values) = profile.sample.values_mut(sample) else {
+            continue;
+        };
+        for (index, value) in values.iter_mut().enumerate() {
+            let factor = 0.5 + random.next_unit();
+            *value = if period > 0 && *value % period == 0 {
+                ((*value / period) as f64 * factor).round() as i64 * period
+            } else {
+                (*value as f64 * factor).round() as i64
+            };
+            if index == template.value_index {
+                total += *value;
+            }
+        }
+    }
+    (profile.encode_to_vec(), total)
+}
+
+#[derive(Default)]
+struct Sent {
+    profiles: AtomicUsize,
+    gzip_bytes: AtomicU64,
+    pprof_bytes: AtomicU64,
+    value_total: AtomicU64,
+    errors: AtomicUsize,
+}
+
+pub async fn run(args: StorageBenchArgs) -> anyhow::Result<()> {
+    let templates = Arc::new(load_templates(&args)?);
+    let data_dir = std::env::temp_dir().join(format!("kiln-bench-storage-{}", std::process::id()));
+    std::fs::create_dir_all(&data_dir)?;
+    let result = run_in(&args, templates, &data_dir).await;
+    if args.keep_data {
+        println!("data kept in     {}", data_dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&data_dir);
+    }
+    result
+}
+
+async fn run_in(
+    args: &StorageBenchArgs,
+    templates: Arc<Vec<Template>>,
+    data_dir: &Path,
+) -> anyhow::Result<()> {
+    let steps = args.hours * 3600 / args.interval;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs() as i64;
+    let start = now - args.hours * 3600 - 600;
+    println!(
+        "kiln bench storage: {:?} stream, {} corpus files ({}), {} h, {} instances every {} s = {} profiles",
+        args.stream,
+        templates.len(),
+        templates
+            .iter()
+            .map(|template| template.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        args.hours,
+        args.instances,
+        args.interval,
+        steps * args.instances as i64
+    );
+
+    // Phase 1: ingest with compaction off.
+    let (mut server, url) = crate::bench::start_server(data_dir)?;
+    let sent = Arc::new(Sent::default());
+    let next = Arc::new(AtomicUsize::new(0));
+    let total_jobs = steps as usize * args.instances;
+    let started = Instant::now();
+    let mut threads = Vec::new();
+    for client in 0..args.clients {
+        let (templates, sent, next, url) =
+            (templates.clone(), sent.clone(), next.clone(), url.clone());
+        let instances = args.instances;
+        let interval = args.interval;
+        threads.push(std::thread::spawn(move || {
+            let agent = ureq::AgentBuilder::new()
+                .timeout(Duration::from_secs(120))
+                .build();
+            let mut random = Random(0x9e37_79b9_7f4a_7c15 ^ (client as u64 + 1));
+            loop {
+                let job = next.fetch_add(1, Ordering::Relaxed);
+                if job >= total_jobs {
+                    break;
+                }
+                let (step, instance) = (job / instances, job % instances);
+                let template = &templates[(step + instance) % templates.len()];
+                let (pprof, value_total) = jittered(template, &mut random);
+                let body = kiln_model::compress::gzip(&pprof);
+                let from = start + step as i64 * interval;
+                let request = format!(
+                    "{url}/ingest?name={SERVICE}{{instance=i{instance}}}&format=pprof&from={from}&until={}",
+                    from + interval
+                );
+                match agent.post(&request).send_bytes(&body) {
+                    Ok(_) => {
+                        sent.profiles.fetch_add(1, Ordering::Relaxed);
+                        sent.gzip_bytes
+                            .fetch_add(body.len() as u64, Ordering::Relaxed);
+                        sent.pprof_bytes
+                            .fetch_add(pprof.len() as u64, Ordering::Relaxed);
+                        sent.value_total
+                            .fetch_add(value_total as u64, Ordering::Relaxed);
+                    }
+                    Err(err) => {
+                        if sent.errors.fetch_add(1, Ordering::Relaxed) < 3 {
+                            eprintln!("ingest error: {err}");
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    for thread in threads {
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
+    let ingest_seconds = started.elapsed().as_secs_f64();
+    let errors = sent.errors.load(Ordering::Relaxed);
+    if errors > 0 {
+        let _ = server.kill();
+        bail!("{errors} profiles were refused");
+    }
+    let gzip_bytes = sent.gzip_bytes.load(Ordering::Relaxed) as f64;
+    let pprof_bytes = sent.pprof_bytes.load(Ordering::Relaxed) as f64;
+    let expected_total = sent.value_total.load(Ordering::Relaxed) as i64;
+    let (query_start, query_end) = ((start - 60) * 1000, (now + 60) * 1000);
+    let total_before = query_total(&url, args.stream, query_start, query_end)?;
+    stop(&mut server);
+    let objects_before = directory_bytes(&data_dir.join("blocks"));
+    let metastore_before = metastore_bytes(data_dir);
+    println!(
+        "ingested          {} profiles in {:.0} s: {:.1} MB gzip pprof ({:.1} MB pprof), {:.0} B gzip per profile",
+        sent.profiles.load(Ordering::Relaxed),
+        ingest_seconds,
+        gzip_bytes / 1e6,
+        pprof_bytes / 1e6,
+        gzip_bytes / sent.profiles.load(Ordering::Relaxed).max(1) as f64
+    );
+    println!(
+        "segments          {:.2} MB objects + {:.2} MB metastore = {:.2} % of gzip",
+        objects_before as f64 / 1e6,
+        metastore_before as f64 / 1e6,
+        (objects_before + metastore_before) as f64 / gzip_bytes * 100.0
+    );
+
+    // Phase 2: compaction alone, every level due at once.
+    std::fs::write(
+        data_dir.join("kiln.yaml"),
+        "compaction:\n  interval_ms: 100\n  grace_ms: 0\n  levels:\n    - { max_datasets: 20, max_age_ms: 0, window_ms: 0 }\n    - { max_datasets: 10, max_age_ms: 0, window_ms: 3600000 }\n    - { max_datasets: 24, max_age_ms: 0, window_ms: 86400000 }\n",
+    )?;
+    let (mut server, url) = crate::bench::start_server_with(
+        data_dir,
+        &[
+            "--config".into(),
+            data_dir.join("kiln.yaml").into_os_string(),
+        ],
+    )?;
+    let cpu_before = crate::bench::process_cpu_seconds(server.id()).unwrap_or(0.0);
+    let compaction_started = Instant::now();
+    let metastore = kiln_metastore::Metastore::open(&format!(
+        "sqlite://{}",
+        data_dir.join("metastore.db").display()
+    ))
+    .await?;
+    let mut stable_polls = 0;
+    let mut last = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    let (settled_seconds, cpu_seconds) = loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let blocks = metastore.list_blocks().await?;
+        let layout: Vec<(String, u32, bool)> = blocks
+            .iter()
+            .map(|block| (block.id.clone(), block.level, block.deleted_at_ms.is_some()))
+            .collect();
+        let settled = blocks
+            .iter()
+            .all(|block| block.deleted_at_ms.is_none() && block.level > 0);
+        if settled && layout == last {
+            stable_polls += 1;
+        } else {
+            stable_polls = 0;
+            last = layout;
+        }
+        // Five unchanged polls of the settled layout: 1.5 s, fifteen compactor passes.
+        if stable_polls == 5 {
+            let cpu = crate::bench::process_cpu_seconds(server.id()).unwrap_or(0.0) - cpu_before;
+            break (compaction_started.elapsed().as_secs_f64() - 1.5, cpu);
+        }
+        if Instant::now() > deadline {
+            stop(&mut server);
+            bail!("compaction did not settle within an hour");
+        }
+    };
+    let compaction_input = metric(&url, "kiln_compaction_input_bytes_total")?;
+    let blocks: Vec<_> = metastore
+        .list_blocks()
+        .await?
+        .into_iter()
+        .filter(|block| block.deleted_at_ms.is_none())
+        .collect();
+    let total_after = query_total(&url, args.stream, query_start, query_end)?;
+    drop(metastore);
+    stop(&mut server);
+    let objects_after = directory_bytes(&data_dir.join("blocks"));
+    let metastore_after = metastore_bytes(data_dir);
+    let stored = objects_after + metastore_after;
+    println!(
+        "compacted         {} blocks (levels {:?}) in {:.1} s, {:.1} s of server CPU",
+        blocks.len(),
+        blocks.iter().map(|block| block.level).collect::<Vec<_>>(),
+        settled_seconds,
+        cpu_seconds
+    );
+    println!(
+        "compaction        {:.1} MB/s of segments per core ({:.1} MB/s of input over all levels, {:.1} MB read)",
+        objects_before as f64 / 1e6 / cpu_seconds.max(f64::EPSILON),
+        compaction_input / 1e6 / cpu_seconds.max(f64::EPSILON),
+        compaction_input / 1e6
+    );
+    println!(
+        "stored            {:.3} MB objects + {:.3} MB metastore = {:.3} MB",
+        objects_after as f64 / 1e6,
+        metastore_after as f64 / 1e6,
+        stored as f64 / 1e6
+    );
+    println!(
+        "efficiency        {:.2} % of the gzip pprof bytes ingested ({:.2} % of the pprof bytes), {:.0} B per profile",
+        stored as f64 / gzip_bytes * 100.0,
+        stored as f64 / pprof_bytes * 100.0,
+        stored as f64 / sent.profiles.load(Ordering::Relaxed).max(1) as f64
+    );
+    println!(
+        "totals            sent {expected_total}, before compaction {total_before}, after {total_after}: {}",
+        if expected_total == total_before && total_before == total_after {
+            "equal"
+        } else {
+            "DIFFERENT"
+        }
+    );
+    if expected_total != total_before || total_before != total_after {
+        bail!("query totals differ from what was sent");
+    }
+    Ok(())
+}
+
+/// Stops the server the way an operator would (SIGTERM), so the metastore is checkpointed.
+fn stop(server: &mut std::process::Child) {
+    // SAFETY: a plain syscall on our own child's pid.
+    unsafe {
+        libc::kill(server.id() as i32, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = server.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+fn query_total(url: &str, stream: Stream, start: i64, end: i64) -> anyhow::Result<i64> {
+    let request = api::SelectMergeStacktracesRequest {
+        profile_type_id: match stream {
+            Stream::Cpu => CPU,
+            Stream::Heap => ALLOC_SPACE,
+        }
+        .to_string(),
+        label_selector: format!(r#"{{service_name="{SERVICE}"}}"#),
+        start,
+        end,
+        max_nodes: Some(1),
+        ..Default::default()
+    };
+    let response = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(600))
+        .build()
+        .post(&format!(
+            "{url}/querier.v1.QuerierService/SelectMergeStacktraces"
+        ))
+        .set("Content-Type", "application/proto")
+        .send_bytes(&request.encode_to_vec())
+        .context("query failed")?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut response.into_reader(), &mut bytes)?;
+    let response = api::SelectMergeStacktracesResponse::decode(bytes.as_slice())?;
+    Ok(response.flamegraph.map_or(0, |graph| graph.total))
+}
+
+/// One counter's value from the server's `/metrics`.
+fn metric(url: &str, name: &str) -> anyhow::Result<f64> {
+    let text = ureq::get(&format!("{url}/metrics")).call()?.into_string()?;
+    Ok(text
+        .lines()
+        .filter(|line| line.starts_with(name))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+fn directory_bytes(root: &Path) -> u64 {
+    let mut total = 0;
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if let Ok(meta) = entry.metadata() {
+                total += meta.len();
+            }
+        }
+    }
+    total
+}
+
+/// The metastore's files: the database and, if the server left one, its WAL.
+fn metastore_bytes(data_dir: &Path) -> u64 {
+    ["metastore.db", "metastore.db-wal"]
+        .iter()
+        .filter_map(|name| std::fs::metadata(data_dir.join(name)).ok())
+        .map(|meta| meta.len())
+        .sum()
+}
