@@ -31,6 +31,9 @@ pub struct ServerConfig {
     pub tenant_limits: HashMap<String, Limits>,
     /// Background compaction, retention and deletion of replaced objects.
     pub compaction: CompactorConfig,
+    /// Pull collection: pprof endpoints to scrape, in Prometheus's `scrape_configs` shape.
+    #[serde(skip_serializing)]
+    pub scrape_configs: Vec<kiln_scrape::ScrapeConfig>,
 }
 
 impl Default for ServerConfig {
@@ -46,6 +49,7 @@ impl Default for ServerConfig {
             limits: Limits::default(),
             tenant_limits: HashMap::new(),
             compaction: CompactorConfig::default(),
+            scrape_configs: Vec::new(),
         }
     }
 }

@@ -37,6 +37,8 @@ pub struct AppState {
     pub metrics: ServerMetrics,
     pub registry: Registry,
     pub ready: AtomicBool,
+    /// Health of scrape targets, when scrape_configs are set.
+    pub targets: Option<kiln_scrape::Targets>,
 }
 
 pub(crate) type SharedState = Arc<AppState>;
@@ -65,6 +67,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/label-values", get(crate::legacy::label_values))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
+        .route("/api/v1/targets", get(scrape_targets))
         .with_state(state)
 }
 
@@ -469,10 +472,21 @@ async fn ready(State(state): State<SharedState>) -> Response {
     }
 }
 
+/// Prometheus's target listing, for the scrape targets of this server.
+async fn scrape_targets(State(state): State<SharedState>) -> Response {
+    let targets = state.targets.clone().unwrap_or_default();
+    axum::Json(targets.to_prometheus_json()).into_response()
+}
+
 async fn metrics(State(state): State<SharedState>) -> Response {
     let mut text = String::new();
     if let Err(err) = prometheus_client::encoding::text::encode(&mut text, &state.registry) {
         return text_error(500, format!("failed to encode metrics: {err}"));
+    }
+    if let Some(targets) = &state.targets {
+        // Per-target series change as targets come and go: rendered here, before `# EOF`.
+        let body = text.strip_suffix("# EOF\n").unwrap_or(&text).to_string();
+        text = format!("{body}{}# EOF\n", targets.metrics_text());
     }
     let mut response = text.into_response();
     response.headers_mut().insert(

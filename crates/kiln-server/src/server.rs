@@ -6,9 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_compactor::Compactor;
+use kiln_ingest::parse::ProfileContext;
 use kiln_ingest::{Ingester, IngesterConfig, TenantLimits};
 use kiln_metastore::Metastore;
 use kiln_query::Querier;
+use kiln_scrape::ScrapeManager;
 use kiln_storage::ObjectStorage;
 use prometheus_client::registry::Registry;
 use thiserror::Error;
@@ -31,6 +33,8 @@ pub enum ServerError {
     },
     #[error("server error: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Scrape(#[from] kiln_scrape::ScrapeError),
 }
 
 pub struct Server;
@@ -100,13 +104,30 @@ impl Server {
         } else {
             None
         };
+        let (stop_scrape, scrape_stopped) = tokio::sync::watch::channel(false);
+        let limits = TenantLimits::new(config.limits, config.tenant_limits.clone());
+        let (targets, scrape_task) = if config.scrape_configs.is_empty() {
+            (None, None)
+        } else {
+            let sink = scrape_sink(
+                ingester.clone(),
+                Arc::new(TenantLimits::new(
+                    config.limits,
+                    config.tenant_limits.clone(),
+                )),
+            );
+            let manager = ScrapeManager::new(config.scrape_configs.clone(), sink)?;
+            let targets = manager.targets();
+            (Some(targets), Some(manager.spawn(scrape_stopped)?))
+        };
         let state = Arc::new(AppState {
             ingester,
             querier: Querier::new(metastore, storage),
-            limits: TenantLimits::new(config.limits, config.tenant_limits.clone()),
+            limits,
             metrics: metrics.clone(),
             registry,
             ready: AtomicBool::new(false),
+            targets,
         });
 
         let listener = tokio::net::TcpListener::bind(&config.listen)
@@ -129,6 +150,11 @@ impl Server {
                 })
                 .await;
             state.ready.store(false, Ordering::SeqCst);
+            // The scrapers hold ingester handles too: stop them first.
+            let _ = stop_scrape.send(true);
+            if let Some(task) = scrape_task {
+                let _ = task.await;
+            }
             // Dropping the last handle lets the writer flush what is queued and stop.
             drop(state);
             let _ = writer_task.await;
@@ -144,4 +170,36 @@ impl Server {
             task,
         })
     }
+}
+
+/// Hands scraped profiles to the ingester as a push would, under the job's tenant.
+fn scrape_sink(ingester: Ingester, limits: Arc<TenantLimits>) -> kiln_scrape::Sink {
+    Arc::new(move |scraped: kiln_scrape::ScrapedProfile| {
+        let (ingester, limits) = (ingester.clone(), limits.clone());
+        Box::pin(async move {
+            let tenant = scraped
+                .tenant
+                .unwrap_or_else(|| crate::tenant::DEFAULT_TENANT.to_string());
+            let tenant_limits = limits.for_tenant(&tenant);
+            let labels: Vec<(String, String)> = scraped.labels.into_iter().collect();
+            let context = ProfileContext {
+                labels: kiln_model::labels::Labels::from_pairs(labels),
+                name: Some(scraped.kind),
+                time_nanos: Some(scraped.time_nanos),
+                duration_nanos: Some(scraped.duration_nanos),
+                id: None,
+                scale: None,
+            };
+            let profile = scraped.profile;
+            let parsed = kiln_ingest::cpu::run_parser(move || {
+                kiln_ingest::parse::from_pprof(profile, context, 0, &tenant_limits)
+            })
+            .await
+            .map_err(|err| err.to_string())?;
+            ingester
+                .write(&tenant, vec![parsed])
+                .await
+                .map_err(|err| err.to_string())
+        })
+    })
 }

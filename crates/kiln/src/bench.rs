@@ -21,6 +21,10 @@ pub enum BenchCommand {
     Query(crate::bench_query::QueryBenchArgs),
     /// Bytes kept for a day of one service after compaction, and compaction throughput.
     Storage(crate::bench_storage::StorageBenchArgs),
+    /// Time from a segment's write to its first compaction, with the default settings.
+    CompactionDelay(crate::bench_storage::DelayBenchArgs),
+    /// Scrape targets one server core sustains.
+    Scrape(crate::bench_scrape::ScrapeBenchArgs),
 }
 
 #[derive(Args)]
@@ -61,6 +65,8 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Stages(args) => stages(args),
         BenchCommand::Query(args) => crate::bench_query::run(args).await,
         BenchCommand::Storage(args) => crate::bench_storage::run(args).await,
+        BenchCommand::CompactionDelay(args) => crate::bench_storage::run_delay(args).await,
+        BenchCommand::Scrape(args) => crate::bench_scrape::run(args).await,
     }
 }
 
@@ -77,6 +83,9 @@ fn load_corpus(dir: &PathBuf, min_bytes: usize) -> anyhow::Result<Vec<BenchFile>
         std::fs::read_dir(dir).with_context(|| format!("cannot read corpus {}", dir.display()))?
     {
         let path = entry?.path();
+        if !path.is_file() {
+            continue;
+        }
         let bytes = std::fs::read(&path)?;
         if bytes.len() < min_bytes {
             continue;

@@ -70,6 +70,9 @@ fn load_templates(args: &QueryBenchArgs) -> anyhow::Result<Vec<Template>> {
         .collect();
     entries.sort();
     for path in entries {
+        if !path.is_file() {
+            continue;
+        }
         let bytes = std::fs::read(&path)?;
         if bytes.len() > args.max_file_bytes {
             continue;

@@ -88,6 +88,9 @@ fn load_templates(args: &StorageBenchArgs) -> anyhow::Result<Vec<Template>> {
     entries.sort();
     let mut templates = Vec::new();
     for path in entries {
+        if !path.is_file() {
+            continue;
+        }
         let bytes = std::fs::read(&path)?;
         if bytes.len() > args.max_file_bytes {
             continue;
@@ -398,8 +401,128 @@ async fn run_in(
     Ok(())
 }
 
+#[derive(Args)]
+pub struct DelayBenchArgs {
+    /// Directory of profiles to replay.
+    #[arg(long, default_value = "../shared/corpus")]
+    corpus: PathBuf,
+    /// Seconds of real-time traffic.
+    #[arg(long, default_value_t = 120)]
+    seconds: u64,
+    #[arg(long, default_value_t = 10)]
+    instances: usize,
+    /// Seconds between two profiles of one instance.
+    #[arg(long, default_value_t = 10)]
+    interval: u64,
+    /// Seconds to wait after the traffic for the last segments' compaction.
+    #[arg(long, default_value_t = 40)]
+    settle: u64,
+}
+
+/// Pushes one service's profiles in real time to a server with the default compaction
+/// settings, then reads from the metastore when each segment was written and when its
+/// dataset was first compacted (the swap tombstones it; the grace period keeps the row).
+pub async fn run_delay(args: DelayBenchArgs) -> anyhow::Result<()> {
+    let storage_args = StorageBenchArgs {
+        corpus: args.corpus.clone(),
+        stream: Stream::Cpu,
+        hours: 0,
+        instances: args.instances,
+        interval: args.interval as i64,
+        max_file_bytes: 200_000,
+        clients: args.instances,
+        keep_data: false,
+    };
+    let templates = Arc::new(load_templates(&storage_args)?);
+    let data_dir = std::env::temp_dir().join(format!("kiln-bench-delay-{}", std::process::id()));
+    std::fs::create_dir_all(&data_dir)?;
+    let (mut server, url) = crate::bench::start_server_with(&data_dir, &[])?;
+    println!(
+        "kiln bench compaction-delay: {} instances every {} s for {} s, default compaction settings",
+        args.instances, args.interval, args.seconds
+    );
+    let started = Instant::now();
+    let mut threads = Vec::new();
+    for instance in 0..args.instances {
+        let (templates, url) = (templates.clone(), url.clone());
+        let (seconds, interval) = (args.seconds, args.interval);
+        threads.push(std::thread::spawn(move || {
+            let agent = ureq::AgentBuilder::new()
+                .timeout(Duration::from_secs(60))
+                .build();
+            let mut random = Random(0x9e37_79b9_7f4a_7c15 ^ (instance as u64 + 1));
+            // Instances start spread over one interval, as real ones do.
+            let offset = Duration::from_millis(interval * 1000 * instance as u64 / 10);
+            std::thread::sleep(offset);
+            let mut step = 0usize;
+            while started.elapsed() < Duration::from_secs(seconds) {
+                let template = &templates[(step + instance) % templates.len()];
+                let (pprof, _) = jittered(template, &mut random);
+                let body = kiln_model::compress::gzip(&pprof);
+                let request =
+                    format!("{url}/ingest?name={SERVICE}{{instance=i{instance}}}&format=pprof");
+                if let Err(err) = agent.post(&request).send_bytes(&body) {
+                    eprintln!("ingest error: {err}");
+                }
+                step += 1;
+                let next = offset + Duration::from_secs(interval * step as u64);
+                if let Some(wait) = next.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+        }));
+    }
+    for thread in threads {
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
+    tokio::time::sleep(Duration::from_secs(args.settle)).await;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as i64;
+    let metastore = kiln_metastore::Metastore::open(&format!(
+        "sqlite://{}",
+        data_dir.join("metastore.db").display()
+    ))
+    .await?;
+    let mut compacted = Vec::new();
+    let mut waiting = Vec::new();
+    for block in metastore.list_blocks().await? {
+        if block.level != 0 {
+            continue;
+        }
+        match block.deleted_at_ms {
+            Some(at) => compacted.push((at - block.created_at_ms) as f64 / 1000.0),
+            None => waiting.push((now_ms - block.created_at_ms) as f64 / 1000.0),
+        }
+    }
+    drop(metastore);
+    stop(&mut server);
+    let _ = std::fs::remove_dir_all(&data_dir);
+    if compacted.is_empty() {
+        bail!("no segment was compacted");
+    }
+    // A segment still waiting counts with the time it has waited so far: a lower bound,
+    // so the median below can only be an underestimate if some are still waiting.
+    let mut all: Vec<f64> = compacted.iter().chain(&waiting).copied().collect();
+    all.sort_by(f64::total_cmp);
+    let at = |p: f64| all[((all.len() - 1) as f64 * p).round() as usize];
+    println!(
+        "segments          {} written, {} compacted, {} still waiting",
+        all.len(),
+        compacted.len(),
+        waiting.len()
+    );
+    println!(
+        "write → first compaction: median {:.1} s, p90 {:.1} s, max {:.1} s",
+        at(0.5),
+        at(0.9),
+        at(1.0)
+    );
+    Ok(())
+}
+
 /// Stops the server the way an operator would (SIGTERM), so the metastore is checkpointed.
-fn stop(server: &mut std::process::Child) {
+pub(crate) fn stop(server: &mut std::process::Child) {
     // SAFETY: a plain syscall on our own child's pid.
     unsafe {
         libc::kill(server.id() as i32, libc::SIGTERM);

@@ -4,8 +4,10 @@
 mod admin;
 mod bench;
 mod bench_query;
+mod bench_scrape;
 mod bench_storage;
 mod query;
+mod scrape;
 
 /// Ingest allocates many small objects per profile on several threads; mimalloc measured
 /// faster than the system allocator there (docs/benchmarks.md).
@@ -56,6 +58,8 @@ enum Command {
     Query(query::QueryArgs),
     /// Inspect what a server's storage holds.
     Admin(admin::AdminArgs),
+    /// Scrape pprof endpoints and push the profiles to a Kiln server.
+    Scrape(scrape::ScrapeArgs),
     /// Measure a hot path and print its figures.
     Bench {
         #[command(subcommand)]
@@ -156,6 +160,7 @@ fn main() -> anyhow::Result<()> {
         // Queries are blocking HTTP calls and need no runtime.
         Command::Query(args) => query::run(args),
         Command::Admin(args) => runtime.block_on(admin::run(args)),
+        Command::Scrape(args) => runtime.block_on(scrape::run(args)),
     }
 }
 
@@ -255,6 +260,21 @@ mod tests {
         assert_eq!(config.limits, defaults.limits);
         assert_eq!(config.compaction, defaults.compaction);
         assert_eq!(config.tenant_limits["team-a"].retention_days, 7);
+        // Every other yaml block of the README is a whole config file too.
+        let mut rest = &readme[end..];
+        let mut blocks = 0;
+        while let Some(found) = rest.find("```yaml\n") {
+            let start = found + "```yaml\n".len();
+            let end = start + rest[start..].find("```").unwrap();
+            std::fs::write(&file, &rest[start..end]).unwrap();
+            let config = ServerConfig::from_yaml_file(&file).unwrap();
+            for scrape in &config.scrape_configs {
+                scrape.validate().unwrap();
+            }
+            blocks += 1;
+            rest = &rest[end..];
+        }
+        assert!(blocks >= 1, "the scrape_configs example");
     }
 
     #[test]

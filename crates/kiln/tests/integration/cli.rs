@@ -198,4 +198,7 @@ fn the_benchmarks_run_on_the_fixtures() {
         assert!(storage.contains(": equal"), "{storage}");
         assert!(storage.contains("efficiency"), "{storage}");
     }
+    let scrape = run(&["scrape", "--targets", "5", "--seconds", "3"]);
+    assert!(scrape.contains("0 endpoints not up"), "{scrape}");
+    assert!(scrape.contains("targets per core"), "{scrape}");
 }

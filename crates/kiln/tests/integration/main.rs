@@ -10,4 +10,5 @@ mod profefe;
 mod push;
 mod pyroscope;
 mod querier;
+mod scrape;
 mod sdk;
