@@ -213,7 +213,7 @@ fn a_go_program_is_scraped_via_static_and_file_discovery() {
     });
 }
 
-/// A one-thread HTTP server answering every request with `respond(path)`.
+/// A one-thread HTTP server answering every request with `respond(request head)`.
 fn serve(respond: impl Fn(&str) -> (u16, Vec<u8>) + Send + 'static) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap().to_string();
@@ -228,9 +228,8 @@ fn serve(respond: impl Fn(&str) -> (u16, Vec<u8>) + Send + 'static) -> String {
                     Ok(n) => request.extend_from_slice(&buffer[..n]),
                 }
             }
-            let text = String::from_utf8_lossy(&request);
-            let path = text.split_whitespace().nth(1).unwrap_or("/").to_string();
-            let (status, body) = respond(&path);
+            let text = String::from_utf8_lossy(&request).to_string();
+            let (status, body) = respond(&text);
             let head = format!(
                 "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                 body.len()
@@ -496,4 +495,98 @@ scrape_configs:
         &[("Content-Type", "application/json")],
     );
     assert!(!other.contains("remote"), "{other}");
+}
+
+/// Targets that answer HTML, garbage, too much, too late or only with credentials: each
+/// gets its own clear error, nothing of theirs is stored, and the good ones go on.
+#[test]
+fn bad_targets_fail_alone_with_clear_errors() {
+    let good = serve(|_| (200, cumulative_heap(1)));
+    let html = serve(|_| (200, b"<html><body>Welcome to nginx!</body></html>".to_vec()));
+    let garbage = serve(|_| (200, (0..5000u32).map(|i| (i * 7919 % 251) as u8).collect()));
+    let huge = serve(|_| (200, vec![b'x'; 2 << 20]));
+    let slow = serve(|_| {
+        std::thread::sleep(Duration::from_secs(3));
+        (200, cumulative_heap(1))
+    });
+    // "dTpw" is base64 of "u:p".
+    let guarded = serve(|request| {
+        if request.contains("Authorization: Basic dTpw")
+            || request.contains("authorization: Basic dTpw")
+        {
+            (200, cumulative_heap(1))
+        } else {
+            (401, b"unauthorized".to_vec())
+        }
+    });
+    let yaml = format!(
+        r#"
+- job_name: mixed
+  scrape_interval: 1s
+  scrape_timeout: 1s
+  body_size_limit: 1048576
+  basic_auth: {{username: u, password: p}}
+  static_configs: [{{targets: ["{good}", "{html}", "{garbage}", "{huge}", "{slow}", "{guarded}"]}}]
+{MEMORY_ONLY}      memory: {{path: /heap, delta: false}}
+"#
+    );
+    let server = TestServer::start_with(|config: &mut ServerConfig| {
+        config.scrape_configs = scrape_configs(&yaml);
+    });
+    let target = |address: &str| -> serde_json::Value {
+        server.json("/api/v1/targets", &[])["data"]["activeTargets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["labels"]["instance"] == address)
+            .cloned()
+            .unwrap_or_default()
+    };
+    wait_until("every target scraped", Duration::from_secs(30), || {
+        [&good, &html, &garbage, &huge, &slow, &guarded]
+            .iter()
+            .all(|address| target(address)["health"] != "unknown")
+    });
+    assert_eq!(target(&good)["health"], "up");
+    assert_eq!(target(&guarded)["health"], "up", "{}", target(&guarded));
+    let error = |address: &str| {
+        target(address)["lastError"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    assert!(
+        error(&html).contains("not a pprof profile") && error(&html).contains("<html>"),
+        "{}",
+        error(&html)
+    );
+    assert!(
+        error(&garbage).contains("not a pprof profile"),
+        "{}",
+        error(&garbage)
+    );
+    assert!(
+        error(&huge).contains("larger than body_size_limit"),
+        "{}",
+        error(&huge)
+    );
+    assert!(error(&slow).contains("timed out"), "{}", error(&slow));
+    // Only the good targets' profiles were stored.
+    let (status, text) = server.post_with(
+        "/querier.v1.QuerierService/LabelValues",
+        br#"{"name": "instance"}"#,
+        &[("Content-Type", "application/json")],
+    );
+    assert_eq!(status, 200, "{text}");
+    let values: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut stored: Vec<&str> = values["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    stored.sort();
+    let mut expected = vec![good.as_str(), guarded.as_str()];
+    expected.sort();
+    assert_eq!(stored, expected);
 }
