@@ -122,6 +122,37 @@ fn load_corpus(dir: &PathBuf, min_bytes: usize) -> anyhow::Result<Vec<BenchFile>
     Ok(files)
 }
 
+/// The files of a corpus directory, in name order, of at most `max_bytes`, that decode as
+/// pprof: (file name, bytes as stored, decoded profile).
+pub(crate) fn corpus_pprofs(
+    dir: &std::path::Path,
+    max_bytes: usize,
+) -> anyhow::Result<Vec<(String, Vec<u8>, kiln_model::pprof::Profile)>> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read corpus {}", dir.display()))?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| path.is_file())
+        .collect();
+    entries.sort();
+    let mut profiles = Vec::new();
+    for path in entries {
+        let bytes = std::fs::read(&path)?;
+        if bytes.len() > max_bytes {
+            continue;
+        }
+        let Ok(profile) = kiln_model::pprof::decode(&bytes, 64 << 20) else {
+            continue;
+        };
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        profiles.push((name, bytes, profile));
+    }
+    Ok(profiles)
+}
+
 /// Starts `kiln server` as a child process on `data_dir` and waits until it is ready;
 /// returns the child and its URL. A child, so that its CPU time and memory can be told
 /// from the load generator's, which shares the machine. Compaction is off: it is measured

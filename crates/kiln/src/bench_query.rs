@@ -64,22 +64,7 @@ fn load_templates(args: &QueryBenchArgs) -> anyhow::Result<Vec<Template>> {
         retention_days: 0,
         ..Default::default()
     };
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(&args.corpus)
-        .with_context(|| format!("cannot read corpus {}", args.corpus.display()))?
-        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-        .collect();
-    entries.sort();
-    for path in entries {
-        if !path.is_file() {
-            continue;
-        }
-        let bytes = std::fs::read(&path)?;
-        if bytes.len() > args.max_file_bytes {
-            continue;
-        }
-        let Ok(profile) = kiln_model::pprof::decode(&bytes, 64 << 20) else {
-            continue;
-        };
+    for (name, bytes, profile) in crate::bench::corpus_pprofs(&args.corpus, args.max_file_bytes)? {
         let Ok(parsed) = from_pprof(profile, ProfileContext::default(), bytes.len(), &limits)
         else {
             continue;
@@ -90,11 +75,7 @@ fn load_templates(args: &QueryBenchArgs) -> anyhow::Result<Vec<Template>> {
             .any(|plan| plan.profile_type.id() == CPU)
         {
             templates.push(Template {
-                name: path
-                    .file_name()
-                    .unwrap_or_default()
-                    .to_string_lossy()
-                    .into_owned(),
+                name,
                 bytes,
                 parsed,
             });

@@ -81,23 +81,8 @@ fn load_templates(args: &StorageBenchArgs) -> anyhow::Result<Vec<Template>> {
         Stream::Cpu => CPU,
         Stream::Heap => ALLOC_SPACE,
     };
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(&args.corpus)
-        .with_context(|| format!("cannot read corpus {}", args.corpus.display()))?
-        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-        .collect();
-    entries.sort();
     let mut templates = Vec::new();
-    for path in entries {
-        if !path.is_file() {
-            continue;
-        }
-        let bytes = std::fs::read(&path)?;
-        if bytes.len() > args.max_file_bytes {
-            continue;
-        }
-        let Ok(profile) = kiln_model::pprof::decode(&bytes, 64 << 20) else {
-            continue;
-        };
+    for (name, _, profile) in crate::bench::corpus_pprofs(&args.corpus, args.max_file_bytes)? {
         if profile.sample.is_empty() {
             continue;
         }
@@ -115,11 +100,7 @@ fn load_templates(args: &StorageBenchArgs) -> anyhow::Result<Vec<Template>> {
             continue;
         };
         templates.push(Template {
-            name: path
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned(),
+            name,
             value_index: plan.value_index,
             profile,
         });

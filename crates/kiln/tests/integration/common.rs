@@ -72,6 +72,17 @@ macro_rules! on_every_backend {
 }
 pub(crate) use on_every_backend;
 
+/// Compacts as fast as possible: every level due at once, objects deleted at once.
+pub fn eager_compaction(config: &mut ServerConfig) {
+    config.compaction.enabled = true;
+    config.compaction.interval_ms = 20;
+    config.compaction.grace_ms = 0;
+    for level in &mut config.compaction.levels {
+        level.max_datasets = 2;
+        level.max_age_ms = 0;
+    }
+}
+
 /// A server on its own runtime and a fresh data directory, stopped on drop.
 pub struct TestServer {
     pub url: String,

@@ -21,17 +21,6 @@ fn no_compaction(config: &mut ServerConfig) {
     config.compaction.enabled = false;
 }
 
-/// Compacts as fast as possible: every level due at once, objects deleted at once.
-fn eager_compaction(config: &mut ServerConfig) {
-    config.compaction.enabled = true;
-    config.compaction.interval_ms = 20;
-    config.compaction.grace_ms = 0;
-    for level in &mut config.compaction.levels {
-        level.max_datasets = 2;
-        level.max_age_ms = 0;
-    }
-}
-
 on_every_backend!(
     compaction_changes_no_answer_and_leaves_one_block_per_service,
     retention_removes_only_what_is_older_than_the_window,

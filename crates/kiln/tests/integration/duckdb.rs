@@ -31,15 +31,7 @@ fn a_duckdb_query_of_a_block_agrees_with_kiln() {
         println!("skipped: a_duckdb_query_of_a_block_agrees_with_kiln (pip install duckdb)");
         return;
     }
-    let server = TestServer::start_with(|config| {
-        config.compaction.enabled = true;
-        config.compaction.interval_ms = 20;
-        config.compaction.grace_ms = 0;
-        for level in &mut config.compaction.levels {
-            level.max_datasets = 2;
-            level.max_age_ms = 0;
-        }
-    });
+    let server = TestServer::start_with(eager_compaction);
     // Two profiles in two flushes, so that the block DuckDB reads is a compacted one.
     let profile = fixture("profefe-collector_cpu_1.prof");
     for from in [1_700_000_000, 1_700_000_060] {
