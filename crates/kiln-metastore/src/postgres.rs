@@ -12,6 +12,7 @@ use deadpool_postgres::Transaction;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::{NoTls, Row};
 
+use crate::now_ms;
 use crate::{
     BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, LeaseKey, MetastoreError, MIGRATIONS,
 };
@@ -34,13 +35,6 @@ impl std::fmt::Debug for PostgresMetastore {
 
 fn pool_error(err: impl std::fmt::Display) -> MetastoreError {
     MetastoreError::Pool(err.to_string())
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 impl PostgresMetastore {

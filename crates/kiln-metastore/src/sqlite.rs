@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::now_ms;
 use crate::{
     BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, LeaseKey, MetastoreError, MIGRATIONS,
 };
@@ -46,13 +47,6 @@ fn migrate(connection: &mut Connection) -> Result<(), MetastoreError> {
         tracing::info!(version, "applied metastore migration");
     }
     Ok(())
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 impl SqliteMetastore {

@@ -66,7 +66,6 @@ pub struct TargetHealth {
     pub last_error: String,
     pub interval: Duration,
     pub timeout: Duration,
-    pub scrapes: u64,
     pub failures: u64,
 }
 
@@ -437,7 +436,6 @@ async fn run_job(
                         last_error: String::new(),
                         interval: config.scrape_interval,
                         timeout: config.scrape_timeout,
-                        scrapes: 0,
                         failures: 0,
                     });
             }
@@ -504,7 +502,6 @@ async fn run_target(
         targets.update(&key, |health| {
             health.last_scrape = Some(scraped_at);
             health.last_scrape_duration = took;
-            health.scrapes += 1;
             match &result {
                 Ok(()) => {
                     health.health = "up";

@@ -174,6 +174,18 @@ impl ObjectStorage {
         }
         Ok(objects)
     }
+
+    /// The keys under `prefix`, sorted: [`ObjectStorage::list`] without the times.
+    pub async fn list_keys(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+        let mut keys: Vec<String> = self
+            .list(prefix)
+            .await?
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect();
+        keys.sort();
+        Ok(keys)
+    }
 }
 
 fn sync_file_and_parent(file: &std::path::Path) -> std::io::Result<()> {

@@ -171,15 +171,9 @@ impl TestServer {
             &self.config.object_store_options(),
         )
         .expect("object store opens");
-        let mut keys: Vec<String> = self
-            .runtime()
-            .block_on(storage.list(""))
+        self.runtime()
+            .block_on(storage.list_keys(""))
             .expect("list")
-            .into_iter()
-            .map(|(key, _)| key)
-            .collect();
-        keys.sort();
-        keys
     }
 
     pub fn data_dir(&self) -> &Path {
