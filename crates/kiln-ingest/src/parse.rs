@@ -24,6 +24,8 @@ pub struct ParsedProfile {
     pub types: Vec<TypePlan>,
     /// Size of the profile as received, for accounting.
     pub received_bytes: usize,
+    /// See [`ProfileContext::sample_labels_per_sample`].
+    pub sample_labels_per_sample: bool,
 }
 
 impl ParsedProfile {
@@ -42,6 +44,7 @@ impl ParsedProfile {
             labels: &self.labels,
             types: &self.types,
             max_stack_depth,
+            sample_labels_per_sample: self.sample_labels_per_sample,
         }
     }
 }
@@ -58,6 +61,9 @@ pub struct ProfileContext {
     pub id: Option<String>,
     /// Multiplier applied to every value (legacy CPU sample counts to nanoseconds).
     pub scale: Option<f64>,
+    /// Keep every sample label with its sample instead of making string labels series
+    /// labels: OTLP's sample attributes (thread ids, pids) are per sample by design.
+    pub sample_labels_per_sample: bool,
 }
 
 pub fn now_nanos() -> i64 {
@@ -113,7 +119,12 @@ pub fn from_pprof(
     if context.labels.get(SERVICE_NAME).is_none() {
         context.labels.set(SERVICE_NAME, UNKNOWN_SERVICE);
     }
-    check_labels(&profile, &context.labels, limits)?;
+    check_labels(
+        &profile,
+        &context.labels,
+        context.sample_labels_per_sample,
+        limits,
+    )?;
 
     let type_names: Vec<String> = profile
         .sample_type
@@ -186,37 +197,51 @@ pub fn from_pprof(
         index,
         types,
         received_bytes,
+        sample_labels_per_sample: context.sample_labels_per_sample,
     })
 }
 
 /// Checks the limits on the labels each series will carry: the request's labels plus the
-/// string sample labels that become series labels.
-fn check_labels(profile: &Profile, labels: &Labels, limits: &Limits) -> Result<(), IngestError> {
+/// string sample labels that become series labels (or, kept per sample, their lengths).
+fn check_labels(
+    profile: &Profile,
+    labels: &Labels,
+    sample_labels_per_sample: bool,
+    limits: &Limits,
+) -> Result<(), IngestError> {
     let label_limits = limits.labels();
     labels::validate(labels, &label_limits)?;
     let mut extra_names: Vec<i64> = Vec::new();
+    let string = |index: i64| profile.string_table.get(index as usize).unwrap_or_default();
     for sample in profile.sample.iter() {
         for label in sample.label {
-            if label.str == 0 || extra_names.contains(&label.key) {
+            if label.str == 0 {
                 continue;
             }
-            let name = profile.string_or_empty(label.key);
-            if PER_SAMPLE_LABELS.contains(&name.as_str()) {
+            // Every value is checked; a name once (names repeat on every sample).
+            let too_long = |name: &[u8]| {
+                name.len() > label_limits.max_name_length
+                    || string(label.str).len() > label_limits.max_value_length
+            };
+            if extra_names.contains(&label.key) {
+                if string(label.str).len() > label_limits.max_value_length {
+                    return Err(label_too_long(string(label.key)));
+                }
                 continue;
             }
-            let value_length = profile
-                .string_table
-                .get(label.str as usize)
-                .map_or(0, Vec::len);
-            if name.len() > label_limits.max_name_length
-                || value_length > label_limits.max_value_length
+            let name = string(label.key);
+            if PER_SAMPLE_LABELS
+                .iter()
+                .any(|known| known.as_bytes() == name)
             {
-                return Err(IngestError::BadRequest(format!(
-                    "sample label {:?} is over the label length limits",
-                    name.chars().take(64).collect::<String>()
-                )));
+                continue;
             }
-            extra_names.push(label.key);
+            if too_long(name) {
+                return Err(label_too_long(name));
+            }
+            if !sample_labels_per_sample {
+                extra_names.push(label.key);
+            }
         }
     }
     let total = labels.len() + extra_names.len();
@@ -229,6 +254,16 @@ fn check_labels(profile: &Profile, labels: &Labels, limits: &Limits) -> Result<(
     Ok(())
 }
 
+fn label_too_long(name: &[u8]) -> IngestError {
+    IngestError::BadRequest(format!(
+        "sample label {:?} is over the label length limits",
+        String::from_utf8_lossy(name)
+            .chars()
+            .take(64)
+            .collect::<String>()
+    ))
+}
+
 /// Builds a pprof from folded stacks: one function and one location per distinct frame.
 pub fn folded_to_pprof(stacks: &[FoldedStack], profile_type: &ProfileType) -> Profile {
     let mut profile = Profile::default();
@@ -238,7 +273,7 @@ pub fn folded_to_pprof(stacks: &[FoldedStack], profile_type: &ProfileType) -> Pr
             return *id;
         }
         let id = profile.string_table.len() as i64;
-        profile.string_table.push(value.as_bytes().to_vec());
+        profile.string_table.push(value.as_bytes());
         strings.insert(value.to_string(), id);
         id
     };

@@ -27,7 +27,7 @@ impl Writer {
             return *id;
         }
         let id = self.profile.string_table.len() as i64;
-        self.profile.string_table.push(value.as_bytes().to_vec());
+        self.profile.string_table.push(value.as_bytes());
         self.strings.insert(value.to_string(), id);
         id
     }

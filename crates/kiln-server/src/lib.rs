@@ -1,5 +1,5 @@
 //! The HTTP (and gRPC, on the same port) edge of Kiln: routing, tenancy, body limits,
-//! protocol framing (Connect, gRPC, Pyroscope, profefe), metrics and readiness.
+//! protocol framing (Connect, gRPC, Pyroscope, profefe, OTLP), metrics and readiness.
 //!
 //! Handlers stay thin: they read and bound the body, resolve the tenant, and hand off to
 //! `kiln-ingest` or `kiln-query`. Everything protocol-specific about errors (HTTP status,
@@ -10,6 +10,7 @@ pub mod config;
 pub mod grpc;
 pub mod legacy;
 pub mod metrics;
+pub mod otlp;
 pub mod querier;
 pub mod routes;
 pub mod server;

@@ -49,6 +49,11 @@ pub fn router(state: SharedState) -> Router {
         .route("/pyroscope/ingest", post(pyroscope_ingest))
         .route("/push.v1.PusherService/Push", post(push))
         .route(
+            "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export",
+            post(crate::otlp::export),
+        )
+        .route("/v1development/profiles", post(crate::otlp::export))
+        .route(
             "/querier.v1.QuerierService/{method}",
             post(crate::querier::querier_service),
         )
@@ -83,7 +88,7 @@ pub(crate) fn text_error(status: u16, message: impl Into<String>) -> Response {
 }
 
 /// Reads a body within the tenant's limit and counts it against the tenant's rate.
-async fn read_ingest_body(
+pub(crate) async fn read_ingest_body(
     state: &AppState,
     tenant: &str,
     headers: &HeaderMap,
@@ -108,14 +113,14 @@ async fn ingest_request(
 }
 
 /// Runs a CPU-heavy parser off the async workers.
-async fn parse_blocking<T: Send + 'static>(
+pub(crate) async fn parse_blocking<T: Send + 'static>(
     parse: impl FnOnce() -> Result<T, IngestError> + Send + 'static,
 ) -> Result<T, IngestError> {
     kiln_ingest::cpu::run_parser(parse).await
 }
 
 /// Writes parsed profiles and records the outcome in the metrics.
-async fn write_profiles(
+pub(crate) async fn write_profiles(
     state: &AppState,
     endpoint: &str,
     tenant: &str,
@@ -128,7 +133,7 @@ async fn write_profiles(
     Ok(())
 }
 
-fn rejected(state: &AppState, endpoint: &str, err: &IngestError) {
+pub(crate) fn rejected(state: &AppState, endpoint: &str, err: &IngestError) {
     state.metrics.reject(endpoint, err.reason());
     if err.status() >= 500 {
         tracing::error!(endpoint, error = %err, "ingest failed");

@@ -187,8 +187,7 @@ fn scrape_sink(ingester: Ingester, limits: Arc<TenantLimits>) -> kiln_scrape::Si
                 name: Some(scraped.kind),
                 time_nanos: Some(scraped.time_nanos),
                 duration_nanos: Some(scraped.duration_nanos),
-                id: None,
-                scale: None,
+                ..Default::default()
             };
             let profile = scraped.profile;
             let parsed = kiln_ingest::cpu::run_parser(move || {

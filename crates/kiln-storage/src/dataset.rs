@@ -1,6 +1,9 @@
 //! The in-memory form of a dataset, and the builder that interns profiles into one.
 
+use std::hash::BuildHasher;
+
 use foldhash::{HashMap, HashMapExt};
+use hashbrown::hash_table::{Entry, HashTable};
 
 use kiln_model::labels::{sanitize_label_name, Labels, SERVICE_NAME};
 use kiln_model::pprof::{Profile, Validated};
@@ -8,7 +11,7 @@ use kiln_model::ProfileType;
 
 /// Per-sample labels that stay with the sample instead of splitting the series: they are
 /// unique per request and would otherwise explode the series count.
-pub const PER_SAMPLE_LABELS: [&str; 2] = ["span_id", "profile_id"];
+pub const PER_SAMPLE_LABELS: [&str; 3] = ["span_id", "trace_id", "profile_id"];
 
 /// Frame name of the synthetic root frame that replaces frames cut by the depth limit.
 pub const TRUNCATED_FRAME: &str = "[truncated]";
@@ -300,6 +303,8 @@ pub struct PprofInput<'a> {
     pub labels: &'a Labels,
     pub types: &'a [TypePlan],
     pub max_stack_depth: usize,
+    /// Every string sample label stays with its sample (none selects a series).
+    pub sample_labels_per_sample: bool,
 }
 
 #[derive(Hash, PartialEq, Eq, Clone)]
@@ -314,17 +319,21 @@ struct PendingProfile {
     samples: HashMap<(u32, u32), i64>,
 }
 
-/// Rows stored once each: interning a row returns the id of its first occurrence.
+/// Rows stored once each: interning a row returns the id of its first occurrence. The
+/// hash table holds only ids and hashes rows where they are stored, so a new row is moved
+/// in once instead of being cloned into a key (a location's lines are a vector).
 struct Table<K> {
     rows: Vec<K>,
-    ids: HashMap<K, u32>,
+    ids: HashTable<u32>,
+    hasher: foldhash::fast::RandomState,
 }
 
-impl<K: std::hash::Hash + Eq + Clone> Table<K> {
+impl<K: std::hash::Hash + Eq> Table<K> {
     fn new() -> Self {
         Table {
             rows: Vec::new(),
-            ids: HashMap::new(),
+            ids: HashTable::new(),
+            hasher: Default::default(),
         }
     }
 
@@ -334,13 +343,22 @@ impl<K: std::hash::Hash + Eq + Clone> Table<K> {
     }
 
     fn intern(&mut self, row: K) -> u32 {
-        if let Some(id) = self.ids.get(&row) {
-            return *id;
+        let hash = self.hasher.hash_one(&row);
+        let rows = &mut self.rows;
+        let hasher = &self.hasher;
+        match self.ids.entry(
+            hash,
+            |id| rows[*id as usize] == row,
+            |id| hasher.hash_one(&rows[*id as usize]),
+        ) {
+            Entry::Occupied(entry) => *entry.get(),
+            Entry::Vacant(entry) => {
+                let id = rows.len() as u32;
+                rows.push(row);
+                entry.insert(id);
+                id
+            }
         }
-        let id = self.rows.len() as u32;
-        self.rows.push(row.clone());
-        self.ids.insert(row, id);
-        id
     }
 }
 
@@ -359,8 +377,10 @@ pub struct DatasetBuilder {
     tenant: String,
     service: String,
     strings: Vec<String>,
-    /// Keyed by bytes so that a pprof string already interned needs no UTF-8 check.
-    string_ids: HashMap<Box<[u8]>, u32>,
+    /// Ids of `strings`, probed by bytes so that a pprof string already interned needs no
+    /// UTF-8 check; one allocation per distinct string, the `String` itself.
+    string_ids: HashTable<u32>,
+    string_hasher: foldhash::fast::RandomState,
     mappings: Table<MappingRow>,
     functions: Table<FunctionRow>,
     locations: Table<LocationKey>,
@@ -386,7 +406,8 @@ impl DatasetBuilder {
             tenant: tenant.to_string(),
             service: service.to_string(),
             strings: Vec::new(),
-            string_ids: HashMap::new(),
+            string_ids: HashTable::new(),
+            string_hasher: Default::default(),
             mappings: Table::new(),
             functions: Table::new(),
             locations: Table::new(),
@@ -408,25 +429,43 @@ impl DatasetBuilder {
     }
 
     pub fn intern(&mut self, value: &str) -> u32 {
-        if let Some(id) = self.string_ids.get(value.as_bytes()) {
-            return *id;
+        let hash = self.string_hasher.hash_one(value.as_bytes());
+        if let Some(id) = self.find_string(hash, value.as_bytes()) {
+            return id;
         }
-        let id = self.strings.len() as u32;
-        self.strings.push(value.to_string());
-        self.string_ids.insert(value.as_bytes().into(), id);
-        id
+        self.insert_string(hash, value.to_string())
     }
 
     /// Keys are valid UTF-8, so invalid bytes always miss and are interned in their lossy
     /// form, which then deduplicates as text.
     fn intern_bytes(&mut self, value: &[u8]) -> u32 {
-        if let Some(id) = self.string_ids.get(value) {
-            return *id;
+        let hash = self.string_hasher.hash_one(value);
+        if let Some(id) = self.find_string(hash, value) {
+            return id;
         }
         match std::str::from_utf8(value) {
-            Ok(text) => self.intern(text),
+            Ok(text) => self.insert_string(hash, text.to_string()),
             Err(_) => self.intern(&String::from_utf8_lossy(value)),
         }
+    }
+
+    fn find_string(&self, hash: u64, value: &[u8]) -> Option<u32> {
+        let strings = &self.strings;
+        self.string_ids
+            .find(hash, |id| strings[*id as usize].as_bytes() == value)
+            .copied()
+    }
+
+    /// Adds a string `find_string` missed; `hash` is that of its bytes.
+    fn insert_string(&mut self, hash: u64, value: String) -> u32 {
+        let id = self.strings.len() as u32;
+        self.strings.push(value);
+        let strings = &self.strings;
+        let hasher = &self.string_hasher;
+        self.string_ids.insert_unique(hash, id, |id| {
+            hasher.hash_one(strings[*id as usize].as_bytes())
+        });
+        id
     }
 
     fn truncated_location(&mut self) -> u32 {
@@ -656,12 +695,10 @@ impl DatasetBuilder {
                     if label.str == 0 {
                         continue; // numeric labels (e.g. Go's heap "bytes") are not series labels
                     }
-                    let key = profile
-                        .string_table
-                        .get(label.key as usize)
-                        .map(Vec::as_slice)
-                        .unwrap_or(b"");
-                    if PER_SAMPLE_LABELS.iter().any(|name| name.as_bytes() == key) {
+                    let key = profile.string_table.get(label.key as usize).unwrap_or(b"");
+                    if input.sample_labels_per_sample
+                        || PER_SAMPLE_LABELS.iter().any(|name| name.as_bytes() == key)
+                    {
                         per_sample.push((string(&symbols, label.key), string(&symbols, label.str)));
                     } else {
                         series_extra.push((label.key, label.str));

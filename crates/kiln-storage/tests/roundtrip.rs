@@ -74,7 +74,7 @@ fn profile() -> Profile {
         .collect(),
         location: vec![location(1, 1), location(2, 2)],
         function: vec![function(1, 5), function(2, 6)],
-        string_table: strings.iter().map(|s| s.as_bytes().to_vec()).collect(),
+        string_table: strings.iter().collect(),
         period: 10_000_000,
         ..Default::default()
     }
@@ -109,6 +109,7 @@ fn builder_interns_and_block_round_trips() {
             labels: &labels,
             types: &types,
             max_stack_depth: 1000,
+            sample_labels_per_sample: false,
         });
     }
     let dataset = builder.finish();
@@ -181,6 +182,7 @@ fn deep_stacks_are_truncated_at_the_root() {
         labels: &labels,
         types: &types,
         max_stack_depth: 3,
+        sample_labels_per_sample: false,
     });
     let dataset = builder.finish();
     // Depth 3: two leaf frames kept and a [truncated] root.

@@ -57,6 +57,16 @@ pub struct IngestArgs {
     /// Only files at least this large (bytes), to measure big-profile throughput.
     #[arg(long, default_value_t = 0)]
     min_file_bytes: usize,
+    /// How the profiles travel: gzip pprof to `/ingest`, or the same profiles as gzip OTLP
+    /// protobuf to `/v1development/profiles`.
+    #[arg(long, value_enum, default_value_t = Protocol::Pprof)]
+    protocol: Protocol,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Protocol {
+    Pprof,
+    Otlp,
 }
 
 pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
@@ -75,6 +85,27 @@ struct BenchFile {
     name: String,
     body: Vec<u8>,
     pprof_bytes: usize,
+    /// With `--protocol otlp`: the gzip OTLP request per service (the service name travels
+    /// inside it) and the size of the protobuf inside.
+    otlp: Vec<(Vec<u8>, usize)>,
+}
+
+/// Adds each file's OTLP form, one request per service.
+fn add_otlp_bodies(files: &mut [BenchFile], services: usize) -> anyhow::Result<()> {
+    for file in files {
+        let profile = kiln_model::pprof::decode(&file.body, 64 << 20)?;
+        for service in 0..services {
+            let request = kiln_ingest::otlp::request_from_pprof(
+                &profile,
+                &[("service.name", &format!("bench-svc-{service}"))],
+                0,
+            );
+            let proto = prost::Message::encode_to_vec(&request);
+            file.otlp
+                .push((kiln_model::compress::gzip(&proto), proto.len()));
+        }
+    }
+    Ok(())
 }
 
 fn load_corpus(dir: &PathBuf, min_bytes: usize) -> anyhow::Result<Vec<BenchFile>> {
@@ -113,6 +144,7 @@ fn load_corpus(dir: &PathBuf, min_bytes: usize) -> anyhow::Result<Vec<BenchFile>
                 .into_owned(),
             body,
             pprof_bytes,
+            otlp: Vec::new(),
         });
     }
     files.sort_by(|a, b| a.name.cmp(&b.name));
@@ -193,7 +225,13 @@ pub fn start_server_with(
 }
 
 async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
-    let files = Arc::new(load_corpus(&args.corpus, args.min_file_bytes)?);
+    let mut files = load_corpus(&args.corpus, args.min_file_bytes)?;
+    let services = args.services.max(1);
+    let protocol = args.protocol;
+    if protocol == Protocol::Otlp {
+        add_otlp_bodies(&mut files, services)?;
+    }
+    let files = Arc::new(files);
     let temp = std::env::temp_dir().join(format!("kiln-bench-{}", std::process::id()));
     let mut server = None;
     let url = match &args.url {
@@ -209,11 +247,19 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
         .and_then(|child| process_cpu_seconds(child.id()));
     let total_bytes: usize = files.iter().map(|file| file.body.len()).sum();
     let total_pprof_bytes: usize = files.iter().map(|file| file.pprof_bytes).sum();
+    let total_otlp_bytes: usize = files
+        .iter()
+        .map(|file| file.otlp.first().map_or(0, |(_, proto)| *proto))
+        .sum();
     println!(
-        "kiln bench ingest: {} files ({:.1} MB gzip, {:.1} MB pprof), {} clients, {} services, {} s, server {}",
+        "kiln bench ingest: {} files ({:.1} MB gzip, {:.1} MB pprof{}), {} clients, {} services, {} s, server {}",
         files.len(),
         total_bytes as f64 / 1e6,
         total_pprof_bytes as f64 / 1e6,
+        match protocol {
+            Protocol::Pprof => String::new(),
+            Protocol::Otlp => format!(", sent as {:.1} MB of OTLP protobuf", total_otlp_bytes as f64 / 1e6),
+        },
         args.clients,
         args.services,
         args.seconds,
@@ -224,6 +270,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     let sent_bytes = Arc::new(AtomicU64::new(0));
     let sent_pprof_bytes = Arc::new(AtomicU64::new(0));
     let sent_profiles = Arc::new(AtomicU64::new(0));
+    let sent_otlp_bytes = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let latencies = Arc::new(Mutex::new(Vec::<f64>::new()));
     let started = Instant::now();
@@ -239,7 +286,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
             latencies.clone(),
             url.clone(),
         );
-        let services = args.services.max(1);
+        let sent_otlp_bytes = sent_otlp_bytes.clone();
         threads.push(std::thread::spawn(move || {
             let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(60)).build();
             let mut local = Vec::new();
@@ -251,15 +298,30 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_secs())
                     .unwrap_or(0);
-                let request_url = format!(
-                    "{url}/ingest?name={service}{{instance=i{client}}}&format=pprof&from={}&until={now}",
-                    now - 10
-                );
                 let begin = Instant::now();
-                match agent.post(&request_url).send_bytes(&file.body) {
+                let (sent, body_bytes) = match protocol {
+                    Protocol::Pprof => {
+                        let request_url = format!(
+                            "{url}/ingest?name={service}{{instance=i{client}}}&format=pprof&from={}&until={now}",
+                            now - 10
+                        );
+                        (agent.post(&request_url).send_bytes(&file.body), file.body.len())
+                    }
+                    Protocol::Otlp => {
+                        let (body, proto_bytes) = &file.otlp[client % services];
+                        sent_otlp_bytes.fetch_add(*proto_bytes as u64, Ordering::Relaxed);
+                        let sent = agent
+                            .post(&format!("{url}/v1development/profiles"))
+                            .set("Content-Type", "application/x-protobuf")
+                            .set("Content-Encoding", "gzip")
+                            .send_bytes(body);
+                        (sent, body.len())
+                    }
+                };
+                match sent {
                     Ok(_) => {
                         local.push(begin.elapsed().as_secs_f64());
-                        sent_bytes.fetch_add(file.body.len() as u64, Ordering::Relaxed);
+                        sent_bytes.fetch_add(body_bytes as u64, Ordering::Relaxed);
                         sent_pprof_bytes.fetch_add(file.pprof_bytes as u64, Ordering::Relaxed);
                         sent_profiles.fetch_add(1, Ordering::Relaxed);
                     }
@@ -298,14 +360,21 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
         .map(|n| n.get())
         .unwrap_or(1);
     println!("profiles/s        {:.1}", profiles / elapsed);
+    let otlp_megabytes = sent_otlp_bytes.load(Ordering::Relaxed) as f64 / 1e6;
+    if protocol == Protocol::Otlp {
+        println!(
+            "MB/s (OTLP)       {:.2}  (uncompressed protobuf; gzip on the wire)",
+            otlp_megabytes / elapsed
+        );
+    }
     println!(
-        "MB/s (gzip pprof) {:.2}  ({:.2} per core, {} cores)",
+        "MB/s (gzip body)  {:.2}  ({:.2} per core, {} cores)",
         megabytes / elapsed,
         megabytes / elapsed / cores as f64,
         cores
     );
     println!(
-        "MB/s (pprof)      {:.2}  (the same bodies decompressed)",
+        "MB/s (pprof)      {:.2}  (the same profiles as pprof)",
         pprof_megabytes / elapsed
     );
     println!("ack latency p50   {:.1} ms", percentile(0.5));
@@ -320,10 +389,17 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
             cpu / elapsed,
         );
         println!(
-            "per server core   {:.2} MB/s of pprof ({:.2} MB/s of gzip pprof)",
+            "per server core   {:.2} MB/s of pprof ({:.2} MB/s of gzip body)",
             pprof_megabytes / cpu.max(f64::EPSILON),
             megabytes / cpu.max(f64::EPSILON)
         );
+        if protocol == Protocol::Otlp {
+            println!(
+                "per server core   {:.2} MB/s of OTLP protobuf, {:.1} profiles/s",
+                otlp_megabytes / cpu.max(f64::EPSILON),
+                profiles / cpu.max(f64::EPSILON)
+            );
+        }
     }
     if let Some(mut child) = server {
         let _ = child.kill();

@@ -198,6 +198,24 @@ fn the_benchmarks_run_on_the_fixtures() {
         assert!(storage.contains(": equal"), "{storage}");
         assert!(storage.contains("efficiency"), "{storage}");
     }
+    for protocol in ["pprof", "otlp"] {
+        let ingest = run(&[
+            "ingest",
+            "--protocol",
+            protocol,
+            "--clients",
+            "4",
+            "--seconds",
+            "2",
+        ]);
+        assert!(ingest.contains("errors            0"), "{ingest}");
+        let profiles: f64 = ingest
+            .lines()
+            .find_map(|line| line.strip_prefix("profiles/s"))
+            .and_then(|rate| rate.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{ingest}"));
+        assert!(profiles > 0.0, "{ingest}");
+    }
     let scrape = run(&["scrape", "--targets", "5", "--seconds", "3"]);
     assert!(scrape.contains("0 endpoints not up"), "{scrape}");
     assert!(scrape.contains("targets per core"), "{scrape}");

@@ -6,6 +6,7 @@ mod common;
 mod compaction;
 mod duckdb;
 mod limits;
+mod otlp;
 mod profefe;
 mod push;
 mod pyroscope;
