@@ -1,12 +1,13 @@
 //! Pyroscope's `POST /ingest`: `name=APP.SUFFIX{tags}`, `from`/`until`, `format`, and a
-//! body that is pprof (raw, gzip, or multipart) or folded stacks.
+//! body that is pprof (raw, gzip, or multipart), folded stacks, speedscope JSON, a JFR
+//! recording (raw or pyroscope-java's multipart `jfr` + `labels`), or `perf script` text.
 
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use kiln_model::folded;
 use kiln_model::labels::{sanitize_label_name, Labels, SERVICE_NAME};
 use kiln_model::profile_type::{default_legacy_type, split_legacy_name, SuffixType};
+use kiln_model::{folded, jfr, perf_script, speedscope};
 
 use crate::cpu::run_parser;
 use crate::parse::{
@@ -80,6 +81,9 @@ fn parse_tags(body: &str) -> Result<Vec<(String, String)>, IngestError> {
 enum BodyFormat {
     Pprof,
     Folded,
+    Speedscope,
+    Jfr,
+    PerfScript,
 }
 
 fn body_format(
@@ -90,6 +94,9 @@ fn body_format(
     match format.map(str::trim).unwrap_or("") {
         "pprof" => Ok(BodyFormat::Pprof),
         "folded" | "lines" => Ok(BodyFormat::Folded),
+        "speedscope" => Ok(BodyFormat::Speedscope),
+        "jfr" => Ok(BodyFormat::Jfr),
+        "perf_script" => Ok(BodyFormat::PerfScript),
         "" => {
             if content_type.starts_with("multipart/form-data")
                 || kiln_model::compress::is_gzip(body)
@@ -99,12 +106,8 @@ fn body_format(
                 Ok(BodyFormat::Folded)
             }
         }
-        "jfr" | "speedscope" => Err(IngestError::UnsupportedFormat(format!(
-            "format={} is not supported yet; send pprof or folded stacks",
-            format.unwrap_or_default()
-        ))),
         other => Err(IngestError::UnsupportedFormat(format!(
-            "unknown format {other:?}; supported: pprof, folded, lines"
+            "unknown format {other:?}; supported: pprof, folded, lines, speedscope, jfr, perf_script"
         ))),
     }
 }
@@ -205,17 +208,156 @@ pub async fn parse_ingest(
             .await?;
             Ok(vec![parsed])
         }
+        BodyFormat::Speedscope => {
+            let known = name.kind.clone().unwrap_or_else(default_legacy_type);
+            let limits = *limits;
+            let parsed = run_parser(move || {
+                let text =
+                    kiln_model::compress::maybe_gunzip(&body, limits.max_decompressed_bytes)?;
+                let profile_type = &known.profile_type;
+                let mut parsed = speedscope::parse(
+                    &text,
+                    &profile_type.sample_type,
+                    limits.max_samples_per_profile,
+                )?;
+                match parsed.unit {
+                    speedscope::Unit::Time => context.name = Some(profile_type.name.clone()),
+                    speedscope::Unit::Bytes => context.name = Some("memory".into()),
+                    // Sample counts of a CPU upload are CPU time at the sample rate, as
+                    // for folded stacks.
+                    speedscope::Unit::Count if known.scale_by_sample_rate => {
+                        let profile = &mut parsed.profile;
+                        let kind = profile.string_table.len() as i64;
+                        profile
+                            .string_table
+                            .push(profile_type.sample_type.as_bytes());
+                        profile
+                            .string_table
+                            .push(profile_type.sample_unit.as_bytes());
+                        let value_type = kiln_model::pprof::ValueType {
+                            r#type: kind,
+                            unit: kind + 1,
+                        };
+                        profile.sample_type = vec![value_type];
+                        profile.period_type = Some(value_type);
+                        context.name = Some(profile_type.name.clone());
+                        context.scale = Some(1e9 / sample_rate.unwrap_or(100.0));
+                    }
+                    speedscope::Unit::Count => {}
+                }
+                context.sample_labels_per_sample = true;
+                from_pprof(parsed.profile, context, body.len(), &limits)
+            })
+            .await?;
+            Ok(vec![parsed])
+        }
+        BodyFormat::PerfScript => {
+            let limits = *limits;
+            let parsed = run_parser(move || {
+                let text =
+                    kiln_model::compress::maybe_gunzip(&body, limits.max_decompressed_bytes)?;
+                let profile = perf_script::parse(&text, limits.max_samples_per_profile)?;
+                from_pprof(profile, context, body.len(), &limits)
+            })
+            .await?;
+            Ok(vec![parsed])
+        }
+        BodyFormat::Jfr => {
+            let (recording, contexts) = if content_type.starts_with("multipart/form-data") {
+                jfr_parts(content_type, body).await?
+            } else {
+                (body, Bytes::new())
+            };
+            let interval_nanos = (1e9 / sample_rate.unwrap_or(100.0)).round() as i64;
+            let limits = *limits;
+            run_parser(move || {
+                let data =
+                    kiln_model::compress::maybe_gunzip(&recording, limits.max_decompressed_bytes)?;
+                let contexts = decode_contexts(&contexts)?;
+                let recordings = jfr::parse(
+                    &data,
+                    interval_nanos,
+                    limits.max_samples_per_profile,
+                    &contexts,
+                )?;
+                if recordings.is_empty() {
+                    return Err(IngestError::BadRequest(
+                        "the JFR recording holds no execution, allocation or lock samples".into(),
+                    ));
+                }
+                let share = recording.len() / recordings.len();
+                recordings
+                    .into_iter()
+                    .map(|recording| {
+                        let context = ProfileContext {
+                            name: Some(recording.kind.name().to_string()),
+                            ..context.clone()
+                        };
+                        from_pprof(recording.profile, context, share, &limits)
+                    })
+                    .collect()
+            })
+            .await
+        }
     }
 }
 
-/// Extracts the `profile` part of a multipart upload (the Go SDK's shape). A
-/// `sample_type_config` part is checked to be JSON; sample types come from the profile.
-async fn multipart_profile(content_type: &str, body: Bytes) -> Result<Bytes, IngestError> {
+/// pyroscope-java's `LabelsSnapshot`: the labels behind each context id of its JFR events.
+#[derive(Clone, PartialEq, prost::Message)]
+struct LabelsSnapshot {
+    #[prost(map = "int64, message", tag = "1")]
+    contexts: std::collections::HashMap<i64, LabelsContext>,
+    #[prost(map = "int64, string", tag = "2")]
+    strings: std::collections::HashMap<i64, String>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct LabelsContext {
+    #[prost(map = "int64, int64", tag = "1")]
+    labels: std::collections::HashMap<i64, i64>,
+}
+
+fn decode_contexts(bytes: &[u8]) -> Result<jfr::Contexts, IngestError> {
+    let mut contexts = jfr::Contexts::new();
+    if bytes.is_empty() {
+        return Ok(contexts);
+    }
+    let snapshot = <LabelsSnapshot as prost::Message>::decode(bytes)
+        .map_err(|err| IngestError::BadRequest(format!("invalid JFR labels part: {err}")))?;
+    let string = |id: &i64| snapshot.strings.get(id).cloned().unwrap_or_default();
+    for (id, context) in &snapshot.contexts {
+        let mut labels: Vec<(String, String)> = context
+            .labels
+            .iter()
+            .map(|(key, value)| (sanitize_label_name(&string(key)), string(value)))
+            .filter(|(key, _)| !key.is_empty())
+            .collect();
+        labels.sort();
+        contexts.insert(*id, labels);
+    }
+    Ok(contexts)
+}
+
+/// The `jfr` and optional `labels` parts of a pyroscope-java upload.
+async fn jfr_parts(content_type: &str, body: Bytes) -> Result<(Bytes, Bytes), IngestError> {
+    let mut parts = multipart_parts(content_type, body).await?;
+    let recording = parts
+        .remove("jfr")
+        .ok_or_else(|| IngestError::BadRequest("multipart body has no \"jfr\" part".into()))?;
+    let labels = parts.remove("labels").unwrap_or_default();
+    Ok((recording, labels))
+}
+
+/// Every named part of a multipart body.
+async fn multipart_parts(
+    content_type: &str,
+    body: Bytes,
+) -> Result<HashMap<String, Bytes>, IngestError> {
     let boundary = multer::parse_boundary(content_type)
         .map_err(|err| IngestError::BadRequest(format!("invalid multipart content type: {err}")))?;
     let stream = futures_util::stream::once(async move { Ok::<Bytes, std::io::Error>(body) });
     let mut multipart = multer::Multipart::new(stream, boundary);
-    let mut profile = None;
+    let mut parts = HashMap::new();
     while let Some(field) = multipart
         .next_field()
         .await
@@ -225,22 +367,30 @@ async fn multipart_profile(content_type: &str, body: Bytes) -> Result<Bytes, Ing
         let data = field.bytes().await.map_err(|err| {
             IngestError::BadRequest(format!("invalid multipart part {name:?}: {err}"))
         })?;
-        match name.as_str() {
-            "profile" => profile = Some(data),
-            "prev_profile" => return Err(IngestError::BadRequest(
-                "prev_profile is not supported: send delta profiles (the Go SDK does by default) \
-                     instead of cumulative ones"
-                    .into(),
-            )),
-            "sample_type_config" => {
-                serde_json::from_slice::<serde_json::Value>(&data).map_err(|err| {
-                    IngestError::BadRequest(format!("sample_type_config is not valid JSON: {err}"))
-                })?;
-            }
-            _ => {}
-        }
+        parts.insert(name, data);
     }
-    profile.ok_or_else(|| IngestError::BadRequest("multipart body has no \"profile\" part".into()))
+    Ok(parts)
+}
+
+/// Extracts the `profile` part of a multipart upload (the Go SDK's shape). A
+/// `sample_type_config` part is checked to be JSON; sample types come from the profile.
+async fn multipart_profile(content_type: &str, body: Bytes) -> Result<Bytes, IngestError> {
+    let mut parts = multipart_parts(content_type, body).await?;
+    if parts.contains_key("prev_profile") {
+        return Err(IngestError::BadRequest(
+            "prev_profile is not supported: send delta profiles (the Go SDK does by default) \
+             instead of cumulative ones"
+                .into(),
+        ));
+    }
+    if let Some(config) = parts.get("sample_type_config") {
+        serde_json::from_slice::<serde_json::Value>(config).map_err(|err| {
+            IngestError::BadRequest(format!("sample_type_config is not valid JSON: {err}"))
+        })?;
+    }
+    parts
+        .remove("profile")
+        .ok_or_else(|| IngestError::BadRequest("multipart body has no \"profile\" part".into()))
 }
 
 #[cfg(test)]
@@ -301,11 +451,44 @@ mod tests {
         assert_eq!(profile.duration_nanos, 10_000_000_000);
     }
 
+    #[test]
+    fn jfr_labels_snapshots_name_each_context() {
+        let snapshot = LabelsSnapshot {
+            contexts: [(
+                7,
+                LabelsContext {
+                    labels: [(1, 2), (3, 4)].into_iter().collect(),
+                },
+            )]
+            .into_iter()
+            .collect(),
+            strings: [
+                (1, "endpoint"),
+                (2, "/checkout"),
+                (3, "region.name"),
+                (4, "eu"),
+            ]
+            .into_iter()
+            .map(|(id, text)| (id, text.to_string()))
+            .collect(),
+        };
+        let contexts = decode_contexts(&prost::Message::encode_to_vec(&snapshot)).unwrap();
+        assert_eq!(
+            contexts.get(&7),
+            Some(&vec![
+                ("endpoint".to_string(), "/checkout".to_string()),
+                ("region.name".to_string(), "eu".to_string()),
+            ])
+        );
+        assert!(decode_contexts(b"").unwrap().is_empty());
+        assert!(decode_contexts(&[0x0a, 0xff]).is_err());
+    }
+
     #[tokio::test]
     async fn unsupported_formats_are_415() {
         let params = HashMap::from([
             ("name".to_string(), "svc".to_string()),
-            ("format".to_string(), "jfr".to_string()),
+            ("format".to_string(), "xml".to_string()),
         ]);
         let err = parse_ingest(&params, "", Bytes::new(), &Limits::default())
             .await

@@ -170,3 +170,52 @@ fn mutated_blocks_are_errors_not_panics() {
         }
     }
 }
+
+#[test]
+fn mutated_otlp_speedscope_and_perf_script_never_panic() {
+    let limits = limits();
+    let fixture = fixtures().remove(3);
+    let profile = kiln_model::pprof::decode(&fixture, 1 << 30).unwrap();
+    let otlp = prost::Message::encode_to_vec(&kiln_ingest::otlp::request_from_pprof(
+        &profile,
+        &[("service.name", "mutated")],
+        0,
+    ));
+    let speedscope: &[u8] = br#"{"shared": {"frames": [{"name": "main", "file": "a.py", "line": 1}, {"name": "work"}]},
+        "profiles": [{"type": "sampled", "name": "t", "unit": "seconds", "startValue": 0, "endValue": 1,
+                      "samples": [[0, 1], [0]], "weights": [0.5, 0.25]},
+                     {"type": "evented", "name": "u", "unit": "milliseconds", "startValue": 0, "endValue": 9,
+                      "events": [{"type": "O", "frame": 0, "at": 0}, {"type": "O", "frame": 1, "at": 1},
+                                 {"type": "C", "frame": 1, "at": 4}, {"type": "C", "frame": 0, "at": 8}]}]}"#;
+    let perf_script: &[u8] = b"prog 12/13 [001] 100.5: 250000 cpu-clock:pppH: \n\
+        \t 4005d0 hot+0x10 (/bin/prog)\n\t 400600 main+0x20 (/bin/prog)\n\n\
+        prog 12/13 [000] 100.6: 250000 cpu-clock:pppH: \n\t 7f00 [unknown] (/lib/libc.so.6)\n\n";
+    let mut random = Random(99);
+    let mut accepted = 0;
+    for _ in 0..2000 {
+        let data = mutate(&mut random, &otlp);
+        if let Ok(request) = kiln_ingest::otlp::decode_proto(&data) {
+            if let Ok(export) = kiln_ingest::otlp::parse_export(request, data.len(), &limits) {
+                for parsed in &export.profiles {
+                    accepted += 1;
+                    let mut builder = DatasetBuilder::new("t", parsed.service());
+                    builder.add_pprof(&parsed.input(1000));
+                    builder.finish().check().expect("consistent dataset");
+                }
+            }
+        }
+    }
+    assert!(accepted > 100, "{accepted} mutated OTLP profiles accepted");
+    for seed in [speedscope, perf_script] {
+        for _ in 0..2000 {
+            let data = mutate(&mut random, seed);
+            if let Ok(parsed) = kiln_model::speedscope::parse(&data, "cpu", 16_000) {
+                kiln_model::pprof::validate(&parsed.profile, &Default::default()).unwrap();
+            }
+            if let Ok(profile) = kiln_model::perf_script::parse(&data, 16_000) {
+                kiln_model::pprof::validate(&profile, &Default::default()).unwrap();
+            }
+            let _ = kiln_ingest::otlp::decode_json(&data);
+        }
+    }
+}

@@ -2,17 +2,22 @@
 //!
 //! Everything here is pure (no I/O, no async): the pprof protobuf messages, bounded
 //! decompression, profile type ids, label sets and Prometheus-style selectors, and the
-//! collapsed-stack ("folded") text format. Every parser here takes untrusted bytes, so each
+//! formats that are not pprof (collapsed stacks, speedscope, `perf script`, JFR), each
+//! turned into a pprof by [`build::ProfileBuilder`]. Every parser here takes untrusted bytes, so each
 //! one enforces limits and returns [`FormatError`] instead of panicking; each has a
 //! `cargo fuzz` target under `fuzz/`.
 
+pub mod build;
 pub mod compress;
 pub mod error;
 pub mod folded;
+pub mod jfr;
 pub mod labels;
+pub mod perf_script;
 pub mod pprof;
 pub mod profile_type;
 pub mod selector;
+pub mod speedscope;
 pub mod time;
 
 pub use error::FormatError;

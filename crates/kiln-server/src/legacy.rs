@@ -172,12 +172,38 @@ fn respond<T: serde::Serialize>(result: Result<T, QueryError>) -> Response {
     }
 }
 
-/// `GET /pyroscope/render?query=…&from=…&until=…&max-nodes=…&groupBy=…`.
+/// `GET /pyroscope/render?query=…&from=…&until=…&max-nodes=…&groupBy=…`; with
+/// `format=pprof`, the selection merged into one pprof (gzip), as Pyroscope's render offers,
+/// for `go tool pprof` and the UI's download.
 pub async fn render(
     State(state): State<SharedState>,
     Query(params): Query<Params>,
     headers: HeaderMap,
 ) -> Response {
+    if params.get("format").map(String::as_str) == Some("pprof") {
+        let result = async {
+            let tenant = tenant_of(&headers).map_err(QueryError::BadRequest)?;
+            let selection = selection(&params, "")?;
+            let selections = state.querier.select(&selection.request(&tenant)).await?;
+            let types = kiln_query::profiles::ordered_types(&selections);
+            Ok::<_, QueryError>(kiln_query::pprof_export::merged_pprof(&selections, &types))
+        }
+        .await;
+        return match result {
+            Ok(profile) => (
+                [
+                    ("content-type", "application/octet-stream"),
+                    (
+                        "content-disposition",
+                        "attachment; filename=\"profile.pb.gz\"",
+                    ),
+                ],
+                kiln_model::compress::gzip(&profile.encode_to_bytes()),
+            )
+                .into_response(),
+            Err(err) => text_error(err.status(), err.to_string()),
+        };
+    }
     respond(
         async {
             let tenant = tenant_of(&headers).map_err(QueryError::BadRequest)?;

@@ -15,6 +15,7 @@ pub mod querier;
 pub mod routes;
 pub mod server;
 pub mod tenant;
+pub mod ui;
 
 pub use config::ServerConfig;
 pub use server::{RunningServer, Server};

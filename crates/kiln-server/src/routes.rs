@@ -73,6 +73,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .route("/api/v1/targets", get(scrape_targets))
+        .merge(crate::ui::router())
         .with_state(state)
 }
 

@@ -272,10 +272,15 @@ fn go_style_multipart_with_nanosecond_times() {
 #[test]
 fn unsupported_and_malformed_input_is_refused_with_a_message() {
     let server = TestServer::start();
-    for (format, expected) in [("speedscope", 415), ("jfr", 415), ("trie", 415)] {
+    for (format, expected, message) in [
+        ("speedscope", 400, "no profiles"),
+        ("jfr", 400, "FLR magic"),
+        ("perf_script", 400, "not a sample header"),
+        ("trie", 415, "unknown format"),
+    ] {
         let (status, text) = server.post(&format!("/ingest?name=x&format={format}"), b"{}");
         assert_eq!(status, expected, "{format}: {text}");
-        assert!(!text.trim().is_empty());
+        assert!(text.contains(message), "{format}: {text}");
     }
     let cases: [(&str, Vec<u8>); 5] = [
         ("legacy", fixture("pprof-cppbench.cpu")),

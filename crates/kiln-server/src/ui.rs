@@ -1,0 +1,98 @@
+//! The web UI, compiled into the binary: plain ES modules and CSS with no build step (so
+//! the files in `crates/kiln-server/ui/` are exactly what browsers get), plus uPlot 1.6.32
+//! (MIT, vendored unchanged from npm) for the timeline.
+
+use axum::extract::Path;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+
+/// Every file under `/ui/`: (path, content type, bytes).
+const ASSETS: &[(&str, &str, &str)] = &[
+    (
+        "app.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../ui/app.js"),
+    ),
+    (
+        "flamegraph.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../ui/flamegraph.js"),
+    ),
+    (
+        "style.css",
+        "text/css; charset=utf-8",
+        include_str!("../ui/style.css"),
+    ),
+    (
+        "vendor/uPlot.iife.min.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../ui/vendor/uPlot.iife.min.js"),
+    ),
+    (
+        "vendor/uPlot.min.css",
+        "text/css; charset=utf-8",
+        include_str!("../ui/vendor/uPlot.min.css"),
+    ),
+];
+
+const INDEX: &str = include_str!("../ui/index.html");
+
+pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
+    Router::new()
+        .route("/", get(index))
+        .route("/ui/{*path}", get(asset))
+}
+
+async fn index() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        INDEX,
+    )
+        .into_response()
+}
+
+async fn asset(Path(path): Path<String>) -> Response {
+    match ASSETS.iter().find(|(name, _, _)| *name == path) {
+        Some((_, content_type, body)) => (
+            [
+                (header::CONTENT_TYPE, *content_type),
+                // Revalidated on every load: a new kiln binary serves new files at once.
+                (header::CACHE_CONTROL, "no-cache"),
+            ],
+            *body,
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, format!("no UI file {path:?}\n")).into_response(),
+    }
+}
+
+/// Bytes of the UI as served (the total a first visit downloads, before compression).
+pub fn bundle_bytes() -> usize {
+    INDEX.len() + ASSETS.iter().map(|(_, _, body)| body.len()).sum::<usize>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_file_the_page_loads_is_served() {
+        for reference in [
+            "/ui/vendor/uPlot.min.css",
+            "/ui/style.css",
+            "/ui/vendor/uPlot.iife.min.js",
+            "/ui/app.js",
+        ] {
+            assert!(INDEX.contains(reference), "{reference}");
+            let path = reference.trim_start_matches("/ui/");
+            assert!(ASSETS.iter().any(|(name, _, _)| *name == path), "{path}");
+        }
+        assert!(include_str!("../ui/app.js").contains("from './flamegraph.js'"));
+        assert!(bundle_bytes() < 200_000, "{} bytes", bundle_bytes());
+    }
+}

@@ -1,0 +1,536 @@
+// Kiln's web UI: explore a service's profiles over time, read the flame graph and the top
+// table, compare two ranges. Every view is a URL: the whole state lives in the query
+// string, so a shared link restores it. It calls the same querier API Grafana uses.
+
+import { FlameGraph, formatValue, sandwich, toSvg } from './flamegraph.js';
+
+const $ = (id) => document.getElementById(id);
+const MAX_NODES = 65536;
+
+// ---- state, kept in the URL ----
+
+const DEFAULTS = { service: '', type: '', labels: '', from: 'now-1h', until: 'now', split: '',
+  search: '', view: 'both', focus: '', mode: '', lfrom: '', luntil: '', rfrom: '', runtil: '',
+  fn: '', profile: '' };
+const state = { ...DEFAULTS };
+
+function readUrl() {
+  const params = new URLSearchParams(location.search);
+  for (const key of Object.keys(DEFAULTS)) state[key] = params.get(key) ?? DEFAULTS[key];
+}
+
+function writeUrl(replace = false) {
+  const params = new URLSearchParams();
+  for (const [key, value] of Object.entries(state)) {
+    if (value !== DEFAULTS[key] && value !== '') params.set(key, value);
+  }
+  const url = `${location.pathname}?${params}`;
+  if (replace) history.replaceState(null, '', url); else history.pushState(null, '', url);
+}
+
+// ---- time ----
+
+const UNITS = { s: 1e3, m: 60e3, h: 3600e3, d: 86400e3, w: 604800e3 };
+
+/** `now`, `now-1h`, or epoch milliseconds, to epoch milliseconds. */
+function toMillis(text, now = Date.now()) {
+  const relative = /^now(?:-(\d+)([smhdw]))?$/.exec(text);
+  if (relative) return relative[1] ? now - Number(relative[1]) * UNITS[relative[2]] : now;
+  const number = Number(text);
+  return Number.isFinite(number) ? number : now;
+}
+
+function toLocalInput(ms) {
+  const date = new Date(ms);
+  const pad = (n) => String(n).padStart(2, '0');
+  return `${date.getFullYear()}-${pad(date.getMonth() + 1)}-${pad(date.getDate())}T${pad(date.getHours())}:${pad(date.getMinutes())}:${pad(date.getSeconds())}`;
+}
+
+function fromLocalInput(text) {
+  const ms = new Date(text).getTime();
+  return Number.isFinite(ms) ? String(ms) : '';
+}
+
+function range() {
+  const now = Date.now();
+  return [toMillis(state.from, now), toMillis(state.until, now)];
+}
+
+// ---- API ----
+
+let generation = 0;
+
+async function call(method, body) {
+  const response = await fetch(`/querier.v1.QuerierService/${method}`, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  const text = await response.text();
+  if (!response.ok) {
+    let message = text;
+    try { message = JSON.parse(text).message || text; } catch { /* plain text */ }
+    throw new Error(`${method} failed (HTTP ${response.status}): ${message}`);
+  }
+  return text ? JSON.parse(text) : {};
+}
+
+function selector(extra = state.labels) {
+  const parts = [];
+  if (state.service) parts.push(`service_name="${state.service.replace(/["\\]/g, '\\$&')}"`);
+  if (extra.trim()) parts.push(extra.trim().replace(/^\{|\}$/g, ''));
+  return `{${parts.join(', ')}}`;
+}
+
+function unit() {
+  const parts = state.type.split(':');
+  return parts[2] || '';
+}
+
+// ---- status ----
+
+function status(kind, message) {
+  const element = $('status');
+  element.className = kind;
+  element.textContent = message;
+}
+
+// ---- pickers ----
+
+let profileTypes = [];
+
+async function loadPickers() {
+  const [start, end] = range();
+  const windowStart = Math.min(start, end - 7 * UNITS.d);
+  const [types, services] = await Promise.all([
+    call('ProfileTypes', { start: String(windowStart), end: String(end) }),
+    call('LabelValues', { name: 'service_name', start: String(windowStart), end: String(end) }),
+  ]);
+  profileTypes = types.profileTypes || [];
+  const serviceNames = services.names || [];
+  const serviceSelect = $('service');
+  serviceSelect.replaceChildren(...serviceNames.map((name) => new Option(name, name)));
+  if (!state.service || !serviceNames.includes(state.service)) state.service = serviceNames[0] || '';
+  serviceSelect.value = state.service;
+  const typeSelect = $('type');
+  typeSelect.replaceChildren(...profileTypes.map((type) => new Option(
+    `${type.name} ${type.sampleType} (${type.sampleUnit})`, type.ID)));
+  const ids = profileTypes.map((type) => type.ID);
+  if (!state.type || !ids.includes(state.type)) {
+    state.type = ids.find((id) => id.startsWith('process_cpu:cpu:')) || ids[0] || '';
+  }
+  typeSelect.value = state.type;
+  await loadSplitLabels();
+}
+
+async function loadSplitLabels() {
+  const [start, end] = range();
+  const names = await call('LabelNames', { matchers: [selector('')], start: String(start), end: String(end) });
+  const options = (names.names || []).filter((name) => !name.startsWith('__') && name !== 'service_name');
+  $('split').replaceChildren(new Option('—', ''), ...options.map((name) => new Option(name, name)));
+  $('split').value = options.includes(state.split) ? state.split : '';
+}
+
+// Label autocomplete: names, then values once a name and an operator are typed.
+async function suggestLabels() {
+  const input = $('labels');
+  const text = input.value;
+  const [start, end] = range();
+  const valuePart = /(?:^|,\s*)([a-zA-Z_][\w.]*)\s*(=~|!=|!~|=)\s*"?([^",]*)$/.exec(text);
+  let suggestions = [];
+  try {
+    if (valuePart) {
+      const values = await call('LabelValues', { name: valuePart[1], matchers: [selector('')], start: String(start), end: String(end) });
+      const prefix = text.slice(0, text.length - valuePart[3].length - (text.endsWith('"') ? 0 : 0));
+      const head = prefix.endsWith('"') ? prefix : `${prefix}"`;
+      suggestions = (values.names || []).map((value) => `${head.replace(/"?$/, '"')}${value}"`);
+    } else {
+      const names = await call('LabelNames', { matchers: [selector('')], start: String(start), end: String(end) });
+      const head = text.replace(/[a-zA-Z_][\w.]*$/, '');
+      suggestions = (names.names || []).filter((name) => !name.startsWith('__'))
+        .map((name) => `${head}${name}="`);
+    }
+  } catch (error) {
+    status('error', error.message);
+  }
+  $('label-suggestions').replaceChildren(...suggestions.slice(0, 200).map((value) => new Option(value, value)));
+}
+
+// ---- timeline ----
+
+let plot = null;
+
+function drawTimeline(seriesList, start, end, step) {
+  const container = $('timeline');
+  // Every step of the range, so gaps read as zero rather than as a line across them.
+  const stepMs = step * 1000;
+  const filled = [];
+  for (let t = Math.floor(start / stepMs) * stepMs; t <= end && filled.length < 2000; t += stepMs) filled.push(t);
+  const stamps = [...new Set([...filled, ...seriesList.flatMap((s) => (s.points || []).map((p) => Number(p.timestamp)))])].sort((a, b) => a - b);
+  const index = new Map(stamps.map((t, i) => [t, i]));
+  const data = [stamps.map((t) => t / 1000)];
+  const series = [{}];
+  const palette = ['#c2410c', '#2563eb', '#16a34a', '#9333ea', '#ca8a04', '#0891b2', '#db2777', '#65a30d'];
+  seriesList.forEach((s, n) => {
+    const values = new Array(stamps.length).fill(0);
+    for (const point of s.points || []) values[index.get(Number(point.timestamp))] = Number(point.value);
+    data.push(values);
+    const label = (s.labels || []).filter((l) => l.name === state.split).map((l) => l.value).join(',') || 'total';
+    series.push({ label, stroke: palette[n % palette.length], fill: seriesList.length === 1 ? `${palette[0]}33` : undefined,
+      value: (_, v) => (v == null ? '—' : formatValue(v, unit())) });
+  });
+  if (plot) { plot.destroy(); plot = null; }
+  const width = container.clientWidth || 800;
+  plot = new uPlot({
+    width, height: 180, series,
+    // The whole queried range, not just the span of the points, so a drag maps to it.
+    scales: { x: { time: true, range: () => [start / 1000, end / 1000] } },
+    axes: [{ stroke: getComputedStyle(document.body).color },
+      { stroke: getComputedStyle(document.body).color, size: 84, values: (_, ticks) => ticks.map((v) => formatValue(v, unit())) }],
+    cursor: { drag: { x: true, y: false, setScale: false } },
+    hooks: { setSelect: [(u) => {
+      if (u.select.width < 3) return;
+      const min = u.posToVal(u.select.left, 'x');
+      const max = u.posToVal(u.select.left + u.select.width, 'x');
+      u.setSelect({ left: 0, width: 0, top: 0, height: 0 }, false);
+      state.from = String(Math.floor(min * 1000));
+      state.until = String(Math.ceil(max * 1000));
+      writeUrl();
+      syncControls();
+      refresh();
+    }] },
+  }, data, container);
+  plot.over.addEventListener('click', () => {
+    const index = plot.cursor.idx;
+    if (index == null) return;
+    // The nearest point with data, within a few steps of the click.
+    const nonZero = (i) => i >= 0 && i < stamps.length && data.slice(1).some((values) => values[i]);
+    for (let distance = 0; distance <= 5; distance++) {
+      for (const i of [index - distance, index + distance]) {
+        if (nonZero(i)) { listProfiles(stamps[i], stepMs); return; }
+      }
+    }
+  });
+  container.dataset.points = String(seriesList.reduce((n, s) => n + (s.points || []).length, 0));
+  container.dataset.total = String(data.slice(1).flat().reduce((sum, v) => sum + (v || 0), 0));
+}
+
+// ---- flame graph and table ----
+
+const flame = new FlameGraph($('flamegraph'), $('tooltip'), { onZoom: (path) => {
+  renderBreadcrumbs(path);
+  const focus = path.length > 1 ? path[path.length - 1].name : '';
+  if (focus !== state.focus) { state.focus = focus; writeUrl(true); }
+} });
+
+function renderBreadcrumbs(path) {
+  const nav = $('breadcrumbs');
+  nav.replaceChildren(...path.map((node) => {
+    const button = document.createElement('button');
+    button.textContent = node.name;
+    button.title = node.name;
+    button.addEventListener('click', () => flame.zoomTo(node.level, node.index));
+    return button;
+  }));
+}
+
+let tableSort = { key: 'self', descending: true };
+let tableRows = [];
+
+function renderTable() {
+  const filter = $('table-filter').value.toLowerCase();
+  const total = flame.total || 1;
+  const diff = state.mode === 'compare';
+  const headers = diff ? ['function', 'self before', 'self after', 'change (pp)'] : ['function', 'self', 'total', '%'];
+  document.querySelectorAll('#top th').forEach((th, i) => { th.textContent = headers[i]; });
+  const { key, descending } = tableSort;
+  const value = (row) => {
+    if (key === 'name') return row.name;
+    if (key === 'share') return diff ? Math.abs(row.change) : row.self;
+    return row[key];
+  };
+  const rows = tableRows
+    .filter((row) => !filter || row.name.toLowerCase().includes(filter))
+    .sort((a, b) => {
+      const av = value(a);
+      const bv = value(b);
+      const order = av < bv ? -1 : av > bv ? 1 : 0;
+      return descending ? -order : order;
+    })
+    .slice(0, 500);
+  for (const th of document.querySelectorAll('#top th')) {
+    th.setAttribute('aria-sort', th.dataset.sort === key ? (descending ? 'descending' : 'ascending') : 'none');
+  }
+  $('top').tBodies[0].replaceChildren(...rows.map((row) => {
+    const tr = document.createElement('tr');
+    tr.tabIndex = 0;
+    if (row.name === flame.highlight) tr.className = 'selected';
+    const last = diff ? `${row.change > 0 ? '+' : ''}${row.change.toFixed(2)}` : `${((row.self / total) * 100).toFixed(2)} %`;
+    const cells = [[row.name, 'name'], [formatValue(row.self, unit()), 'num'], [formatValue(row.total, unit()), 'num'], [last, 'num']];
+    for (const [text, cls] of cells) {
+      const td = document.createElement('td');
+      td.className = cls;
+      td.textContent = text;
+      tr.appendChild(td);
+    }
+    const select = () => {
+      flame.setHighlight(flame.highlight === row.name ? null : row.name);
+      state.fn = row.name;
+      writeUrl(true);
+      renderTable();
+      renderSandwich();
+      showSearchResult(flame.matchedShare());
+    };
+    tr.addEventListener('click', select);
+    tr.addEventListener('keydown', (event) => { if (event.key === 'Enter') select(); });
+    return tr;
+  }));
+}
+
+function showSearchResult(result) {
+  $('search-result').textContent = result
+    ? `matches ${formatValue(result.value, unit())} (${(result.share * 100).toFixed(2)} % of total)`
+    : '';
+}
+
+// ---- queries ----
+
+function mergeRequest(start, end) {
+  const request = { profileTypeID: state.type, labelSelector: selector(), start: String(start), end: String(end), maxNodes: String(MAX_NODES) };
+  if (state.profile) request.profileIdSelector = [state.profile];
+  return request;
+}
+
+/** The individual profiles behind one timeline point, as a list to open. */
+async function listProfiles(timestamp, stepMs) {
+  try {
+    const answer = await call('SelectSeries', {
+      profileTypeID: state.type, labelSelector: selector(), start: String(timestamp), end: String(timestamp + stepMs),
+      step: stepMs / 1000, exemplarType: 'EXEMPLAR_TYPE_INDIVIDUAL',
+    });
+    const exemplars = (answer.series || []).flatMap((s) => (s.points || []).flatMap((p) => p.exemplars || []));
+    $('profiles-title').textContent = `profiles at ${new Date(timestamp).toLocaleString()} (${exemplars.length})`;
+    $('profiles').replaceChildren(...exemplars.map((exemplar) => {
+      const item = document.createElement('li');
+      const button = document.createElement('button');
+      button.textContent = `${exemplar.profileId} · ${formatValue(Number(exemplar.value), unit())}`;
+      button.addEventListener('click', () => {
+        state.profile = exemplar.profileId;
+        state.from = String(timestamp - stepMs);
+        state.until = String(timestamp + 2 * stepMs);
+        writeUrl();
+        refresh();
+      });
+      item.appendChild(button);
+      return item;
+    }));
+    $('profiles-section').hidden = false;
+  } catch (error) {
+    status('error', error.message);
+  }
+}
+
+let callersGraph = null;
+let calleesGraph = null;
+
+function renderSandwich() {
+  if (state.view !== 'sandwich') return;
+  if (!callersGraph) {
+    callersGraph = new FlameGraph($('callers'), $('callers-tooltip'));
+    calleesGraph = new FlameGraph($('callees'), $('callees-tooltip'));
+  }
+  const name = state.fn || (tableRows.slice().sort((a, b) => b.self - a.self)[0] || {}).name || '';
+  $('sandwich-title').textContent = name ? `callers (above: who calls ${name}) and callees (below: what it calls)` : 'pick a function in the table';
+  const { callers, callees } = sandwich(flame, name);
+  callersGraph.setData(callers, unit());
+  calleesGraph.setData(callees, unit());
+  document.body.dataset.sandwich = `${callers.total}:${callees.total}:${callers.levels.length}:${callees.levels.length}`;
+}
+
+async function refresh() {
+  const mine = ++generation;
+  syncControls();
+  if (!state.service || !state.type) {
+    status('empty', `No profiles yet. Push some to ${location.origin} (Pyroscope SDKs, OTLP, pprof to /ingest) and reload.`);
+    return;
+  }
+  const [start, end] = range();
+  status('loading', 'loading…');
+  const step = Math.max(1, Math.round((end - start) / 1000 / 240));
+  try {
+    const compare = state.mode === 'compare';
+    const seriesRequest = call('SelectSeries', {
+      profileTypeID: state.type, labelSelector: selector(), start: String(start), end: String(end), step,
+      groupBy: state.split ? [state.split] : [],
+    });
+    const graphRequest = compare
+      ? call('Diff', { left: mergeRequest(toMillis(state.lfrom), toMillis(state.luntil)), right: mergeRequest(toMillis(state.rfrom), toMillis(state.runtil)) })
+      : call('SelectMergeStacktraces', mergeRequest(start, end));
+    const [series, graph] = await Promise.all([seriesRequest, graphRequest]);
+    if (mine !== generation) return;
+    drawTimeline(series.series || [], start, end, step);
+    const flamegraph = graph.flamegraph || { names: [], levels: [], total: 0 };
+    const started = performance.now();
+    flame.setData(flamegraph, unit(), compare);
+    document.body.dataset.flameMillis = (performance.now() - started).toFixed(1);
+    document.body.dataset.flameTotal = String(flame.total);
+    document.body.dataset.flameNodes = String(flame.nodeCount);
+    tableRows = compare ? diffRows() : flame.functions();
+    renderTable();
+    renderSandwich();
+    $('single').hidden = !state.profile;
+    $('single-label').textContent = state.profile ? `one profile: ${state.profile}` : '';
+    $('export-pprof').href = `/pyroscope/render?format=pprof&query=${encodeURIComponent(state.type + selector())}&from=${Math.floor(start / 1000)}&until=${Math.ceil(end / 1000)}`;
+    if (state.focus) flame.zoomToName(state.focus);
+    renderBreadcrumbs(flame.path());
+    showSearchResult(state.search ? flame.setSearch(state.search) : null);
+    if (!flame.total) {
+      status('empty', `No data for ${selector()} (${state.type}) between ${new Date(start).toLocaleString()} and ${new Date(end).toLocaleString()}. Widen the range, or check that your agents push to ${location.origin}.`);
+    } else {
+      status('', '');
+    }
+    document.body.dataset.ready = String(mine);
+  } catch (error) {
+    if (mine !== generation) return;
+    status('error', error.message);
+    document.body.dataset.ready = String(mine);
+  }
+}
+
+/** The biggest changes of a diff, as table rows: self before and after, and the change of
+ * the function's share of each side's total, in percentage points. */
+function diffRows() {
+  const rows = new Map();
+  flame.levels.forEach((level) => {
+    for (let i = 0; i < level.x.length; i++) {
+      const name = flame.names[level.name[i]];
+      const right = level.rightSelf[i];
+      const left = level.self[i] - right;
+      const row = rows.get(name) || { name, left: 0, right: 0 };
+      row.left += left;
+      row.right += right;
+      rows.set(name, row);
+    }
+  });
+  const lt = flame.leftTotal || 1;
+  const rt = flame.rightTotal || 1;
+  return [...rows.values()]
+    .map((row) => ({ ...row, self: row.left, total: row.right, change: (row.right / rt - row.left / lt) * 100 }))
+    .filter((row) => row.left || row.right);
+}
+
+// ---- controls ----
+
+function syncControls() {
+  const [start, end] = range();
+  $('from').value = toLocalInput(start);
+  $('until').value = toLocalInput(end);
+  $('labels').value = state.labels;
+  $('search').value = state.search;
+  $('view').value = state.view;
+  $('panes').className = state.view === 'both' ? '' : state.view;
+  for (const button of document.querySelectorAll('[data-range]')) {
+    button.classList.toggle('active', state.from === `now-${button.dataset.range}` && state.until === 'now');
+  }
+  const compare = state.mode === 'compare';
+  $('compare-toggle').setAttribute('aria-pressed', String(compare));
+  $('compare-section').hidden = !compare;
+  if (compare) {
+    $('left-from').value = toLocalInput(toMillis(state.lfrom));
+    $('left-until').value = toLocalInput(toMillis(state.luntil));
+    $('right-from').value = toLocalInput(toMillis(state.rfrom));
+    $('right-until').value = toLocalInput(toMillis(state.runtil));
+  }
+}
+
+function halves() {
+  const [start, end] = range();
+  const middle = Math.floor((start + end) / 2);
+  state.lfrom = String(start); state.luntil = String(middle);
+  state.rfrom = String(middle); state.runtil = String(end);
+}
+
+function bind() {
+  const change = (update) => () => { update(); writeUrl(); refresh(); };
+  $('service').addEventListener('change', change(() => { state.service = $('service').value; state.focus = ''; loadSplitLabels(); }));
+  $('type').addEventListener('change', change(() => { state.type = $('type').value; state.focus = ''; }));
+  $('labels').addEventListener('change', change(() => { state.labels = $('labels').value; }));
+  $('labels').addEventListener('input', () => suggestLabels());
+  $('labels').addEventListener('focus', () => suggestLabels());
+  $('split').addEventListener('change', change(() => { state.split = $('split').value; }));
+  for (const button of document.querySelectorAll('[data-range]')) {
+    button.addEventListener('click', change(() => { state.from = `now-${button.dataset.range}`; state.until = 'now'; }));
+  }
+  $('from').addEventListener('change', change(() => { state.from = fromLocalInput($('from').value) || state.from; }));
+  $('until').addEventListener('change', change(() => { state.until = fromLocalInput($('until').value) || state.until; }));
+  $('search').addEventListener('input', () => {
+    state.search = $('search').value;
+    flame.setHighlight(null);
+    showSearchResult(flame.setSearch(state.search));
+    writeUrl(true);
+  });
+  $('view').addEventListener('change', () => { state.view = $('view').value; syncControls(); writeUrl(true); flame.render(); renderSandwich(); });
+  $('profiles-close').addEventListener('click', () => { $('profiles-section').hidden = true; });
+  $('single-close').addEventListener('click', () => { state.profile = ''; writeUrl(); refresh(); });
+  const download = (name, blob) => {
+    const link = document.createElement('a');
+    link.href = URL.createObjectURL(blob);
+    link.download = name;
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(link.href), 1000);
+  };
+  $('export-svg').addEventListener('click', () => download('flamegraph.svg', new Blob([toSvg(flame)], { type: 'image/svg+xml' })));
+  $('export-png').addEventListener('click', () => $('flamegraph').toBlob((blob) => download('flamegraph.png', blob)));
+  $('table-filter').addEventListener('input', renderTable);
+  for (const th of document.querySelectorAll('#top th')) {
+    const sort = () => {
+      const key = th.dataset.sort;
+      tableSort = { key, descending: tableSort.key === key ? !tableSort.descending : key !== 'name' };
+      renderTable();
+    };
+    th.addEventListener('click', sort);
+    th.addEventListener('keydown', (event) => { if (event.key === 'Enter') sort(); });
+  }
+  $('compare-toggle').addEventListener('click', change(() => {
+    if (state.mode === 'compare') { state.mode = ''; tableSort = { key: 'self', descending: true }; return; }
+    state.mode = 'compare';
+    tableSort = { key: 'share', descending: true };
+    if (!state.lfrom) halves();
+  }));
+  $('compare-halves').addEventListener('click', change(halves));
+  for (const [id, key] of [['left-from', 'lfrom'], ['left-until', 'luntil'], ['right-from', 'rfrom'], ['right-until', 'runtil']]) {
+    $(id).addEventListener('change', change(() => { state[key] = fromLocalInput($(id).value) || state[key]; }));
+  }
+  $('share').addEventListener('click', async () => {
+    // Sharing pins relative times to absolute ones, here and in the link, so the link
+    // shows the same data later.
+    const [start, end] = range();
+    state.from = String(start);
+    state.until = String(end);
+    writeUrl();
+    await refresh();
+    const url = location.href;
+    try { await navigator.clipboard.writeText(url); } catch { /* no clipboard: the title shows it */ }
+    $('share').dataset.url = url;
+    $('share').title = url;
+  });
+  window.addEventListener('popstate', () => { readUrl(); refresh(); });
+  if (state.mode === 'compare') tableSort = { key: 'share', descending: true };
+  window.addEventListener('resize', () => { if (plot) plot.setSize({ width: $('timeline').clientWidth, height: 180 }); });
+}
+
+async function main() {
+  readUrl();
+  bind();
+  syncControls();
+  try {
+    await loadPickers();
+  } catch (error) {
+    status('error', error.message);
+    return;
+  }
+  writeUrl(true);
+  await refresh();
+}
+
+main();

@@ -1,0 +1,204 @@
+//! The web UI in a real browser: Debian's Chromium driven by Playwright
+//! (`tests/ui/ui_test.mjs`, `playwright-core` from npm) against a server loaded with known
+//! profiles. Screenshots go to `target/ui-screenshots/` (or `$KILN_UI_SCREENSHOTS`).
+
+use std::process::Command;
+
+use crate::common::*;
+
+const SERVICE: &str = "kiln-ui-demo";
+const BIG_SERVICE: &str = "kiln-ui-big";
+
+/// Folded stacks at a time `minutes_ago` in the past, 100 Hz (one sample = 10 ms).
+fn push_folded(server: &TestServer, service: &str, minutes_ago: i64, body: &str) {
+    let now = kiln_ingest::parse::now_nanos() / 1_000_000_000;
+    let from = now - minutes_ago * 60;
+    let (status, text) = server.post(
+        &format!(
+            "/ingest?name={service}.cpu&format=folded&sampleRate=100&from={from}&until={}",
+            from + 10
+        ),
+        body.as_bytes(),
+    );
+    assert_eq!(status, 200, "{text}");
+}
+
+#[test]
+fn the_ui_explores_searches_selects_compares_and_restores_a_shared_view() {
+    let ui_dir = workspace_root().join("tests/ui");
+    let has_browser = std::path::Path::new("/usr/bin/chromium").exists()
+        || std::env::var_os("KILN_CHROMIUM").is_some();
+    if !ui_dir.join("node_modules/playwright-core").is_dir() || !has_browser {
+        eprintln!("skipped: playwright-core (npm, tests/ui) or Debian's chromium is not installed (scripts/test.sh installs both)");
+        return;
+    }
+    let server = TestServer::start();
+    // First half hour: the hot function and a cold one; last ten minutes: the hot function
+    // and a new one, so the halves differ and a drag over the second half changes totals.
+    push_folded(
+        &server,
+        SERVICE,
+        50,
+        "main;kiln_ui_hot;leaf 600\nmain;kiln_ui_cold 100\n",
+    );
+    push_folded(
+        &server,
+        SERVICE,
+        10,
+        "main;kiln_ui_hot;leaf 300\nmain;kiln_ui_new 200\n",
+    );
+    // Another service, so picking one matters.
+    push_folded(&server, "kiln-ui-other", 20, "other;work 50\n");
+    // 50,000 distinct stacks (four uploads under the 16,000-sample limit each).
+    for part in 0..4 {
+        let mut body = String::new();
+        for i in part * 12_500..(part + 1) * 12_500 {
+            body.push_str(&format!(
+                "main;pkg{}.dispatch;pkg{}.handler{};leaf{i} {}\n",
+                i % 50,
+                i % 50,
+                i % 500,
+                1 + i % 7
+            ));
+        }
+        push_folded(&server, BIG_SERVICE, 5, &body);
+    }
+
+    let shots = std::env::var_os("KILN_UI_SCREENSHOTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/ui-screenshots"));
+    std::fs::create_dir_all(&shots).expect("screenshot directory");
+    let output = Command::new("node")
+        .current_dir(&ui_dir)
+        .arg("ui_test.mjs")
+        .arg(&server.url)
+        .arg(&shots)
+        .args([SERVICE, "kiln_ui_hot", BIG_SERVICE])
+        .output()
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results: serde_json::Value = serde_json::from_str(stdout.trim()).expect("JSON results");
+    println!("{results:#}");
+    assert_eq!(results["errors"], serde_json::json!([]), "{results:#}");
+
+    // 1. The service is picked; timeline and flame graph drawn; the hottest function leads.
+    let opened = &results["opened"];
+    assert_eq!(opened["service"], SERVICE);
+    assert_eq!(
+        opened["type"],
+        "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+    );
+    assert!(opened["timelinePoints"].as_i64() >= Some(2), "{opened}");
+    // 1,200 samples of 10 ms
+    assert_eq!(opened["flameTotal"].as_f64(), Some(12e9), "{opened}");
+    assert!(opened["flameRendered"].as_i64() >= Some(5), "{opened}");
+    let top: Vec<&str> = opened["tableTop"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert_eq!(top.first(), Some(&"leaf"), "{top:?}"); // self time: leaf 900 samples
+    assert!(top.contains(&"kiln_ui_hot"), "{top:?}");
+
+    // 2. Search: the hot function's share, 900 of 1,200 samples.
+    let searched = &results["searched"];
+    let text = searched["searchResult"].as_str().unwrap_or_default();
+    assert!(text.contains("75.00 %"), "{text}");
+
+    // 3. Dragging over the second half leaves only the last ten minutes' samples.
+    let dragged = &results["dragged"];
+    assert_eq!(dragged["flameTotal"].as_f64(), Some(5e9), "{dragged}");
+    assert_ne!(dragged["from"], opened["from"]);
+
+    // 4. Compare: the diff holds both halves (1,200 samples) and names the new and the
+    // cold functions among its rows.
+    let compared = &results["compared"];
+    assert_eq!(compared["compare"], true);
+    assert_eq!(compared["flameTotal"].as_f64(), Some(12e9), "{compared}");
+    let rows: Vec<&str> = compared["tableTop"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(
+        rows.contains(&"kiln_ui_new") && rows.contains(&"kiln_ui_cold"),
+        "{rows:?}"
+    );
+    assert!(results["compareUrl"]
+        .as_str()
+        .unwrap_or("")
+        .contains("mode=compare"));
+
+    // 5. The shared URL restores the view: service, type, range, search and totals.
+    let (before, shared) = (&results["beforeShare"], &results["shared"]);
+    for key in [
+        "service",
+        "type",
+        "search",
+        "from",
+        "until",
+        "flameTotal",
+        "searchResult",
+    ] {
+        assert_eq!(before[key], shared[key], "{key}: {before} vs {shared}");
+    }
+
+    // Callers and callees of the hot function: 9 s each way; callers kiln_ui_hot <- main
+    // <- total (3 levels), callees kiln_ui_hot -> leaf (2 levels).
+    assert_eq!(
+        results["sandwich"], "9000000000:9000000000:3:2",
+        "{results:#}"
+    );
+
+    // Single profiles: the point 50 minutes ago holds one profile, of 700 samples.
+    let listed = results["profilesListed"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(listed.len(), 1, "{results:#}");
+    assert_eq!(
+        results["single"]["flameTotal"].as_f64(),
+        Some(7e9),
+        "{results:#}"
+    );
+
+    // Exports: gzip pprof from the server, SVG built in the page.
+    assert_eq!(results["pprofExport"]["status"], 200);
+    assert_eq!(results["pprofExport"]["gzip"], true);
+    assert_eq!(results["svgExport"], "flamegraph.svg");
+
+    // The 50,000-node flame graph rendered, with its times reported.
+    let big = &results["big"];
+    assert!(big["nodes"].as_i64() >= Some(50_000), "{big}");
+    println!(
+        "50k-node flame graph: {} nodes, first meaningful render {} ms after navigation, \
+         flame graph built and drawn in {} ms (draw alone {} ms, zoomed re-draw {} ms)",
+        big["nodes"], big["navigationToReadyMs"], big["setDataMs"], big["renderMs"], big["zoomMs"]
+    );
+}
+
+#[test]
+fn the_ui_is_served_by_the_binary() {
+    let server = TestServer::start();
+    let (status, page) = server.get("/");
+    assert_eq!(status, 200);
+    assert!(page.contains("<title>Kiln</title>"));
+    for asset in [
+        "/ui/app.js",
+        "/ui/flamegraph.js",
+        "/ui/style.css",
+        "/ui/vendor/uPlot.iife.min.js",
+    ] {
+        let (status, body) = server.get(asset);
+        assert_eq!(status, 200, "{asset}");
+        assert!(!body.is_empty());
+    }
+    assert_eq!(server.get("/ui/nope.js").0, 404);
+}

@@ -1,0 +1,159 @@
+// Drives Kiln's web UI in Debian's Chromium (playwright-core, no bundled browser) and
+// prints what it saw as JSON; crates/kiln/tests/integration/ui.rs asserts on it.
+//
+// Usage: node ui_test.mjs SERVER_URL SCREENSHOT_DIR SERVICE HOT_FUNCTION BIG_SERVICE
+
+import { chromium } from 'playwright-core';
+
+const [url, shots, service, hot, bigService] = process.argv.slice(2);
+const browser = await chromium.launch({
+  executablePath: process.env.KILN_CHROMIUM || '/usr/bin/chromium',
+  args: ['--no-sandbox', '--disable-gpu'],
+});
+const results = {};
+const errors = [];
+
+async function ready(page, after = 0) {
+  await page.waitForFunction((n) => Number(document.body.dataset.ready || 0) > n, after, { timeout: 20000 });
+  return Number(await page.evaluate(() => document.body.dataset.ready));
+}
+
+async function observe(page) {
+  return page.evaluate(() => ({
+    service: document.getElementById('service').value,
+    type: document.getElementById('type').value,
+    search: document.getElementById('search').value,
+    from: document.getElementById('from').value,
+    until: document.getElementById('until').value,
+    status: document.getElementById('status').textContent,
+    statusClass: document.getElementById('status').className,
+    timelinePoints: Number(document.getElementById('timeline').dataset.points || 0),
+    timelineTotal: Number(document.getElementById('timeline').dataset.total || 0),
+    flameRendered: Number(document.getElementById('flamegraph').dataset.rendered || 0),
+    flameTotal: Number(document.body.dataset.flameTotal || 0),
+    tableTop: [...document.querySelectorAll('#top tbody tr td.name')].slice(0, 10).map((td) => td.textContent),
+    searchResult: document.getElementById('search-result').textContent,
+    compare: !document.getElementById('compare-section').hidden,
+    breadcrumbs: [...document.querySelectorAll('#breadcrumbs button')].map((b) => b.textContent),
+  }));
+}
+
+try {
+  const page = await browser.newPage({ viewport: { width: 1440, height: 900 } });
+  page.on('pageerror', (error) => errors.push(`page error: ${error.message}`));
+  page.on('console', (message) => { if (message.type() === 'error') errors.push(`console: ${message.text()}`); });
+
+  // 1. Open the UI, pick the service: timeline, flame graph, top table.
+  await page.goto(`${url}/`);
+  let generation = await ready(page);
+  await page.selectOption('#service', service);
+  generation = await ready(page, generation);
+  results.opened = await observe(page);
+  results.firstMeaningfulRenderMs = await page.evaluate(() => performance.now());
+  await page.screenshot({ path: `${shots}/1-explore.png`, fullPage: true });
+
+  // 2. Search a function: highlighted, with its share.
+  await page.fill('#search', hot);
+  await page.waitForFunction(() => document.getElementById('search-result').textContent !== '');
+  results.searched = await observe(page);
+  await page.screenshot({ path: `${shots}/2-search.png`, fullPage: true });
+
+  // 3. Drag over the timeline's right half: the range and the totals change.
+  const box = await page.locator('#timeline .u-over').boundingBox();
+  await page.mouse.move(box.x + box.width * 0.55, box.y + box.height / 2);
+  await page.mouse.down();
+  await page.mouse.move(box.x + box.width * 0.99, box.y + box.height / 2, { steps: 8 });
+  await page.mouse.up();
+  generation = await ready(page, generation);
+  results.dragged = await observe(page);
+  await page.screenshot({ path: `${shots}/3-drag.png`, fullPage: true });
+
+  // 4. Compare: back to the whole hour, then first half against second half.
+  await page.click('[data-range="1h"]');
+  generation = await ready(page, generation);
+  await page.click('#compare-toggle');
+  generation = await ready(page, generation);
+  results.compared = await observe(page);
+  results.compareUrl = page.url();
+  await page.screenshot({ path: `${shots}/4-compare.png`, fullPage: true });
+  await page.click('#compare-toggle');
+  generation = await ready(page, generation);
+
+  // 5. A shared URL restores the same view in a new page.
+  await page.fill('#search', hot);
+  await page.click('#share');
+  await page.waitForFunction(() => document.getElementById('share').dataset.url);
+  const shared = await page.evaluate(() => document.getElementById('share').dataset.url);
+  results.beforeShare = await observe(page);
+  const other = await browser.newPage({ viewport: { width: 1440, height: 900 } });
+  other.on('pageerror', (error) => errors.push(`page error: ${error.message}`));
+  await other.goto(shared);
+  await ready(other);
+  results.shared = await observe(other);
+  results.sharedUrl = shared;
+  await other.screenshot({ path: `${shots}/5-shared.png`, fullPage: true });
+
+  // Callers and callees of the hot function.
+  const sandwichPage = await browser.newPage({ viewport: { width: 1440, height: 900 } });
+  sandwichPage.on('pageerror', (error) => errors.push(`page error: ${error.message}`));
+  await sandwichPage.goto(`${url}/?service=${encodeURIComponent(service)}&view=sandwich&fn=${encodeURIComponent(hot)}`);
+  await ready(sandwichPage);
+  results.sandwich = await sandwichPage.evaluate(() => document.body.dataset.sandwich);
+  await sandwichPage.screenshot({ path: `${shots}/7-sandwich.png`, fullPage: true });
+
+  // Single profiles: click the timeline at the first upload (50 of 60 minutes ago), list
+  // the profiles behind that point, open the one there.
+  const singlePage = await browser.newPage({ viewport: { width: 1440, height: 900 } });
+  singlePage.on('pageerror', (error) => errors.push(`page error: ${error.message}`));
+  await singlePage.goto(`${url}/?service=${encodeURIComponent(service)}`);
+  let singleGeneration = await ready(singlePage);
+  const over = await singlePage.locator('#timeline .u-over').boundingBox();
+  await singlePage.mouse.click(over.x + over.width * (10 / 60), over.y + over.height / 2);
+  await singlePage.waitForFunction(() => !document.getElementById('profiles-section').hidden);
+  results.profilesListed = await singlePage.$$eval('#profiles button', (buttons) => buttons.map((b) => b.textContent));
+  if (results.profilesListed.length) {
+    await singlePage.click('#profiles button');
+    singleGeneration = await ready(singlePage, singleGeneration);
+    results.single = await observe(singlePage);
+  }
+  // Export: the pprof link downloads the selection as gzip pprof.
+  results.pprofExport = await singlePage.evaluate(async () => {
+    const response = await fetch(document.getElementById('export-pprof').href);
+    const bytes = new Uint8Array(await response.arrayBuffer());
+    return { status: response.status, bytes: bytes.length, gzip: bytes[0] === 0x1f && bytes[1] === 0x8b };
+  });
+  const [svgDownload] = await Promise.all([singlePage.waitForEvent('download'), singlePage.click('#export-svg')]);
+  results.svgExport = (await svgDownload.path()) ? svgDownload.suggestedFilename() : '';
+  await singlePage.screenshot({ path: `${shots}/8-single.png`, fullPage: true });
+
+  // A 50,000-node flame graph: time to the first meaningful render, and to render it.
+  const big = await browser.newPage({ viewport: { width: 1440, height: 900 } });
+  big.on('pageerror', (error) => errors.push(`page error: ${error.message}`));
+  const started = Date.now();
+  await big.goto(`${url}/?service=${encodeURIComponent(bigService)}`);
+  await ready(big);
+  results.big = {
+    loadToRenderMs: Date.now() - started,
+    ...(await big.evaluate(() => ({
+      nodes: Number(document.body.dataset.flameNodes || 0),
+      setDataMs: Number(document.body.dataset.flameMillis || 0),
+      renderMs: Number(document.getElementById('flamegraph').dataset.renderMillis || 0),
+      drawn: Number(document.getElementById('flamegraph').dataset.rendered || 0),
+      navigationToReadyMs: performance.now(),
+    }))),
+  };
+  // Re-render after a zoom and a search, as a user would, and time each.
+  results.big.zoomMs = await big.evaluate(async () => {
+    const canvas = document.getElementById('flamegraph');
+    const box = canvas.getBoundingClientRect();
+    canvas.dispatchEvent(new MouseEvent('click', { clientX: box.left + 5, clientY: box.top + 18 * 2 + 5, bubbles: true }));
+    return Number(canvas.dataset.renderMillis);
+  });
+  await big.screenshot({ path: `${shots}/6-big.png` });
+} catch (error) {
+  errors.push(`${error.stack || error}`);
+} finally {
+  await browser.close();
+}
+results.errors = errors;
+console.log(JSON.stringify(results));
