@@ -93,6 +93,25 @@ try {
   results.sharedUrl = shared;
   await other.screenshot({ path: `${shots}/5-shared.png`, fullPage: true });
 
+  // Focus on a function: zoom into the hot function, then query its call path alone.
+  const focusPage = await browser.newPage({ viewport: { width: 1440, height: 900 } });
+  focusPage.on('pageerror', (error) => errors.push(`page error: ${error.message}`));
+  await focusPage.goto(`${url}/?service=${encodeURIComponent(service)}&view=flame`);
+  let focusGeneration = await ready(focusPage);
+  const canvas = await focusPage.locator('#flamegraph').boundingBox();
+  await focusPage.mouse.click(canvas.x + canvas.width * 0.5, canvas.y + 18 * 2 + 9);
+  results.zoomed = await observe(focusPage);
+  await focusPage.click('#focus-full');
+  focusGeneration = await ready(focusPage, focusGeneration);
+  results.focused = await observe(focusPage);
+  results.focusedUrl = focusPage.url();
+  await focusPage.screenshot({ path: `${shots}/9-focus.png`, fullPage: true });
+
+  // Split by a label: one timeline series per value.
+  await focusPage.goto(`${url}/?service=${encodeURIComponent(service)}&split=env`);
+  await ready(focusPage);
+  results.split = await focusPage.evaluate(() => [...document.querySelectorAll('.u-legend .u-series th')].map((th) => th.textContent.trim()));
+
   // Callers and callees of the hot function.
   const sandwichPage = await browser.newPage({ viewport: { width: 1440, height: 900 } });
   sandwichPage.on('pageerror', (error) => errors.push(`page error: ${error.message}`));

@@ -11,7 +11,7 @@ const MAX_NODES = 65536;
 
 const DEFAULTS = { service: '', type: '', labels: '', from: 'now-1h', until: 'now', split: '',
   search: '', view: 'both', focus: '', mode: '', lfrom: '', luntil: '', rfrom: '', runtil: '',
-  fn: '', profile: '' };
+  fn: '', profile: '', callsite: '' };
 const state = { ...DEFAULTS };
 
 function readUrl() {
@@ -224,6 +224,8 @@ const flame = new FlameGraph($('flamegraph'), $('tooltip'), { onZoom: (path) => 
 } });
 
 function renderBreadcrumbs(path) {
+  $('focus-full').hidden = path.length < 2;
+  $('focus-clear').hidden = !state.callsite;
   const nav = $('breadcrumbs');
   nav.replaceChildren(...path.map((node) => {
     const button = document.createElement('button');
@@ -298,6 +300,13 @@ function showSearchResult(result) {
 function mergeRequest(start, end) {
   const request = { profileTypeID: state.type, labelSelector: selector(), start: String(start), end: String(end), maxNodes: String(MAX_NODES) };
   if (state.profile) request.profileIdSelector = [state.profile];
+  // "Focus on this function": only the stacks through this call path, queried whole
+  // rather than cut to the largest nodes of the full graph.
+  if (state.callsite) {
+    try {
+      request.stackTraceSelector = { callSite: JSON.parse(state.callsite).map((name) => ({ name })) };
+    } catch { state.callsite = ''; }
+  }
   return request;
 }
 
@@ -471,6 +480,12 @@ function bind() {
   });
   $('view').addEventListener('change', () => { state.view = $('view').value; syncControls(); writeUrl(true); flame.render(); renderSandwich(); });
   $('profiles-close').addEventListener('click', () => { $('profiles-section').hidden = true; });
+  $('focus-full').addEventListener('click', change(() => {
+    const path = flame.path().slice(1).map((node) => node.name);
+    state.callsite = JSON.stringify(path);
+    state.focus = path[path.length - 1] || '';
+  }));
+  $('focus-clear').addEventListener('click', change(() => { state.callsite = ''; }));
   $('single-close').addEventListener('click', () => { state.profile = ''; writeUrl(); refresh(); });
   const download = (name, blob) => {
     const link = document.createElement('a');

@@ -9,13 +9,14 @@ use crate::common::*;
 const SERVICE: &str = "kiln-ui-demo";
 const BIG_SERVICE: &str = "kiln-ui-big";
 
-/// Folded stacks at a time `minutes_ago` in the past, 100 Hz (one sample = 10 ms).
-fn push_folded(server: &TestServer, service: &str, minutes_ago: i64, body: &str) {
+/// Folded stacks with these tags at a time `minutes_ago` in the past, 100 Hz (one sample
+/// = 10 ms).
+fn push_folded(server: &TestServer, service: &str, tags: &str, minutes_ago: i64, body: &str) {
     let now = kiln_ingest::parse::now_nanos() / 1_000_000_000;
     let from = now - minutes_ago * 60;
     let (status, text) = server.post(
         &format!(
-            "/ingest?name={service}.cpu&format=folded&sampleRate=100&from={from}&until={}",
+            "/ingest?name={service}.cpu{{{tags}}}&format=folded&sampleRate=100&from={from}&until={}",
             from + 10
         ),
         body.as_bytes(),
@@ -38,17 +39,19 @@ fn the_ui_explores_searches_selects_compares_and_restores_a_shared_view() {
     push_folded(
         &server,
         SERVICE,
+        "env=prod",
         50,
         "main;kiln_ui_hot;leaf 600\nmain;kiln_ui_cold 100\n",
     );
     push_folded(
         &server,
         SERVICE,
+        "env=staging",
         10,
         "main;kiln_ui_hot;leaf 300\nmain;kiln_ui_new 200\n",
     );
     // Another service, so picking one matters.
-    push_folded(&server, "kiln-ui-other", 20, "other;work 50\n");
+    push_folded(&server, "kiln-ui-other", "", 20, "other;work 50\n");
     // 50,000 distinct stacks (four uploads under the 16,000-sample limit each).
     for part in 0..4 {
         let mut body = String::new();
@@ -61,7 +64,7 @@ fn the_ui_explores_searches_selects_compares_and_restores_a_shared_view() {
                 1 + i % 7
             ));
         }
-        push_folded(&server, BIG_SERVICE, 5, &body);
+        push_folded(&server, BIG_SERVICE, "", 5, &body);
     }
 
     let shots = std::env::var_os("KILN_UI_SCREENSHOTS")
@@ -149,6 +152,33 @@ fn the_ui_explores_searches_selects_compares_and_restores_a_shared_view() {
     ] {
         assert_eq!(before[key], shared[key], "{key}: {before} vs {shared}");
     }
+
+    // Focus: zoomed into the hot function, then its call path queried alone (9 s).
+    let zoomed = &results["zoomed"]["breadcrumbs"];
+    assert_eq!(
+        zoomed,
+        &serde_json::json!(["total", "main", "kiln_ui_hot"]),
+        "{results:#}"
+    );
+    assert_eq!(
+        results["focused"]["flameTotal"].as_f64(),
+        Some(9e9),
+        "{results:#}"
+    );
+    assert!(results["focusedUrl"]
+        .as_str()
+        .unwrap_or("")
+        .contains("callsite="));
+
+    // Split by env: one timeline series per value.
+    let split: Vec<&str> = results["split"]
+        .as_array()
+        .map(|names| names.iter().filter_map(|n| n.as_str()).collect())
+        .unwrap_or_default();
+    assert!(
+        split.contains(&"prod") && split.contains(&"staging"),
+        "{split:?}"
+    );
 
     // Callers and callees of the hot function: 9 s each way; callers kiln_ui_hot <- main
     // <- total (3 levels), callees kiln_ui_hot -> leaf (2 levels).
