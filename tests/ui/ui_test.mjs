@@ -107,6 +107,13 @@ try {
   results.focusedUrl = focusPage.url();
   await focusPage.screenshot({ path: `${shots}/9-focus.png`, fullPage: true });
 
+  // Label autocomplete: names first, then the values of the typed name.
+  await focusPage.fill('#labels', 'en');
+  await focusPage.waitForFunction(() => [...document.querySelectorAll('#label-suggestions option')].some((o) => o.value === 'env="'));
+  await focusPage.fill('#labels', 'env=');
+  await focusPage.waitForFunction(() => [...document.querySelectorAll('#label-suggestions option')].some((o) => o.value.startsWith('env="p')));
+  results.suggestions = await focusPage.$$eval('#label-suggestions option', (options) => options.map((o) => o.value));
+
   // Split by a label: one timeline series per value.
   await focusPage.goto(`${url}/?service=${encodeURIComponent(service)}&split=env`);
   await ready(focusPage);

@@ -141,9 +141,9 @@ async function suggestLabels() {
   try {
     if (valuePart) {
       const values = await call('LabelValues', { name: valuePart[1], matchers: [selector('')], start: String(start), end: String(end) });
-      const prefix = text.slice(0, text.length - valuePart[3].length - (text.endsWith('"') ? 0 : 0));
-      const head = prefix.endsWith('"') ? prefix : `${prefix}"`;
-      suggestions = (values.names || []).map((value) => `${head.replace(/"?$/, '"')}${value}"`);
+      // The text up to the operator, then each value quoted.
+      const head = text.slice(0, text.length - valuePart[3].length).replace(/"?$/, '"');
+      suggestions = (values.names || []).map((value) => `${head}${value}"`);
     } else {
       const names = await call('LabelNames', { matchers: [selector('')], start: String(start), end: String(end) });
       const head = text.replace(/[a-zA-Z_][\w.]*$/, '');

@@ -97,7 +97,6 @@ export class FlameGraph {
           right[i] = values[at + 4];
           rightSelf[i] = values[at + 5];
           name[i] = values[at + 6];
-          // the left side's total is total - right
         } else {
           cursor += values[at];
           x[i] = cursor;

@@ -170,6 +170,13 @@ fn the_ui_explores_searches_selects_compares_and_restores_a_shared_view() {
         .unwrap_or("")
         .contains("callsite="));
 
+    // Label values are suggested once a name and an operator are typed.
+    assert_eq!(
+        results["suggestions"],
+        serde_json::json!(["env=\"prod\"", "env=\"staging\""]),
+        "{results:#}"
+    );
+
     // Split by env: one timeline series per value.
     let split: Vec<&str> = results["split"]
         .as_array()
