@@ -114,6 +114,40 @@ try {
   await focusPage.waitForFunction(() => [...document.querySelectorAll('#label-suggestions option')].some((o) => o.value.startsWith('env="p')));
   results.suggestions = await focusPage.$$eval('#label-suggestions option', (options) => options.map((o) => o.value));
 
+  // Compare two label selections over the same range: prod against staging.
+  await focusPage.goto(`${url}/?service=${encodeURIComponent(service)}`);
+  let labelGeneration = await ready(focusPage);
+  await focusPage.click('#compare-toggle');
+  labelGeneration = await ready(focusPage, labelGeneration);
+  await focusPage.fill('#left-from', await focusPage.inputValue('#from'));
+  await focusPage.dispatchEvent('#left-from', 'change');
+  labelGeneration = await ready(focusPage, labelGeneration);
+  await focusPage.fill('#right-from', await focusPage.inputValue('#from'));
+  await focusPage.dispatchEvent('#right-from', 'change');
+  labelGeneration = await ready(focusPage, labelGeneration);
+  await focusPage.fill('#left-labels', 'env="prod"');
+  await focusPage.dispatchEvent('#left-labels', 'change');
+  labelGeneration = await ready(focusPage, labelGeneration);
+  await focusPage.fill('#right-labels', 'env="staging"');
+  await focusPage.dispatchEvent('#right-labels', 'change');
+  labelGeneration = await ready(focusPage, labelGeneration);
+  results.labelCompare = await observe(focusPage);
+  results.labelCompareSides = await focusPage.evaluate(() => document.body.dataset.diffSides);
+  await focusPage.screenshot({ path: `${shots}/10-compare-labels.png`, fullPage: true });
+
+  // An API error is shown, not swallowed: a selector that does not parse.
+  await focusPage.goto(`${url}/?service=${encodeURIComponent(service)}&labels=${encodeURIComponent('env=~"("')}`);
+  await ready(focusPage);
+  results.errorState = await observe(focusPage);
+
+  // The dark theme follows the system setting.
+  await focusPage.emulateMedia({ colorScheme: 'dark' });
+  await focusPage.goto(`${url}/?service=${encodeURIComponent(service)}`);
+  await ready(focusPage);
+  results.darkBackground = await focusPage.evaluate(() => getComputedStyle(document.body).backgroundColor);
+  await focusPage.screenshot({ path: `${shots}/11-dark.png`, fullPage: true });
+  await focusPage.emulateMedia({ colorScheme: 'light' });
+
   // Split by a label: one timeline series per value.
   await focusPage.goto(`${url}/?service=${encodeURIComponent(service)}&split=env`);
   await ready(focusPage);

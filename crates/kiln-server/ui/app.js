@@ -11,7 +11,7 @@ const MAX_NODES = 65536;
 
 const DEFAULTS = { service: '', type: '', labels: '', from: 'now-1h', until: 'now', split: '',
   search: '', view: 'both', focus: '', mode: '', lfrom: '', luntil: '', rfrom: '', runtil: '',
-  fn: '', profile: '', callsite: '' };
+  fn: '', profile: '', callsite: '', lsel: '', rsel: '' };
 const state = { ...DEFAULTS };
 
 function readUrl() {
@@ -297,8 +297,8 @@ function showSearchResult(result) {
 
 // ---- queries ----
 
-function mergeRequest(start, end) {
-  const request = { profileTypeID: state.type, labelSelector: selector(), start: String(start), end: String(end), maxNodes: String(MAX_NODES) };
+function mergeRequest(start, end, labels = state.labels) {
+  const request = { profileTypeID: state.type, labelSelector: selector(labels), start: String(start), end: String(end), maxNodes: String(MAX_NODES) };
   if (state.profile) request.profileIdSelector = [state.profile];
   // "Focus on this function": only the stacks through this call path, queried whole
   // rather than cut to the largest nodes of the full graph.
@@ -373,7 +373,10 @@ async function refresh() {
       groupBy: state.split ? [state.split] : [],
     });
     const graphRequest = compare
-      ? call('Diff', { left: mergeRequest(toMillis(state.lfrom), toMillis(state.luntil)), right: mergeRequest(toMillis(state.rfrom), toMillis(state.runtil)) })
+      ? call('Diff', {
+        left: mergeRequest(toMillis(state.lfrom), toMillis(state.luntil), state.lsel || state.labels),
+        right: mergeRequest(toMillis(state.rfrom), toMillis(state.runtil), state.rsel || state.labels),
+      })
       : call('SelectMergeStacktraces', mergeRequest(start, end));
     const [series, graph] = await Promise.all([seriesRequest, graphRequest]);
     if (mine !== generation) return;
@@ -384,6 +387,7 @@ async function refresh() {
     document.body.dataset.flameMillis = (performance.now() - started).toFixed(1);
     document.body.dataset.flameTotal = String(flame.total);
     document.body.dataset.flameNodes = String(flame.nodeCount);
+    document.body.dataset.diffSides = compare ? `${flame.leftTotal}:${flame.rightTotal}` : '';
     tableRows = compare ? diffRows() : flame.functions();
     renderTable();
     renderSandwich();
@@ -449,6 +453,8 @@ function syncControls() {
     $('left-until').value = toLocalInput(toMillis(state.luntil));
     $('right-from').value = toLocalInput(toMillis(state.rfrom));
     $('right-until').value = toLocalInput(toMillis(state.runtil));
+    $('left-labels').value = state.lsel;
+    $('right-labels').value = state.rsel;
   }
 }
 
@@ -513,6 +519,8 @@ function bind() {
     if (!state.lfrom) halves();
   }));
   $('compare-halves').addEventListener('click', change(halves));
+  $('left-labels').addEventListener('change', change(() => { state.lsel = $('left-labels').value; }));
+  $('right-labels').addEventListener('change', change(() => { state.rsel = $('right-labels').value; }));
   for (const [id, key] of [['left-from', 'lfrom'], ['left-until', 'luntil'], ['right-from', 'rfrom'], ['right-until', 'runtil']]) {
     $(id).addEventListener('change', change(() => { state[key] = fromLocalInput($(id).value) || state[key]; }));
   }

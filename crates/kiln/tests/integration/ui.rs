@@ -170,6 +170,33 @@ fn the_ui_explores_searches_selects_compares_and_restores_a_shared_view() {
         .unwrap_or("")
         .contains("callsite="));
 
+    // Two label selections over the same hour: prod (7 s) against staging (5 s).
+    assert_eq!(
+        results["labelCompareSides"], "7000000000:5000000000",
+        "{results:#}"
+    );
+    let rows: Vec<&str> = results["labelCompare"]["tableTop"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(
+        rows.contains(&"kiln_ui_new") && rows.contains(&"kiln_ui_cold"),
+        "{rows:?}"
+    );
+
+    // A bad selector: the server's message on screen, marked as an error.
+    let error = &results["errorState"];
+    assert_eq!(error["statusClass"], "error", "{error}");
+    assert!(
+        error["status"].as_str().unwrap_or("").contains("HTTP 400"),
+        "{error}"
+    );
+
+    // The dark theme follows the system setting.
+    assert_eq!(results["darkBackground"], "rgb(21, 21, 21)");
+
     // Label values are suggested once a name and an operator are typed.
     assert_eq!(
         results["suggestions"],
