@@ -24,6 +24,14 @@ fn push_folded(server: &TestServer, service: &str, tags: &str, minutes_ago: i64,
     assert_eq!(status, 200, "{text}");
 }
 
+/// The strings of a JSON array (empty when it is not one).
+fn strings(value: &serde_json::Value) -> Vec<&str> {
+    value
+        .as_array()
+        .map(|items| items.iter().filter_map(|item| item.as_str()).collect())
+        .unwrap_or_default()
+}
+
 #[test]
 fn the_ui_explores_searches_selects_compares_and_restores_a_shared_view() {
     let ui_dir = workspace_root().join("tests/ui");
@@ -100,12 +108,7 @@ fn the_ui_explores_searches_selects_compares_and_restores_a_shared_view() {
     // 1,200 samples of 10 ms
     assert_eq!(opened["flameTotal"].as_f64(), Some(12e9), "{opened}");
     assert!(opened["flameRendered"].as_i64() >= Some(5), "{opened}");
-    let top: Vec<&str> = opened["tableTop"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|v| v.as_str())
-        .collect();
+    let top = strings(&opened["tableTop"]);
     assert_eq!(top.first(), Some(&"leaf"), "{top:?}"); // self time: leaf 900 samples
     assert!(top.contains(&"kiln_ui_hot"), "{top:?}");
 
@@ -124,12 +127,7 @@ fn the_ui_explores_searches_selects_compares_and_restores_a_shared_view() {
     let compared = &results["compared"];
     assert_eq!(compared["compare"], true);
     assert_eq!(compared["flameTotal"].as_f64(), Some(12e9), "{compared}");
-    let rows: Vec<&str> = compared["tableTop"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|v| v.as_str())
-        .collect();
+    let rows = strings(&compared["tableTop"]);
     assert!(
         rows.contains(&"kiln_ui_new") && rows.contains(&"kiln_ui_cold"),
         "{rows:?}"
@@ -175,12 +173,7 @@ fn the_ui_explores_searches_selects_compares_and_restores_a_shared_view() {
         results["labelCompareSides"], "7000000000:5000000000",
         "{results:#}"
     );
-    let rows: Vec<&str> = results["labelCompare"]["tableTop"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|v| v.as_str())
-        .collect();
+    let rows = strings(&results["labelCompare"]["tableTop"]);
     assert!(
         rows.contains(&"kiln_ui_new") && rows.contains(&"kiln_ui_cold"),
         "{rows:?}"
@@ -205,10 +198,7 @@ fn the_ui_explores_searches_selects_compares_and_restores_a_shared_view() {
     );
 
     // Split by env: one timeline series per value.
-    let split: Vec<&str> = results["split"]
-        .as_array()
-        .map(|names| names.iter().filter_map(|n| n.as_str()).collect())
-        .unwrap_or_default();
+    let split = strings(&results["split"]);
     assert!(
         split.contains(&"prod") && split.contains(&"staging"),
         "{split:?}"
