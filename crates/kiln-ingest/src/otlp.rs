@@ -637,7 +637,7 @@ struct PprofBuilder<'a> {
     dictionary: &'a ProfilesDictionary,
     profile: Profile,
     strings: HashMap<i32, i64>,
-    text_strings: HashMap<String, i64>,
+    text_strings: pprof::StringInterner,
     mappings: HashMap<i32, u64>,
     functions: HashMap<i32, u64>,
     locations: HashMap<i32, u64>,
@@ -649,7 +649,7 @@ impl<'a> PprofBuilder<'a> {
             dictionary,
             profile: Profile::default(),
             strings: HashMap::new(),
-            text_strings: HashMap::new(),
+            text_strings: Default::default(),
             mappings: HashMap::new(),
             functions: HashMap::new(),
             locations: HashMap::new(),
@@ -660,13 +660,8 @@ impl<'a> PprofBuilder<'a> {
 
     /// A pprof string index for text that may not be in the dictionary.
     fn text(&mut self, value: &str) -> i64 {
-        if let Some(index) = self.text_strings.get(value) {
-            return *index;
-        }
-        let index = self.profile.string_table.len() as i64;
-        self.profile.string_table.push(value.as_bytes());
-        self.text_strings.insert(value.to_string(), index);
-        index
+        self.text_strings
+            .intern(&mut self.profile.string_table, value)
     }
 
     fn string(&mut self, index: i32) -> Result<i64, IngestError> {

@@ -267,16 +267,9 @@ fn label_too_long(name: &[u8]) -> IngestError {
 /// Builds a pprof from folded stacks: one function and one location per distinct frame.
 pub fn folded_to_pprof(stacks: &[FoldedStack], profile_type: &ProfileType) -> Profile {
     let mut profile = Profile::default();
-    let mut strings: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
-    let mut intern = |profile: &mut Profile, value: &str| -> i64 {
-        if let Some(id) = strings.get(value) {
-            return *id;
-        }
-        let id = profile.string_table.len() as i64;
-        profile.string_table.push(value.as_bytes());
-        strings.insert(value.to_string(), id);
-        id
-    };
+    let mut strings = pprof::StringInterner::default();
+    let mut intern =
+        |profile: &mut Profile, value: &str| strings.intern(&mut profile.string_table, value);
     intern(&mut profile, "");
     let sample_type = ValueType {
         r#type: intern(&mut profile, &profile_type.sample_type),

@@ -4,7 +4,7 @@
 
 use foldhash::{HashMap, HashMapExt};
 
-use crate::pprof::{Function, Label, Line, Location, Mapping, Profile, ValueType};
+use crate::pprof::{Function, Label, Line, Location, Mapping, Profile, StringInterner, ValueType};
 
 /// One frame as a text format describes it. An empty `function` with a `module` and an
 /// `address` is an unsymbolized native frame, kept as such (shown as `module+0xaddress`).
@@ -22,7 +22,7 @@ type SampleKey = (Vec<u64>, Vec<(i64, i64)>);
 
 pub struct ProfileBuilder {
     profile: Profile,
-    strings: HashMap<String, i64>,
+    strings: StringInterner,
     mappings: HashMap<i64, u64>,
     functions: HashMap<(i64, i64), u64>,
     locations: HashMap<(u64, u64, u64, i64), u64>,
@@ -39,7 +39,7 @@ impl ProfileBuilder {
     ) -> Self {
         let mut builder = ProfileBuilder {
             profile: Profile::default(),
-            strings: HashMap::new(),
+            strings: StringInterner::default(),
             mappings: HashMap::new(),
             functions: HashMap::new(),
             locations: HashMap::new(),
@@ -65,13 +65,7 @@ impl ProfileBuilder {
     }
 
     pub fn string(&mut self, value: &str) -> i64 {
-        if let Some(index) = self.strings.get(value) {
-            return *index;
-        }
-        let index = self.profile.string_table.len() as i64;
-        self.profile.string_table.push(value.as_bytes());
-        self.strings.insert(value.to_string(), index);
-        index
+        self.strings.intern(&mut self.profile.string_table, value)
     }
 
     fn mapping(&mut self, module: &str) -> u64 {

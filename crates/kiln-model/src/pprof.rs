@@ -485,6 +485,26 @@ impl StringTable {
     }
 }
 
+/// Writes strings into a [`StringTable`] once each: every writer of pprofs (the other
+/// formats, OTLP, merged exports) interns its names through one of these.
+#[derive(Debug, Default)]
+pub struct StringInterner {
+    ids: foldhash::HashMap<String, i64>,
+}
+
+impl StringInterner {
+    /// The index of `value` in `table`, appending it the first time.
+    pub fn intern(&mut self, table: &mut StringTable, value: &str) -> i64 {
+        if let Some(index) = self.ids.get(value) {
+            return *index;
+        }
+        let index = table.len() as i64;
+        table.push(value.as_bytes());
+        self.ids.insert(value.to_string(), index);
+        index
+    }
+}
+
 impl<T: AsRef<[u8]>> FromIterator<T> for StringTable {
     fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
         let mut table = StringTable::default();

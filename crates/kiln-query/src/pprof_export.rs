@@ -3,7 +3,7 @@
 
 use foldhash::HashMap;
 
-use kiln_model::pprof::{Function, Line, Location, Mapping, Profile, ValueType};
+use kiln_model::pprof::{Function, Line, Location, Mapping, Profile, StringInterner, ValueType};
 use kiln_model::ProfileType;
 
 use crate::select::DatasetSelection;
@@ -14,7 +14,7 @@ type LocationKey = (u64, u64, Vec<(u64, i64)>);
 #[derive(Default)]
 struct Writer {
     profile: Profile,
-    strings: HashMap<String, i64>,
+    strings: StringInterner,
     mappings: HashMap<(u64, u64, u64, i64, i64), u64>,
     functions: HashMap<(i64, i64, i64, i64), u64>,
     locations: HashMap<LocationKey, u64>,
@@ -23,13 +23,7 @@ struct Writer {
 
 impl Writer {
     fn string(&mut self, value: &str) -> i64 {
-        if let Some(id) = self.strings.get(value) {
-            return *id;
-        }
-        let id = self.profile.string_table.len() as i64;
-        self.profile.string_table.push(value.as_bytes());
-        self.strings.insert(value.to_string(), id);
-        id
+        self.strings.intern(&mut self.profile.string_table, value)
     }
 }
 
