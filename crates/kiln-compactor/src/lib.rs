@@ -30,7 +30,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kiln_metastore::{BlockMeta, DatasetMeta, LeaseKey, Metastore, MetastoreError};
-use kiln_storage::format::{decode_dataset, encode_block_as, BlockEncoding, Projection};
+use kiln_storage::format::{encode_block_as, BlockEncoding, Projection};
+use kiln_storage::ranged::{BlockTail, PartialBlock};
 use kiln_storage::{Dataset, DatasetBuilder, ObjectStorage, StorageError};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
@@ -206,6 +207,43 @@ pub struct Compactor {
     /// When the last orphan sweep listed the store (ms): listing every object is costly
     /// on S3, and orphans only age out once per `orphan_age_ms` anyway.
     last_sweep_ms: Arc<AtomicI64>,
+    /// Block tails (footers) already fetched, so that the jobs of the services sharing a
+    /// segment fetch its footer once between them (see [`kiln_storage::ranged`]).
+    tails: Arc<std::sync::Mutex<TailCache>>,
+}
+
+/// Memory for cached block tails; beyond it the oldest go (and are fetched again if needed).
+const TAIL_CACHE_BYTES: usize = 64 << 20;
+
+/// Block tails by object key, oldest evicted first, within [`TAIL_CACHE_BYTES`].
+#[derive(Default)]
+struct TailCache {
+    tails: HashMap<String, Arc<BlockTail>>,
+    order: std::collections::VecDeque<String>,
+    bytes: usize,
+}
+
+impl TailCache {
+    fn get(&self, key: &str) -> Option<Arc<BlockTail>> {
+        self.tails.get(key).cloned()
+    }
+
+    fn insert(&mut self, key: &str, tail: Arc<BlockTail>) {
+        if self.tails.contains_key(key) {
+            return;
+        }
+        self.bytes += tail.size_bytes();
+        self.tails.insert(key.to_string(), tail);
+        self.order.push_back(key.to_string());
+        while self.bytes > TAIL_CACHE_BYTES {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(tail) = self.tails.remove(&oldest) {
+                self.bytes -= tail.size_bytes();
+            }
+        }
+    }
 }
 
 /// Prefixes under which Kiln writes objects: the orphan sweep looks only there.
@@ -233,6 +271,7 @@ impl Compactor {
             owner: format!("compactor-{}", ulid::Ulid::new()),
             metrics: CompactorMetrics::default(),
             last_sweep_ms: Default::default(),
+            tails: Default::default(),
         }
     }
 
@@ -356,19 +395,41 @@ impl Compactor {
         }
     }
 
+    /// The tail of a block, from the cache or fetched (and counted as input).
+    async fn block_tail(&self, key: &str) -> Result<Arc<BlockTail>, CompactorError> {
+        if let Some(tail) = self.tails.lock().map_err(poisoned)?.get(key) {
+            return Ok(tail);
+        }
+        let (tail, fetched) = kiln_storage::ranged::read_tail(&self.storage, key).await?;
+        self.metrics.input_bytes.inc_by(fetched);
+        let tail = Arc::new(tail);
+        self.tails
+            .lock()
+            .map_err(poisoned)?
+            .insert(key, tail.clone());
+        Ok(tail)
+    }
+
     async fn merge_and_swap(&self, job: &Job) -> Result<(), CompactorError> {
-        let mut objects: HashMap<String, Bytes> = HashMap::new();
+        // Each input dataset is read by its own byte range: a segment holds many services'
+        // datasets, and this job needs only one of them.
+        let mut objects: Vec<PartialBlock> = Vec::with_capacity(job.inputs.len());
         for input in &job.inputs {
-            if !objects.contains_key(&input.object_key) {
-                let bytes = self.storage.get(&input.object_key).await?;
-                self.metrics.input_bytes.inc_by(bytes.len() as u64);
-                objects.insert(input.object_key.clone(), bytes);
-            }
+            let tail = self.block_tail(&input.object_key).await?;
+            let (partial, fetched) = kiln_storage::ranged::read_dataset_bytes(
+                &self.storage,
+                &input.object_key,
+                &tail,
+                input.row_group as usize,
+            )
+            .await?;
+            self.metrics.input_bytes.inc_by(fetched);
+            objects.push(partial);
         }
         let inputs = job.inputs.clone();
         let (tenant, service) = (job.key.tenant.clone(), job.key.service.clone());
         let (block, dataset_meta) = tokio::task::spawn_blocking(move || {
-            merge_datasets(&tenant, &service, &inputs, &objects)
+            merge_datasets(&tenant, &service, &inputs, objects)
         })
         .await
         .map_err(|err| CompactorError::Task(err.to_string()))??;
@@ -481,21 +542,27 @@ fn crash_point(point: &str) {
     }
 }
 
-/// Decodes the inputs and merges them into one dataset, encoded as a one-dataset block.
+fn poisoned<T>(_: std::sync::PoisonError<T>) -> CompactorError {
+    CompactorError::Task("the block tail cache lock was poisoned".into())
+}
+
+/// Decodes the inputs (each from the byte ranges fetched for it, in the same order) and
+/// merges them into one dataset, encoded as a one-dataset block.
 fn merge_datasets(
     tenant: &str,
     service: &str,
     inputs: &[DatasetMeta],
-    objects: &HashMap<String, Bytes>,
+    objects: Vec<PartialBlock>,
 ) -> Result<(Vec<u8>, DatasetMeta), CompactorError> {
     let mut builder = DatasetBuilder::new(tenant, service);
-    for input in inputs {
+    for (input, partial) in inputs.iter().zip(objects) {
         let name = format!("{}#{}", input.object_key, input.row_group);
-        let bytes = objects
-            .get(&input.object_key)
-            .ok_or_else(|| CompactorError::Task(format!("{name} was not read")))?;
-        let dataset: Dataset = decode_dataset(bytes, input.row_group as usize, Projection::ALL)
-            .map_err(|err| CompactorError::Corrupt(name.clone(), err.to_string()))?;
+        let dataset: Dataset = kiln_storage::ranged::decode_partial(
+            partial,
+            input.row_group as usize,
+            Projection::ALL,
+        )
+        .map_err(|err| CompactorError::Corrupt(name.clone(), err.to_string()))?;
         dataset
             .check()
             .map_err(|err| CompactorError::Corrupt(name.clone(), err))?;

@@ -12,6 +12,9 @@ pub enum IngestError {
     UnsupportedFormat(String),
     #[error("{0}")]
     RateLimited(String),
+    /// The client did not send its body in time.
+    #[error("{0}")]
+    Timeout(String),
     #[error("{0}")]
     Internal(String),
     #[error("server is shutting down")]
@@ -25,6 +28,7 @@ impl IngestError {
             IngestError::TooLarge(_) => 413,
             IngestError::UnsupportedFormat(_) => 415,
             IngestError::RateLimited(_) => 429,
+            IngestError::Timeout(_) => 408,
             IngestError::Internal(_) => 500,
             IngestError::ShuttingDown => 503,
         }
@@ -37,6 +41,7 @@ impl IngestError {
             IngestError::TooLarge(_) => "too_large",
             IngestError::UnsupportedFormat(_) => "unsupported_format",
             IngestError::RateLimited(_) => "rate_limited",
+            IngestError::Timeout(_) => "timeout",
             IngestError::Internal(_) => "internal",
             IngestError::ShuttingDown => "shutting_down",
         }

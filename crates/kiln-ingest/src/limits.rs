@@ -29,6 +29,10 @@ pub struct Limits {
     /// Days profiles are kept; 0 keeps them forever. Older profiles are refused at ingest
     /// rather than acknowledged and then removed by retention.
     pub retention_days: u32,
+    /// How far past the server's clock a profile's time may be, in milliseconds; 0 means
+    /// no bound. A profile stamped years ahead would outlive retention and sit at the end
+    /// of every "last hour" view, so it is refused unless the skew is plausible.
+    pub max_future_skew_ms: u64,
 }
 
 impl Default for Limits {
@@ -44,6 +48,7 @@ impl Default for Limits {
             ingestion_rate_bytes: 0,
             ingestion_burst_bytes: 64 << 20,
             retention_days: 31,
+            max_future_skew_ms: 3_600_000,
         }
     }
 }

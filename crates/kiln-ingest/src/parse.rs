@@ -26,6 +26,9 @@ pub struct ParsedProfile {
     pub received_bytes: usize,
     /// See [`ProfileContext::sample_labels_per_sample`].
     pub sample_labels_per_sample: bool,
+    /// What the client should hear although the write succeeded (a dropped reserved
+    /// label), for the response's `Warning` header.
+    pub warnings: Vec<String>,
 }
 
 impl ParsedProfile {
@@ -64,6 +67,8 @@ pub struct ProfileContext {
     /// Keep every sample label with its sample instead of making string labels series
     /// labels: OTLP's sample attributes (thread ids, pids) are per sample by design.
     pub sample_labels_per_sample: bool,
+    /// See [`ParsedProfile::warnings`].
+    pub warnings: Vec<String>,
 }
 
 pub fn now_nanos() -> i64 {
@@ -175,6 +180,20 @@ pub fn from_pprof(
             )));
         }
     }
+    if limits.max_future_skew_ms > 0 {
+        let now = now_nanos();
+        let skew_nanos = i64::try_from(limits.max_future_skew_ms)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(1_000_000);
+        if time_nanos > now.saturating_add(skew_nanos) {
+            return Err(IngestError::BadRequest(format!(
+                "profile time {} is more than {} s ahead of the server's time {}; check the client's clock (or max_future_skew_ms)",
+                kiln_model::time::format_rfc3339(time_nanos),
+                limits.max_future_skew_ms / 1000,
+                kiln_model::time::format_rfc3339(now)
+            )));
+        }
+    }
     let duration_nanos = context
         .duration_nanos
         .unwrap_or(profile.duration_nanos)
@@ -198,6 +217,7 @@ pub fn from_pprof(
         types,
         received_bytes,
         sample_labels_per_sample: context.sample_labels_per_sample,
+        warnings: context.warnings,
     })
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use kiln_model::labels::{sanitize_label_name, Labels, SERVICE_NAME};
+use kiln_model::labels::{client_labels, ClientLabels, SERVICE_NAME};
 
 use crate::parse::{from_pprof_bytes, ProfileContext};
 use crate::{IngestError, Limits, ParsedProfile};
@@ -41,9 +41,9 @@ pub fn type_for_profile_name(name: &str) -> &'static str {
         .unwrap_or("other")
 }
 
-/// Parses `k=v,k=v`.
-pub fn parse_labels(text: &str) -> Result<Labels, IngestError> {
-    let mut labels = Labels::new();
+/// Parses `k=v,k=v`: names are checked, never rewritten ([`client_labels`]).
+pub fn parse_labels(text: &str) -> Result<ClientLabels, IngestError> {
+    let mut pairs = Vec::new();
     for pair in text
         .split(',')
         .map(str::trim)
@@ -54,9 +54,9 @@ pub fn parse_labels(text: &str) -> Result<Labels, IngestError> {
                 "invalid label {pair:?}: expected key=value"
             )));
         };
-        labels.set(sanitize_label_name(key.trim()), value.trim().to_string());
+        pairs.push((key.trim(), value.trim()));
     }
-    Ok(labels)
+    Ok(client_labels(pairs, &[])?)
 }
 
 pub fn parse_profefe(
@@ -73,10 +73,14 @@ pub fn parse_profefe(
         .get("type")
         .ok_or_else(|| IngestError::BadRequest("the type parameter is required".into()))?;
     let name = profile_name_for_type(profefe_type)?;
-    let mut labels = parse_labels(params.get("labels").map_or("", String::as_str))?;
+    let ClientLabels {
+        mut labels,
+        warnings,
+    } = parse_labels(params.get("labels").map_or("", String::as_str))?;
     labels.set(SERVICE_NAME, service.to_string());
     let context = ProfileContext {
         labels,
+        warnings,
         name: name.map(str::to_string),
         ..Default::default()
     };

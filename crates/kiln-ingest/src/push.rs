@@ -2,7 +2,7 @@
 //! format: `PushRequest{series: [RawProfileSeries{labels, samples: [RawSample{raw_profile, ID}]}]}`.
 
 use base64::Engine;
-use kiln_model::labels::{sanitize_label_name, Labels};
+use kiln_model::labels::{client_labels, ClientLabels, METRIC_NAME};
 use serde::Deserialize;
 
 use crate::parse::{from_pprof_bytes, ProfileContext};
@@ -122,18 +122,18 @@ pub fn parse_push(
 ) -> Result<Vec<ParsedProfile>, IngestError> {
     let mut parsed = Vec::new();
     for series in request.series {
-        let mut labels = Labels::new();
-        for label in &series.labels {
-            if label.name.is_empty() {
-                return Err(IngestError::BadRequest(
-                    "series has a label with an empty name".into(),
-                ));
-            }
-            labels.set(sanitize_label_name(&label.name), label.value.clone());
-        }
+        // `__name__` is the push protocol's own: it names the profile type.
+        let ClientLabels { labels, warnings } = client_labels(
+            series
+                .labels
+                .iter()
+                .map(|label| (label.name.as_str(), label.value.as_str())),
+            &[METRIC_NAME],
+        )?;
         for sample in series.samples {
             let context = ProfileContext {
                 labels: labels.clone(),
+                warnings: warnings.clone(),
                 id: Some(sample.id),
                 ..Default::default()
             };

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use kiln_model::labels::{sanitize_label_name, Labels, SERVICE_NAME};
+use kiln_model::labels::{client_labels, sanitize_label_name, ClientLabels, SERVICE_NAME};
 use kiln_model::profile_type::{default_legacy_type, split_legacy_name, SuffixType};
 use kiln_model::{folded, jfr, perf_script, speedscope};
 
@@ -71,7 +71,7 @@ fn parse_tags(body: &str) -> Result<Vec<(String, String)>, IngestError> {
             )));
         }
         let value = value.trim().trim_matches('"');
-        tags.push((sanitize_label_name(key), value.to_string()));
+        tags.push((key.to_string(), value.to_string()));
     }
     Ok(tags)
 }
@@ -152,16 +152,22 @@ pub async fn parse_ingest(
         &body,
     )?;
 
-    let mut labels = Labels::new();
-    for (key, value) in &name.tags {
-        labels.set(key.clone(), value.clone());
-    }
+    let ClientLabels {
+        mut labels,
+        warnings,
+    } = client_labels(
+        name.tags
+            .iter()
+            .map(|(key, value)| (key.as_str(), value.as_str())),
+        &[],
+    )?;
     labels.set(SERVICE_NAME, name.app.clone());
     if let Some(spy) = params.get("spyName").filter(|spy| !spy.is_empty()) {
         labels.set("pyroscope_spy", spy.clone());
     }
     let mut context = ProfileContext {
         labels,
+        warnings,
         // Without `from` a profile is stamped with its arrival, as Pyroscope does; the
         // pprof's own time_nanos may be from whenever the file was recorded.
         time_nanos: Some(from.unwrap_or_else(crate::parse::now_nanos)),

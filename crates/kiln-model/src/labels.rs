@@ -118,6 +118,63 @@ pub fn sanitize_label_name(name: &str) -> String {
     out
 }
 
+/// Whether `name` is a label name Kiln stores as sent: `[A-Za-z_][A-Za-z0-9_.]*`, the
+/// Prometheus rule plus dots (OpenTelemetry's `service.version`, which Pyroscope keeps).
+pub fn is_valid_label_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+}
+
+/// Names beginning with `__` are Kiln's own (`__name__` is the profile name), as in
+/// Prometheus, so a client cannot change a profile's type or other internal labels.
+pub fn is_reserved_label_name(name: &str) -> bool {
+    name.starts_with("__")
+}
+
+/// A client's labels, checked, and what was left out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientLabels {
+    pub labels: Labels,
+    /// One sentence per reserved label dropped, for a `Warning` header.
+    pub warnings: Vec<String>,
+}
+
+/// Builds a series label set from what a client sent, without rewriting anything: an
+/// invalid name or a name given twice refuses the request with a message naming the
+/// label, because a silently renamed (`a-b` stored as `a_b`) or overwritten label makes
+/// the client's own queries miss. Reserved (`__`) names are dropped with a warning rather
+/// than refused, so that SDKs which send protocol labels of their own (`__session_id__`)
+/// keep working; names in `protocol` are the request's protocol labels and are kept.
+pub fn client_labels<'a>(
+    pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    protocol: &[&str],
+) -> Result<ClientLabels, crate::FormatError> {
+    let mut out = ClientLabels::default();
+    let mut seen: Vec<(&str, &str)> = Vec::new();
+    for (name, value) in pairs {
+        if !is_valid_label_name(name) {
+            return Err(crate::FormatError::Malformed(format!(
+                "invalid label name {name:?}: a label name is a letter or _, then letters, digits, _ or ."
+            )));
+        }
+        if let Some((_, first)) = seen.iter().find(|(seen, _)| *seen == name) {
+            return Err(crate::FormatError::Malformed(format!(
+                "duplicate label {name:?} (values {first:?} and {value:?}): give each label once"
+            )));
+        }
+        seen.push((name, value));
+        if is_reserved_label_name(name) && !protocol.contains(&name) {
+            out.warnings.push(format!(
+                "label {name:?} dropped: names beginning with __ are reserved to Kiln"
+            ));
+            continue;
+        }
+        out.labels.set(name, value);
+    }
+    Ok(out)
+}
+
 /// Checks a label set against the limits, naming the offending label.
 pub fn validate(labels: &Labels, limits: &LabelLimits) -> Result<(), crate::FormatError> {
     if labels.len() > limits.max_labels {
@@ -173,6 +230,28 @@ mod tests {
         assert_eq!(sanitize_label_name("otel.scope.name"), "otel.scope.name");
         assert_eq!(sanitize_label_name("k8s-pod"), "k8s_pod");
         assert_eq!(sanitize_label_name("1abc"), "_1abc");
+    }
+
+    #[test]
+    fn client_labels_are_checked_not_rewritten() {
+        let ok = client_labels([("env", "prod"), ("service.version", "1.2")], &[]).unwrap();
+        assert_eq!(ok.labels.get("service.version"), Some("1.2"));
+        assert!(ok.warnings.is_empty());
+        for bad in ["a-b", "1abc", "", "é", "a b"] {
+            let err = client_labels([(bad, "1")], &[]).unwrap_err().to_string();
+            assert!(err.contains(&format!("{bad:?}")), "{err}");
+        }
+        let err = client_labels([("k", "a"), ("k", "b")], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("duplicate label \"k\""), "{err}");
+        let reserved = client_labels([("__name__", "evil"), ("env", "x")], &[]).unwrap();
+        assert_eq!(reserved.labels.get("__name__"), None);
+        assert_eq!(reserved.labels.get("env"), Some("x"));
+        assert_eq!(reserved.warnings.len(), 1);
+        assert!(reserved.warnings[0].contains("__name__"));
+        let push = client_labels([("__name__", "process_cpu")], &[METRIC_NAME]).unwrap();
+        assert_eq!(push.labels.get("__name__"), Some("process_cpu"));
     }
 
     #[test]

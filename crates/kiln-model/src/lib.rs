@@ -15,6 +15,7 @@ pub mod jfr;
 pub mod labels;
 pub mod perf_script;
 pub mod pprof;
+pub mod pprof_json;
 pub mod profile_type;
 pub mod selector;
 pub mod speedscope;

@@ -27,6 +27,35 @@ impl Writer {
     }
 }
 
+/// The sample type a reader should show first, as the sources had it: pprof's default is
+/// the last sample type (Go's `cpu` after `samples`, `inuse_space` after the others), so a
+/// measured quantity over a plain count, then the type that came latest in any source.
+/// Set explicitly, because the merged order follows the earliest position of each type,
+/// and mixing sources (a Go CPU profile with folded stacks holding only `cpu`, merged
+/// into one dataset by compaction) can put `samples` last.
+fn default_type(selections: &[DatasetSelection], type_ids: &[String]) -> Option<usize> {
+    if type_ids.len() < 2 {
+        return None;
+    }
+    let latest = |id: &String| {
+        selections
+            .iter()
+            .flat_map(|selection| &selection.types)
+            .filter(|(local_id, _)| local_id == id)
+            .map(|(_, position)| *position)
+            .max()
+    };
+    type_ids
+        .iter()
+        .enumerate()
+        .filter_map(|(index, id)| {
+            let measured = ProfileType::parse(id).ok()?.sample_unit != "count";
+            Some((measured, latest(id)?, index))
+        })
+        .max()
+        .map(|(_, _, index)| index)
+}
+
 /// Merges the given types (in this order) of all selections into one pprof. Its time and
 /// duration span the merged profiles (a single profile keeps its own).
 pub fn merged_pprof(selections: &[DatasetSelection], type_ids: &[String]) -> Profile {
@@ -50,6 +79,9 @@ pub fn merged_pprof(selections: &[DatasetSelection], type_ids: &[String]) -> Pro
         }
     }
     writer.profile.period_type = period_type;
+    if let Some(default) = default_type(selections, type_ids) {
+        writer.profile.default_sample_type = writer.profile.sample_type[default].r#type;
+    }
     let rows = selections
         .iter()
         .flat_map(|s| s.profiles.iter().map(|p| &s.dataset.profiles[p.row]));

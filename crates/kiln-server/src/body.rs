@@ -1,10 +1,77 @@
-//! Reading request bodies within limits, and undoing `Content-Encoding`.
+//! Reading request bodies within limits and deadlines, and undoing `Content-Encoding`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::HeaderMap;
 use bytes::Bytes;
+use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
 use kiln_ingest::IngestError;
+
+/// A request body that fails once its deadline passes, however slowly its bytes trickle
+/// in: an idle timeout between reads would let a client hold a request open for ever by
+/// sending one byte at a time.
+pub struct DeadlineBody {
+    inner: Body,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    timeout: Duration,
+}
+
+impl DeadlineBody {
+    pub fn new(inner: Body, timeout: Duration) -> Self {
+        DeadlineBody {
+            inner,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+            timeout,
+        }
+    }
+}
+
+/// The error a [`DeadlineBody`] ends with.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within {} s", .0.as_secs_f64())]
+pub struct BodyTimeout(Duration);
+
+impl http_body::Body for DeadlineBody {
+    type Data = Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(Box::new(BodyTimeout(self.timeout)))));
+        }
+        Pin::new(&mut self.inner)
+            .poll_frame(cx)
+            .map_err(axum::BoxError::from)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Finds a [`BodyTimeout`] however deep axum and http-body-util wrapped it.
+fn is_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(err);
+    while let Some(err) = current {
+        if err.is::<BodyTimeout>() {
+            return true;
+        }
+        current = err.source();
+    }
+    false
+}
 
 /// Reads the whole body, refusing with 413 once it passes `limit` bytes.
 pub async fn read_limited(body: Body, limit: usize) -> Result<Bytes, IngestError> {
@@ -20,6 +87,9 @@ pub async fn read_limited(body: Body, limit: usize) -> Result<Bytes, IngestError
                 "request body exceeds the limit of {limit} bytes"
             )))
         }
+        Err(err) if is_timeout(err.as_ref()) => Err(IngestError::Timeout(format!(
+            "failed to read the request body: {err}"
+        ))),
         Err(err) => Err(IngestError::BadRequest(format!(
             "failed to read the request body: {err}"
         ))),

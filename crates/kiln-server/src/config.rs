@@ -34,6 +34,34 @@ pub struct ServerConfig {
     /// Pull collection: pprof endpoints to scrape, in Prometheus's `scrape_configs` shape.
     #[serde(skip_serializing)]
     pub scrape_configs: Vec<kiln_scrape::ScrapeConfig>,
+    /// Connections: how long a client may take, and how many may be open.
+    pub http: HttpConfig,
+}
+
+/// Bounds on what a client can hold: a connection that never finishes its request would
+/// otherwise keep a socket, a file descriptor and a task forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// A request's headers must arrive within this long (HTTP/1.1), in milliseconds.
+    pub header_read_timeout_ms: u64,
+    /// Its whole body within this long after the headers, in milliseconds. Long enough
+    /// for the largest body at a slow client's pace; a 16 MiB profile at 1 Mbit/s takes
+    /// about two minutes.
+    pub body_read_timeout_ms: u64,
+    /// Connections open at once; one more is answered 503 and closed, so that stalled
+    /// clients cannot exhaust the process's file descriptors.
+    pub max_connections: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 180_000,
+            max_connections: 4096,
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -50,6 +78,7 @@ impl Default for ServerConfig {
             tenant_limits: HashMap::new(),
             compaction: CompactorConfig::default(),
             scrape_configs: Vec::new(),
+            http: HttpConfig::default(),
         }
     }
 }

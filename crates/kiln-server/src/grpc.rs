@@ -14,6 +14,7 @@ use hyper::body::Frame;
 pub mod code {
     pub const OK: u32 = 0;
     pub const INVALID_ARGUMENT: u32 = 3;
+    pub const DEADLINE_EXCEEDED: u32 = 4;
     pub const NOT_FOUND: u32 = 5;
     pub const RESOURCE_EXHAUSTED: u32 = 8;
     pub const UNIMPLEMENTED: u32 = 12;
@@ -26,6 +27,7 @@ pub fn code_for_status(status: u16) -> u32 {
     match status {
         400 | 413 => code::INVALID_ARGUMENT,
         404 => code::NOT_FOUND,
+        408 => code::DEADLINE_EXCEEDED,
         415 => code::UNIMPLEMENTED,
         429 => code::RESOURCE_EXHAUSTED,
         503 => code::UNAVAILABLE,

@@ -9,6 +9,7 @@ pub mod body;
 pub mod config;
 pub mod grpc;
 pub mod legacy;
+pub mod listener;
 pub mod metrics;
 pub mod otlp;
 pub mod querier;

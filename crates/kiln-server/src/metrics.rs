@@ -23,6 +23,8 @@ pub struct ServerMetrics {
     pub received_profiles: Family<EndpointLabels, Counter>,
     pub rejected: Family<RejectionLabels, Counter>,
     pub ready: Gauge,
+    pub connections_open: Gauge,
+    pub connections_refused: Counter,
 }
 
 impl ServerMetrics {
@@ -41,6 +43,16 @@ impl ServerMetrics {
             "kiln_ingest_rejected",
             "Ingest requests refused, by endpoint and reason",
             self.rejected.clone(),
+        );
+        registry.register(
+            "kiln_http_connections_open",
+            "Client connections open now",
+            self.connections_open.clone(),
+        );
+        registry.register(
+            "kiln_http_connections_refused",
+            "Connections answered 503 and closed because max_connections were open",
+            self.connections_refused.clone(),
         );
         registry.register(
             "kiln_ready",

@@ -26,8 +26,6 @@ use crate::tenant::tenant_of;
 
 /// Query requests are small; this bounds what a client can make the server buffer.
 const MAX_QUERY_BODY_BYTES: usize = 4 << 20;
-/// A selection with no `start` looks back this far from `end`.
-const DEFAULT_RANGE_NANOS: i64 = 3_600 * 1_000_000_000;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Encoding {
@@ -131,19 +129,16 @@ fn millis_to_nanos(millis: i64) -> i64 {
     millis.saturating_mul(1_000_000)
 }
 
-/// `[start, end]` in nanoseconds from the API's milliseconds; 0 means "now" for the end
-/// and "an hour before the end" for the start.
+/// `[start, end]` in nanoseconds from the API's milliseconds. A start of 0 is the epoch,
+/// as everywhere else in Kiln (`/pyroscope/render?from=0`, `kiln query --from 0`); an end
+/// of 0 is an absent end (proto3 cannot tell them apart), and means now.
 fn time_range(start_ms: i64, end_ms: i64) -> Result<(i64, i64), QueryError> {
     let to_nanos = if end_ms == 0 {
         kiln_ingest::parse::now_nanos()
     } else {
         millis_to_nanos(end_ms)
     };
-    let from_nanos = if start_ms == 0 {
-        to_nanos.saturating_sub(DEFAULT_RANGE_NANOS)
-    } else {
-        millis_to_nanos(start_ms)
-    };
+    let from_nanos = millis_to_nanos(start_ms);
     if to_nanos < from_nanos {
         return Err(QueryError::BadRequest(format!(
             "end ({end_ms}) is before start ({start_ms})"
@@ -311,14 +306,6 @@ pub async fn querier_service(
             Ok(stacktraces_response(&tree, request.format))
         }),
         "SelectMergeProfile" => {
-            if encoding == Encoding::Json {
-                return error_response(
-                    encoding,
-                    &QueryError::BadRequest(
-                        "SelectMergeProfile answers a pprof message; call it with application/proto or gRPC".to_string(),
-                    ),
-                );
-            }
             let result = async {
                 let request: api::SelectMergeProfileRequest =
                     decode_request(&headers, body, encoding).await?;
@@ -339,6 +326,12 @@ pub async fn querier_service(
             }
             .await;
             match result {
+                Ok(profile) if encoding == Encoding::Json => (
+                    StatusCode::OK,
+                    [("content-type", "application/json")],
+                    kiln_model::pprof_json::to_json(&profile).to_string(),
+                )
+                    .into_response(),
                 Ok(profile) => binary_response(encoding, prost::Message::encode_to_vec(&profile)),
                 Err(err) => error_response(encoding, &err),
             }

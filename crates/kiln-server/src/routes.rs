@@ -39,6 +39,8 @@ pub struct AppState {
     pub ready: AtomicBool,
     /// Health of scrape targets, when scrape_configs are set.
     pub targets: Option<kiln_scrape::Targets>,
+    /// How long a client may take to send a request body.
+    pub body_read_timeout: std::time::Duration,
 }
 
 pub(crate) type SharedState = Arc<AppState>;
@@ -74,6 +76,10 @@ pub fn router(state: SharedState) -> Router {
         .route("/metrics", get(metrics))
         .route("/api/v1/targets", get(scrape_targets))
         .merge(crate::ui::router())
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::listener::guard,
+        ))
         .with_state(state)
 }
 
@@ -120,18 +126,37 @@ pub(crate) async fn parse_blocking<T: Send + 'static>(
     kiln_ingest::cpu::run_parser(parse).await
 }
 
-/// Writes parsed profiles and records the outcome in the metrics.
+/// Writes parsed profiles and records the outcome in the metrics. Returns the warnings
+/// the client should see (each once), for [`with_warnings`].
 pub(crate) async fn write_profiles(
     state: &AppState,
     endpoint: &str,
     tenant: &str,
     profiles: Vec<ParsedProfile>,
-) -> Result<(), IngestError> {
+) -> Result<Vec<String>, IngestError> {
     let bytes: usize = profiles.iter().map(|p| p.received_bytes).sum();
     let count = profiles.len();
+    let mut warnings: Vec<String> = Vec::new();
+    for warning in profiles.iter().flat_map(|p| &p.warnings) {
+        if !warnings.contains(warning) {
+            warnings.push(warning.clone());
+        }
+    }
     state.ingester.write(tenant, profiles).await?;
     state.metrics.accept(endpoint, bytes, count);
-    Ok(())
+    Ok(warnings)
+}
+
+/// Adds one `Warning: 299 - "…"` header (RFC 7234's miscellaneous persistent warning) per
+/// warning: the write succeeded, but not quite as sent.
+pub(crate) fn with_warnings(mut response: Response, warnings: &[String]) -> Response {
+    for warning in warnings {
+        let text = warning.replace(['"', '\\'], "'");
+        if let Ok(value) = HeaderValue::from_str(&format!("299 - \"{text}\"")) {
+            response.headers_mut().append("warning", value);
+        }
+    }
+    response
 }
 
 pub(crate) fn rejected(state: &AppState, endpoint: &str, err: &IngestError) {
@@ -158,7 +183,7 @@ async fn pyroscope_ingest(
     }
     .await;
     match result {
-        Ok(()) => StatusCode::OK.into_response(),
+        Ok(warnings) => with_warnings(StatusCode::OK.into_response(), &warnings),
         Err(err) => {
             rejected(&state, "ingest", &err);
             text_error(err.status(), err.to_string())
@@ -197,16 +222,20 @@ async fn push(State(state): State<SharedState>, headers: HeaderMap, body: Body) 
     }
     .await;
     match result {
-        Ok(()) if is_grpc => grpc::ok_response(prost::Message::encode_to_vec(&PushResponse {})),
-        Ok(()) if is_json => {
-            (StatusCode::OK, [("content-type", "application/json")], "{}").into_response()
-        }
-        Ok(()) => (
-            StatusCode::OK,
-            [("content-type", "application/proto")],
-            Vec::<u8>::new(),
-        )
-            .into_response(),
+        Ok(_) if is_grpc => grpc::ok_response(prost::Message::encode_to_vec(&PushResponse {})),
+        Ok(warnings) if is_json => with_warnings(
+            (StatusCode::OK, [("content-type", "application/json")], "{}").into_response(),
+            &warnings,
+        ),
+        Ok(warnings) => with_warnings(
+            (
+                StatusCode::OK,
+                [("content-type", "application/proto")],
+                Vec::<u8>::new(),
+            )
+                .into_response(),
+            &warnings,
+        ),
         Err(err) => {
             rejected(&state, "push", &err);
             if is_grpc {
@@ -223,6 +252,7 @@ pub fn connect_error(status: u16, message: &str) -> Response {
     let code = match status {
         400 | 413 => "invalid_argument",
         404 => "not_found",
+        408 => "deadline_exceeded",
         415 => "unimplemented",
         429 => "resource_exhausted",
         503 => "unavailable",
@@ -258,14 +288,15 @@ async fn profefe_ingest(
             .first()
             .map(|plan| kiln_ingest::profefe::type_for_profile_name(&plan.profile_type.name))
             .unwrap_or("other");
-        write_profiles(&state, "profefe", &tenant, vec![profile]).await?;
-        Ok::<_, IngestError>((id, profefe_type))
+        let warnings = write_profiles(&state, "profefe", &tenant, vec![profile]).await?;
+        Ok::<_, IngestError>((id, profefe_type, warnings))
     }
     .await;
     match result {
-        Ok((id, profefe_type)) => {
-            Json(json!({"code": 200, "body": {"id": id, "type": profefe_type}})).into_response()
-        }
+        Ok((id, profefe_type, warnings)) => with_warnings(
+            Json(json!({"code": 200, "body": {"id": id, "type": profefe_type}})).into_response(),
+            &warnings,
+        ),
         Err(err) => {
             rejected(&state, "profefe", &err);
             profefe_error(err.status(), err)
@@ -291,7 +322,7 @@ fn profefe_selection(
     let labels =
         kiln_ingest::profefe::parse_labels(params.get("labels").map_or("", String::as_str))
             .map_err(|err| QueryError::BadRequest(err.to_string()))?;
-    for label in labels.iter() {
+    for label in labels.labels.iter() {
         matchers.push(Matcher::equal(&label.name, &label.value));
     }
     let now = now_nanos();

@@ -128,6 +128,7 @@ impl Server {
             registry,
             ready: AtomicBool::new(false),
             targets,
+            body_read_timeout: Duration::from_millis(config.http.body_read_timeout_ms.max(1)),
         });
 
         let listener = tokio::net::TcpListener::bind(&config.listen)
@@ -144,8 +145,8 @@ impl Server {
 
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
+            let served =
+                crate::listener::serve(listener, app, config.http, metrics.clone(), async move {
                     let _ = stopped.await;
                 })
                 .await;

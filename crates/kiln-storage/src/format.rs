@@ -366,25 +366,37 @@ pub fn decode_dataset(
     row_group: usize,
     projection: Projection,
 ) -> Result<Dataset, StorageError> {
-    std::panic::catch_unwind(|| decode_dataset_unguarded(block, row_group, projection))
-        .unwrap_or_else(|panic| {
-            let message = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("unknown panic");
-            Err(StorageError::Corrupt(format!(
-                "parquet decoder failed: {message}"
-            )))
-        })
+    decode_dataset_from(block.clone(), row_group, projection)
 }
 
-fn decode_dataset_unguarded(
-    block: &Bytes,
+/// [`decode_dataset`] from any Parquet reader: the whole block in memory, or only the
+/// parts of it one dataset needs ([`crate::ranged::PartialBlock`]).
+pub fn decode_dataset_from<R: parquet::file::reader::ChunkReader + 'static>(
+    reader: R,
     row_group: usize,
     projection: Projection,
 ) -> Result<Dataset, StorageError> {
-    let reader = SerializedFileReader::new(block.clone())?;
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        decode_dataset_unguarded(reader, row_group, projection)
+    }))
+    .unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("unknown panic");
+        Err(StorageError::Corrupt(format!(
+            "parquet decoder failed: {message}"
+        )))
+    })
+}
+
+fn decode_dataset_unguarded<R: parquet::file::reader::ChunkReader + 'static>(
+    block: R,
+    row_group: usize,
+    projection: Projection,
+) -> Result<Dataset, StorageError> {
+    let reader = SerializedFileReader::new(block)?;
     let version = reader
         .metadata()
         .file_metadata()

@@ -13,6 +13,7 @@ pub mod dataset;
 pub mod error;
 pub mod format;
 pub mod objects;
+pub mod ranged;
 
 pub use dataset::{Dataset, DatasetBuilder, ProfileRow, SeriesRow};
 pub use error::StorageError;

@@ -149,6 +149,26 @@ impl ObjectStorage {
         Ok(self.store.get(&path).await?.bytes().await?)
     }
 
+    /// The last `length` bytes of an object (all of it when shorter), and its size.
+    pub async fn get_suffix(&self, key: &str, length: u64) -> Result<(Bytes, u64), StorageError> {
+        let options = object_store::GetOptions {
+            range: Some(object_store::GetRange::Suffix(length)),
+            ..Default::default()
+        };
+        let result = self.store.get_opts(&Path::from(key), options).await?;
+        let size = result.meta.size;
+        Ok((result.bytes().await?, size))
+    }
+
+    /// Bytes `range` of an object.
+    pub async fn get_range(
+        &self,
+        key: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, StorageError> {
+        Ok(self.store.get_range(&Path::from(key), range).await?)
+    }
+
     /// Deletes an object. One already gone is fine: deletions are retried after a crash.
     pub async fn delete(&self, key: &str) -> Result<(), StorageError> {
         match self.store.delete(&Path::from(key)).await {

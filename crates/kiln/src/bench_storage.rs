@@ -46,6 +46,10 @@ pub struct StorageBenchArgs {
     hours: i64,
     #[arg(long, default_value_t = 10)]
     instances: usize,
+    /// Spread the instances over this many services (`checkout-0`, …): a segment then
+    /// holds one dataset per service, which is what compaction's read ratio depends on.
+    #[arg(long, default_value_t = 1)]
+    services: usize,
     /// Seconds between two profiles of one instance.
     #[arg(long, default_value_t = 10)]
     interval: i64,
@@ -211,6 +215,7 @@ async fn run_in(
         let (templates, sent, next, url) =
             (templates.clone(), sent.clone(), next.clone(), url.clone());
         let instances = args.instances;
+        let services = args.services.max(1);
         let interval = args.interval;
         threads.push(std::thread::spawn(move || {
             let agent = ureq::AgentBuilder::new()
@@ -227,8 +232,13 @@ async fn run_in(
                 let (pprof, value_total) = jittered(template, &mut random);
                 let body = kiln_model::compress::gzip(&pprof);
                 let from = start + step as i64 * interval;
+                let service = if services == 1 {
+                    SERVICE.to_string()
+                } else {
+                    format!("{SERVICE}-{}", instance % services)
+                };
                 let request = format!(
-                    "{url}/ingest?name={SERVICE}{{instance=i{instance}}}&format=pprof&from={from}&until={}",
+                    "{url}/ingest?name={service}{{instance=i{instance}}}&format=pprof&from={from}&until={}",
                     from + interval
                 );
                 match agent.post(&request).send_bytes(&body) {
@@ -357,6 +367,10 @@ async fn run_in(
         compaction_input / 1e6
     );
     println!(
+        "compaction read   {:.3}× the segment bytes written (all levels)",
+        compaction_input / (objects_before as f64).max(1.0)
+    );
+    println!(
         "stored            {:.3} MB objects + {:.3} MB metastore = {:.3} MB",
         objects_after as f64 / 1e6,
         metastore_after as f64 / 1e6,
@@ -409,6 +423,7 @@ pub async fn run_delay(args: DelayBenchArgs) -> anyhow::Result<()> {
         stream: Stream::Cpu,
         hours: 0,
         instances: args.instances,
+        services: 1,
         interval: args.interval as i64,
         max_file_bytes: 200_000,
         clients: args.instances,
@@ -526,7 +541,7 @@ fn query_total(url: &str, stream: Stream, start: i64, end: i64) -> anyhow::Resul
             Stream::Heap => ALLOC_SPACE,
         }
         .to_string(),
-        label_selector: format!(r#"{{service_name="{SERVICE}"}}"#),
+        label_selector: format!(r#"{{service_name=~"{SERVICE}(-[0-9]+)?"}}"#),
         start,
         end,
         max_nodes: Some(1),

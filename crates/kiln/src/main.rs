@@ -98,6 +98,13 @@ struct ServerArgs {
     /// file (`tenant_limits.<tenant>.retention_days`).
     #[arg(long, env = "KILN_RETENTION_DAYS")]
     retention_days: Option<u32>,
+    /// How far ahead of the server's clock a profile may be stamped, in milliseconds; 0
+    /// means no bound [default: 3600000].
+    #[arg(long, env = "KILN_MAX_FUTURE_SKEW_MS")]
+    max_future_skew_ms: Option<u64>,
+    /// Client connections open at once; more are answered 503 [default: 4096].
+    #[arg(long, env = "KILN_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
     /// Run compaction and retention in this process [default: true].
     #[arg(long, env = "KILN_COMPACTION")]
     compaction: Option<bool>,
@@ -133,6 +140,12 @@ impl ServerArgs {
         if let Some(days) = self.retention_days {
             config.limits.retention_days = days;
         }
+        if let Some(ms) = self.max_future_skew_ms {
+            config.limits.max_future_skew_ms = ms;
+        }
+        if let Some(connections) = self.max_connections {
+            config.http.max_connections = connections;
+        }
         if let Some(enabled) = self.compaction {
             config.compaction.enabled = enabled;
         }
@@ -140,7 +153,7 @@ impl ServerArgs {
     }
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<std::process::ExitCode> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -148,20 +161,23 @@ fn main() -> anyhow::Result<()> {
                 .context("invalid --log-level")?,
         )
         .with_writer(std::io::stderr)
+        // Colour codes only where a person reads them, not in a log file or a pipe.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     disable_transparent_huge_pages();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    match cli.command {
+    let done = match cli.command {
         Command::Server(args) => runtime.block_on(run_server(args.into_config()?)),
         Command::Bench { bench } => runtime.block_on(bench::run(bench)),
         // Queries are blocking HTTP calls and need no runtime.
-        Command::Query(args) => query::run(args),
+        Command::Query(args) => return query::run(args),
         Command::Admin(args) => runtime.block_on(admin::run(args)),
         Command::Scrape(args) => runtime.block_on(scrape::run(args)),
-    }
+    };
+    done.map(|()| std::process::ExitCode::SUCCESS)
 }
 
 async fn run_server(config: ServerConfig) -> anyhow::Result<()> {

@@ -2,10 +2,15 @@
 //! `querier.v1.QuerierService` (Connect, `application/proto`) exactly as the UI does, and
 //! prints what a pipe or a person wants: SVG or folded flame graphs, pprof files, top
 //! tables, series as text or CSV, diffs, labels.
+//!
+//! Times are `now`, `now-1h` and the like, RFC 3339, or epoch seconds/ms/µs/ns; `0` is the
+//! epoch. A query that matches no data says so on standard error and exits with
+//! [`NO_DATA`], so a script can tell "nothing there" from an error (1) and bad usage (2).
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +20,9 @@ use clap::{Args, Subcommand, ValueEnum};
 use kiln_model::profile_type::{default_legacy_type, split_legacy_name};
 use kiln_query::api;
 use prost::Message;
+
+/// Exit status of a query that matched no data.
+pub const NO_DATA: u8 = 3;
 
 #[derive(Args)]
 pub struct QueryArgs {
@@ -40,12 +48,18 @@ struct Selection {
     /// Query, e.g. 'process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name="api"}'.
     #[arg(long, short)]
     query: String,
-    /// Start: now-1h, RFC 3339, or epoch seconds/ms/µs/ns.
+    /// Start: now-1h, RFC 3339, or epoch seconds/ms/µs/ns (0 is the epoch).
     #[arg(long, default_value = "now-1h")]
     from: String,
     /// End, in the same forms.
     #[arg(long, default_value = "now")]
     to: String,
+}
+
+impl Selection {
+    fn describe(&self) -> String {
+        format!("{} between {} and {}", self.query, self.from, self.to)
+    }
 }
 
 #[derive(Subcommand)]
@@ -73,6 +87,9 @@ enum QueryCommand {
         /// Sort by total instead of self.
         #[arg(long)]
         by_total: bool,
+        /// Print values as plain numbers in the profile's unit, not as `1.23 s` or `4.5 MiB`.
+        #[arg(long)]
+        raw: bool,
     },
     /// Totals over time, one series per value of the group-by labels.
     Series {
@@ -110,7 +127,8 @@ enum QueryCommand {
         /// Only series matching this selector, e.g. '{service_name="api"}'.
         #[arg(long, short)]
         query: Option<String>,
-        #[arg(long, default_value = "now-24h")]
+        /// Start, as for the other subcommands.
+        #[arg(long, default_value = "now-1h")]
         from: String,
         #[arg(long, default_value = "now")]
         to: String,
@@ -347,6 +365,48 @@ fn write_output(output: Option<&PathBuf>, bytes: &[u8]) -> anyhow::Result<()> {
     }
 }
 
+/// A value in its profile's unit for a person: `1.23 s`, `45.6 MiB`, `12.3 k`.
+fn human_value(value: i64, unit: &str) -> String {
+    let magnitude = value.unsigned_abs() as f64;
+    let sign = if value < 0 { "-" } else { "" };
+    let scaled = |steps: &[(f64, &str)]| {
+        let (divisor, suffix) = steps
+            .iter()
+            .rev()
+            .find(|(divisor, _)| magnitude >= *divisor)
+            .unwrap_or(&steps[0]);
+        if *divisor == 1.0 {
+            format!("{sign}{magnitude} {suffix}")
+        } else {
+            format!("{sign}{:.2} {suffix}", magnitude / divisor)
+        }
+    };
+    match unit {
+        "nanoseconds" => scaled(&[
+            (1.0, "ns"),
+            (1e3, "µs"),
+            (1e6, "ms"),
+            (1e9, "s"),
+            (60e9, "min"),
+            (3600e9, "h"),
+        ]),
+        "microseconds" => scaled(&[(1.0, "µs"), (1e3, "ms"), (1e6, "s"), (60e6, "min")]),
+        "milliseconds" => scaled(&[(1.0, "ms"), (1e3, "s"), (60e3, "min"), (3600e3, "h")]),
+        "seconds" => scaled(&[(1.0, "s"), (60.0, "min"), (3600.0, "h")]),
+        "bytes" => scaled(&[
+            (1.0, "B"),
+            (1024.0, "KiB"),
+            (1048576.0, "MiB"),
+            (1073741824.0, "GiB"),
+            (1099511627776.0, "TiB"),
+        ]),
+        _ => {
+            let text = scaled(&[(1.0, ""), (1e3, "k"), (1e6, "M"), (1e9, "G")]);
+            text.trim_end().to_string()
+        }
+    }
+}
+
 fn percent(part: i64, whole: i64) -> f64 {
     if whole == 0 {
         0.0
@@ -366,7 +426,19 @@ fn tree_stacks(
     Stacks::from_tree_bytes(&response.tree)
 }
 
-pub fn run(args: QueryArgs) -> anyhow::Result<()> {
+/// Says on standard error that nothing matched; the caller exits with [`NO_DATA`].
+fn no_data(what: &str) -> anyhow::Result<ExitCode> {
+    eprintln!("kiln query: no data for {what}");
+    Ok(ExitCode::from(NO_DATA))
+}
+
+/// Writes the output; the exit status says whether there was any.
+fn finish(output: Option<&PathBuf>, bytes: &[u8]) -> anyhow::Result<ExitCode> {
+    write_output(output, bytes)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn run(args: QueryArgs) -> anyhow::Result<ExitCode> {
     let client = Client {
         url: args.url,
         tenant: args.tenant,
@@ -392,21 +464,39 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
                         ..Default::default()
                     };
                     let body = client.call_raw("SelectMergeProfile", &merge)?;
-                    write_output(output.as_ref(), &kiln_model::compress::gzip(&body))
+                    let profile = kiln_model::pprof::decode(&body, usize::MAX)
+                        .context("invalid pprof in the response")?;
+                    if profile.sample.is_empty() {
+                        return no_data(&selection.describe());
+                    }
+                    finish(output.as_ref(), &kiln_model::compress::gzip(&body))
                 }
                 FlameFormat::Json => {
                     let response: api::SelectMergeStacktracesResponse =
                         client.call("SelectMergeStacktraces", &request)?;
+                    let empty = response
+                        .flamegraph
+                        .as_ref()
+                        .is_none_or(|flamegraph| flamegraph.total == 0);
+                    if empty {
+                        return no_data(&selection.describe());
+                    }
                     let mut text = serde_json::to_string_pretty(&response)?;
                     text.push('\n');
-                    write_output(output.as_ref(), text.as_bytes())
+                    finish(output.as_ref(), text.as_bytes())
                 }
                 FlameFormat::Folded => {
                     let stacks = tree_stacks(&client, &request)?;
-                    write_output(output.as_ref(), stacks.folded().as_bytes())
+                    if stacks.entries.is_empty() {
+                        return no_data(&selection.describe());
+                    }
+                    finish(output.as_ref(), stacks.folded().as_bytes())
                 }
                 FlameFormat::Svg => {
                     let stacks = tree_stacks(&client, &request)?;
+                    if stacks.entries.is_empty() {
+                        return no_data(&selection.describe());
+                    }
                     let folded = stacks.folded();
                     let mut options = inferno::flamegraph::Options::default();
                     options.title = selection.query.clone();
@@ -417,17 +507,9 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
                         .unwrap_or("samples")
                         .to_string();
                     let mut svg = Vec::new();
-                    if folded.is_empty() {
-                        bail!(
-                            "no data for {} between {} and {}",
-                            selection.query,
-                            selection.from,
-                            selection.to
-                        );
-                    }
                     inferno::flamegraph::from_lines(&mut options, folded.lines(), &mut svg)
                         .context("cannot draw the flame graph")?;
-                    write_output(output.as_ref(), &svg)
+                    finish(output.as_ref(), &svg)
                 }
             }
         }
@@ -435,9 +517,21 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
             selection,
             limit,
             by_total,
+            raw,
         } => {
             let request = selection.merge_request(-1)?;
             let stacks = tree_stacks(&client, &request)?;
+            if stacks.entries.is_empty() {
+                return no_data(&selection.describe());
+            }
+            let unit = request.profile_type_id.split(':').nth(2).unwrap_or("");
+            let show = |value: i64| {
+                if raw {
+                    value.to_string()
+                } else {
+                    human_value(value, unit)
+                }
+            };
             let total = stacks.total();
             let mut functions: Vec<(String, (i64, i64))> = stacks.functions().into_iter().collect();
             functions.sort_by(|a, b| {
@@ -453,13 +547,13 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
             for (name, (self_value, total_value)) in functions.into_iter().take(limit) {
                 out.push_str(&format!(
                     "{:>16} {:>6.2}% {:>16} {:>6.2}%  {name}\n",
-                    self_value,
+                    show(self_value),
                     percent(self_value, total),
-                    total_value,
+                    show(total_value),
                     percent(total_value, total)
                 ));
             }
-            write_output(None, out.as_bytes())
+            finish(None, out.as_bytes())
         }
         QueryCommand::Series {
             selection,
@@ -478,19 +572,31 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
                 ..Default::default()
             };
             let response: api::SelectSeriesResponse = client.call("SelectSeries", &request)?;
+            if response
+                .series
+                .iter()
+                .all(|series| series.points.is_empty())
+            {
+                return no_data(&selection.describe());
+            }
             let mut out = String::new();
             if matches!(format, SeriesFormat::Csv) {
                 out.push_str("series,timestamp,value\n");
             }
             for series in &response.series {
-                let name = series
-                    .labels
-                    .iter()
-                    .map(|label| format!("{}={}", label.name, label.value))
-                    .collect::<Vec<_>>()
-                    .join(",");
+                // Without group-by labels the one series is the whole selection: name it so.
+                let name = if series.labels.is_empty() {
+                    request.label_selector.clone()
+                } else {
+                    let labels: Vec<String> = series
+                        .labels
+                        .iter()
+                        .map(|label| format!("{}={:?}", label.name, label.value))
+                        .collect();
+                    format!("{{{}}}", labels.join(","))
+                };
                 match format {
-                    SeriesFormat::Text => out.push_str(&format!("{{{name}}}\n")),
+                    SeriesFormat::Text => out.push_str(&format!("{name}\n")),
                     SeriesFormat::Csv => {}
                 }
                 for point in &series.points {
@@ -505,7 +611,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
                     }
                 }
             }
-            write_output(None, out.as_bytes())
+            finish(None, out.as_bytes())
         }
         QueryCommand::Diff {
             left,
@@ -522,6 +628,9 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
             let left_stacks = tree_stacks(&client, &left.merge_request(-1)?)?;
             let right_stacks = tree_stacks(&client, &right.merge_request(-1)?)?;
             let (left_total, right_total) = (left_stacks.total(), right_stacks.total());
+            if left_stacks.entries.is_empty() && right_stacks.entries.is_empty() {
+                return no_data(&format!("{} nor {}", left.describe(), right.describe()));
+            }
             let left_functions = left_stacks.functions();
             let right_functions = right_stacks.functions();
             let mut names: Vec<&String> = left_functions
@@ -558,7 +667,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
             for change in changes.iter().rev().filter(|c| c.0 < 0.0).take(limit) {
                 out.push_str(&line(change));
             }
-            write_output(None, out.as_bytes())
+            finish(None, out.as_bytes())
         }
         QueryCommand::Labels {
             name,
@@ -566,6 +675,16 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
             from,
             to,
         } => {
+            let what = format!(
+                "{} {} between {from} and {to}",
+                name.as_deref()
+                    .map_or("label names".to_string(), |name| format!(
+                        "values of label {name:?}"
+                    )),
+                query
+                    .as_deref()
+                    .map_or(String::new(), |query| format!("in {query}"))
+            );
             let matchers: Vec<String> = query.into_iter().collect();
             let (start, end) = (millis(&from)?, millis(&to)?);
             let names = match name {
@@ -593,9 +712,12 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
                     response.names
                 }
             };
+            if names.is_empty() {
+                return no_data(&what);
+            }
             let mut out = names.join("\n");
             out.push('\n');
-            write_output(None, out.as_bytes())
+            finish(None, out.as_bytes())
         }
     }
 }
@@ -617,6 +739,18 @@ mod tests {
         let (_, selector) = split_query("myapp").unwrap();
         assert_eq!(selector, r#"{service_name="myapp"}"#);
         assert!(split_query(r#"{service_name="a"}"#).is_err());
+    }
+
+    #[test]
+    fn values_print_in_human_units() {
+        assert_eq!(human_value(1_234_000_000, "nanoseconds"), "1.23 s");
+        assert_eq!(human_value(999, "nanoseconds"), "999 ns");
+        assert_eq!(human_value(45_600_000, "nanoseconds"), "45.60 ms");
+        assert_eq!(human_value(47_815_065, "bytes"), "45.60 MiB");
+        assert_eq!(human_value(512, "bytes"), "512 B");
+        assert_eq!(human_value(12_300, "count"), "12.30 k");
+        assert_eq!(human_value(7, "count"), "7");
+        assert_eq!(human_value(-2_000_000_000, "nanoseconds"), "-2.00 s");
     }
 
     #[test]

@@ -220,3 +220,133 @@ fn the_benchmarks_run_on_the_fixtures() {
     assert!(scrape.contains("0 endpoints not up"), "{scrape}");
     assert!(scrape.contains("targets per core"), "{scrape}");
 }
+
+/// The README's walk: `--from 0` is the epoch (data older than an hour is found), no
+/// `--from` is the last hour, and a query that matches nothing says so on standard error
+/// with exit status 3 instead of printing a bare header.
+#[test]
+fn from_zero_is_the_epoch_and_no_data_is_said() {
+    let server = TestServer::start();
+    let profile = fixture("profefe-collector_cpu_1.prof");
+    let total = pprof_total(&profile, 1);
+    // Recorded two hours ago: outside the default last hour, inside "since the epoch".
+    let two_hours_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 7200;
+    let (status, text) = server.post(
+        &format!("/ingest?name=old&format=pprof&from={two_hours_ago}"),
+        &profile,
+    );
+    assert_eq!(status, 200, "{text}");
+    let query = format!(r#"{CPU}{{service_name="old"}}"#);
+
+    let raw = kiln_query(
+        &server,
+        &[
+            "top", "--raw", "--query", &query, "--from", "0", "--limit", "200",
+        ],
+    );
+    let self_sum: i64 = raw
+        .lines()
+        .skip(1)
+        .map(|line| {
+            line.split_whitespace()
+                .next()
+                .unwrap()
+                .parse::<i64>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(self_sum, total, "{raw}");
+    // Without --raw the values carry units: a CPU profile in seconds/milliseconds.
+    let human = kiln_query(&server, &["top", "--query", &query, "--from", "0"]);
+    let first = human.lines().nth(1).unwrap_or_default();
+    assert!(
+        [" s ", " ms ", " µs ", " ns "]
+            .iter()
+            .any(|unit| first.contains(unit)),
+        "{human}"
+    );
+    // CSV names the one series after the selection, not "".
+    let csv = kiln_query(
+        &server,
+        &[
+            "series", "--format", "csv", "--query", &query, "--from", "0", "--step", "3600",
+        ],
+    );
+    let row = csv.lines().nth(1).unwrap_or_else(|| panic!("{csv}"));
+    assert!(row.starts_with(r#""{service_name=""old""}","#), "{csv}");
+    let labels = kiln_query(
+        &server,
+        &["labels", "--name", "service_name", "--from", "0"],
+    );
+    assert_eq!(labels, "old\n");
+    // The querier API agrees: a start of 0 is the epoch, not "an hour before the end".
+    let request = kiln_query::api::SelectMergeStacktracesRequest {
+        profile_type_id: CPU.to_string(),
+        label_selector: r#"{service_name="old"}"#.to_string(),
+        start: 0,
+        end: 0,
+        ..Default::default()
+    };
+    let (status, body) = server.post_bytes(
+        "/querier.v1.QuerierService/SelectMergeStacktraces",
+        &prost::Message::encode_to_vec(&request),
+        &[("Content-Type", "application/proto")],
+    );
+    assert_eq!(status, 200);
+    let response: kiln_query::api::SelectMergeStacktracesResponse =
+        prost::Message::decode(body.as_slice()).unwrap();
+    assert_eq!(response.flamegraph.unwrap().total, total);
+
+    // The default range is the last hour, which holds nothing here.
+    for args in [
+        &["top", "--query", query.as_str()][..],
+        &["flamegraph", "--query", query.as_str()][..],
+        &["flamegraph", "--format", "pprof", "--query", query.as_str()][..],
+        &["series", "--query", query.as_str()][..],
+        &["labels", "--name", "service_name"][..],
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["query", "--url", &server.url])
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(3), "{args:?}");
+        assert!(output.stdout.is_empty(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("no data for"), "{args:?}: {stderr}");
+        assert!(stderr.contains("now-1h"), "{args:?}: {stderr}");
+    }
+}
+
+/// Logs written to a file or a pipe carry no colour codes.
+#[test]
+fn logs_to_a_file_have_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = std::fs::File::create(dir.path().join("kiln.log")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .env("KILN_LOG_LEVEL", "info")
+        .stderr(log)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let path = dir.path().join("kiln.log");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut text = String::new();
+    while std::time::Instant::now() < deadline {
+        text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text.contains("listening") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(text.contains("listening"), "{text}");
+    assert!(!text.contains('\u{1b}'), "ANSI escape in the log: {text:?}");
+}

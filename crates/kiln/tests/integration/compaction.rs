@@ -24,7 +24,91 @@ fn no_compaction(config: &mut ServerConfig) {
 on_every_backend!(
     compaction_changes_no_answer_and_leaves_one_block_per_service,
     retention_removes_only_what_is_older_than_the_window,
+    compaction_reads_each_segment_about_once,
 );
+
+fn counter(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+}
+
+/// Segments hold one dataset per service; compaction fetches each service's dataset by
+/// its byte range, so it reads what was written about once, however many services share
+/// a segment (it read a whole segment per service before: 20× here).
+fn compaction_reads_each_segment_about_once(backend: Backend) {
+    const SERVICES: usize = 20;
+    let server = TestServer::start_on(backend, |config| {
+        config.compaction.enabled = true;
+        config.compaction.interval_ms = 20;
+        config.compaction.grace_ms = 0;
+        // Level 0 is due at three datasets per service; nothing above it is, so the
+        // bytes read are level 0's alone.
+        for (index, level) in config.compaction.levels.iter_mut().enumerate() {
+            level.max_datasets = if index == 0 { 3 } else { 1_000 };
+            level.max_age_ms = i64::MAX / 4;
+        }
+    });
+    let profile = fixture("profefe-collector_cpu_1.prof");
+    let base = 1_700_000_000;
+    for round in 0..3 {
+        std::thread::scope(|scope| {
+            for service in 0..SERVICES {
+                let (server, profile) = (&server, &profile);
+                scope.spawn(move || {
+                    let from = base + round * 60;
+                    let (status, text) = server.post(
+                        &format!("/ingest?name=svc{service}&format=pprof&from={from}"),
+                        profile,
+                    );
+                    assert_eq!(status, 200, "{text}");
+                });
+            }
+        });
+        std::thread::sleep(Duration::from_millis(120)); // the next round, another segment
+    }
+    let (runtime, store) = server.open_metastore();
+    wait_until("level 0 to be compacted", || {
+        runtime
+            .block_on(store.datasets_at_level(0))
+            .unwrap()
+            .is_empty()
+    });
+    let metrics = server.metrics();
+    let written = counter(&metrics, "kiln_ingest_segment_bytes_total");
+    let read = counter(&metrics, "kiln_compaction_input_bytes_total");
+    let segments = counter(&metrics, "kiln_ingest_flushes_total");
+    assert!(segments >= 3.0, "{segments} segments");
+    println!(
+        "compaction read {read} bytes of {written} segment bytes ({:.3}×)",
+        read / written
+    );
+    assert!(
+        read <= 1.2 * written,
+        "compaction read {read} bytes of {written} written ({:.2}×)",
+        read / written
+    );
+    assert!(
+        read >= 0.5 * written,
+        "read {read} of {written}: not everything was compacted"
+    );
+    // Every service's profiles are all still there.
+    for service in 0..SERVICES {
+        let query = format!(
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds%7Bservice_name%3D%22svc{service}%22%7D"
+        );
+        let answer = server.json(
+            &format!("/pyroscope/render?query={query}&from=0&until=now"),
+            &[],
+        );
+        assert_eq!(
+            answer["flamebearer"]["numTicks"].as_i64(),
+            Some(3 * pprof_total(&profile, 1)),
+            "svc{service}"
+        );
+    }
+}
 
 /// Every answer a client could ask of this data, in canonical form.
 fn answers(server: &TestServer, start: i64, end: i64) -> Vec<String> {

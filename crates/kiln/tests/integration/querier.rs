@@ -332,9 +332,44 @@ fn merged_pprof_matches_go_tool_pprof() {
         .filter(|(_, (_, cum))| *cum != 0)
         .collect();
     assert_eq!(from_tree, expected_nonzero);
-    // JSON cannot carry a pprof message: a clear 400, not a broken answer.
-    let (status, _) = call_json(server, "SelectMergeProfile", json!({"profileTypeID": CPU}));
-    assert_eq!(status, 400);
+    // In Connect JSON, the same profile as the proto3 JSON mapping of pprof's Profile.
+    let (status, json) = call_json(
+        server,
+        "SelectMergeProfile",
+        json!({"profileTypeID": CPU, "labelSelector": r#"{service_name="api"}"#,
+               "start": loaded.start.to_string(), "end": loaded.end.to_string()}),
+    );
+    assert_eq!(status, 200, "{json}");
+    let strings: Vec<&str> = json["stringTable"]
+        .as_array()
+        .expect("stringTable")
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    let type_index: usize = json["sampleType"][0]["type"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(strings[type_index], "cpu");
+    let json_total: i64 = json["sample"]
+        .as_array()
+        .expect("samples")
+        .iter()
+        .map(|sample| sample["value"][0].as_str().unwrap().parse::<i64>().unwrap())
+        .sum();
+    assert_eq!(json_total, 2 * loaded.fixture_total);
+    assert_eq!(
+        json["sample"].as_array().unwrap().len(),
+        merged.sample.len()
+    );
+    let names: std::collections::BTreeSet<&str> = json["function"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| strings[f["name"].as_str().unwrap().parse::<usize>().unwrap()])
+        .collect();
+    assert!(names.contains("runtime.mallocgc"), "{names:?}");
 }
 
 #[test]

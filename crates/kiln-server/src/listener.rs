@@ -1,0 +1,168 @@
+//! Accepting and serving connections, with bounds a stalled or hostile client cannot pass:
+//! a deadline for a request's headers (hyper's `header_read_timeout`) and for its body
+//! ([`DeadlineBody`]), a 413 before the body is read when the declared `Content-Length`
+//! is over the tenant's limit, and a cap on open connections.
+//!
+//! axum's `serve` exposes none of these, so the accept loop is here, on hyper-util's
+//! connection builder (HTTP/1.1 and h2c on one port, as before) and its graceful shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::body::DeadlineBody;
+use crate::config::HttpConfig;
+use crate::metrics::ServerMetrics;
+use crate::routes::SharedState;
+use crate::tenant::tenant_of;
+
+/// Longest shutdown waits for requests in flight before it closes their connections.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// How long, and how many bytes, a refused body is still read and discarded after its 413,
+/// so that a client still sending it reads the answer instead of a reset connection.
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 32 << 20;
+
+/// Refuses a body declared over the tenant's limit before reading a byte of it, and puts a
+/// deadline on reading the rest.
+pub(crate) async fn guard(
+    State(state): State<SharedState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<u64>().ok());
+    if let Some(length) = declared {
+        let tenant = tenant_of(request.headers()).unwrap_or_default();
+        let limit = state.limits.for_tenant(&tenant).max_body_bytes;
+        if length > limit as u64 {
+            state
+                .metrics
+                .reject(endpoint_of(request.uri().path()), "too_large");
+            let mut response = (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "request body of {length} bytes (Content-Length) exceeds the limit of {limit} bytes\n"
+                ),
+            )
+                .into_response();
+            // The body is not stored, so the connection cannot carry another request. It is
+            // drained for a moment (a lingering close) rather than reset under the client.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            let body = request.into_body();
+            tokio::spawn(async move {
+                let drain = http_body_util::BodyExt::collect(http_body_util::Limited::new(
+                    body,
+                    LINGER_BYTES,
+                ));
+                let _ = tokio::time::timeout(LINGER, drain).await;
+            });
+            return response;
+        }
+    }
+    let timeout = state.body_read_timeout;
+    next.run(request.map(|body| Body::new(DeadlineBody::new(body, timeout))))
+        .await
+}
+
+/// The `endpoint` label of the ingest metrics for a request path, as its handler counts it.
+fn endpoint_of(path: &str) -> &'static str {
+    match path {
+        "/ingest" | "/pyroscope/ingest" => "ingest",
+        "/push.v1.PusherService/Push" => "push",
+        "/api/0/profiles" => "profefe",
+        "/v1development/profiles"
+        | "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export" => "otlp",
+        _ => "http",
+    }
+}
+
+/// Serves `app` on `listener` until `stop` resolves, then lets requests in flight finish.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    config: HttpConfig,
+    metrics: ServerMetrics,
+    stop: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(config.header_read_timeout_ms.max(1)));
+    builder.http2().timer(TokioTimer::new());
+    let builder = Arc::new(builder);
+    let slots = Arc::new(Semaphore::new(config.max_connections.max(1)));
+    let graceful = GracefulShutdown::new();
+    let service = TowerToHyperService::new(app);
+    tokio::pin!(stop);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // Out of file descriptors, or a connection reset before accept: wait
+                    // a little rather than spin, as a server must not die of either.
+                    tracing::warn!(error = %err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            metrics.connections_refused.inc();
+            tracing::debug!(%peer, "connection refused: max_connections open");
+            tokio::spawn(refuse(stream));
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service.clone())
+            .into_owned();
+        let connection = graceful.watch(connection);
+        let metrics = metrics.clone();
+        metrics.connections_open.inc();
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(%peer, error = %err, "connection ended with an error");
+            }
+            metrics.connections_open.dec();
+            drop(permit);
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("requests still in flight after the shutdown grace period; closing");
+    }
+    Ok(())
+}
+
+/// Answers a connection over the cap with a 503 and closes it, without waiting on it long.
+async fn refuse(mut stream: tokio::net::TcpStream) {
+    let answer = b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-type: text/plain\r\ncontent-length: 45\r\n\r\ntoo many open connections (max_connections)\r\n";
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(answer)).await;
+    let _ = stream.shutdown().await;
+}

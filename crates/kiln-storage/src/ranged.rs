@@ -1,0 +1,350 @@
+//! Reading one dataset of a block without downloading the block.
+//!
+//! A segment holds one dataset per (tenant, service) of a flush, and compaction merges
+//! per (tenant, service). Fetching the whole segment for each of its datasets made
+//! compaction read each segment once per service in it (18× the ingested bytes with many
+//! services; on S3 every byte and GET is billed). Instead a reader fetches the block's
+//! tail once ([`BlockTail`]: the Parquet footer, which locates every dataset's column
+//! chunks), keeps it, and then fetches each dataset's own byte range. Across all the
+//! datasets of a block that reads each byte about once.
+
+use std::ops::Range;
+
+use bytes::{Buf, Bytes};
+use parquet::file::metadata::ParquetMetaDataReader;
+use parquet::file::reader::{ChunkReader, Length};
+
+use crate::format::{decode_dataset_from, Projection};
+use crate::{Dataset, ObjectStorage, StorageError};
+
+/// Parquet's trailer: a 4-byte little-endian footer length and the `PAR1` magic.
+const TRAILER: u64 = 8;
+/// First guess at the tail to fetch; a footer larger than this costs a second read.
+const TAIL_GUESS: u64 = 64 << 10;
+
+/// The end of a block, holding at least its footer, and where each dataset's bytes are.
+#[derive(Debug, Clone)]
+pub struct BlockTail {
+    /// Offset of `bytes` in the block.
+    start: u64,
+    bytes: Bytes,
+    block_len: u64,
+    /// Byte range of each dataset (row group), in block offsets.
+    datasets: Vec<Range<u64>>,
+}
+
+impl BlockTail {
+    /// Parses the tail of a block of `block_len` bytes, `bytes` being its last bytes.
+    /// `Ok(Err(n))` when `bytes` is too short to hold the footer: fetch the last `n`.
+    pub fn parse(bytes: Bytes, block_len: u64) -> Result<Result<BlockTail, u64>, StorageError> {
+        let len = bytes.len() as u64;
+        if len < TRAILER || len > block_len {
+            return Err(StorageError::Corrupt(format!(
+                "block tail of {len} bytes for a block of {block_len}"
+            )));
+        }
+        let trailer = &bytes[bytes.len() - TRAILER as usize..];
+        if &trailer[4..] != b"PAR1" {
+            return Err(StorageError::Corrupt("block does not end in PAR1".into()));
+        }
+        let footer_len = u64::from(u32::from_le_bytes([
+            trailer[0], trailer[1], trailer[2], trailer[3],
+        ]));
+        let needed = footer_len + TRAILER;
+        if needed > block_len {
+            return Err(StorageError::Corrupt(format!(
+                "footer of {footer_len} bytes in a block of {block_len}"
+            )));
+        }
+        if needed > len {
+            return Ok(Err(needed));
+        }
+        let footer = &bytes[(len - needed) as usize..(len - TRAILER) as usize];
+        let metadata = ParquetMetaDataReader::decode_metadata(footer)?;
+        let datasets = metadata
+            .row_groups()
+            .iter()
+            .map(|group| {
+                let mut range: Option<Range<u64>> = None;
+                for column in group.columns() {
+                    let (start, length) = column.byte_range();
+                    let end = start.checked_add(length).filter(|end| *end <= block_len);
+                    let Some(end) = end else {
+                        return Err(StorageError::Corrupt(format!(
+                            "column chunk at {start}+{length} is past the block's {block_len} bytes"
+                        )));
+                    };
+                    range = Some(match range {
+                        None => start..end,
+                        Some(range) => range.start.min(start)..range.end.max(end),
+                    });
+                }
+                Ok(range.unwrap_or(0..0))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Ok(BlockTail {
+            start: block_len - len,
+            bytes,
+            block_len,
+            datasets,
+        }))
+    }
+
+    /// Where dataset `row_group` lies in the block.
+    pub fn dataset_range(&self, row_group: usize) -> Result<Range<u64>, StorageError> {
+        self.datasets.get(row_group).cloned().ok_or_else(|| {
+            StorageError::Corrupt(format!(
+                "row group {row_group} out of range ({})",
+                self.datasets.len()
+            ))
+        })
+    }
+
+    /// How many datasets the block holds.
+    pub fn dataset_count(&self) -> usize {
+        self.datasets.len()
+    }
+
+    /// Offset in the block of the tail's first byte, and the tail's bytes.
+    pub fn bytes(&self) -> (u64, &Bytes) {
+        (self.start, &self.bytes)
+    }
+
+    /// Memory held, for a cache's budget.
+    pub fn size_bytes(&self) -> usize {
+        self.bytes.len() + self.datasets.len() * std::mem::size_of::<Range<u64>>()
+    }
+}
+
+/// Fetches a block's tail: one suffix read, or two when the footer is larger than a guess.
+/// Returns the tail and the bytes fetched.
+pub async fn read_tail(
+    storage: &ObjectStorage,
+    key: &str,
+) -> Result<(BlockTail, u64), StorageError> {
+    let (bytes, block_len) = storage.get_suffix(key, TAIL_GUESS).await?;
+    let mut fetched = bytes.len() as u64;
+    match BlockTail::parse(bytes, block_len)? {
+        Ok(tail) => Ok((tail, fetched)),
+        Err(needed) => {
+            let (bytes, block_len) = storage.get_suffix(key, needed).await?;
+            fetched += bytes.len() as u64;
+            let tail = BlockTail::parse(bytes, block_len)?.map_err(|needed| {
+                StorageError::Corrupt(format!("block {key} changed while read ({needed})"))
+            })?;
+            Ok((tail, fetched))
+        }
+    }
+}
+
+/// Fetches the bytes of dataset `row_group` that `tail` does not already hold. Returns
+/// them with the bytes fetched.
+pub async fn read_dataset_bytes(
+    storage: &ObjectStorage,
+    key: &str,
+    tail: &BlockTail,
+    row_group: usize,
+) -> Result<(PartialBlock, u64), StorageError> {
+    let range = tail.dataset_range(row_group)?;
+    let (part, fetched) = if range.start >= tail.start {
+        (Bytes::new(), 0)
+    } else {
+        let end = range.end.min(tail.start);
+        let bytes = storage.get_range(key, range.start..end).await?;
+        if bytes.len() as u64 != end - range.start {
+            return Err(StorageError::Corrupt(format!(
+                "ranged read of {key} returned {} bytes, not {}",
+                bytes.len(),
+                end - range.start
+            )));
+        }
+        let fetched = bytes.len() as u64;
+        (bytes, fetched)
+    };
+    Ok((
+        PartialBlock {
+            block_len: tail.block_len,
+            parts: vec![(range.start, part), (tail.start, tail.bytes.clone())],
+        },
+        fetched,
+    ))
+}
+
+/// Decodes dataset `row_group` from the parts [`read_dataset_bytes`] fetched.
+pub fn decode_partial(
+    block: PartialBlock,
+    row_group: usize,
+    projection: Projection,
+) -> Result<Dataset, StorageError> {
+    decode_dataset_from(block, row_group, projection)
+}
+
+/// Some byte ranges of a block, enough for the Parquet reader to decode one dataset. A
+/// read outside them is an error, not a silent zero fill.
+#[derive(Debug, Clone)]
+pub struct PartialBlock {
+    block_len: u64,
+    /// (offset in the block, bytes); may be empty or adjacent.
+    parts: Vec<(u64, Bytes)>,
+}
+
+impl PartialBlock {
+    /// A block of `block_len` bytes of which only `parts` (offset, bytes) are at hand.
+    pub fn new(block_len: u64, parts: Vec<(u64, Bytes)>) -> Self {
+        PartialBlock { block_len, parts }
+    }
+
+    /// The bytes from `start` to the end of the part holding it.
+    fn from(&self, start: u64) -> parquet::errors::Result<Bytes> {
+        for (offset, bytes) in &self.parts {
+            if start >= *offset && start < offset + bytes.len() as u64 {
+                return Ok(bytes.slice((start - offset) as usize..));
+            }
+        }
+        Err(parquet::errors::ParquetError::General(format!(
+            "offset {start} of the block was not fetched"
+        )))
+    }
+}
+
+impl Length for PartialBlock {
+    fn len(&self) -> u64 {
+        self.block_len
+    }
+}
+
+impl ChunkReader for PartialBlock {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        Ok(self.from(start)?.reader())
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        let bytes = self.from(start)?;
+        if bytes.len() < length {
+            // A read across two adjacent parts (the dataset's bytes, then the tail's).
+            let mut joined = Vec::with_capacity(length);
+            let mut at = start;
+            while joined.len() < length {
+                let part = self.from(at)?;
+                let take = part.len().min(length - joined.len());
+                joined.extend_from_slice(&part[..take]);
+                at += take as u64;
+            }
+            return Ok(Bytes::from(joined));
+        }
+        Ok(bytes.slice(..length))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataset::{PprofInput, TypePlan};
+    use crate::format::{decode_dataset, encode_block};
+    use crate::DatasetBuilder;
+    use kiln_model::build::{Frame, ProfileBuilder};
+    use kiln_model::{Labels, ProfileType};
+
+    /// A block of one small CPU dataset per service, `main;<service>` with 10 ns.
+    fn block_of(services: &[&str]) -> Bytes {
+        let datasets: Vec<Dataset> = services
+            .iter()
+            .map(|service| {
+                let mut profile = ProfileBuilder::new(&[("cpu", "nanoseconds")], None, 0);
+                let stack: Vec<u64> = [*service, "main"]
+                    .iter()
+                    .map(|function| {
+                        profile.location(&Frame {
+                            function,
+                            file: "main.c",
+                            line: 1,
+                            module: "",
+                            address: 0,
+                        })
+                    })
+                    .collect();
+                profile.add(&stack, &[10], &[]);
+                let profile = profile.finish(1_000, 10);
+                let index = kiln_model::pprof::validate(&profile, &Default::default()).unwrap();
+                let types = [TypePlan {
+                    value_index: 0,
+                    profile_type: ProfileType::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds")
+                        .unwrap(),
+                    scale: None,
+                }];
+                let labels = Labels::from_pairs([("service_name", *service)]);
+                let mut builder = DatasetBuilder::new("t", service);
+                builder.add_pprof(&PprofInput {
+                    profile: &profile,
+                    index: &index,
+                    id: service,
+                    time_nanos: 1_000,
+                    duration_nanos: 10,
+                    labels: &labels,
+                    types: &types,
+                    max_stack_depth: 100,
+                    sample_labels_per_sample: false,
+                });
+                builder.finish()
+            })
+            .collect();
+        Bytes::from(encode_block(&datasets).unwrap())
+    }
+
+    #[test]
+    fn every_dataset_decodes_from_the_tail_and_its_own_range() {
+        let services = ["a", "b", "c", "d"];
+        let block = block_of(&services);
+        let block_len = block.len() as u64;
+        // A tail too short for the footer asks for the right length.
+        let short = block.slice(block.len() - 16..);
+        let needed = BlockTail::parse(short, block_len).unwrap().unwrap_err();
+        let tail = BlockTail::parse(block.slice(block.len() - needed as usize..), block_len)
+            .unwrap()
+            .unwrap();
+        let mut previous_end = 4; // after the leading PAR1
+        for (index, service) in services.iter().enumerate() {
+            let range = tail.dataset_range(index).unwrap();
+            // Each dataset's own bytes: disjoint, in order, before the footer.
+            assert!(
+                range.start >= previous_end && range.end > range.start,
+                "{range:?}"
+            );
+            assert!(range.end <= block_len - needed);
+            previous_end = range.end;
+            let partial = PartialBlock {
+                block_len,
+                parts: vec![
+                    (
+                        range.start,
+                        block.slice(range.start as usize..range.end as usize),
+                    ),
+                    (tail.start, tail.bytes.clone()),
+                ],
+            };
+            let dataset = decode_partial(partial, index, Projection::ALL).unwrap();
+            let whole = decode_dataset(&block, index, Projection::ALL).unwrap();
+            assert_eq!(dataset.service, *service);
+            assert_eq!(dataset, whole);
+        }
+        assert!(tail.dataset_range(services.len()).is_err());
+        // A part that was not fetched is an error, not zeros.
+        let range = tail.dataset_range(0).unwrap();
+        let missing = PartialBlock {
+            block_len,
+            parts: vec![(tail.start, tail.bytes.clone())],
+        };
+        if range.end <= tail.start {
+            assert!(decode_partial(missing, 0, Projection::ALL).is_err());
+        }
+    }
+
+    #[test]
+    fn garbage_tails_are_refused() {
+        assert!(BlockTail::parse(Bytes::from_static(b"not parquet at all"), 18).is_err());
+        assert!(BlockTail::parse(Bytes::from_static(b"\xff\xff\xff\x7fPAR1"), 8).is_err());
+        assert!(BlockTail::parse(Bytes::from_static(b"PAR1"), 4).is_err());
+    }
+}

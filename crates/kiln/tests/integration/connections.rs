@@ -1,0 +1,179 @@
+//! Clients that never finish: a declared body over the limit, a body or headers that stall,
+//! and more connections than the cap. Each is answered or closed in bounded time, and the
+//! server keeps serving everyone else.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+fn connect(server: &TestServer) -> TcpStream {
+    let address = server.url.trim_start_matches("http://");
+    let stream = TcpStream::connect(address).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream
+}
+
+/// Everything the server sends until it closes the connection (or 10 s pass).
+fn read_until_closed(stream: &mut TcpStream) -> String {
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buffer[..n]),
+            Err(err) if err.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(err) => panic!("no answer, connection still open: {err}"),
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+fn metric(server: &TestServer, name: &str) -> f64 {
+    let text = server.metrics();
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+#[test]
+fn a_declared_body_over_the_limit_is_refused_before_it_is_sent() {
+    let server = TestServer::start();
+    let mut stream = connect(&server);
+    let started = Instant::now();
+    stream
+        .write_all(b"POST /ingest?name=x&format=pprof HTTP/1.1\r\nHost: kiln\r\nContent-Length: 1000000000000\r\n\r\nabc")
+        .unwrap();
+    let answer = read_until_closed(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(
+        answer.contains("exceeds the limit of 16777216 bytes"),
+        "{answer}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn stalled_bodies_and_headers_are_cut_off() {
+    let server = TestServer::start_with(|config| {
+        config.http.header_read_timeout_ms = 500;
+        config.http.body_read_timeout_ms = 700;
+    });
+    // A body that stops after 10 of its 1000 bytes: 408 once the body deadline passes.
+    let mut stream = connect(&server);
+    let started = Instant::now();
+    stream
+        .write_all(b"POST /ingest?name=x&format=pprof HTTP/1.1\r\nHost: kiln\r\nContent-Length: 1000\r\n\r\n0123456789")
+        .unwrap();
+    let answer = read_until_closed(&mut stream);
+    let waited = started.elapsed();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("did not arrive within 0.7 s"), "{answer}");
+    assert!(
+        waited >= Duration::from_millis(600) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    // One byte at a time does not reset the deadline.
+    let mut stream = connect(&server);
+    let started = Instant::now();
+    stream
+        .write_all(b"POST /ingest?name=x&format=pprof HTTP/1.1\r\nHost: kiln\r\nContent-Length: 1000\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    for _ in 0..40 {
+        std::thread::sleep(Duration::from_millis(100));
+        if stream.write_all(b"x").is_err() {
+            break;
+        }
+        stream.set_nonblocking(true).unwrap();
+        let mut buffer = [0u8; 4096];
+        if let Ok(n) = stream.read(&mut buffer) {
+            answer.push_str(&String::from_utf8_lossy(&buffer[..n]));
+            if n == 0 || answer.contains("\r\n\r\n") {
+                break;
+            }
+        }
+        stream.set_nonblocking(false).unwrap();
+    }
+    assert!(
+        answer.starts_with("HTTP/1.1 408"),
+        "trickled body not cut off: {answer:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    // Headers that never end: the connection is closed.
+    let mut stream = connect(&server);
+    let started = Instant::now();
+    stream
+        .write_all(b"POST /ingest HTTP/1.1\r\nHost: kil")
+        .unwrap();
+    let answer = read_until_closed(&mut stream);
+    assert!(!answer.starts_with("HTTP/1.1 2"), "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // The server still serves.
+    let (status, _) = server.get("/ready");
+    assert_eq!(status, 200);
+    assert!(
+        server
+            .metrics()
+            .contains("kiln_ingest_rejected_total{endpoint=\"ingest\",reason=\"timeout\"}"),
+        "timeouts are counted"
+    );
+}
+
+#[test]
+fn connections_past_the_cap_are_answered_503_and_closed() {
+    let server = TestServer::start_with(|config| {
+        config.http.max_connections = 16;
+        config.http.header_read_timeout_ms = 60_000;
+    });
+    // 40 clients that send half a request line and wait.
+    let mut held: Vec<TcpStream> = Vec::new();
+    let mut refused = 0;
+    for _ in 0..40 {
+        let mut stream = connect(&server);
+        stream.write_all(b"GET /ready HTT").unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let mut buffer = [0u8; 256];
+        match stream.read(&mut buffer) {
+            Ok(n) if n > 0 => {
+                let answer = String::from_utf8_lossy(&buffer[..n]);
+                assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+                refused += 1;
+            }
+            _ => held.push(stream),
+        }
+    }
+    assert_eq!(held.len(), 16, "the cap holds exactly max_connections");
+    assert_eq!(refused, 24);
+    // Clients that go away free their slots (stalled ones are freed by the header
+    // deadline, tested above); then the server answers again.
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut status = 0;
+    while Instant::now() < deadline {
+        let mut stream = connect(&server);
+        stream
+            .write_all(b"GET /ready HTTP/1.1\r\nHost: kiln\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let answer = read_until_closed(&mut stream);
+        if answer.starts_with("HTTP/1.1 200") {
+            status = 200;
+            break;
+        }
+        // Still full: the server has not yet seen every client go.
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        refused += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(status, 200, "slots were not freed");
+    assert_eq!(
+        metric(&server, "kiln_http_connections_refused_total"),
+        f64::from(refused)
+    );
+    assert!(metric(&server, "kiln_http_connections_open") <= 2.0);
+}
