@@ -2,6 +2,7 @@
 //! one machine with embedded defaults; `kiln bench` measures the hot paths.
 
 mod admin;
+mod agent;
 mod bench;
 mod bench_query;
 mod bench_scrape;
@@ -60,6 +61,8 @@ enum Command {
     Admin(admin::AdminArgs),
     /// Scrape pprof endpoints and push the profiles to a Kiln server.
     Scrape(scrape::ScrapeArgs),
+    /// Profile every process on this host (perf events) and push to a Kiln server.
+    Agent(agent::AgentArgs),
     /// Measure a hot path and print its figures.
     Bench {
         #[command(subcommand)]
@@ -176,6 +179,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         Command::Query(args) => return query::run(args),
         Command::Admin(args) => runtime.block_on(admin::run(args)),
         Command::Scrape(args) => runtime.block_on(scrape::run(args)),
+        Command::Agent(args) => runtime.block_on(agent::run(args)),
     };
     done.map(|()| std::process::ExitCode::SUCCESS)
 }

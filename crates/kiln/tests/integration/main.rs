@@ -1,6 +1,7 @@
 //! End-to-end tests: a real server on a loopback port, real profiles pushed through every
 //! ingest protocol, and the results read back and checked against `go tool pprof`.
 
+mod agent;
 mod cli;
 mod common;
 mod compaction;

@@ -1,0 +1,229 @@
+//! Kiln's host agent: profiles every process on a Linux host, with no change to any of
+//! them, and reports one self-contained pprof per process per interval.
+//!
+//! Data flow:
+//!
+//! ```text
+//!  perf_event_open(cpu-clock, every CPU) ──▶ ring buffers ──▶ records (perf.rs)
+//!      samples ──▶ stack counts per process instance (this file)
+//!      mmap2/comm/fork/exit ──▶ process table: who is which program (procs.rs)
+//!  every interval: symbolize (blazesym) and write one pprof per process (report.rs)
+//!      ──▶ a sink: the push API, or the server's own ingester with `kiln server --agent`
+//! ```
+//!
+//! User stacks come from the kernel's call chain, which walks frame pointers: Go keeps
+//! them, and so do programs built with `-fno-omit-frame-pointer` (Fedora and Ubuntu build
+//! their packages so). Programs without them get truncated user stacks in this version.
+
+pub mod perf;
+pub mod procs;
+pub mod report;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub use perf::PerfError;
+use perf::{PerfEvents, Record};
+use procs::{Instance, Mapping, ProcessTable};
+pub use report::Report;
+use report::{HostInfo, ProfileWriter, Stack, Symbols};
+
+/// How the agent samples and reports.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Samples per second per CPU.
+    pub frequency: u64,
+    /// Time covered by one report.
+    pub interval: Duration,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            frequency: 19,
+            interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Counters of the agent's own work.
+#[derive(Debug, Default)]
+pub struct AgentStats {
+    pub samples: AtomicU64,
+    pub lost: AtomicU64,
+    pub reports: AtomicU64,
+    pub processes: AtomicU64,
+}
+
+/// Samples every CPU and aggregates stacks per process until the next report.
+pub struct Collector {
+    config: AgentConfig,
+    events: PerfEvents,
+    table: ProcessTable,
+    stacks: HashMap<Instance, HashMap<Stack, u64>>,
+    symbols: Symbols,
+    host: HostInfo,
+    stats: Arc<AgentStats>,
+    interval_start: i64,
+}
+
+fn now_nanos() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+impl Collector {
+    /// Opens the perf events; fails at once, with what to change, when not permitted.
+    pub fn open(config: AgentConfig) -> Result<Collector, PerfError> {
+        let events = PerfEvents::open(config.frequency.clamp(1, 1000))?;
+        Ok(Collector {
+            config,
+            events,
+            table: ProcessTable::default(),
+            stacks: HashMap::new(),
+            symbols: Symbols::default(),
+            host: HostInfo::read(),
+            stats: Arc::default(),
+            interval_start: now_nanos(),
+        })
+    }
+
+    pub fn stats(&self) -> Arc<AgentStats> {
+        self.stats.clone()
+    }
+
+    pub fn cpus(&self) -> usize {
+        self.events.cpus()
+    }
+
+    /// Reads what the kernel wrote since the last call.
+    pub fn poll(&mut self) {
+        let mut records = Vec::new();
+        self.events.drain(|record| records.push(record));
+        for record in records {
+            self.record(record);
+        }
+    }
+
+    fn record(&mut self, record: Record) {
+        match record {
+            Record::Sample {
+                pid, kernel, user, ..
+            } => {
+                if pid == 0 {
+                    return; // the idle task
+                }
+                self.stats.samples.fetch_add(1, Ordering::Relaxed);
+                let instance = self.table.for_sample(pid);
+                let stack = Stack {
+                    kernel: kernel.into_boxed_slice(),
+                    user: user.into_boxed_slice(),
+                };
+                *self
+                    .stacks
+                    .entry(instance)
+                    .or_default()
+                    .entry(stack)
+                    .or_default() += 1;
+            }
+            Record::Mmap {
+                pid,
+                start,
+                len,
+                pgoff,
+                path,
+                build_id,
+            } => {
+                if pid == u32::MAX {
+                    return; // kernel modules
+                }
+                self.table.mmap(
+                    pid,
+                    Mapping {
+                        start,
+                        end: start.saturating_add(len),
+                        pgoff,
+                        path,
+                        build_id,
+                    },
+                );
+            }
+            Record::Comm {
+                pid,
+                tid,
+                comm,
+                exec,
+            } => self.table.comm(pid, tid, comm, exec),
+            Record::Fork { pid, ppid, tid } => self.table.fork(pid, ppid, tid),
+            Record::Exit { pid, tid } => self.table.exit(pid, tid),
+            Record::Lost(count) => {
+                self.stats.lost.fetch_add(count, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// One report per process that was sampled since the last call.
+    pub fn report(&mut self) -> Vec<Report> {
+        let now = now_nanos();
+        let stacks = std::mem::take(&mut self.stacks);
+        let kernel = report::resolve_kernel(&self.symbols, &stacks);
+        let period =
+            1_000_000_000 / i64::try_from(self.config.frequency.clamp(1, 1000)).unwrap_or(19);
+        let writer = ProfileWriter::new(&self.symbols, &kernel, period);
+        let mut reports = Vec::new();
+        for (instance, counts) in &stacks {
+            let Some(process) = self.table.instance(*instance) else {
+                continue;
+            };
+            let profile = writer.write(
+                process,
+                counts,
+                self.interval_start,
+                now - self.interval_start,
+            );
+            reports.push(Report {
+                labels: report::process_labels(process, &self.host),
+                profile,
+            });
+        }
+        self.interval_start = now;
+        self.table.forget_exited();
+        self.stats
+            .reports
+            .fetch_add(reports.len() as u64, Ordering::Relaxed);
+        self.stats
+            .processes
+            .store(self.table.len() as u64, Ordering::Relaxed);
+        reports
+    }
+
+    /// Polls every 100 ms and hands a batch of reports to `sink` every interval, until
+    /// `stop` is set.
+    pub fn run(mut self, stop: &AtomicBool, mut sink: impl FnMut(Vec<Report>)) {
+        let mut next_report = Instant::now() + self.config.interval;
+        let mut next_cpu_check = Instant::now() + Duration::from_secs(10);
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(100));
+            self.poll();
+            let now = Instant::now();
+            if now >= next_cpu_check {
+                next_cpu_check = now + Duration::from_secs(10);
+                match self.events.add_new_cpus() {
+                    Ok(0) => {}
+                    Ok(added) => tracing::info!(added, "sampling CPUs that came online"),
+                    Err(err) => tracing::warn!(error = %err, "cannot sample a new CPU"),
+                }
+            }
+            if now >= next_report {
+                next_report += self.config.interval;
+                sink(self.report());
+            }
+        }
+        self.poll();
+        sink(self.report());
+    }
+}

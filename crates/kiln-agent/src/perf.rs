@@ -1,0 +1,534 @@
+//! Perf events: one `cpu-clock` sampling event per online CPU, each with its own mmap'd
+//! ring buffer, and the records read from them.
+//!
+//! The kernel writes records (samples with their call chains, and the mmap, comm, fork
+//! and exit records that say which process has which executable mapped) into a ring the
+//! agent shares with it; the agent reads between `data_tail` and `data_head` and moves the
+//! tail on. A full ring drops records and says so with a `LOST` record, which is counted.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{fence, Ordering};
+
+use perf_event_open_sys as sys;
+use sys::bindings as b;
+
+/// Data pages per CPU ring (a power of two): 512 KiB holds a few seconds of samples with
+/// 127-frame call chains at 1000 Hz, so a 100 ms drain never falls behind.
+const RING_PAGES: usize = 128;
+
+/// Why the events could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum PerfError {
+    /// Not permitted: the message says which setting to change.
+    #[error("{0}")]
+    Permission(String),
+    #[error("perf_event_open on CPU {cpu}: {source}")]
+    Open { cpu: usize, source: io::Error },
+    #[error("mmap of the ring buffer of CPU {cpu}: {source}")]
+    Mmap { cpu: usize, source: io::Error },
+    #[error("cannot list online CPUs: {0}")]
+    Cpus(io::Error),
+}
+
+/// What a record says, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    /// A sample: the process and thread, and the call chain, innermost first, with the
+    /// kernel's context markers removed (`kernel` frames, then `user` frames).
+    Sample {
+        pid: u32,
+        tid: u32,
+        kernel: Vec<u64>,
+        user: Vec<u64>,
+    },
+    /// An executable mapping appeared.
+    Mmap {
+        pid: u32,
+        start: u64,
+        len: u64,
+        pgoff: u64,
+        path: String,
+        build_id: Option<Vec<u8>>,
+    },
+    /// A thread was named; `exec` when it is the name of a newly executed program.
+    Comm {
+        pid: u32,
+        tid: u32,
+        comm: String,
+        exec: bool,
+    },
+    Fork {
+        pid: u32,
+        ppid: u32,
+        tid: u32,
+    },
+    Exit {
+        pid: u32,
+        tid: u32,
+    },
+    /// Records the kernel dropped because the ring was full.
+    Lost(u64),
+}
+
+/// Online CPUs, from `/sys/devices/system/cpu/online` (`0-3,5`).
+pub fn online_cpus() -> Result<Vec<usize>, PerfError> {
+    let text =
+        std::fs::read_to_string("/sys/devices/system/cpu/online").map_err(PerfError::Cpus)?;
+    Ok(parse_cpu_list(&text))
+}
+
+fn parse_cpu_list(text: &str) -> Vec<usize> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<usize>(), b.parse::<usize>()) {
+                    cpus.extend(a..=b);
+                }
+            }
+            None => cpus.extend(part.parse::<usize>().ok()),
+        }
+    }
+    cpus
+}
+
+fn paranoid() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .map(|text| text.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// One CPU's event and ring.
+struct Ring {
+    cpu: usize,
+    /// Kept open for as long as the ring is mapped: closing it stops the event.
+    _fd: OwnedFd,
+    base: *mut u8,
+    mapped: usize,
+    data_offset: usize,
+    data_size: usize,
+}
+
+// SAFETY: the mapping is owned by this value and only read through `&mut self`.
+unsafe impl Send for Ring {}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: `base` and `mapped` are exactly what mmap returned; nothing else uses them.
+        unsafe {
+            libc::munmap(self.base.cast(), self.mapped);
+        }
+    }
+}
+
+/// Sampling events on every online CPU.
+pub struct PerfEvents {
+    rings: Vec<Ring>,
+    frequency: u64,
+    scratch: Vec<u8>,
+}
+
+impl PerfEvents {
+    /// Opens a `cpu-clock` event sampling at `frequency` Hz on every online CPU, for every
+    /// process, with kernel and user call chains and the records that track mappings.
+    pub fn open(frequency: u64) -> Result<PerfEvents, PerfError> {
+        let mut events = PerfEvents {
+            rings: Vec::new(),
+            frequency,
+            scratch: Vec::new(),
+        };
+        for cpu in online_cpus()? {
+            events.open_cpu(cpu)?;
+        }
+        Ok(events)
+    }
+
+    /// Opens CPUs that came online since; returns how many.
+    pub fn add_new_cpus(&mut self) -> Result<usize, PerfError> {
+        let mut added = 0;
+        for cpu in online_cpus()? {
+            if !self.rings.iter().any(|ring| ring.cpu == cpu) {
+                self.open_cpu(cpu)?;
+                added += 1;
+            }
+        }
+        Ok(added)
+    }
+
+    pub fn cpus(&self) -> usize {
+        self.rings.len()
+    }
+
+    fn open_cpu(&mut self, cpu: usize) -> Result<(), PerfError> {
+        let mut attr = b::perf_event_attr {
+            type_: b::PERF_TYPE_SOFTWARE,
+            size: std::mem::size_of::<b::perf_event_attr>() as u32,
+            config: u64::from(b::PERF_COUNT_SW_CPU_CLOCK),
+            sample_type: u64::from(
+                b::PERF_SAMPLE_IP
+                    | b::PERF_SAMPLE_TID
+                    | b::PERF_SAMPLE_TIME
+                    | b::PERF_SAMPLE_PERIOD
+                    | b::PERF_SAMPLE_CALLCHAIN,
+            ),
+            ..Default::default()
+        };
+        attr.__bindgen_anon_1.sample_freq = self.frequency;
+        attr.set_freq(1);
+        attr.set_mmap(1);
+        attr.set_mmap2(1);
+        attr.set_comm(1);
+        attr.set_comm_exec(1);
+        attr.set_task(1);
+        attr.set_build_id(1);
+        // SAFETY: `attr` is a valid, initialised perf_event_attr of the size it declares.
+        let fd = unsafe {
+            sys::perf_event_open(&mut attr, -1, cpu as i32, -1, b::PERF_FLAG_FD_CLOEXEC as _)
+        };
+        if fd < 0 {
+            let err = io::Error::last_os_error();
+            return Err(match err.raw_os_error() {
+                Some(libc::EACCES) | Some(libc::EPERM) => PerfError::Permission(format!(
+                    "perf_event_open was refused ({err}): profiling every process needs root, \
+                     or CAP_PERFMON (CAP_SYS_ADMIN before Linux 5.8), or \
+                     kernel.perf_event_paranoid at -1 (it is {}): \
+                     run as root, `setcap cap_perfmon,cap_sys_ptrace,cap_syslog+ep $(which kiln)`, \
+                     or `sysctl kernel.perf_event_paranoid=-1`",
+                    paranoid()
+                )),
+                _ => PerfError::Open { cpu, source: err },
+            });
+        }
+        // SAFETY: perf_event_open returned a new descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let page = page_size();
+        let mapped = page * (RING_PAGES + 1);
+        // SAFETY: a shared read-write mapping of the event's ring, as perf_event_open(2)
+        // documents; the result is checked before use.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(PerfError::Mmap {
+                cpu,
+                source: io::Error::last_os_error(),
+            });
+        }
+        let base = base.cast::<u8>();
+        // SAFETY: the first page of the mapping is the kernel's perf_event_mmap_page.
+        let header = unsafe { &*(base as *const b::perf_event_mmap_page) };
+        let (data_offset, data_size) = if header.data_size != 0 {
+            (header.data_offset as usize, header.data_size as usize)
+        } else {
+            (page, page * RING_PAGES)
+        };
+        self.rings.push(Ring {
+            cpu,
+            _fd: fd,
+            base,
+            mapped,
+            data_offset,
+            data_size,
+        });
+        Ok(())
+    }
+
+    /// Reads every record waiting in every ring and hands each to `sink`.
+    pub fn drain(&mut self, mut sink: impl FnMut(Record)) {
+        for ring in &mut self.rings {
+            drain_ring(ring, &mut self.scratch, &mut sink);
+        }
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).unwrap_or(4096)
+}
+
+fn drain_ring(ring: &mut Ring, scratch: &mut Vec<u8>, sink: &mut impl FnMut(Record)) {
+    let header = ring.base as *mut b::perf_event_mmap_page;
+    // SAFETY: `header` points at the mapped control page; data_head is written by the
+    // kernel, so it is read volatile and fenced before the data it covers is read.
+    let head = unsafe { std::ptr::read_volatile(&(*header).data_head) };
+    fence(Ordering::Acquire);
+    // SAFETY: as above; data_tail is ours to read and write.
+    let mut tail = unsafe { std::ptr::read_volatile(&(*header).data_tail) };
+    // SAFETY: the data area lies within the mapping, at the offset the kernel gave.
+    let data =
+        unsafe { std::slice::from_raw_parts(ring.base.add(ring.data_offset), ring.data_size) };
+    while tail < head {
+        let at = (tail % ring.data_size as u64) as usize;
+        let mut size_bytes = [0u8; 8];
+        copy_wrapped(data, at, &mut size_bytes);
+        let size = usize::from(u16::from_ne_bytes([size_bytes[6], size_bytes[7]]));
+        if size < 8 || (head - tail) < size as u64 {
+            break; // a torn or corrupt header: stop, and skip what is left
+        }
+        scratch.resize(size, 0);
+        copy_wrapped(data, at, scratch);
+        if let Some(record) = parse_record(scratch) {
+            sink(record);
+        }
+        tail += size as u64;
+    }
+    fence(Ordering::Release);
+    // SAFETY: publishing the new tail tells the kernel the space is free again.
+    unsafe { std::ptr::write_volatile(&mut (*header).data_tail, head.max(tail)) };
+}
+
+/// Copies `out.len()` bytes from the ring starting at `at`, wrapping at its end.
+fn copy_wrapped(data: &[u8], at: usize, out: &mut [u8]) {
+    let first = (data.len() - at).min(out.len());
+    out[..first].copy_from_slice(&data[at..at + first]);
+    let rest = out.len() - first;
+    out[first..].copy_from_slice(&data[..rest]);
+}
+
+/// A little reader over one record's bytes; every read is bounds-checked.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn u32(&mut self) -> Option<u32> {
+        let bytes = self.bytes.get(self.at..self.at + 4)?;
+        self.at += 4;
+        Some(u32::from_ne_bytes(bytes.try_into().ok()?))
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        let bytes = self.bytes.get(self.at..self.at + 8)?;
+        self.at += 8;
+        Some(u64::from_ne_bytes(bytes.try_into().ok()?))
+    }
+
+    fn take(&mut self, len: usize) -> Option<&'a [u8]> {
+        let bytes = self.bytes.get(self.at..self.at.checked_add(len)?)?;
+        self.at += len;
+        Some(bytes)
+    }
+
+    /// A NUL-terminated string padded to 8 bytes, up to the end of the record.
+    fn string(&mut self) -> String {
+        let rest = self.bytes.get(self.at..).unwrap_or_default();
+        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+        self.at = self.bytes.len();
+        String::from_utf8_lossy(&rest[..end]).into_owned()
+    }
+}
+
+/// The fields MMAP and MMAP2 records begin with: pid, (tid), start, length, file offset.
+fn mapping_fields(cursor: &mut Cursor<'_>) -> Option<(u32, u64, u64, u64)> {
+    let pid = cursor.u32()?;
+    let _tid = cursor.u32()?;
+    Some((pid, cursor.u64()?, cursor.u64()?, cursor.u64()?))
+}
+
+/// Decodes one record (header included); `None` for types the agent does not use or a
+/// record too short for its type.
+pub fn parse_record(bytes: &[u8]) -> Option<Record> {
+    let mut cursor = Cursor { bytes, at: 0 };
+    let kind = cursor.u32()?;
+    let misc = u32::from(u16::from_ne_bytes(cursor.take(2)?.try_into().ok()?));
+    cursor.take(2)?;
+    match kind {
+        b::PERF_RECORD_SAMPLE => {
+            let _ip = cursor.u64()?;
+            let pid = cursor.u32()?;
+            let tid = cursor.u32()?;
+            let _time = cursor.u64()?;
+            let _period = cursor.u64()?;
+            let count = usize::try_from(cursor.u64()?).ok()?;
+            if count > 4096 {
+                return None;
+            }
+            let (mut kernel, mut user) = (Vec::new(), Vec::new());
+            let mut in_kernel = true;
+            for _ in 0..count {
+                let ip = cursor.u64()?;
+                if ip >= b::PERF_CONTEXT_MAX {
+                    if ip == b::PERF_CONTEXT_KERNEL {
+                        in_kernel = true;
+                    } else if ip == b::PERF_CONTEXT_USER {
+                        in_kernel = false;
+                    }
+                    continue;
+                }
+                if in_kernel {
+                    kernel.push(ip);
+                } else {
+                    user.push(ip);
+                }
+            }
+            Some(Record::Sample {
+                pid,
+                tid,
+                kernel,
+                user,
+            })
+        }
+        b::PERF_RECORD_MMAP2 => {
+            let (pid, start, len, pgoff) = mapping_fields(&mut cursor)?;
+            let identity = cursor.take(24)?;
+            let build_id = if misc & b::PERF_RECORD_MISC_MMAP_BUILD_ID != 0 {
+                let size = usize::from(identity[0]).min(20);
+                Some(identity[4..4 + size].to_vec())
+            } else {
+                None
+            };
+            let _prot = cursor.u32()?;
+            let _flags = cursor.u32()?;
+            let path = cursor.string();
+            Some(Record::Mmap {
+                pid,
+                start,
+                len,
+                pgoff,
+                path,
+                build_id,
+            })
+        }
+        b::PERF_RECORD_MMAP => {
+            let (pid, start, len, pgoff) = mapping_fields(&mut cursor)?;
+            let path = cursor.string();
+            Some(Record::Mmap {
+                pid,
+                start,
+                len,
+                pgoff,
+                path,
+                build_id: None,
+            })
+        }
+        b::PERF_RECORD_COMM => {
+            let pid = cursor.u32()?;
+            let tid = cursor.u32()?;
+            let comm = cursor.string();
+            Some(Record::Comm {
+                pid,
+                tid,
+                comm,
+                exec: misc & b::PERF_RECORD_MISC_COMM_EXEC != 0,
+            })
+        }
+        b::PERF_RECORD_FORK => {
+            let pid = cursor.u32()?;
+            let ppid = cursor.u32()?;
+            let tid = cursor.u32()?;
+            Some(Record::Fork { pid, ppid, tid })
+        }
+        b::PERF_RECORD_EXIT => {
+            let pid = cursor.u32()?;
+            let _ppid = cursor.u32()?;
+            let tid = cursor.u32()?;
+            Some(Record::Exit { pid, tid })
+        }
+        b::PERF_RECORD_LOST => {
+            let _id = cursor.u64()?;
+            Some(Record::Lost(cursor.u64()?))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(kind: u32, misc: u16, body: &[u8]) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&kind.to_ne_bytes());
+        bytes.extend_from_slice(&misc.to_ne_bytes());
+        bytes.extend_from_slice(&((body.len() + 8) as u16).to_ne_bytes());
+        bytes.extend_from_slice(body);
+        bytes
+    }
+
+    #[test]
+    fn samples_split_kernel_and_user_frames() {
+        let mut body = Vec::new();
+        body.extend_from_slice(&0x1000u64.to_ne_bytes()); // ip
+        body.extend_from_slice(&7u32.to_ne_bytes()); // pid
+        body.extend_from_slice(&8u32.to_ne_bytes()); // tid
+        body.extend_from_slice(&1u64.to_ne_bytes()); // time
+        body.extend_from_slice(&10u64.to_ne_bytes()); // period
+        let chain = [
+            b::PERF_CONTEXT_KERNEL,
+            0xffff_0001,
+            0xffff_0002,
+            b::PERF_CONTEXT_USER,
+            0x10,
+            0x20,
+        ];
+        body.extend_from_slice(&(chain.len() as u64).to_ne_bytes());
+        for ip in chain {
+            body.extend_from_slice(&ip.to_ne_bytes());
+        }
+        let parsed = parse_record(&record(b::PERF_RECORD_SAMPLE, 0, &body)).unwrap();
+        assert_eq!(
+            parsed,
+            Record::Sample {
+                pid: 7,
+                tid: 8,
+                kernel: vec![0xffff_0001, 0xffff_0002],
+                user: vec![0x10, 0x20],
+            }
+        );
+        // Truncated: no record, no panic.
+        let bytes = record(b::PERF_RECORD_SAMPLE, 0, &body);
+        for len in 0..bytes.len() {
+            let _ = parse_record(&bytes[..len]);
+        }
+    }
+
+    #[test]
+    fn mmap2_records_carry_the_build_id() {
+        let mut body = Vec::new();
+        body.extend_from_slice(&5u32.to_ne_bytes());
+        body.extend_from_slice(&5u32.to_ne_bytes());
+        body.extend_from_slice(&0x40_0000u64.to_ne_bytes());
+        body.extend_from_slice(&0x1000u64.to_ne_bytes());
+        body.extend_from_slice(&0x2000u64.to_ne_bytes());
+        let mut identity = [0u8; 24];
+        identity[0] = 3;
+        identity[4..7].copy_from_slice(&[0xab, 0xcd, 0xef]);
+        body.extend_from_slice(&identity);
+        body.extend_from_slice(&5u32.to_ne_bytes());
+        body.extend_from_slice(&2u32.to_ne_bytes());
+        body.extend_from_slice(b"/usr/bin/app\0\0\0\0");
+        let parsed = parse_record(&record(
+            b::PERF_RECORD_MMAP2,
+            b::PERF_RECORD_MISC_MMAP_BUILD_ID as u16,
+            &body,
+        ))
+        .unwrap();
+        assert_eq!(
+            parsed,
+            Record::Mmap {
+                pid: 5,
+                start: 0x40_0000,
+                len: 0x1000,
+                pgoff: 0x2000,
+                path: "/usr/bin/app".into(),
+                build_id: Some(vec![0xab, 0xcd, 0xef]),
+            }
+        );
+    }
+
+    #[test]
+    fn cpu_lists_parse() {
+        assert_eq!(parse_cpu_list("0-3,5\n"), vec![0, 1, 2, 3, 5]);
+        assert_eq!(parse_cpu_list("0\n"), vec![0]);
+    }
+}

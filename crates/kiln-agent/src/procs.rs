@@ -1,0 +1,370 @@
+//! Which program each process is, and what it has mapped where.
+//!
+//! A process is known from the records the kernel writes as things happen (MMAP2 for every
+//! executable mapping, with its build id; COMM with the exec flag when a new program
+//! starts; FORK; EXIT), and from `/proc/PID` for processes that were already running when
+//! the agent started. So a process that lives 200 ms is still attributed to its program,
+//! by the mappings seen while it ran, even when `/proc/PID` is gone by the time its
+//! samples are reported.
+//!
+//! A pid can be reused. Each process gets an [`Instance`] number when it is first seen,
+//! exec'd or forked, and samples are counted per instance, never per pid, so one
+//! program's samples never go to another.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+/// One executable mapping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// File offset of `start`.
+    pub pgoff: u64,
+    pub path: String,
+    pub build_id: Option<Vec<u8>>,
+}
+
+impl Mapping {
+    /// Whether the path names a file (not `[vdso]`, `[anon:…]`, `//anon`).
+    pub fn is_file(&self) -> bool {
+        self.path.starts_with('/') && !self.path.starts_with("//anon")
+    }
+
+    pub fn file_offset(&self, address: u64) -> u64 {
+        address - self.start + self.pgoff
+    }
+}
+
+/// A process as one run of one program: a new number at each exec and for each new pid.
+pub type Instance = u64;
+
+#[derive(Debug, Clone)]
+pub struct Process {
+    pub pid: u32,
+    pub instance: Instance,
+    pub comm: String,
+    pub exe: String,
+    pub cgroup: String,
+    /// Sorted by start, non-overlapping.
+    pub mappings: Vec<Mapping>,
+    /// The process exited; it is forgotten once its samples were reported.
+    pub exited: bool,
+    /// `/proc/PID/maps` was read for it (only once: later changes arrive as records).
+    pub read_proc: bool,
+}
+
+impl Process {
+    fn new(pid: u32, instance: Instance) -> Self {
+        Process {
+            pid,
+            instance,
+            comm: String::new(),
+            exe: String::new(),
+            cgroup: String::new(),
+            mappings: Vec::new(),
+            exited: false,
+            read_proc: false,
+        }
+    }
+
+    /// The mapping holding `address`.
+    pub fn mapping(&self, address: u64) -> Option<&Mapping> {
+        let index = self.mappings.partition_point(|m| m.start <= address);
+        let mapping = self.mappings.get(index.checked_sub(1)?)?;
+        (address < mapping.end).then_some(mapping)
+    }
+
+    fn add_mapping(&mut self, mapping: Mapping) {
+        // A new mapping replaces whatever it overlaps, as mmap(2) does.
+        self.mappings
+            .retain(|m| m.end <= mapping.start || m.start >= mapping.end);
+        let index = self.mappings.partition_point(|m| m.start < mapping.start);
+        self.mappings.insert(index, mapping);
+    }
+
+    /// The program's own file: the mapping of the executable, else the first file.
+    pub fn main_mapping(&self) -> Option<&Mapping> {
+        self.mappings
+            .iter()
+            .find(|m| !self.exe.is_empty() && m.path == self.exe)
+            .or_else(|| self.mappings.iter().find(|m| m.is_file()))
+    }
+}
+
+/// Every process the agent has seen: the current instance of each pid, and instances
+/// replaced (by an exec or a reused pid) or exited whose samples are not reported yet.
+#[derive(Debug)]
+pub struct ProcessTable {
+    by_pid: HashMap<u32, Instance>,
+    instances: HashMap<Instance, Process>,
+    next_instance: Instance,
+    proc_root: PathBuf,
+}
+
+impl Default for ProcessTable {
+    fn default() -> Self {
+        ProcessTable::with_proc_root("/proc")
+    }
+}
+
+impl ProcessTable {
+    pub fn with_proc_root(root: impl Into<PathBuf>) -> Self {
+        ProcessTable {
+            by_pid: HashMap::new(),
+            instances: HashMap::new(),
+            next_instance: 1,
+            proc_root: root.into(),
+        }
+    }
+
+    /// Starts a new instance for `pid`, retiring the one it had.
+    fn start(&mut self, process_for: impl FnOnce(Instance) -> Process) -> Instance {
+        let instance = self.next_instance;
+        self.next_instance += 1;
+        let process = process_for(instance);
+        let pid = process.pid;
+        if let Some(old) = self.by_pid.insert(pid, instance) {
+            if let Some(old) = self.instances.get_mut(&old) {
+                old.exited = true;
+            }
+        }
+        self.instances.insert(instance, process);
+        instance
+    }
+
+    fn current(&mut self, pid: u32) -> Option<&mut Process> {
+        let instance = self.by_pid.get(&pid)?;
+        self.instances.get_mut(instance)
+    }
+
+    pub fn instance(&self, instance: Instance) -> Option<&Process> {
+        self.instances.get(&instance)
+    }
+
+    pub fn len(&self) -> usize {
+        self.instances.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.instances.is_empty()
+    }
+
+    /// The process of a sample: known, or read from `/proc` on first sight. One gone from
+    /// `/proc` before its first sample was read is still counted, with what records said.
+    pub fn for_sample(&mut self, pid: u32) -> Instance {
+        let instance = match self.by_pid.get(&pid) {
+            Some(instance) => *instance,
+            None => self.start(|instance| Process::new(pid, instance)),
+        };
+        let root = self.proc_root.clone();
+        if let Some(process) = self.instances.get_mut(&instance) {
+            if !process.read_proc {
+                process.read_proc = true;
+                read_proc(&root, process);
+            }
+        }
+        instance
+    }
+
+    pub fn mmap(&mut self, pid: u32, mapping: Mapping) {
+        if !self.by_pid.contains_key(&pid) {
+            self.start(|instance| Process::new(pid, instance));
+        }
+        if let Some(process) = self.current(pid) {
+            // At an exec the kernel maps the program's own file first: that is the
+            // executable even when the process is gone before /proc/PID/exe is read.
+            if process.exe.is_empty() && mapping.is_file() {
+                process.exe = mapping.path.clone();
+            }
+            process.add_mapping(mapping);
+        }
+    }
+
+    /// A thread was named; at an exec the process becomes a new program, whose mappings
+    /// arrive as MMAP2 records right after.
+    pub fn comm(&mut self, pid: u32, tid: u32, comm: String, exec: bool) {
+        if exec {
+            self.start(|instance| {
+                let mut process = Process::new(pid, instance);
+                process.comm = comm;
+                process
+            });
+        } else if pid == tid {
+            if let Some(process) = self.current(pid) {
+                process.comm = comm;
+            }
+        }
+    }
+
+    /// A new process (not a new thread) starts as a copy of its parent.
+    pub fn fork(&mut self, pid: u32, ppid: u32, tid: u32) {
+        if pid != tid || pid == ppid {
+            return; // a thread
+        }
+        let parent = self.current(ppid).cloned();
+        self.start(|instance| match parent {
+            Some(parent) => Process {
+                pid,
+                instance,
+                exited: false,
+                read_proc: true,
+                ..parent
+            },
+            None => Process::new(pid, instance),
+        });
+    }
+
+    pub fn exit(&mut self, pid: u32, tid: u32) {
+        if pid == tid {
+            if let Some(process) = self.current(pid) {
+                process.exited = true;
+            }
+        }
+    }
+
+    /// Forgets exited and replaced processes; call after their samples were reported.
+    pub fn forget_exited(&mut self) {
+        self.instances.retain(|_, process| !process.exited);
+        let instances = &self.instances;
+        self.by_pid
+            .retain(|_, instance| instances.contains_key(instance));
+    }
+}
+
+/// Fills a process from `/proc/PID`: name, executable, cgroup, mappings. Any of them may be
+/// unreadable (gone, another mount namespace, hidepid): what is read is kept.
+fn read_proc(root: &std::path::Path, process: &mut Process) {
+    let dir = root.join(process.pid.to_string());
+    if process.comm.is_empty() {
+        if let Ok(comm) = std::fs::read_to_string(dir.join("comm")) {
+            process.comm = comm.trim_end().to_string();
+        }
+    }
+    if let Ok(exe) = std::fs::read_link(dir.join("exe")) {
+        process.exe = exe.to_string_lossy().into_owned();
+    }
+    if let Ok(cgroup) = std::fs::read_to_string(dir.join("cgroup")) {
+        process.cgroup = cgroup
+            .lines()
+            .next()
+            .and_then(|line| line.splitn(3, ':').nth(2))
+            .unwrap_or_default()
+            .to_string();
+    }
+    if let Ok(maps) = std::fs::read_to_string(dir.join("maps")) {
+        for mapping in parse_maps(&maps) {
+            if process.mapping(mapping.start).is_none() {
+                process.add_mapping(mapping);
+            }
+        }
+    }
+}
+
+/// The executable mappings of a `/proc/PID/maps` text.
+pub fn parse_maps(text: &str) -> Vec<Mapping> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (start, end) = fields.next()?.split_once('-')?;
+            let perms = fields.next()?;
+            let offset = fields.next()?;
+            let _device = fields.next()?;
+            let _inode = fields.next()?;
+            let path = fields.collect::<Vec<_>>().join(" ");
+            if !perms.contains('x') {
+                return None;
+            }
+            Some(Mapping {
+                start: u64::from_str_radix(start, 16).ok()?,
+                end: u64::from_str_radix(end, 16).ok()?,
+                pgoff: u64::from_str_radix(offset, 16).ok()?,
+                path,
+                build_id: None,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_parse_executable_mappings_only() {
+        let text = "55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 1 /usr/bin/app\n\
+                    55d0c0a01000-55d0c0a05000 r-xp 00001000 08:01 1 /usr/bin/app\n\
+                    7ffd1000-7ffd3000 r-xp 00000000 00:00 0 [vdso]\n\
+                    7f00-8f00 r-xp 00000000 08:01 2 /tmp/x (deleted)\n";
+        let maps = parse_maps(text);
+        assert_eq!(maps.len(), 3);
+        assert_eq!(maps[0].path, "/usr/bin/app");
+        assert_eq!(maps[0].file_offset(0x55d0c0a01010), 0x1010);
+        assert_eq!(maps[2].path, "/tmp/x (deleted)");
+        assert!(!maps[1].is_file());
+    }
+
+    #[test]
+    fn a_reused_pid_is_another_instance() {
+        let mut table = ProcessTable::with_proc_root("/nonexistent");
+        let mapping = |path: &str| Mapping {
+            start: 0x1000,
+            end: 0x2000,
+            pgoff: 0,
+            path: path.into(),
+            build_id: None,
+        };
+        table.comm(42, 42, "first".into(), true);
+        table.mmap(42, mapping("/bin/first"));
+        let first = table.for_sample(42);
+        table.exit(42, 42);
+        table.fork(42, 1, 42);
+        table.comm(42, 42, "second".into(), true);
+        table.mmap(42, mapping("/bin/second"));
+        let second = table.for_sample(42);
+        assert_ne!(first, second);
+        // The first program's samples still resolve to its own mapping until reported.
+        assert_eq!(
+            table.instance(first).unwrap().mapping(0x1800).unwrap().path,
+            "/bin/first"
+        );
+        assert_eq!(
+            table
+                .instance(second)
+                .unwrap()
+                .mapping(0x1800)
+                .unwrap()
+                .path,
+            "/bin/second"
+        );
+        assert_eq!(table.instance(second).unwrap().comm, "second");
+        table.forget_exited();
+        assert!(table.instance(first).is_none());
+        assert!(table.instance(second).is_some());
+    }
+
+    #[test]
+    fn forks_inherit_mappings_and_threads_are_not_processes() {
+        let mut table = ProcessTable::with_proc_root("/nonexistent");
+        table.comm(10, 10, "parent".into(), true);
+        table.mmap(
+            10,
+            Mapping {
+                start: 0x1000,
+                end: 0x2000,
+                pgoff: 0,
+                path: "/bin/p".into(),
+                build_id: None,
+            },
+        );
+        table.fork(10, 10, 11); // a thread
+        assert_eq!(table.len(), 1);
+        table.fork(20, 10, 20);
+        let child = table.for_sample(20);
+        assert_eq!(
+            table.instance(child).unwrap().mapping(0x1500).unwrap().path,
+            "/bin/p"
+        );
+        assert_eq!(table.instance(child).unwrap().comm, "parent");
+    }
+}

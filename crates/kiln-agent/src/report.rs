@@ -1,0 +1,462 @@
+//! Turning one interval's samples into one self-contained pprof per process.
+//!
+//! Every report carries every string, function, location and mapping it uses, so no report
+//! depends on one sent before: a server that restarted empty, or a receiver that missed a
+//! report, reads the next one whole (the OpenTelemetry profiler's "sent once" symbols are
+//! what its users lose). An address that cannot be symbolized keeps its mapping's file
+//! name, build id and file offset, so it can be symbolized later.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use blazesym::symbolize::source::{Elf, Kernel, Source};
+use blazesym::symbolize::{Input, Symbolized, Symbolizer};
+use blazesym::MaybeDefault;
+use kiln_model::pprof::{
+    Function, Line, Location, Mapping as PprofMapping, Profile, StringInterner, ValueType,
+};
+
+use crate::procs::{Instance, Mapping, Process};
+
+/// A call stack: kernel frames then user frames, each innermost first.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Stack {
+    pub kernel: Box<[u64]>,
+    pub user: Box<[u64]>,
+}
+
+/// One process's profile for one interval, and the labels of its series.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub labels: Vec<(String, String)>,
+    pub profile: Profile,
+}
+
+/// What a frame resolved to: its function names and lines, innermost (inlined) first.
+#[derive(Debug, Clone, Default)]
+pub struct Resolved {
+    frames: Vec<(String, String, i64)>,
+}
+
+/// Symbolizes with blazesym: ELF symbols and DWARF lines of the mapped files, kernel
+/// symbols from `/proc/kallsyms`, Rust and C++ names demangled.
+pub struct Symbols {
+    symbolizer: Symbolizer,
+}
+
+impl Default for Symbols {
+    fn default() -> Self {
+        Symbols {
+            symbolizer: Symbolizer::builder()
+                .enable_code_info(true)
+                .enable_inlined_fns(true)
+                .build(),
+        }
+    }
+}
+
+impl Symbols {
+    fn resolve(&self, source: &Source<'_>, input: Input<&[u64]>) -> Vec<Resolved> {
+        let count = match input {
+            Input::AbsAddr(a) | Input::VirtOffset(a) | Input::FileOffset(a) => a.len(),
+        };
+        let Ok(results) = self.symbolizer.symbolize(source, input) else {
+            return vec![Resolved::default(); count];
+        };
+        results
+            .into_iter()
+            .map(|result| match result {
+                Symbolized::Sym(sym) => {
+                    let file_line = |info: Option<&blazesym::symbolize::CodeInfo<'_>>| {
+                        info.map(|info| {
+                            let file = match &info.dir {
+                                Some(dir) => dir.join(&*info.file).to_string_lossy().into_owned(),
+                                None => info.file.to_string_lossy().into_owned(),
+                            };
+                            (file, i64::from(info.line.unwrap_or(0)))
+                        })
+                        .unwrap_or_default()
+                    };
+                    // blazesym lists inlined calls outermost first; pprof wants innermost.
+                    let mut frames: Vec<(String, String, i64)> = Vec::new();
+                    for inlined in sym.inlined.iter().rev() {
+                        let (file, line) = file_line(inlined.code_info.as_ref());
+                        frames.push((inlined.name.to_string(), file, line));
+                    }
+                    let (file, line) = file_line(sym.code_info.as_deref());
+                    frames.push((sym.name.to_string(), file, line));
+                    Resolved { frames }
+                }
+                Symbolized::Unknown(_) => Resolved::default(),
+            })
+            .collect()
+    }
+}
+
+/// The file a mapping's bytes can be read from now: through `/proc/PID/root` while the
+/// process lives (it may be in another mount namespace), `/proc/PID/map_files` for a
+/// deleted executable, else the path as it is.
+fn readable_path(process: &Process, mapping: &Mapping) -> Option<PathBuf> {
+    let proc_dir = PathBuf::from(format!("/proc/{}", process.pid));
+    if let Some(path) = mapping.path.strip_suffix(" (deleted)") {
+        let _ = path;
+        if process.exited {
+            return None;
+        }
+        let file = proc_dir.join(format!("map_files/{:x}-{:x}", mapping.start, mapping.end));
+        return file.exists().then_some(file);
+    }
+    if !process.exited {
+        let rooted = proc_dir
+            .join("root")
+            .join(mapping.path.trim_start_matches('/'));
+        if rooted.exists() {
+            return Some(rooted);
+        }
+    }
+    let path = PathBuf::from(&mapping.path);
+    path.exists().then_some(path)
+}
+
+/// Labels of a process's series: `service_name` is its executable's name (the name a
+/// person knows it by; `comm` is cut at 15 bytes), with what identifies the process.
+pub fn process_labels(process: &Process, host: &HostInfo) -> Vec<(String, String)> {
+    let exe_name = process
+        .exe
+        .rsplit('/')
+        .next()
+        .filter(|name| !name.is_empty())
+        .map(|name| name.trim_end_matches(" (deleted)").to_string());
+    let service = exe_name
+        .clone()
+        .or_else(|| (!process.comm.is_empty()).then(|| process.comm.clone()))
+        .unwrap_or_else(|| "unknown".to_string());
+    let mut labels = vec![
+        ("__name__".to_string(), "process_cpu".to_string()),
+        ("service_name".to_string(), service),
+        ("pid".to_string(), process.pid.to_string()),
+        ("hostname".to_string(), host.hostname.clone()),
+        ("kernel_release".to_string(), host.kernel_release.clone()),
+    ];
+    if !process.comm.is_empty() {
+        labels.push(("comm".to_string(), process.comm.clone()));
+    }
+    if !process.exe.is_empty() {
+        labels.push(("exe".to_string(), process.exe.clone()));
+    }
+    if let Some(build_id) = process.main_mapping().and_then(|m| m.build_id.as_ref()) {
+        labels.push(("build_id".to_string(), hex(build_id)));
+    }
+    if !process.cgroup.is_empty() && process.cgroup != "/" {
+        labels.push(("cgroup".to_string(), process.cgroup.clone()));
+        if let Some(id) = container_id(&process.cgroup) {
+            labels.push(("container_id".to_string(), id));
+        }
+    }
+    labels
+}
+
+/// A container runtime's 64-hex id in a cgroup path (`…/docker-<id>.scope`, `…/<id>`).
+pub fn container_id(cgroup: &str) -> Option<String> {
+    cgroup.split(['/', '-', '.', ':']).find_map(|part| {
+        (part.len() == 64 && part.bytes().all(|b| b.is_ascii_hexdigit())).then(|| part.to_string())
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Facts about the host, for labels.
+#[derive(Debug, Clone, Default)]
+pub struct HostInfo {
+    pub hostname: String,
+    pub kernel_release: String,
+}
+
+impl HostInfo {
+    pub fn read() -> HostInfo {
+        let read = |path: &str| {
+            std::fs::read_to_string(path)
+                .map(|text| text.trim().to_string())
+                .unwrap_or_default()
+        };
+        HostInfo {
+            hostname: read("/proc/sys/kernel/hostname"),
+            kernel_release: read("/proc/sys/kernel/osrelease"),
+        }
+    }
+}
+
+/// Builds one process's pprof from its stack counts.
+pub struct ProfileWriter<'a> {
+    symbols: &'a Symbols,
+    kernel: &'a HashMap<u64, Resolved>,
+    period_nanos: i64,
+}
+
+/// Symbolizes every kernel address of this interval at once.
+pub fn resolve_kernel(
+    symbols: &Symbols,
+    stacks: &HashMap<Instance, HashMap<Stack, u64>>,
+) -> HashMap<u64, Resolved> {
+    let mut addresses: Vec<u64> = stacks
+        .values()
+        .flat_map(|counts| counts.keys())
+        .flat_map(|stack| stack.kernel.iter().copied())
+        .collect();
+    addresses.sort_unstable();
+    addresses.dedup();
+    if addresses.is_empty() {
+        return HashMap::new();
+    }
+    let kernel = Kernel {
+        kallsyms: MaybeDefault::Default,
+        vmlinux: MaybeDefault::None,
+        debug_syms: false,
+        ..Default::default()
+    };
+    let resolved = symbols.resolve(&Source::Kernel(kernel), Input::AbsAddr(&addresses));
+    addresses.into_iter().zip(resolved).collect()
+}
+
+impl<'a> ProfileWriter<'a> {
+    pub fn new(
+        symbols: &'a Symbols,
+        kernel: &'a HashMap<u64, Resolved>,
+        period_nanos: i64,
+    ) -> Self {
+        ProfileWriter {
+            symbols,
+            kernel,
+            period_nanos,
+        }
+    }
+
+    pub fn write(
+        &self,
+        process: &Process,
+        counts: &HashMap<Stack, u64>,
+        time_nanos: i64,
+        duration_nanos: i64,
+    ) -> Profile {
+        let mut out = Out::default();
+        out.string("");
+        let samples = (out.string("samples"), out.string("count"));
+        let cpu = (out.string("cpu"), out.string("nanoseconds"));
+        out.profile.sample_type = vec![
+            ValueType {
+                r#type: samples.0,
+                unit: samples.1,
+            },
+            ValueType {
+                r#type: cpu.0,
+                unit: cpu.1,
+            },
+        ];
+        out.profile.period_type = Some(ValueType {
+            r#type: cpu.0,
+            unit: cpu.1,
+        });
+        out.profile.period = self.period_nanos;
+        out.profile.time_nanos = time_nanos;
+        out.profile.duration_nanos = duration_nanos;
+
+        // User addresses: caller frames are return addresses, so the call is one before.
+        let mut by_mapping: HashMap<usize, Vec<u64>> = HashMap::new();
+        for stack in counts.keys() {
+            for (depth, address) in stack.user.iter().enumerate() {
+                let lookup = if depth == 0 {
+                    *address
+                } else {
+                    address.saturating_sub(1)
+                };
+                if let Some(index) = mapping_index(process, lookup) {
+                    by_mapping.entry(index).or_default().push(lookup);
+                }
+            }
+        }
+        let mut resolved: HashMap<u64, Resolved> = HashMap::new();
+        for (index, mut addresses) in by_mapping {
+            addresses.sort_unstable();
+            addresses.dedup();
+            let mapping = &process.mappings[index];
+            let Some(path) = mapping
+                .is_file()
+                .then(|| readable_path(process, mapping))
+                .flatten()
+            else {
+                continue;
+            };
+            let offsets: Vec<u64> = addresses.iter().map(|a| mapping.file_offset(*a)).collect();
+            let elf = Elf::new(path);
+            let results = self
+                .symbols
+                .resolve(&Source::Elf(elf), Input::FileOffset(&offsets));
+            resolved.extend(addresses.into_iter().zip(results));
+        }
+
+        for (stack, count) in counts {
+            let mut ids = Vec::with_capacity(stack.kernel.len() + stack.user.len());
+            for address in stack.kernel.iter() {
+                let frames = self.kernel.get(address).cloned().unwrap_or_default();
+                ids.push(out.kernel_location(*address, &frames));
+            }
+            for (depth, address) in stack.user.iter().enumerate() {
+                let lookup = if depth == 0 {
+                    *address
+                } else {
+                    address.saturating_sub(1)
+                };
+                let mapping = mapping_index(process, lookup).map(|i| &process.mappings[i]);
+                let frames = resolved.get(&lookup).cloned().unwrap_or_default();
+                ids.push(out.user_location(*address, mapping, &frames));
+            }
+            let count = i64::try_from(*count).unwrap_or(i64::MAX);
+            out.profile
+                .sample
+                .push(&ids, &[count, count.saturating_mul(self.period_nanos)], &[]);
+        }
+        out.profile
+    }
+}
+
+fn mapping_index(process: &Process, address: u64) -> Option<usize> {
+    let index = process.mappings.partition_point(|m| m.start <= address);
+    let index = index.checked_sub(1)?;
+    (address < process.mappings[index].end).then_some(index)
+}
+
+#[derive(Default)]
+struct Out {
+    profile: Profile,
+    strings: StringInterner,
+    mappings: HashMap<(u64, u64), u64>,
+    functions: HashMap<(i64, i64), u64>,
+    locations: HashMap<(u64, u64), u64>,
+    kernel_mapping: u64,
+}
+
+impl Out {
+    fn string(&mut self, value: &str) -> i64 {
+        self.strings.intern(&mut self.profile.string_table, value)
+    }
+
+    fn function(&mut self, name: &str, file: &str) -> u64 {
+        let key = (self.string(name), self.string(file));
+        if let Some(id) = self.functions.get(&key) {
+            return *id;
+        }
+        let id = self.profile.function.len() as u64 + 1;
+        self.profile.function.push(Function {
+            id,
+            name: key.0,
+            system_name: key.0,
+            filename: key.1,
+            start_line: 0,
+        });
+        self.functions.insert(key, id);
+        id
+    }
+
+    fn mapping(&mut self, mapping: &Mapping, symbolized: bool) -> u64 {
+        let key = (mapping.start, mapping.end);
+        if let Some(id) = self.mappings.get(&key) {
+            return *id;
+        }
+        let id = self.profile.mapping.len() as u64 + 1;
+        let filename = self.string(&mapping.path);
+        let build_id = match &mapping.build_id {
+            Some(bytes) => self.string(&hex(bytes)),
+            None => 0,
+        };
+        self.profile.mapping.push(PprofMapping {
+            id,
+            memory_start: mapping.start,
+            memory_limit: mapping.end,
+            file_offset: mapping.pgoff,
+            filename,
+            build_id,
+            has_functions: symbolized,
+            has_filenames: symbolized,
+            has_line_numbers: symbolized,
+            has_inline_frames: symbolized,
+        });
+        self.mappings.insert(key, id);
+        id
+    }
+
+    fn location(&mut self, address: u64, mapping_id: u64, frames: &[(String, String, i64)]) -> u64 {
+        if let Some(id) = self.locations.get(&(mapping_id, address)) {
+            return *id;
+        }
+        let lines = frames
+            .iter()
+            .map(|(name, file, line)| Line {
+                function_id: self.function(name, file),
+                line: *line,
+                column: 0,
+            })
+            .collect();
+        let id = self.profile.location.len() as u64 + 1;
+        self.profile.location.push(Location {
+            id,
+            mapping_id,
+            address,
+            line: lines,
+            is_folded: false,
+        });
+        self.locations.insert((mapping_id, address), id);
+        id
+    }
+
+    fn user_location(
+        &mut self,
+        address: u64,
+        mapping: Option<&Mapping>,
+        resolved: &Resolved,
+    ) -> u64 {
+        let mapping_id = match mapping {
+            Some(mapping) => self.mapping(mapping, !resolved.frames.is_empty()),
+            None => 0,
+        };
+        self.location(address, mapping_id, &resolved.frames)
+    }
+
+    fn kernel_location(&mut self, address: u64, resolved: &Resolved) -> u64 {
+        if self.kernel_mapping == 0 {
+            let kernel = Mapping {
+                start: 0xffff_8000_0000_0000,
+                end: u64::MAX,
+                pgoff: 0,
+                path: "[kernel.kallsyms]".into(),
+                build_id: None,
+            };
+            self.kernel_mapping = self.mapping(&kernel, true);
+        }
+        let mapping_id = self.kernel_mapping;
+        self.location(address, mapping_id, &resolved.frames)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn container_ids_come_from_cgroup_paths() {
+        let id = "a".repeat(64);
+        assert_eq!(
+            container_id(&format!("/system.slice/docker-{id}.scope")),
+            Some(id.clone())
+        );
+        assert_eq!(
+            container_id(&format!("/kubepods/burstable/pod1/{id}")),
+            Some(id)
+        );
+        assert_eq!(
+            container_id("/user.slice/user-0.slice/session-1.scope"),
+            None
+        );
+    }
+}

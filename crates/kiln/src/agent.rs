@@ -1,0 +1,208 @@
+//! `kiln agent`: profiles every process on this host and pushes one self-contained pprof
+//! per process per interval to a Kiln server (`push.v1.PusherService/Push`).
+//!
+//! Reports wait in a queue bounded by bytes while the server is down or slow; past the
+//! bound the oldest are dropped and counted, so the agent's memory never grows with an
+//! outage.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use kiln_agent::{AgentConfig, Collector, Report};
+use kiln_ingest::push::{LabelPair, PushRequest, RawProfileSeries, RawSample};
+use prost::Message;
+
+#[derive(Args)]
+pub struct AgentArgs {
+    /// Kiln to push to, e.g. http://kiln:4040.
+    #[arg(long, env = "KILN_PUSH_URL")]
+    push_url: String,
+    /// Tenant (sent as X-Scope-OrgID).
+    #[arg(long, env = "KILN_TENANT")]
+    tenant: Option<String>,
+    /// Samples per second on each CPU.
+    #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    frequency: u64,
+    /// Seconds covered by one report.
+    #[arg(long, default_value_t = 10.0)]
+    interval: f64,
+    /// Bytes of reports kept while the server cannot take them; the oldest go first.
+    #[arg(long, default_value_t = 32 << 20)]
+    buffer_bytes: usize,
+}
+
+/// Encoded pushes waiting to be sent, bounded by bytes.
+#[derive(Default)]
+struct Queue {
+    pushes: Mutex<(VecDeque<Vec<u8>>, usize)>,
+    ready: Condvar,
+    dropped: AtomicU64,
+    sent: AtomicU64,
+}
+
+impl Queue {
+    fn push(&self, body: Vec<u8>, limit: usize) {
+        let Ok(mut guard) = self.pushes.lock() else {
+            return;
+        };
+        let (pushes, bytes) = &mut *guard;
+        *bytes += body.len();
+        pushes.push_back(body);
+        while *bytes > limit && pushes.len() > 1 {
+            if let Some(oldest) = pushes.pop_front() {
+                *bytes -= oldest.len();
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.ready.notify_one();
+    }
+
+    fn pop(&self, stop: &AtomicBool) -> Option<Vec<u8>> {
+        let mut guard = self.pushes.lock().ok()?;
+        loop {
+            if let Some(body) = guard.0.pop_front() {
+                guard.1 -= body.len();
+                return Some(body);
+            }
+            if stop.load(Ordering::Relaxed) {
+                return None;
+            }
+            guard = self
+                .ready
+                .wait_timeout(guard, Duration::from_millis(200))
+                .ok()?
+                .0;
+        }
+    }
+}
+
+/// One Push with every process's report of an interval.
+fn encode(reports: Vec<Report>) -> Vec<u8> {
+    let series = reports
+        .into_iter()
+        .map(|report| RawProfileSeries {
+            labels: report
+                .labels
+                .into_iter()
+                .map(|(name, value)| LabelPair { name, value })
+                .collect(),
+            samples: vec![RawSample {
+                raw_profile: report.profile.encode_to_bytes(),
+                id: String::new(),
+            }],
+        })
+        .collect();
+    PushRequest { series }.encode_to_vec()
+}
+
+pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let interval = Duration::try_from_secs_f64(args.interval)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .context("--interval must be a positive number of seconds")?;
+    let config = AgentConfig {
+        frequency: args.frequency,
+        interval,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let queue = Arc::new(Queue::default());
+    // The symbolizer caches are not Send: the collector lives on its own thread from the
+    // start, and says from there whether the events could be opened.
+    let (opened, open_result) = std::sync::mpsc::channel();
+    let collecting = {
+        let (stop, queue, limit) = (stop.clone(), queue.clone(), args.buffer_bytes);
+        std::thread::spawn(move || {
+            let collector = match Collector::open(config) {
+                Ok(collector) => collector,
+                Err(err) => {
+                    let _ = opened.send(Err(err));
+                    return;
+                }
+            };
+            let _ = opened.send(Ok((collector.cpus(), collector.stats())));
+            collector.run(&stop, |reports| {
+                if !reports.is_empty() {
+                    queue.push(encode(reports), limit);
+                }
+            })
+        })
+    };
+    let (cpus, stats) = tokio::task::spawn_blocking(move || open_result.recv())
+        .await
+        .context("the collector thread failed")?
+        .context("the collector thread failed")??;
+    tracing::info!(
+        cpus,
+        frequency = args.frequency,
+        push_url = %args.push_url,
+        "profiling every process on this host"
+    );
+    let pushing = {
+        let (stop, queue) = (stop.clone(), queue.clone());
+        let url = format!(
+            "{}/push.v1.PusherService/Push",
+            args.push_url.trim_end_matches('/')
+        );
+        let tenant = args.tenant.clone();
+        std::thread::spawn(move || push_loop(&queue, &stop, &url, tenant.as_deref()))
+    };
+    tokio::signal::ctrl_c().await?;
+    stop.store(true, Ordering::Relaxed);
+    let _ = tokio::task::spawn_blocking(move || {
+        let _ = collecting.join();
+        let _ = pushing.join();
+    })
+    .await;
+    tracing::info!(
+        samples = stats.samples.load(Ordering::Relaxed),
+        lost = stats.lost.load(Ordering::Relaxed),
+        reports = stats.reports.load(Ordering::Relaxed),
+        pushes_sent = queue.sent.load(Ordering::Relaxed),
+        pushes_dropped = queue.dropped.load(Ordering::Relaxed),
+        "agent stopped"
+    );
+    Ok(())
+}
+
+/// Sends queued pushes in order; a failure is retried with backoff (the queue's bound
+/// keeps memory flat meanwhile), a refusal (4xx) is logged and dropped.
+fn push_loop(queue: &Queue, stop: &AtomicBool, url: &str, tenant: Option<&str>) {
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(30))
+        .build();
+    while let Some(body) = queue.pop(stop) {
+        let mut backoff = Duration::from_millis(250);
+        loop {
+            let mut request = agent.post(url).set("Content-Type", "application/proto");
+            if let Some(tenant) = tenant {
+                request = request.set("X-Scope-OrgID", tenant);
+            }
+            match request.send_bytes(&body) {
+                Ok(_) => {
+                    queue.sent.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                Err(ureq::Error::Status(status, response))
+                    if (400..500).contains(&status) && status != 429 =>
+                {
+                    let text = response.into_string().unwrap_or_default();
+                    tracing::warn!(status, error = %text.trim(), "push refused; dropped");
+                    queue.dropped.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                Err(err) => {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    tracing::warn!(error = %err, retry_in = ?backoff, "push failed");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    }
+}

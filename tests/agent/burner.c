@@ -1,0 +1,34 @@
+/* Burns CPU for argv[1] seconds (default 10): 70% of it in kiln_hot_a, 30% in kiln_hot_b.
+ * The agent tests profile it and check the split, and that its stacks reach main. Both
+ * functions run the same loop, so their CPU time is in the ratio of their iterations.
+ * The volatile local gives each function a stack frame: GCC 12 sets up no frame pointer in
+ * a leaf that needs no stack, even with -fno-omit-frame-pointer, and a frame-pointer walk
+ * from such a leaf skips its caller. */
+#include <stdlib.h>
+#include <time.h>
+
+static unsigned long step(unsigned long x) {
+    return x * 6364136223846793005UL + 1442695040888963407UL;
+}
+
+__attribute__((noinline)) void kiln_hot_a(void) {
+    volatile unsigned long x = 1;
+    for (unsigned long i = 0; i < 7000000; i++) x = step(x);
+}
+
+__attribute__((noinline)) void kiln_hot_b(void) {
+    volatile unsigned long x = 1;
+    for (unsigned long i = 0; i < 3000000; i++) x = step(x);
+}
+
+int main(int argc, char **argv) {
+    double seconds = argc > 1 ? atof(argv[1]) : 10.0;
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    do {
+        kiln_hot_a();
+        kiln_hot_b();
+        clock_gettime(CLOCK_MONOTONIC, &now);
+    } while ((now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9 < seconds);
+    return 0;
+}
