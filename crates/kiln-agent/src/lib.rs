@@ -55,6 +55,70 @@ pub struct AgentStats {
     pub lost: AtomicU64,
     pub reports: AtomicU64,
     pub processes: AtomicU64,
+    /// Per binary: how its user stacks were walked, stacks sampled and stacks cut short.
+    pub binaries: std::sync::Mutex<HashMap<String, BinaryStats>>,
+}
+
+/// What the agent knows of one binary's stacks.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct BinaryStats {
+    pub method: &'static str,
+    pub stacks: u64,
+    pub truncated: u64,
+}
+
+/// Binaries tracked in [`AgentStats::binaries`]; past it, new ones count as `other`.
+const MAX_BINARIES: usize = 1000;
+
+impl AgentStats {
+    /// The Prometheus text exposition of these counters.
+    pub fn metrics_text(&self) -> String {
+        let mut out = String::new();
+        let mut counter = |name: &str, help: &str, value: u64| {
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n"
+            ));
+        };
+        counter(
+            "kiln_agent_samples_total",
+            "Samples taken",
+            self.samples.load(Ordering::Relaxed),
+        );
+        counter(
+            "kiln_agent_samples_lost_total",
+            "Samples the kernel dropped because a ring buffer was full",
+            self.lost.load(Ordering::Relaxed),
+        );
+        counter(
+            "kiln_agent_reports_total",
+            "Process profiles written",
+            self.reports.load(Ordering::Relaxed),
+        );
+        out.push_str(&format!(
+            "# HELP kiln_agent_processes Processes the agent tracks\n# TYPE kiln_agent_processes gauge\nkiln_agent_processes {}\n",
+            self.processes.load(Ordering::Relaxed)
+        ));
+        if let Ok(binaries) = self.binaries.lock() {
+            let mut names: Vec<&String> = binaries.keys().collect();
+            names.sort();
+            out.push_str("# HELP kiln_agent_stacks_total Stacks sampled per binary, by how the user stack was walked\n# TYPE kiln_agent_stacks_total counter\n");
+            for name in &names {
+                let stats = &binaries[*name];
+                out.push_str(&format!(
+                    "kiln_agent_stacks_total{{binary={:?},method={:?}}} {}\n",
+                    name, stats.method, stats.stacks
+                ));
+            }
+            out.push_str("# HELP kiln_agent_stacks_truncated_total Stacks cut at the kernel's perf_event_max_stack\n# TYPE kiln_agent_stacks_truncated_total counter\n");
+            for name in &names {
+                out.push_str(&format!(
+                    "kiln_agent_stacks_truncated_total{{binary={:?}}} {}\n",
+                    name, binaries[*name].truncated
+                ));
+            }
+        }
+        out
+    }
 }
 
 /// Samples every CPU and aggregates stacks per process until the next report.
@@ -67,6 +131,8 @@ pub struct Collector {
     host: HostInfo,
     stats: Arc<AgentStats>,
     interval_start: i64,
+    /// The kernel's `perf_event_max_stack`: a call chain this long was cut.
+    max_stack: usize,
 }
 
 fn now_nanos() -> i64 {
@@ -89,6 +155,10 @@ impl Collector {
             host: HostInfo::read(),
             stats: Arc::default(),
             interval_start: now_nanos(),
+            max_stack: std::fs::read_to_string("/proc/sys/kernel/perf_event_max_stack")
+                .ok()
+                .and_then(|text| text.trim().parse().ok())
+                .unwrap_or(127),
         })
     }
 
@@ -102,9 +172,7 @@ impl Collector {
 
     /// Reads what the kernel wrote since the last call.
     pub fn poll(&mut self) {
-        let mut records = Vec::new();
-        self.events.drain(|record| records.push(record));
-        for record in records {
+        for record in self.events.drain() {
             self.record(record);
         }
     }
@@ -112,13 +180,20 @@ impl Collector {
     fn record(&mut self, record: Record) {
         match record {
             Record::Sample {
-                pid, kernel, user, ..
+                pid,
+                kernel,
+                user,
+                depth,
+                ..
             } => {
                 if pid == 0 {
                     return; // the idle task
                 }
                 self.stats.samples.fetch_add(1, Ordering::Relaxed);
                 let instance = self.table.for_sample(pid);
+                if !user.is_empty() {
+                    self.count_stack(instance, depth >= self.max_stack);
+                }
                 let stack = Stack {
                     kernel: kernel.into_boxed_slice(),
                     user: user.into_boxed_slice(),
@@ -163,6 +238,26 @@ impl Collector {
             Record::Lost(count) => {
                 self.stats.lost.fetch_add(count, Ordering::Relaxed);
             }
+        }
+    }
+
+    fn count_stack(&self, instance: Instance, truncated: bool) {
+        let binary = self
+            .table
+            .instance(instance)
+            .map(|process| process.exe.as_str())
+            .filter(|exe| !exe.is_empty())
+            .unwrap_or("unknown");
+        if let Ok(mut binaries) = self.stats.binaries.lock() {
+            let key = if binaries.len() < MAX_BINARIES || binaries.contains_key(binary) {
+                binary.to_string()
+            } else {
+                "other".to_string()
+            };
+            let stats = binaries.entry(key).or_default();
+            stats.method = "frame_pointer";
+            stats.stacks += 1;
+            stats.truncated += u64::from(truncated);
         }
     }
 

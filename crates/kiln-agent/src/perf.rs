@@ -41,6 +41,9 @@ pub enum Record {
         tid: u32,
         kernel: Vec<u64>,
         user: Vec<u64>,
+        /// Entries in the kernel's call chain, markers included: at the kernel's
+        /// `perf_event_max_stack` the stack was cut.
+        depth: usize,
     },
     /// An executable mapping appeared.
     Mmap {
@@ -182,6 +185,10 @@ impl PerfEvents {
         attr.set_comm_exec(1);
         attr.set_task(1);
         attr.set_build_id(1);
+        // Every record carries (pid, tid, time) at its end, so records from different CPUs
+        // can be put back in order: a child's FORK on one CPU must come before its exec's
+        // COMM and MMAP2 on another, or the new program would look like its parent.
+        attr.set_sample_id_all(1);
         // SAFETY: `attr` is a valid, initialised perf_event_attr of the size it declares.
         let fd = unsafe {
             sys::perf_event_open(&mut attr, -1, cpu as i32, -1, b::PERF_FLAG_FD_CLOEXEC as _)
@@ -241,11 +248,16 @@ impl PerfEvents {
         Ok(())
     }
 
-    /// Reads every record waiting in every ring and hands each to `sink`.
-    pub fn drain(&mut self, mut sink: impl FnMut(Record)) {
+    /// Reads every record waiting in every ring, in the order they happened.
+    pub fn drain(&mut self) -> Vec<Record> {
+        let mut records: Vec<(u64, Record)> = Vec::new();
         for ring in &mut self.rings {
-            drain_ring(ring, &mut self.scratch, &mut sink);
+            drain_ring(ring, &mut self.scratch, &mut |time, record| {
+                records.push((time, record))
+            });
         }
+        records.sort_by_key(|(time, _)| *time);
+        records.into_iter().map(|(_, record)| record).collect()
     }
 }
 
@@ -255,7 +267,7 @@ fn page_size() -> usize {
     usize::try_from(size).unwrap_or(4096)
 }
 
-fn drain_ring(ring: &mut Ring, scratch: &mut Vec<u8>, sink: &mut impl FnMut(Record)) {
+fn drain_ring(ring: &mut Ring, scratch: &mut Vec<u8>, sink: &mut impl FnMut(u64, Record)) {
     let header = ring.base as *mut b::perf_event_mmap_page;
     // SAFETY: `header` points at the mapped control page; data_head is written by the
     // kernel, so it is read volatile and fenced before the data it covers is read.
@@ -276,8 +288,8 @@ fn drain_ring(ring: &mut Ring, scratch: &mut Vec<u8>, sink: &mut impl FnMut(Reco
         }
         scratch.resize(size, 0);
         copy_wrapped(data, at, scratch);
-        if let Some(record) = parse_record(scratch) {
-            sink(record);
+        if let Some((time, record)) = parse_timed(scratch) {
+            sink(time, record);
         }
         tail += size as u64;
     }
@@ -335,8 +347,25 @@ fn mapping_fields(cursor: &mut Cursor<'_>) -> Option<(u32, u64, u64, u64)> {
     Some((pid, cursor.u64()?, cursor.u64()?, cursor.u64()?))
 }
 
-/// Decodes one record (header included); `None` for types the agent does not use or a
-/// record too short for its type.
+/// Decodes one record and its time: a sample's own, or for any other record the time of
+/// the `sample_id` trailer (pid, tid, time) that `sample_id_all` appends.
+pub fn parse_timed(bytes: &[u8]) -> Option<(u64, Record)> {
+    let kind = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
+    let time = if kind == b::PERF_RECORD_SAMPLE {
+        u64::from_ne_bytes(bytes.get(24..32)?.try_into().ok()?)
+    } else {
+        u64::from_ne_bytes(bytes.get(bytes.len().checked_sub(8)?..)?.try_into().ok()?)
+    };
+    let body = if kind == b::PERF_RECORD_SAMPLE {
+        bytes
+    } else {
+        bytes.get(..bytes.len().checked_sub(16)?)?
+    };
+    Some((time, parse_record(body)?))
+}
+
+/// Decodes one record (header included, any `sample_id` trailer removed); `None` for
+/// types the agent does not use or a record too short for its type.
 pub fn parse_record(bytes: &[u8]) -> Option<Record> {
     let mut cursor = Cursor { bytes, at: 0 };
     let kind = cursor.u32()?;
@@ -376,6 +405,7 @@ pub fn parse_record(bytes: &[u8]) -> Option<Record> {
                 tid,
                 kernel,
                 user,
+                depth: count,
             })
         }
         b::PERF_RECORD_MMAP2 => {
@@ -483,6 +513,7 @@ mod tests {
                 tid: 8,
                 kernel: vec![0xffff_0001, 0xffff_0002],
                 user: vec![0x10, 0x20],
+                depth: 6,
             }
         );
         // Truncated: no record, no panic.
@@ -524,6 +555,36 @@ mod tests {
                 build_id: Some(vec![0xab, 0xcd, 0xef]),
             }
         );
+    }
+
+    #[test]
+    fn records_carry_their_time_in_the_sample_id_trailer() {
+        let mut body = Vec::new();
+        body.extend_from_slice(&9u32.to_ne_bytes());
+        body.extend_from_slice(&9u32.to_ne_bytes());
+        body.extend_from_slice(b"burner\0\0");
+        body.extend_from_slice(&9u32.to_ne_bytes()); // sample_id: pid, tid, time
+        body.extend_from_slice(&9u32.to_ne_bytes());
+        body.extend_from_slice(&1234u64.to_ne_bytes());
+        let bytes = record(
+            b::PERF_RECORD_COMM,
+            b::PERF_RECORD_MISC_COMM_EXEC as u16,
+            &body,
+        );
+        let (time, parsed) = parse_timed(&bytes).unwrap();
+        assert_eq!(time, 1234);
+        assert_eq!(
+            parsed,
+            Record::Comm {
+                pid: 9,
+                tid: 9,
+                comm: "burner".into(),
+                exec: true
+            }
+        );
+        for len in 0..bytes.len() {
+            let _ = parse_timed(&bytes[..len]);
+        }
     }
 
     #[test]

@@ -36,6 +36,32 @@ pub struct ServerConfig {
     pub scrape_configs: Vec<kiln_scrape::ScrapeConfig>,
     /// Connections: how long a client may take, and how many may be open.
     pub http: HttpConfig,
+    /// Profile this host's processes in-process (`kiln server --agent`).
+    pub agent: AgentSettings,
+}
+
+/// The in-process host agent: what `kiln agent` does, written straight to this server.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentSettings {
+    pub enabled: bool,
+    /// Samples per second on each CPU (1 to 1000).
+    pub frequency: u64,
+    /// Time covered by one report, in milliseconds.
+    pub interval_ms: u64,
+    /// Tenant the host's profiles are written to.
+    pub tenant: String,
+}
+
+impl Default for AgentSettings {
+    fn default() -> Self {
+        AgentSettings {
+            enabled: false,
+            frequency: 19,
+            interval_ms: 10_000,
+            tenant: "anonymous".to_string(),
+        }
+    }
 }
 
 /// Bounds on what a client can hold: a connection that never finishes its request would
@@ -79,6 +105,7 @@ impl Default for ServerConfig {
             compaction: CompactorConfig::default(),
             scrape_configs: Vec::new(),
             http: HttpConfig::default(),
+            agent: AgentSettings::default(),
         }
     }
 }

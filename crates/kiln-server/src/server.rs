@@ -35,6 +35,8 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Scrape(#[from] kiln_scrape::ScrapeError),
+    #[error("host agent: {0}")]
+    Agent(#[from] kiln_agent::PerfError),
 }
 
 pub struct Server;
@@ -120,6 +122,11 @@ impl Server {
             let targets = manager.targets();
             (Some(targets), Some(manager.spawn(scrape_stopped)?))
         };
+        let agent = if config.agent.enabled {
+            Some(start_agent(&config.agent, ingester.clone(), limits_for_agent(&config)).await?)
+        } else {
+            None
+        };
         let state = Arc::new(AppState {
             ingester,
             querier: Querier::new(metastore, storage),
@@ -151,10 +158,13 @@ impl Server {
                 })
                 .await;
             state.ready.store(false, Ordering::SeqCst);
-            // The scrapers hold ingester handles too: stop them first.
+            // The scrapers and the agent hold ingester handles too: stop them first.
             let _ = stop_scrape.send(true);
             if let Some(task) = scrape_task {
                 let _ = task.await;
+            }
+            if let Some(agent) = agent {
+                agent.stop().await;
             }
             // Dropping the last handle lets the writer flush what is queued and stop.
             drop(state);
@@ -171,6 +181,102 @@ impl Server {
             task,
         })
     }
+}
+
+fn limits_for_agent(config: &ServerConfig) -> kiln_ingest::Limits {
+    config
+        .tenant_limits
+        .get(&config.agent.tenant)
+        .copied()
+        .unwrap_or(config.limits)
+}
+
+/// The in-process agent: its collector thread and the task writing its reports.
+struct RunningAgent {
+    stop: Arc<AtomicBool>,
+    collector: std::thread::JoinHandle<()>,
+    writer: tokio::task::JoinHandle<()>,
+}
+
+impl RunningAgent {
+    async fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let collector = self.collector;
+        // The collector sends its last report and drops its sender, which ends the writer.
+        let _ = tokio::task::spawn_blocking(move || collector.join()).await;
+        let _ = self.writer.await;
+    }
+}
+
+/// Starts the host agent, writing to `ingester`; fails at once when perf events are not
+/// permitted, with what to change.
+async fn start_agent(
+    settings: &crate::config::AgentSettings,
+    ingester: Ingester,
+    limits: kiln_ingest::Limits,
+) -> Result<RunningAgent, ServerError> {
+    let config = kiln_agent::AgentConfig {
+        frequency: settings.frequency.clamp(1, 1000),
+        interval: Duration::from_millis(settings.interval_ms.max(100)),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    // Reports wait here while a flush is slow; past 64 intervals the newest are dropped.
+    let (reports, mut received) = tokio::sync::mpsc::channel::<Vec<kiln_agent::Report>>(64);
+    let (opened, open_result) = std::sync::mpsc::channel();
+    let frequency = config.frequency;
+    let collector = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            // The symbolizer is not Send: the collector is made on its own thread.
+            let collector = match kiln_agent::Collector::open(config) {
+                Ok(collector) => collector,
+                Err(err) => {
+                    let _ = opened.send(Err(err));
+                    return;
+                }
+            };
+            let _ = opened.send(Ok(collector.cpus()));
+            collector.run(&stop, |batch| {
+                if !batch.is_empty() && reports.try_send(batch).is_err() {
+                    tracing::warn!("host agent reports dropped: the writer is behind");
+                }
+            });
+        })
+    };
+    let cpus = tokio::task::spawn_blocking(move || open_result.recv())
+        .await
+        .map_err(|err| ServerError::Io(std::io::Error::other(err.to_string())))?
+        .map_err(|err| ServerError::Io(std::io::Error::other(err.to_string())))??;
+    tracing::info!(cpus, frequency, "host agent profiling every process");
+    let tenant = settings.tenant.clone();
+    let writer = tokio::spawn(async move {
+        while let Some(batch) = received.recv().await {
+            let mut parsed = Vec::with_capacity(batch.len());
+            for report in batch {
+                let context = ProfileContext {
+                    labels: kiln_model::labels::Labels::from_pairs(report.labels),
+                    ..Default::default()
+                };
+                let profile = report.profile;
+                match kiln_ingest::cpu::run_parser(move || {
+                    kiln_ingest::parse::from_pprof(profile, context, 0, &limits)
+                })
+                .await
+                {
+                    Ok(profile) => parsed.push(profile),
+                    Err(err) => tracing::warn!(error = %err, "host agent report refused"),
+                }
+            }
+            if let Err(err) = ingester.write(&tenant, parsed).await {
+                tracing::warn!(error = %err, "host agent reports not written");
+            }
+        }
+    });
+    Ok(RunningAgent {
+        stop,
+        collector,
+        writer,
+    })
 }
 
 /// Hands scraped profiles to the ingester as a push would, under the job's tenant.

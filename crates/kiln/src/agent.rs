@@ -33,6 +33,13 @@ pub struct AgentArgs {
     /// Bytes of reports kept while the server cannot take them; the oldest go first.
     #[arg(long, default_value_t = 32 << 20)]
     buffer_bytes: usize,
+    /// Where the agent serves its own /metrics; empty turns it off.
+    #[arg(
+        long,
+        env = "KILN_AGENT_METRICS_LISTEN",
+        default_value = "127.0.0.1:4041"
+    )]
+    metrics_listen: String,
 }
 
 /// Encoded pushes waiting to be sent, bounded by bytes.
@@ -42,6 +49,7 @@ struct Queue {
     ready: Condvar,
     dropped: AtomicU64,
     sent: AtomicU64,
+    sent_bytes: AtomicU64,
 }
 
 impl Queue {
@@ -78,6 +86,54 @@ impl Queue {
                 .0;
         }
     }
+}
+
+/// The collector's counters, the queue's, and the agent's own resident memory.
+fn metrics_text(stats: &kiln_agent::AgentStats, queue: &Queue) -> String {
+    let mut text = stats.metrics_text();
+    let queued = queue.pushes.lock().map(|guard| guard.1).unwrap_or(0);
+    let page = 4096;
+    let rss = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * page);
+    for (name, kind, help, value) in [
+        (
+            "kiln_agent_pushes_sent_total",
+            "counter",
+            "Pushes the server took",
+            queue.sent.load(Ordering::Relaxed),
+        ),
+        (
+            "kiln_agent_push_bytes_total",
+            "counter",
+            "Bytes of pushes the server took",
+            queue.sent_bytes.load(Ordering::Relaxed),
+        ),
+        (
+            "kiln_agent_reports_dropped_total",
+            "counter",
+            "Pushes dropped: the queue was full, or the server refused them",
+            queue.dropped.load(Ordering::Relaxed),
+        ),
+        (
+            "kiln_agent_queue_bytes",
+            "gauge",
+            "Bytes of pushes waiting for the server",
+            queued as u64,
+        ),
+        (
+            "kiln_agent_resident_memory_bytes",
+            "gauge",
+            "The agent's resident memory",
+            rss,
+        ),
+    ] {
+        text.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+        ));
+    }
+    text
 }
 
 /// One Push with every process's report of an interval.
@@ -150,6 +206,24 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         let tenant = args.tenant.clone();
         std::thread::spawn(move || push_loop(&queue, &stop, &url, tenant.as_deref()))
     };
+    if !args.metrics_listen.is_empty() {
+        let listener = tokio::net::TcpListener::bind(&args.metrics_listen)
+            .await
+            .with_context(|| format!("cannot listen on {} for /metrics", args.metrics_listen))?;
+        let (stats, queue) = (stats.clone(), queue.clone());
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let text = metrics_text(&stats, &queue);
+                async move { ([("content-type", "text/plain; version=0.0.4")], text) }
+            }),
+        );
+        tokio::spawn(async move {
+            if let Err(err) = axum::serve(listener, app).await {
+                tracing::warn!(error = %err, "the agent's /metrics stopped");
+            }
+        });
+    }
     tokio::signal::ctrl_c().await?;
     stop.store(true, Ordering::Relaxed);
     let _ = tokio::task::spawn_blocking(move || {
@@ -184,6 +258,9 @@ fn push_loop(queue: &Queue, stop: &AtomicBool, url: &str, tenant: Option<&str>) 
             match request.send_bytes(&body) {
                 Ok(_) => {
                     queue.sent.fetch_add(1, Ordering::Relaxed);
+                    queue
+                        .sent_bytes
+                        .fetch_add(body.len() as u64, Ordering::Relaxed);
                     break;
                 }
                 Err(ureq::Error::Status(status, response))

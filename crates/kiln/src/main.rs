@@ -108,6 +108,9 @@ struct ServerArgs {
     /// Client connections open at once; more are answered 503 [default: 4096].
     #[arg(long, env = "KILN_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
+    /// Profile this host's processes in-process, as `kiln agent` does [default: false].
+    #[arg(long, env = "KILN_AGENT")]
+    agent: bool,
     /// Run compaction and retention in this process [default: true].
     #[arg(long, env = "KILN_COMPACTION")]
     compaction: Option<bool>,
@@ -148,6 +151,9 @@ impl ServerArgs {
         }
         if let Some(connections) = self.max_connections {
             config.http.max_connections = connections;
+        }
+        if self.agent {
+            config.agent.enabled = true;
         }
         if let Some(enabled) = self.compaction {
             config.compaction.enabled = enabled;

@@ -98,6 +98,18 @@ impl TestServer {
         Self::start_with(|_| {})
     }
 
+    /// A handle to a server running elsewhere (a `kiln server` child), for its helpers.
+    pub fn at(url: &str) -> Self {
+        TestServer {
+            url: url.to_string(),
+            _data_dir: tempfile::tempdir().expect("temp dir"),
+            backend: Backend::Local,
+            config: ServerConfig::default(),
+            runtime: None,
+            server: None,
+        }
+    }
+
     pub fn start_with(configure: impl FnOnce(&mut ServerConfig)) -> Self {
         Self::start_on(Backend::Local, configure)
     }
