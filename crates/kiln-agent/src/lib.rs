@@ -37,6 +37,13 @@ pub struct AgentConfig {
     pub frequency: u64,
     /// Time covered by one report.
     pub interval: Duration,
+    /// Prometheus relabeling over each process's labels and `__meta_process_pid`,
+    /// `__meta_process_comm`, `__meta_process_exe`, `__meta_process_cgroup` and
+    /// `__meta_process_env_<NAME>`; a dropped process is not reported.
+    pub relabel_configs: Vec<kiln_model::relabel::RelabelConfig>,
+    /// Environment variables read for `__meta_process_env_<NAME>`: only these, because a
+    /// process's environment can hold secrets.
+    pub env_allowlist: Vec<String>,
 }
 
 impl Default for AgentConfig {
@@ -44,8 +51,38 @@ impl Default for AgentConfig {
         AgentConfig {
             frequency: 19,
             interval: Duration::from_secs(10),
+            relabel_configs: Vec::new(),
+            env_allowlist: Vec::new(),
         }
     }
+}
+
+/// The labels a report goes out with: the process's own, then the relabeling rules over
+/// them and its `__meta_process_*` labels; `None` when a rule dropped it.
+fn relabeled(
+    process: &procs::Process,
+    mut labels: Vec<(String, String)>,
+    rules: &[kiln_model::relabel::RelabelConfig],
+) -> Option<Vec<(String, String)>> {
+    if rules.is_empty() {
+        return Some(labels);
+    }
+    let mut set: kiln_model::relabel::LabelSet = labels.drain(..).collect();
+    set.insert("__meta_process_pid".into(), process.pid.to_string());
+    set.insert("__meta_process_comm".into(), process.comm.clone());
+    set.insert("__meta_process_exe".into(), process.exe.clone());
+    set.insert("__meta_process_cgroup".into(), process.cgroup.clone());
+    for (name, value) in &process.env {
+        set.insert(format!("__meta_process_env_{name}"), value.clone());
+    }
+    let set = kiln_model::relabel::relabel(&set, rules)?;
+    Some(
+        set.into_iter()
+            .filter(|(name, value)| {
+                (!name.starts_with("__") || name == "__name__") && !value.is_empty()
+            })
+            .collect(),
+    )
 }
 
 /// Counters of the agent's own work.
@@ -145,11 +182,15 @@ fn now_nanos() -> i64 {
 impl Collector {
     /// Opens the perf events; fails at once, with what to change, when not permitted.
     pub fn open(config: AgentConfig) -> Result<Collector, PerfError> {
+        for rule in &config.relabel_configs {
+            rule.validate().map_err(PerfError::Config)?;
+        }
         let events = PerfEvents::open(config.frequency.clamp(1, 1000))?;
+        let env_allowlist = config.env_allowlist.clone();
         Ok(Collector {
             config,
             events,
-            table: ProcessTable::default(),
+            table: ProcessTable::default().with_env_allowlist(env_allowlist),
             stacks: HashMap::new(),
             symbols: Symbols::default(),
             host: HostInfo::read(),
@@ -274,16 +315,17 @@ impl Collector {
             let Some(process) = self.table.instance(*instance) else {
                 continue;
             };
+            let labels = report::process_labels(process, &self.host);
+            let Some(labels) = relabeled(process, labels, &self.config.relabel_configs) else {
+                continue;
+            };
             let profile = writer.write(
                 process,
                 counts,
                 self.interval_start,
                 now - self.interval_start,
             );
-            reports.push(Report {
-                labels: report::process_labels(process, &self.host),
-                profile,
-            });
+            reports.push(Report { labels, profile });
         }
         self.interval_start = now;
         self.table.forget_exited();

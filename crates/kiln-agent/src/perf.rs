@@ -29,6 +29,9 @@ pub enum PerfError {
     Mmap { cpu: usize, source: io::Error },
     #[error("cannot list online CPUs: {0}")]
     Cpus(io::Error),
+    /// The agent's configuration is invalid (a relabeling rule).
+    #[error("invalid agent configuration: {0}")]
+    Config(String),
 }
 
 /// What a record says, decoded.

@@ -52,6 +52,8 @@ pub struct Process {
     pub exited: bool,
     /// `/proc/PID/maps` was read for it (only once: later changes arrive as records).
     pub read_proc: bool,
+    /// Allow-listed environment variables, from `/proc/PID/environ`.
+    pub env: Vec<(String, String)>,
 }
 
 impl Process {
@@ -65,6 +67,7 @@ impl Process {
             mappings: Vec::new(),
             exited: false,
             read_proc: false,
+            env: Vec::new(),
         }
     }
 
@@ -100,6 +103,8 @@ pub struct ProcessTable {
     instances: HashMap<Instance, Process>,
     next_instance: Instance,
     proc_root: PathBuf,
+    /// Environment variables read from processes (for relabeling); no others are read.
+    env_allowlist: Vec<String>,
 }
 
 impl Default for ProcessTable {
@@ -115,7 +120,14 @@ impl ProcessTable {
             instances: HashMap::new(),
             next_instance: 1,
             proc_root: root.into(),
+            env_allowlist: Vec::new(),
         }
+    }
+
+    /// Reads these environment variables of each process, for `__meta_process_env_<NAME>`.
+    pub fn with_env_allowlist(mut self, names: Vec<String>) -> Self {
+        self.env_allowlist = names;
+        self
     }
 
     /// Starts a new instance for `pid`, retiring the one it had.
@@ -161,7 +173,7 @@ impl ProcessTable {
         if let Some(process) = self.instances.get_mut(&instance) {
             if !process.read_proc {
                 process.read_proc = true;
-                read_proc(&root, process);
+                read_proc(&root, process, &self.env_allowlist);
             }
         }
         instance
@@ -234,8 +246,23 @@ impl ProcessTable {
 
 /// Fills a process from `/proc/PID`: name, executable, cgroup, mappings. Any of them may be
 /// unreadable (gone, another mount namespace, hidepid): what is read is kept.
-fn read_proc(root: &std::path::Path, process: &mut Process) {
+fn read_proc(root: &std::path::Path, process: &mut Process, env_allowlist: &[String]) {
     let dir = root.join(process.pid.to_string());
+    if !env_allowlist.is_empty() {
+        if let Ok(environ) = std::fs::read(dir.join("environ")) {
+            process.env = environ
+                .split(|&b| b == 0)
+                .filter_map(|entry| {
+                    let entry = String::from_utf8_lossy(entry);
+                    let (name, value) = entry.split_once('=')?;
+                    env_allowlist
+                        .iter()
+                        .any(|allowed| allowed == name)
+                        .then(|| (name.to_string(), value.to_string()))
+                })
+                .collect();
+        }
+    }
     if process.comm.is_empty() {
         if let Ok(comm) = std::fs::read_to_string(dir.join("comm")) {
             process.comm = comm.trim_end().to_string();

@@ -118,6 +118,80 @@ fn readable_path(process: &Process, mapping: &Mapping) -> Option<PathBuf> {
     path.exists().then_some(path)
 }
 
+/// Largest perf map read: a JVM's can reach tens of MB; past this the rest is left out.
+const MAX_PERF_MAP_BYTES: u64 = 64 << 20;
+
+/// A JIT's or interpreter's own names for its code (`/tmp/perf-PID.map`, written by the JVM
+/// with perf-map-agent or `-XX:+DumpPerfMapAtExit`, Node with `--perf-basic-prof`, Python
+/// 3.12+ with `-X perf`): `START SIZE name` lines in hex, later lines winning.
+#[derive(Debug, Default)]
+pub struct PerfMap {
+    /// (start, end, name), sorted by start; of entries with one start, the last written.
+    entries: Vec<(u64, u64, String)>,
+}
+
+impl PerfMap {
+    pub fn parse(text: &str) -> PerfMap {
+        let mut entries: Vec<(usize, u64, u64, String)> = text
+            .lines()
+            .enumerate()
+            .filter_map(|(order, line)| {
+                let mut parts = line.splitn(3, ' ');
+                let start = u64::from_str_radix(parts.next()?.trim_start_matches("0x"), 16).ok()?;
+                let size = u64::from_str_radix(parts.next()?.trim_start_matches("0x"), 16).ok()?;
+                let name = parts.next()?.trim().to_string();
+                Some((order, start, start.checked_add(size)?, name))
+            })
+            .collect();
+        entries.sort_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)));
+        entries.dedup_by_key(|entry| entry.1);
+        PerfMap {
+            entries: entries
+                .into_iter()
+                .map(|(_, start, end, name)| (start, end, name))
+                .collect(),
+        }
+    }
+
+    /// The map of a process: under its root while it lives (a container's `/tmp`, named by
+    /// the pid inside its namespace), else the host's `/tmp`.
+    fn read(process: &Process) -> Option<PerfMap> {
+        let inner_pid = std::fs::read_to_string(format!("/proc/{}/status", process.pid))
+            .ok()
+            .and_then(|status| {
+                status
+                    .lines()
+                    .find_map(|line| line.strip_prefix("NSpid:"))
+                    .and_then(|pids| pids.split_whitespace().last()?.parse::<u32>().ok())
+            })
+            .unwrap_or(process.pid);
+        let candidates = [
+            PathBuf::from(format!(
+                "/proc/{}/root/tmp/perf-{inner_pid}.map",
+                process.pid
+            )),
+            PathBuf::from(format!("/tmp/perf-{}.map", process.pid)),
+        ];
+        let path = candidates.iter().find(|path| path.is_file())?;
+        let mut text = String::new();
+        let file = std::fs::File::open(path).ok()?;
+        std::io::Read::read_to_string(
+            &mut std::io::Read::take(file, MAX_PERF_MAP_BYTES),
+            &mut text,
+        )
+        .ok()?;
+        Some(PerfMap::parse(&text))
+    }
+
+    pub fn lookup(&self, address: u64) -> Option<&str> {
+        let index = self
+            .entries
+            .partition_point(|(start, _, _)| *start <= address);
+        let (_, end, name) = self.entries.get(index.checked_sub(1)?)?;
+        (address < *end).then_some(name.as_str())
+    }
+}
+
 /// Labels of a process's series: `service_name` is its executable's name (the name a
 /// person knows it by; `comm` is cut at 15 bytes), with what identifies the process.
 pub fn process_labels(process: &Process, host: &HostInfo) -> Vec<(String, String)> {
@@ -296,6 +370,36 @@ impl<'a> ProfileWriter<'a> {
             resolved.extend(addresses.into_iter().zip(results));
         }
 
+        // Addresses outside any file: JIT code, named by the runtime's perf map if any.
+        let jitted = counts.keys().any(|stack| {
+            stack.user.iter().any(|address| {
+                mapping_index(process, *address).is_none_or(|i| !process.mappings[i].is_file())
+            })
+        });
+        let perf_map = if jitted { PerfMap::read(process) } else { None };
+        if let Some(perf_map) = &perf_map {
+            for stack in counts.keys() {
+                for (depth, address) in stack.user.iter().enumerate() {
+                    let lookup = if depth == 0 {
+                        *address
+                    } else {
+                        address.saturating_sub(1)
+                    };
+                    if resolved.contains_key(&lookup) {
+                        continue;
+                    }
+                    if let Some(name) = perf_map.lookup(lookup) {
+                        resolved.insert(
+                            lookup,
+                            Resolved {
+                                frames: vec![(name.to_string(), String::new(), 0)],
+                            },
+                        );
+                    }
+                }
+            }
+        }
+
         for (stack, count) in counts {
             let mut ids = Vec::with_capacity(stack.kernel.len() + stack.user.len());
             for address in stack.kernel.iter() {
@@ -442,6 +546,17 @@ impl Out {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn perf_maps_name_jitted_code_latest_first() {
+        let map = PerfMap::parse(
+            "1000 100 JS:~old /app.js:1\n1000 80 JS:*kilnHotJs /app.js:1\n2000 10 Interpreter\nbad line\n",
+        );
+        assert_eq!(map.lookup(0x1010), Some("JS:*kilnHotJs /app.js:1"));
+        assert_eq!(map.lookup(0x1090), None); // the newer entry is shorter
+        assert_eq!(map.lookup(0x2005), Some("Interpreter"));
+        assert_eq!(map.lookup(0xfff), None);
+    }
 
     #[test]
     fn container_ids_come_from_cgroup_paths() {

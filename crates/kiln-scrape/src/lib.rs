@@ -11,7 +11,8 @@ pub mod client;
 pub mod config;
 pub mod delta;
 pub mod discovery;
-pub mod relabel;
+/// Prometheus relabeling lives in kiln-model, shared with the host agent.
+pub use kiln_model::relabel;
 pub mod scraper;
 
 pub use config::ScrapeConfig;

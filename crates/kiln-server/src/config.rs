@@ -41,7 +41,7 @@ pub struct ServerConfig {
 }
 
 /// The in-process host agent: what `kiln agent` does, written straight to this server.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AgentSettings {
     pub enabled: bool,
@@ -51,6 +51,11 @@ pub struct AgentSettings {
     pub interval_ms: u64,
     /// Tenant the host's profiles are written to.
     pub tenant: String,
+    /// Prometheus relabeling of each process's labels (see `kiln agent --config`).
+    #[serde(skip_serializing)]
+    pub relabel_configs: Vec<kiln_scrape::relabel::RelabelConfig>,
+    /// Environment variables that relabeling may read, as `__meta_process_env_<NAME>`.
+    pub env_allowlist: Vec<String>,
 }
 
 impl Default for AgentSettings {
@@ -60,6 +65,8 @@ impl Default for AgentSettings {
             frequency: 19,
             interval_ms: 10_000,
             tenant: "anonymous".to_string(),
+            relabel_configs: Vec::new(),
+            env_allowlist: Vec::new(),
         }
     }
 }

@@ -218,6 +218,8 @@ async fn start_agent(
     let config = kiln_agent::AgentConfig {
         frequency: settings.frequency.clamp(1, 1000),
         interval: Duration::from_millis(settings.interval_ms.max(100)),
+        relabel_configs: settings.relabel_configs.clone(),
+        env_allowlist: settings.env_allowlist.clone(),
     };
     let stop = Arc::new(AtomicBool::new(false));
     // Reports wait here while a flush is slow; past 64 intervals the newest are dropped.

@@ -33,6 +33,11 @@ pub struct AgentArgs {
     /// Bytes of reports kept while the server cannot take them; the oldest go first.
     #[arg(long, default_value_t = 32 << 20)]
     buffer_bytes: usize,
+    /// Kiln config file: its `agent:` section's `relabel_configs` (Prometheus's shape, over
+    /// the process labels and `__meta_process_pid|comm|exe|cgroup`,
+    /// `__meta_process_env_<NAME>`) and `env_allowlist` (the only variables read).
+    #[arg(long, env = "KILN_AGENT_CONFIG")]
+    config: Option<std::path::PathBuf>,
     /// Where the agent serves its own /metrics; empty turns it off.
     #[arg(
         long,
@@ -160,9 +165,20 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .ok()
         .filter(|d| !d.is_zero())
         .context("--interval must be a positive number of seconds")?;
+    // One file format for the server and the agent: the agent reads its section.
+    let settings = match &args.config {
+        Some(path) => {
+            kiln_server::ServerConfig::from_yaml_file(path)
+                .map_err(anyhow::Error::msg)?
+                .agent
+        }
+        None => kiln_server::config::AgentSettings::default(),
+    };
     let config = AgentConfig {
         frequency: args.frequency,
         interval,
+        relabel_configs: settings.relabel_configs,
+        env_allowlist: settings.env_allowlist,
     };
     let stop = Arc::new(AtomicBool::new(false));
     let queue = Arc::new(Queue::default());

@@ -25,6 +25,8 @@ pub enum BenchCommand {
     CompactionDelay(crate::bench_storage::DelayBenchArgs),
     /// Scrape targets one server core sustains.
     Scrape(crate::bench_scrape::ScrapeBenchArgs),
+    /// The host agent's own CPU and memory, with every core busy, per sampling frequency.
+    Agent(crate::bench_agent::AgentBenchArgs),
 }
 
 #[derive(Args)]
@@ -77,6 +79,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Storage(args) => crate::bench_storage::run(args).await,
         BenchCommand::CompactionDelay(args) => crate::bench_storage::run_delay(args).await,
         BenchCommand::Scrape(args) => crate::bench_scrape::run(args).await,
+        BenchCommand::Agent(args) => crate::bench_agent::run(args).await,
     }
 }
 

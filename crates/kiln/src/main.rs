@@ -4,6 +4,7 @@
 mod admin;
 mod agent;
 mod bench;
+mod bench_agent;
 mod bench_query;
 mod bench_scrape;
 mod bench_storage;

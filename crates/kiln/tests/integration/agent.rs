@@ -23,6 +23,10 @@ fn burner(dir: &Path, name: &str) -> Option<PathBuf> {
 /// The agent pushing to `server` every second; `None` (after saying why) when perf events
 /// are not permitted here.
 fn start_agent(server: &TestServer) -> Option<AgentChild> {
+    start_agent_with(server, &[])
+}
+
+fn start_agent_with(server: &TestServer, extra: &[&str]) -> Option<AgentChild> {
     let metrics = format!("127.0.0.1:{}", free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args([
@@ -36,6 +40,7 @@ fn start_agent(server: &TestServer) -> Option<AgentChild> {
             "--metrics-listen",
             &metrics,
         ])
+        .args(extra)
         .env("KILN_LOG_LEVEL", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -437,4 +442,120 @@ fn a_server_restarted_empty_gets_whole_reports() {
         "only {:.1} % of samples named after the restart",
         100.0 * named
     );
+}
+
+/// A JIT runtime that publishes a perf map (Node with `--perf-basic-prof`) gets its
+/// JavaScript functions named, though their code is in no file.
+#[test]
+fn jitted_frames_are_named_from_perf_maps() {
+    if Command::new("node").arg("--version").output().is_err() {
+        println!("skipped: the agent's perf map test (node is not installed)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("kiln_hot.js");
+    std::fs::write(
+        &script,
+        "function kilnHotJs(n) { let x = 1; for (let i = 0; i < n; i++) { x = (x * 1103515245 + 12345) % 2147483647; } return x; }\n\
+         const end = Date.now() + 4000; let s = 0; while (Date.now() < end) { s += kilnHotJs(1e6); } if (s < 0) console.log(s);\n",
+    )
+    .unwrap();
+    let server = TestServer::start();
+    let Some(agent) = start_agent(&server) else {
+        return;
+    };
+    let mut node = Command::new("node")
+        .arg("--perf-basic-prof")
+        .arg(&script)
+        .spawn()
+        .unwrap();
+    let pid = node.id();
+    assert!(node.wait().unwrap().success());
+    wait_for_cpu(&server, "node", 3e9);
+    stop(agent);
+    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    let (functions, total) = functions(&server, "node");
+    let hot: i64 = functions
+        .iter()
+        .filter(|(name, _)| name.contains("kilnHotJs"))
+        .map(|(_, (self_value, _))| self_value)
+        .sum();
+    println!(
+        "node: {:.2} s sampled, {:.1} % in kilnHotJs (named from the perf map)",
+        total as f64 / 1e9,
+        100.0 * hot as f64 / total.max(1) as f64
+    );
+    assert!(hot as f64 > 0.5 * total as f64, "{functions:?}");
+}
+
+/// `kiln bench agent` runs end to end (its figures are for docs/benchmarks.md).
+#[test]
+fn the_agent_benchmark_runs() {
+    let probe = TestServer::start();
+    let Some(agent) = start_agent(&probe) else {
+        return;
+    };
+    stop(agent);
+    let output = run_kiln(["bench", "agent", "--seconds", "2", "--frequencies", "99"]);
+    let line = output
+        .lines()
+        .find(|line| line.contains("99 Hz: agent CPU"))
+        .unwrap_or_else(|| panic!("{output}"));
+    let samples: u64 = line
+        .rsplit(", ")
+        .next()
+        .and_then(|part| part.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(samples > 0, "{line}");
+}
+
+/// Relabeling in Prometheus's shape: the service name from an allow-listed environment
+/// variable, and every process without it dropped.
+#[test]
+fn relabeling_names_and_drops_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(burner) = burner(dir.path(), "kiln_relabel_burner") else {
+        println!("skipped: the agent's relabeling test (no C compiler)");
+        return;
+    };
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &config,
+        "agent:\n\
+         \x20 env_allowlist: [KILN_TEST_SERVICE]\n\
+         \x20 relabel_configs:\n\
+         \x20 - source_labels: [__meta_process_env_KILN_TEST_SERVICE]\n\
+         \x20   regex: ''\n\
+         \x20   action: drop\n\
+         \x20 - source_labels: [__meta_process_env_KILN_TEST_SERVICE]\n\
+         \x20   target_label: service_name\n\
+         \x20 - source_labels: [__meta_process_exe]\n\
+         \x20   regex: '.*/(.*)'\n\
+         \x20   target_label: binary\n",
+    )
+    .unwrap();
+    let server = TestServer::start();
+    let config = config.to_string_lossy().into_owned();
+    let Some(agent) = start_agent_with(&server, &["--config", &config]) else {
+        return;
+    };
+    let status = Command::new(&burner)
+        .arg("2")
+        .env("KILN_TEST_SERVICE", "checkout-relabeled")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // Unlabelled, this one is dropped.
+    assert!(Command::new(&burner).arg("1").status().unwrap().success());
+    wait_for_cpu(&server, "checkout-relabeled", 0.9 * 2e9);
+    stop(agent);
+    let services = server.json(
+        "/pyroscope/label-values?label=service_name&from=0&until=now",
+        &[],
+    );
+    assert_eq!(services, serde_json::json!(["checkout-relabeled"]));
+    let binaries = server.json("/pyroscope/label-values?label=binary&from=0&until=now", &[]);
+    assert_eq!(binaries, serde_json::json!(["kiln_relabel_burner"]));
+    let (functions, _) = functions(&server, "checkout-relabeled");
+    assert!(functions.contains_key("kiln_hot_a"), "{functions:?}");
 }
