@@ -98,24 +98,21 @@ impl Symbols {
 /// deleted executable, else the path as it is.
 fn readable_path(process: &Process, mapping: &Mapping) -> Option<PathBuf> {
     let proc_dir = PathBuf::from(format!("/proc/{}", process.pid));
-    if let Some(path) = mapping.path.strip_suffix(" (deleted)") {
-        let _ = path;
-        if process.exited {
-            return None;
-        }
-        let file = proc_dir.join(format!("map_files/{:x}-{:x}", mapping.start, mapping.end));
-        return file.exists().then_some(file);
-    }
+    // `/proc/PID/maps` marks a deleted file; a path from an MMAP2 record is as it was then.
+    let deleted = mapping.path.ends_with(" (deleted)");
+    let path = mapping.path.trim_end_matches(" (deleted)");
     if !process.exited {
-        let rooted = proc_dir
-            .join("root")
-            .join(mapping.path.trim_start_matches('/'));
-        if rooted.exists() {
+        let rooted = proc_dir.join("root").join(path.trim_start_matches('/'));
+        if !deleted && rooted.exists() {
             return Some(rooted);
         }
+        let file = proc_dir.join(format!("map_files/{:x}-{:x}", mapping.start, mapping.end));
+        if file.exists() {
+            return Some(file);
+        }
     }
-    let path = PathBuf::from(&mapping.path);
-    path.exists().then_some(path)
+    let path = PathBuf::from(path);
+    (!deleted && path.exists()).then_some(path)
 }
 
 /// Largest perf map read: a JVM's can reach tens of MB; past this the rest is left out.

@@ -559,3 +559,78 @@ fn relabeling_names_and_drops_processes() {
     let (functions, _) = functions(&server, "checkout-relabeled");
     assert!(functions.contains_key("kiln_hot_a"), "{functions:?}");
 }
+
+/// Bad states give an unsymbolized frame that keeps its place, never a lost sample or a
+/// crash: a stripped binary's frames stay as `binary+0xoffset` with the build id in the
+/// pprof mapping (to be symbolized later); an executable deleted while it runs is still
+/// read through `/proc/PID/map_files`.
+#[test]
+fn stripped_and_deleted_binaries_keep_their_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(burner) = burner(dir.path(), "kiln_stripped_burner") else {
+        println!("skipped: the agent's bad-state test (no C compiler)");
+        return;
+    };
+    let deleted = dir.path().join("kiln_deleted_burner");
+    std::fs::copy(&burner, &deleted).unwrap();
+    assert!(Command::new("strip")
+        .arg("-s")
+        .arg(&burner)
+        .status()
+        .unwrap()
+        .success());
+    let server = TestServer::start();
+    let Some(agent) = start_agent(&server) else {
+        return;
+    };
+    assert!(Command::new(&burner).arg("2").status().unwrap().success());
+    let mut running = Command::new(&deleted).arg("3").spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::remove_file(&deleted).unwrap();
+    assert!(running.wait().unwrap().success());
+    wait_for_cpu(&server, "kiln_stripped_burner", 0.9 * 2e9);
+    wait_for_cpu(&server, "kiln_deleted_burner", 0.9 * 3e9);
+    stop(agent);
+
+    let (stripped, total) = functions(&server, "kiln_stripped_burner");
+    let unsymbolized: i64 = stripped
+        .iter()
+        .filter(|(name, _)| name.starts_with("kiln_stripped_burner+0x"))
+        .map(|(_, (self_value, _))| self_value)
+        .sum();
+    assert!(total as f64 > 0.9 * 2e9, "samples lost: {total}");
+    assert!(unsymbolized as f64 > 0.9 * total as f64, "{stripped:?}");
+    // The pprof keeps what a later symbolization needs: the file, its build id, offsets.
+    let request = kiln_query::api::SelectMergeProfileRequest {
+        profile_type_id: CPU.into(),
+        label_selector: r#"{service_name="kiln_stripped_burner"}"#.into(),
+        ..Default::default()
+    };
+    let (status, body) = server.post_bytes(
+        "/querier.v1.QuerierService/SelectMergeProfile",
+        &prost::Message::encode_to_vec(&request),
+        &[("Content-Type", "application/proto")],
+    );
+    assert_eq!(status, 200);
+    let profile = kiln_model::pprof::decode(&body, 1 << 30).unwrap();
+    let mapping = profile
+        .mapping
+        .iter()
+        .find(|m| {
+            profile
+                .string_or_empty(m.filename)
+                .ends_with("kiln_stripped_burner")
+        })
+        .expect("the binary's mapping");
+    assert_eq!(
+        profile.string_or_empty(mapping.build_id).len(),
+        40,
+        "a 20-byte build id"
+    );
+
+    let (deleted_functions, _) = functions(&server, "kiln_deleted_burner");
+    assert!(
+        deleted_functions.contains_key("kiln_hot_a"),
+        "{deleted_functions:?}"
+    );
+}
