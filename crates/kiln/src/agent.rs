@@ -1,5 +1,6 @@
-//! `kiln agent`: profiles every process on this host and pushes one self-contained pprof
-//! per process per interval to a Kiln server (`push.v1.PusherService/Push`).
+//! `kiln agent`: profiles every process on this host and sends one self-contained profile
+//! per process per interval: to a Kiln server through Pyroscope's push API
+//! (`push.v1.PusherService/Push`), or to any OTLP receiver as OTLP profiles over HTTP.
 //!
 //! Reports wait in a queue bounded by bytes while the server is down or slow; past the
 //! bound the oldest are dropped and counted, so the agent's memory never grows with an
@@ -19,8 +20,17 @@ use prost::Message;
 #[derive(Args)]
 pub struct AgentArgs {
     /// Kiln to push to, e.g. http://kiln:4040.
-    #[arg(long, env = "KILN_PUSH_URL")]
-    push_url: String,
+    #[arg(
+        long,
+        env = "KILN_PUSH_URL",
+        required_unless_present = "otlp_endpoint",
+        conflicts_with = "otlp_endpoint"
+    )]
+    push_url: Option<String>,
+    /// An OTLP/HTTP receiver of profiles instead, e.g. http://collector:4318 (the path
+    /// `/v1development/profiles` is added when the URL has none).
+    #[arg(long, env = "KILN_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     /// Tenant (sent as X-Scope-OrgID).
     #[arg(long, env = "KILN_TENANT")]
     tenant: Option<String>,
@@ -141,6 +151,78 @@ fn metrics_text(stats: &kiln_agent::AgentStats, queue: &Queue) -> String {
     text
 }
 
+/// Where reports go, and in what protocol.
+#[derive(Clone)]
+enum Target {
+    Push(String),
+    Otlp(String),
+}
+
+impl Target {
+    fn from_args(args: &AgentArgs) -> anyhow::Result<Target> {
+        match (&args.push_url, &args.otlp_endpoint) {
+            (Some(url), None) => Ok(Target::Push(format!(
+                "{}/push.v1.PusherService/Push",
+                url.trim_end_matches('/')
+            ))),
+            (None, Some(endpoint)) => {
+                let after_scheme = endpoint
+                    .split_once("://")
+                    .map_or(endpoint.as_str(), |(_, rest)| rest);
+                let has_path = after_scheme.trim_end_matches('/').contains('/');
+                Ok(Target::Otlp(if has_path {
+                    endpoint.clone()
+                } else {
+                    format!("{}/v1development/profiles", endpoint.trim_end_matches('/'))
+                }))
+            }
+            _ => anyhow::bail!("give one of --push-url and --otlp-endpoint"),
+        }
+    }
+
+    fn url(&self) -> &str {
+        match self {
+            Target::Push(url) | Target::Otlp(url) => url,
+        }
+    }
+
+    fn content_type(&self) -> &'static str {
+        match self {
+            Target::Push(_) => "application/proto",
+            Target::Otlp(_) => "application/x-protobuf",
+        }
+    }
+
+    /// The requests for one interval's reports: one Push with every process, or one OTLP
+    /// export per process (each with its own dictionary, so each stands alone).
+    fn encode(&self, reports: Vec<Report>) -> Vec<Vec<u8>> {
+        match self {
+            Target::Push(_) => vec![encode(reports)],
+            Target::Otlp(_) => reports.into_iter().map(encode_otlp).collect(),
+        }
+    }
+}
+
+/// A report as an OTLP export: its labels as resource attributes (`service_name` as
+/// `service.name`, as OpenTelemetry names it), the profile type from its sample types.
+fn encode_otlp(report: Report) -> Vec<u8> {
+    let attributes: Vec<(&str, &str)> = report
+        .labels
+        .iter()
+        .filter(|(name, _)| name != "__name__")
+        .map(|(name, value)| {
+            let name = if name == "service_name" {
+                "service.name"
+            } else {
+                name.as_str()
+            };
+            (name, value.as_str())
+        })
+        .collect();
+    let time = u64::try_from(report.profile.time_nanos).unwrap_or(0);
+    kiln_ingest::otlp::request_from_pprof(&report.profile, &attributes, time).encode_to_vec()
+}
+
 /// One Push with every process's report of an interval.
 fn encode(reports: Vec<Report>) -> Vec<u8> {
     let series = reports
@@ -180,6 +262,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         relabel_configs: settings.relabel_configs,
         env_allowlist: settings.env_allowlist,
     };
+    let target = Target::from_args(&args)?;
     let stop = Arc::new(AtomicBool::new(false));
     let queue = Arc::new(Queue::default());
     // The symbolizer caches are not Send: the collector lives on its own thread from the
@@ -187,6 +270,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let (opened, open_result) = std::sync::mpsc::channel();
     let collecting = {
         let (stop, queue, limit) = (stop.clone(), queue.clone(), args.buffer_bytes);
+        let target = target.clone();
         std::thread::spawn(move || {
             let collector = match Collector::open(config) {
                 Ok(collector) => collector,
@@ -198,7 +282,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             let _ = opened.send(Ok((collector.cpus(), collector.stats())));
             collector.run(&stop, |reports| {
                 if !reports.is_empty() {
-                    queue.push(encode(reports), limit);
+                    for body in target.encode(reports) {
+                        queue.push(body, limit);
+                    }
                 }
             })
         })
@@ -210,17 +296,13 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     tracing::info!(
         cpus,
         frequency = args.frequency,
-        push_url = %args.push_url,
+        to = %target.url(),
         "profiling every process on this host"
     );
     let pushing = {
         let (stop, queue) = (stop.clone(), queue.clone());
-        let url = format!(
-            "{}/push.v1.PusherService/Push",
-            args.push_url.trim_end_matches('/')
-        );
         let tenant = args.tenant.clone();
-        std::thread::spawn(move || push_loop(&queue, &stop, &url, tenant.as_deref()))
+        std::thread::spawn(move || push_loop(&queue, &stop, &target, tenant.as_deref()))
     };
     if !args.metrics_listen.is_empty() {
         let listener = tokio::net::TcpListener::bind(&args.metrics_listen)
@@ -260,19 +342,24 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
 
 /// Sends queued pushes in order; a failure is retried with backoff (the queue's bound
 /// keeps memory flat meanwhile), a refusal (4xx) is logged and dropped.
-fn push_loop(queue: &Queue, stop: &AtomicBool, url: &str, tenant: Option<&str>) {
+fn push_loop(queue: &Queue, stop: &AtomicBool, target: &Target, tenant: Option<&str>) {
     let agent = ureq::AgentBuilder::new()
         .timeout(Duration::from_secs(30))
         .build();
     while let Some(body) = queue.pop(stop) {
         let mut backoff = Duration::from_millis(250);
         loop {
-            let mut request = agent.post(url).set("Content-Type", "application/proto");
+            let mut request = agent
+                .post(target.url())
+                .set("Content-Type", target.content_type());
             if let Some(tenant) = tenant {
                 request = request.set("X-Scope-OrgID", tenant);
             }
             match request.send_bytes(&body) {
-                Ok(_) => {
+                Ok(response) => {
+                    if let Target::Otlp(_) = target {
+                        note_partial_success(response, queue);
+                    }
                     queue.sent.fetch_add(1, Ordering::Relaxed);
                     queue
                         .sent_bytes
@@ -296,6 +383,28 @@ fn push_loop(queue: &Queue, stop: &AtomicBool, url: &str, tenant: Option<&str>) 
                     backoff = (backoff * 2).min(Duration::from_secs(30));
                 }
             }
+        }
+    }
+}
+
+/// An OTLP receiver may take a request and still refuse some profiles in it.
+fn note_partial_success(response: ureq::Response, queue: &Queue) {
+    let mut body = Vec::new();
+    if std::io::Read::read_to_end(&mut response.into_reader(), &mut body).is_err() {
+        return;
+    }
+    let Ok(answer) = kiln_ingest::otlp::ExportProfilesServiceResponse::decode(body.as_slice())
+    else {
+        return;
+    };
+    if let Some(partial) = answer.partial_success {
+        if partial.rejected_profiles > 0 {
+            tracing::warn!(
+                rejected = partial.rejected_profiles,
+                error = %partial.error_message,
+                "the OTLP receiver refused profiles"
+            );
+            queue.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

@@ -27,12 +27,16 @@ fn start_agent(server: &TestServer) -> Option<AgentChild> {
 }
 
 fn start_agent_with(server: &TestServer, extra: &[&str]) -> Option<AgentChild> {
+    start_agent_to(&["--push-url", &server.url], extra)
+}
+
+/// The agent sending to `target` (`--push-url URL` or `--otlp-endpoint URL`).
+fn start_agent_to(target: &[&str], extra: &[&str]) -> Option<AgentChild> {
     let metrics = format!("127.0.0.1:{}", free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("agent")
+        .args(target)
         .args([
-            "agent",
-            "--push-url",
-            &server.url,
             "--interval",
             "1",
             "--frequency",
@@ -633,4 +637,41 @@ fn stripped_and_deleted_binaries_keep_their_frames() {
         deleted_functions.contains_key("kiln_hot_a"),
         "{deleted_functions:?}"
     );
+}
+
+/// `--otlp-endpoint`: the same reports as OTLP profiles over HTTP, to any OTLP receiver;
+/// here Kiln's own, so the flame graph can be checked as for the push API.
+#[test]
+fn the_agent_speaks_otlp() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(burner) = burner(dir.path(), "kiln_otlp_burner") else {
+        println!("skipped: the agent's OTLP test (no C compiler)");
+        return;
+    };
+    let server = TestServer::start();
+    let Some(agent) = start_agent_to(&["--otlp-endpoint", &server.url], &[]) else {
+        return;
+    };
+    assert!(Command::new(&burner).arg("3").status().unwrap().success());
+    wait_for_cpu(&server, "kiln_otlp_burner", 0.9 * 3e9);
+    let metrics = agent_metrics(&agent);
+    stop(agent);
+    assert_eq!(
+        metric_value(&metrics, "kiln_agent_reports_dropped_total"),
+        0.0
+    );
+    let (functions, total) = functions(&server, "kiln_otlp_burner");
+    let a = functions.get("kiln_hot_a").map_or(0, |v| v.1) as f64;
+    let b = functions.get("kiln_hot_b").map_or(0, |v| v.1) as f64;
+    assert!(a + b > 0.0, "{functions:?}");
+    let share_a = 100.0 * a / (a + b);
+    println!(
+        "kiln_otlp_burner over OTLP: {:.2} s sampled, kiln_hot_a {share_a:.1} %",
+        total as f64 / 1e9
+    );
+    assert!((share_a - 70.0).abs() <= 5.0, "split {share_a:.1}");
+    assert!(total as f64 > 0.9 * 3e9, "{total}");
+    // The resource attributes are the series labels.
+    let pids = server.json("/pyroscope/label-values?label=pid&from=0&until=now", &[]);
+    assert!(!pids.as_array().unwrap().is_empty(), "{pids}");
 }
