@@ -143,6 +143,12 @@ fn metrics_text(stats: &kiln_agent::AgentStats, queue: &Queue) -> String {
             "The agent's resident memory",
             rss,
         ),
+        (
+            "kiln_agent_resident_anonymous_bytes",
+            "gauge",
+            "The agent's own heap and stacks: resident memory less the file-backed pages of binaries it mapped to symbolize, which the kernel can reclaim",
+            status_kib("RssAnon:") * 1024,
+        ),
     ] {
         text.push_str(&format!(
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
@@ -221,6 +227,19 @@ fn encode_otlp(report: Report) -> Vec<u8> {
         .collect();
     let time = u64::try_from(report.profile.time_nanos).unwrap_or(0);
     kiln_ingest::otlp::request_from_pprof(&report.profile, &attributes, time).encode_to_vec()
+}
+
+/// A `kB` field of `/proc/self/status`.
+fn status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(field))
+                .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// One Push with every process's report of an interval.

@@ -91,11 +91,12 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
             })
             .unwrap_or(0);
         println!(
-            "{frequency:>5} Hz: agent CPU {:.3} % of one core over {} s, RSS {:.1} MiB (peak {:.1} MiB), {samples} samples",
+            "{frequency:>5} Hz: agent CPU {:.3} % of one core over {} s, RSS {:.1} MiB (peak {:.1} MiB; its own heap {:.1} MiB, the rest mapped binaries), {samples} samples",
             100.0 * cpu / args.seconds as f64,
             args.seconds,
             status_kib(pid, "VmRSS:") as f64 / 1024.0,
             status_kib(pid, "VmHWM:") as f64 / 1024.0,
+            status_kib(pid, "RssAnon:") as f64 / 1024.0,
         );
         // SAFETY: kill(2) with a child's pid and SIGINT touches no memory.
         unsafe {

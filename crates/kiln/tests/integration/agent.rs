@@ -185,6 +185,7 @@ fn the_agent_profiles_processes_it_was_never_told_about() {
         "kiln_agent_samples_total",
         "kiln_agent_pushes_sent_total",
         "kiln_agent_resident_memory_bytes",
+        "kiln_agent_resident_anonymous_bytes",
     ] {
         let value = metric_value(&metrics, name);
         assert!(value > 0.0, "{name} is {value}: {metrics}");
