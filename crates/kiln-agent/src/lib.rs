@@ -158,6 +158,13 @@ impl AgentStats {
     }
 }
 
+/// A collector running on its own thread (see [`Collector::spawn`]).
+pub struct RunningCollector {
+    pub thread: std::thread::JoinHandle<()>,
+    pub cpus: usize,
+    pub stats: Arc<AgentStats>,
+}
+
 /// Samples every CPU and aggregates stacks per process until the next report.
 pub struct Collector {
     config: AgentConfig,
@@ -216,6 +223,9 @@ impl Collector {
         for record in self.events.drain() {
             self.record(record);
         }
+        self.stats
+            .processes
+            .store(self.table.len() as u64, Ordering::Relaxed);
     }
 
     fn record(&mut self, record: Record) {
@@ -336,6 +346,36 @@ impl Collector {
             .processes
             .store(self.table.len() as u64, Ordering::Relaxed);
         reports
+    }
+
+    /// Opens the events on a thread of its own (blazesym's caches are not `Send`, so the
+    /// collector lives where it was made) and runs there until `stop` is set, handing each
+    /// interval's reports to `sink`. Returns once the events are open, or with why not.
+    pub fn spawn(
+        config: AgentConfig,
+        stop: Arc<AtomicBool>,
+        sink: impl FnMut(Vec<Report>) + Send + 'static,
+    ) -> Result<RunningCollector, PerfError> {
+        let (opened, open_result) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || match Collector::open(config) {
+            Ok(collector) => {
+                let _ = opened.send(Ok((collector.cpus(), collector.stats())));
+                collector.run(&stop, sink);
+            }
+            Err(err) => {
+                let _ = opened.send(Err(err));
+            }
+        });
+        let (cpus, stats) = open_result.recv().unwrap_or_else(|_| {
+            Err(PerfError::Config(
+                "the collector thread ended before opening".into(),
+            ))
+        })?;
+        Ok(RunningCollector {
+            thread,
+            cpus,
+            stats,
+        })
     }
 
     /// Polls every 100 ms and hands a batch of reports to `sink` every interval, until

@@ -343,13 +343,6 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// The fields MMAP and MMAP2 records begin with: pid, (tid), start, length, file offset.
-fn mapping_fields(cursor: &mut Cursor<'_>) -> Option<(u32, u64, u64, u64)> {
-    let pid = cursor.u32()?;
-    let _tid = cursor.u32()?;
-    Some((pid, cursor.u64()?, cursor.u64()?, cursor.u64()?))
-}
-
 /// Decodes one record and its time: a sample's own, or for any other record the time of
 /// the `sample_id` trailer (pid, tid, time) that `sample_id_all` appends.
 pub fn parse_timed(bytes: &[u8]) -> Option<(u64, Record)> {
@@ -411,17 +404,20 @@ pub fn parse_record(bytes: &[u8]) -> Option<Record> {
                 depth: count,
             })
         }
-        b::PERF_RECORD_MMAP2 => {
-            let (pid, start, len, pgoff) = mapping_fields(&mut cursor)?;
-            let identity = cursor.take(24)?;
-            let build_id = if misc & b::PERF_RECORD_MISC_MMAP_BUILD_ID != 0 {
-                let size = usize::from(identity[0]).min(20);
-                Some(identity[4..4 + size].to_vec())
-            } else {
-                None
-            };
-            let _prot = cursor.u32()?;
-            let _flags = cursor.u32()?;
+        b::PERF_RECORD_MMAP | b::PERF_RECORD_MMAP2 => {
+            let pid = cursor.u32()?;
+            let _tid = cursor.u32()?;
+            let (start, len, pgoff) = (cursor.u64()?, cursor.u64()?, cursor.u64()?);
+            let mut build_id = None;
+            if kind == b::PERF_RECORD_MMAP2 {
+                // maj, min, ino, ino_generation; or, with the flag, the build id.
+                let identity = cursor.take(24)?;
+                if misc & b::PERF_RECORD_MISC_MMAP_BUILD_ID != 0 {
+                    let size = usize::from(identity[0]).min(20);
+                    build_id = Some(identity[4..4 + size].to_vec());
+                }
+                let _prot_and_flags = cursor.take(8)?;
+            }
             let path = cursor.string();
             Some(Record::Mmap {
                 pid,
@@ -430,18 +426,6 @@ pub fn parse_record(bytes: &[u8]) -> Option<Record> {
                 pgoff,
                 path,
                 build_id,
-            })
-        }
-        b::PERF_RECORD_MMAP => {
-            let (pid, start, len, pgoff) = mapping_fields(&mut cursor)?;
-            let path = cursor.string();
-            Some(Record::Mmap {
-                pid,
-                start,
-                len,
-                pgoff,
-                path,
-                build_id: None,
             })
         }
         b::PERF_RECORD_COMM => {

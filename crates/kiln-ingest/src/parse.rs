@@ -166,13 +166,14 @@ pub fn from_pprof(
         })
         .collect();
 
+    let now = now_nanos();
     let time_nanos = context
         .time_nanos
         .or((profile.time_nanos > 0).then_some(profile.time_nanos))
-        .unwrap_or_else(now_nanos);
+        .unwrap_or(now);
     if limits.retention_days > 0 {
         let retention_nanos = i64::from(limits.retention_days) * 86_400 * 1_000_000_000;
-        if time_nanos < now_nanos().saturating_sub(retention_nanos) {
+        if time_nanos < now.saturating_sub(retention_nanos) {
             return Err(IngestError::BadRequest(format!(
                 "profile time {} is older than the retention period of {} days; it would be deleted at once",
                 kiln_model::time::format_rfc3339(time_nanos),
@@ -181,7 +182,6 @@ pub fn from_pprof(
         }
     }
     if limits.max_future_skew_ms > 0 {
-        let now = now_nanos();
         let skew_nanos = i64::try_from(limits.max_future_skew_ms)
             .unwrap_or(i64::MAX)
             .saturating_mul(1_000_000);

@@ -224,32 +224,24 @@ async fn start_agent(
     let stop = Arc::new(AtomicBool::new(false));
     // Reports wait here while a flush is slow; past 64 intervals the newest are dropped.
     let (reports, mut received) = tokio::sync::mpsc::channel::<Vec<kiln_agent::Report>>(64);
-    let (opened, open_result) = std::sync::mpsc::channel();
     let frequency = config.frequency;
+    let sink = move |batch: Vec<kiln_agent::Report>| {
+        if !batch.is_empty() && reports.try_send(batch).is_err() {
+            tracing::warn!("host agent reports dropped: the writer is behind");
+        }
+    };
     let collector = {
         let stop = stop.clone();
-        std::thread::spawn(move || {
-            // The symbolizer is not Send: the collector is made on its own thread.
-            let collector = match kiln_agent::Collector::open(config) {
-                Ok(collector) => collector,
-                Err(err) => {
-                    let _ = opened.send(Err(err));
-                    return;
-                }
-            };
-            let _ = opened.send(Ok(collector.cpus()));
-            collector.run(&stop, |batch| {
-                if !batch.is_empty() && reports.try_send(batch).is_err() {
-                    tracing::warn!("host agent reports dropped: the writer is behind");
-                }
-            });
-        })
+        tokio::task::spawn_blocking(move || kiln_agent::Collector::spawn(config, stop, sink))
+            .await
+            .map_err(|err| ServerError::Io(std::io::Error::other(err.to_string())))??
     };
-    let cpus = tokio::task::spawn_blocking(move || open_result.recv())
-        .await
-        .map_err(|err| ServerError::Io(std::io::Error::other(err.to_string())))?
-        .map_err(|err| ServerError::Io(std::io::Error::other(err.to_string())))??;
-    tracing::info!(cpus, frequency, "host agent profiling every process");
+    tracing::info!(
+        cpus = collector.cpus,
+        frequency,
+        "host agent profiling every process"
+    );
+    let collector = collector.thread;
     let tenant = settings.tenant.clone();
     let writer = tokio::spawn(async move {
         while let Some(batch) = received.recv().await {

@@ -147,7 +147,7 @@ fn metrics_text(stats: &kiln_agent::AgentStats, queue: &Queue) -> String {
             "kiln_agent_resident_anonymous_bytes",
             "gauge",
             "The agent's own heap and stacks: resident memory less the file-backed pages of binaries it mapped to symbolize, which the kernel can reclaim",
-            status_kib("RssAnon:") * 1024,
+            crate::bench_agent::status_kib(std::process::id(), "RssAnon:") * 1024,
         ),
     ] {
         text.push_str(&format!(
@@ -229,19 +229,6 @@ fn encode_otlp(report: Report) -> Vec<u8> {
     kiln_ingest::otlp::request_from_pprof(&report.profile, &attributes, time).encode_to_vec()
 }
 
-/// A `kB` field of `/proc/self/status`.
-fn status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix(field))
-                .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// One Push with every process's report of an interval.
 fn encode(reports: Vec<Report>) -> Vec<u8> {
     let series = reports
@@ -284,34 +271,21 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let target = Target::from_args(&args)?;
     let stop = Arc::new(AtomicBool::new(false));
     let queue = Arc::new(Queue::default());
-    // The symbolizer caches are not Send: the collector lives on its own thread from the
-    // start, and says from there whether the events could be opened.
-    let (opened, open_result) = std::sync::mpsc::channel();
-    let collecting = {
+    let collector = {
         let (stop, queue, limit) = (stop.clone(), queue.clone(), args.buffer_bytes);
         let target = target.clone();
-        std::thread::spawn(move || {
-            let collector = match Collector::open(config) {
-                Ok(collector) => collector,
-                Err(err) => {
-                    let _ = opened.send(Err(err));
-                    return;
+        let sink = move |reports: Vec<Report>| {
+            if !reports.is_empty() {
+                for body in target.encode(reports) {
+                    queue.push(body, limit);
                 }
-            };
-            let _ = opened.send(Ok((collector.cpus(), collector.stats())));
-            collector.run(&stop, |reports| {
-                if !reports.is_empty() {
-                    for body in target.encode(reports) {
-                        queue.push(body, limit);
-                    }
-                }
-            })
-        })
+            }
+        };
+        tokio::task::spawn_blocking(move || Collector::spawn(config, stop, sink))
+            .await
+            .context("the collector thread failed")??
     };
-    let (cpus, stats) = tokio::task::spawn_blocking(move || open_result.recv())
-        .await
-        .context("the collector thread failed")?
-        .context("the collector thread failed")??;
+    let (cpus, stats, collecting) = (collector.cpus, collector.stats, collector.thread);
     tracing::info!(
         cpus,
         frequency = args.frequency,

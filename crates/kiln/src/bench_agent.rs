@@ -1,7 +1,10 @@
-//! `kiln bench agent`: the agent's own cost. Every core is kept busy by spinning threads
-//! (so there is something to sample on every CPU, as on a loaded host), a `kiln server`
-//! child takes the reports, and for each frequency a `kiln agent` child runs for the
-//! given time; its CPU comes from `/proc/PID/stat` and its memory from `/proc/PID/status`.
+//! `kiln bench agent`: the agent's own cost on a host shaped like a real one. Every core is
+//! kept busy by spinning threads (something to sample on every CPU), short-lived processes
+//! come and go (`--churn` a minute, each a new exec'd shell that burns a little CPU, as
+//! cron jobs, health checks and build steps do: each is a new pid, a new process table
+//! entry and a new set of mappings), a `kiln server` child takes the reports, and for each
+//! frequency a `kiln agent` child runs for the given time; its CPU comes from
+//! `/proc/PID/stat` and its memory from `/proc/PID/status`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -18,9 +21,40 @@ pub struct AgentBenchArgs {
     /// Sampling frequencies, Hz.
     #[arg(long, value_delimiter = ',', default_value = "19,100,1000")]
     frequencies: Vec<u64>,
+    /// Short-lived processes started per minute (0: none).
+    #[arg(long, default_value_t = 200)]
+    churn: u64,
 }
 
-fn status_kib(pid: u32, field: &str) -> u64 {
+/// Starts `per_minute` short-lived processes a minute until `busy` is cleared.
+fn churn(per_minute: u64, busy: Arc<AtomicBool>) -> Option<std::thread::JoinHandle<u64>> {
+    if per_minute == 0 {
+        return None;
+    }
+    let pause = Duration::from_secs_f64(60.0 / per_minute as f64);
+    Some(std::thread::spawn(move || {
+        let mut started = 0;
+        let mut running: Vec<std::process::Child> = Vec::new();
+        while busy.load(Ordering::Relaxed) {
+            let child = std::process::Command::new("sh")
+                .args(["-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done"])
+                .spawn();
+            if let Ok(child) = child {
+                running.push(child);
+                started += 1;
+            }
+            running.retain_mut(|child| !matches!(child.try_wait(), Ok(Some(_))));
+            std::thread::sleep(pause);
+        }
+        for mut child in running {
+            let _ = child.wait();
+        }
+        started
+    }))
+}
+
+/// A `kB` field (`VmRSS:`, `RssAnon:` …) of `/proc/PID/status`; 0 when unreadable.
+pub(crate) fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|status| {
@@ -51,9 +85,10 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
             })
         })
         .collect();
+    let churning = churn(args.churn, busy.clone());
     println!(
-        "kiln bench agent: {cores} cores kept busy, {} s per frequency",
-        args.seconds
+        "kiln bench agent: {cores} cores kept busy, {} short-lived processes a minute, {} s per frequency",
+        args.churn, args.seconds
     );
     let exe = std::env::current_exe().context("cannot find the kiln binary")?;
     for frequency in &args.frequencies {
@@ -80,18 +115,24 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
         let before = crate::bench::process_cpu_seconds(pid).unwrap_or(0.0);
         tokio::time::sleep(Duration::from_secs(args.seconds)).await;
         let cpu = crate::bench::process_cpu_seconds(pid).unwrap_or(0.0) - before;
-        let samples = ureq::get(&format!("http://127.0.0.1:{metrics_port}/metrics"))
+        let metrics = ureq::get(&format!("http://127.0.0.1:{metrics_port}/metrics"))
             .call()
             .ok()
             .and_then(|response| response.into_string().ok())
-            .and_then(|text| {
-                text.lines()
-                    .find_map(|line| line.strip_prefix("kiln_agent_samples_total "))
-                    .and_then(|value| value.trim().parse::<u64>().ok())
-            })
-            .unwrap_or(0);
+            .unwrap_or_default();
+        let metric = |name: &str| {
+            metrics
+                .lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|value| value.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let (samples, processes) = (
+            metric("kiln_agent_samples_total"),
+            metric("kiln_agent_processes"),
+        );
         println!(
-            "{frequency:>5} Hz: agent CPU {:.3} % of one core over {} s, RSS {:.1} MiB (peak {:.1} MiB; its own heap {:.1} MiB, the rest mapped binaries), {samples} samples",
+            "{frequency:>5} Hz: agent CPU {:.3} % of one core over {} s, RSS {:.1} MiB (peak {:.1} MiB; its own heap {:.1} MiB, the rest mapped binaries), {samples} samples, {processes} processes tracked",
             100.0 * cpu / args.seconds as f64,
             args.seconds,
             status_kib(pid, "VmRSS:") as f64 / 1024.0,
@@ -107,6 +148,9 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
     busy.store(false, Ordering::Relaxed);
     for spinner in spinners {
         let _ = spinner.join();
+    }
+    if let Some(started) = churning.and_then(|thread| thread.join().ok()) {
+        println!("{started} short-lived processes started");
     }
     let _ = server.kill();
     let _ = server.wait();

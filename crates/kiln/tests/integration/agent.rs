@@ -83,30 +83,11 @@ fn functions(
         format: kiln_query::api::PROFILE_FORMAT_TREE,
         ..Default::default()
     };
-    let (status, body) = server.post_bytes(
-        "/querier.v1.QuerierService/SelectMergeStacktraces",
-        &prost::Message::encode_to_vec(&request),
-        &[("Content-Type", "application/proto")],
-    );
-    assert_eq!(status, 200);
     let response: kiln_query::api::SelectMergeStacktracesResponse =
-        prost::Message::decode(body.as_slice()).unwrap();
-    let stacks = kiln_query::merge::read_tree_bytes(&response.tree).unwrap();
-    let mut functions: std::collections::HashMap<String, (i64, i64)> = Default::default();
-    let mut total = 0;
-    for (path, value) in &stacks {
-        total += value;
-        if let Some(leaf) = path.last() {
-            functions.entry(leaf.clone()).or_default().0 += value;
-        }
-        let mut seen: Vec<&String> = Vec::new();
-        for frame in path {
-            if !seen.contains(&frame) {
-                functions.entry(frame.clone()).or_default().1 += value;
-                seen.push(frame);
-            }
-        }
-    }
+        call(server, "SelectMergeStacktraces", &request, None);
+    let functions = tree_functions(&response.tree);
+    // The total is every self value: the flat values of all functions.
+    let total = functions.values().map(|(flat, _)| flat).sum();
     (functions, total)
 }
 
@@ -506,12 +487,13 @@ fn the_agent_benchmark_runs() {
         .lines()
         .find(|line| line.contains("99 Hz: agent CPU"))
         .unwrap_or_else(|| panic!("{output}"));
-    let samples: u64 = line
-        .rsplit(", ")
-        .next()
-        .and_then(|part| part.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("{line}"));
-    assert!(samples > 0, "{line}");
+    let field = |unit: &str| -> u64 {
+        line.split(", ")
+            .find_map(|part| part.strip_suffix(unit)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {unit} in {line}"))
+    };
+    assert!(field(" samples") > 0, "{line}");
+    assert!(field(" processes tracked") > 0, "{line}");
 }
 
 /// Relabeling in Prometheus's shape: the service name from an allow-listed environment

@@ -291,14 +291,8 @@ fn from_zero_is_the_epoch_and_no_data_is_said() {
         end: 0,
         ..Default::default()
     };
-    let (status, body) = server.post_bytes(
-        "/querier.v1.QuerierService/SelectMergeStacktraces",
-        &prost::Message::encode_to_vec(&request),
-        &[("Content-Type", "application/proto")],
-    );
-    assert_eq!(status, 200);
     let response: kiln_query::api::SelectMergeStacktracesResponse =
-        prost::Message::decode(body.as_slice()).unwrap();
+        call(&server, "SelectMergeStacktraces", &request, None);
     assert_eq!(response.flamegraph.unwrap().total, total);
 
     // The default range is the last hour, which holds nothing here.

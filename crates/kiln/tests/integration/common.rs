@@ -510,3 +510,46 @@ pub fn pprof_total(bytes: &[u8], index: usize) -> i64 {
         .map(|s| s.value[index])
         .sum()
 }
+
+/// `querier.v1.QuerierService/{method}`.
+pub fn path(method: &str) -> String {
+    format!("/querier.v1.QuerierService/{method}")
+}
+
+/// Connect with `application/proto`.
+pub fn call<Req: prost::Message, Resp: prost::Message + Default>(
+    server: &TestServer,
+    method: &str,
+    request: &Req,
+    tenant: Option<&str>,
+) -> Resp {
+    let mut headers = vec![("Content-Type", "application/proto")];
+    if let Some(tenant) = tenant {
+        headers.push(("X-Scope-OrgID", tenant));
+    }
+    let (status, body) = server.post_bytes(&path(method), &request.encode_to_vec(), &headers);
+    assert_eq!(status, 200, "{method}: {}", String::from_utf8_lossy(&body));
+    Resp::decode(body.as_slice()).expect("response decodes")
+}
+
+/// Per function (flat, cum) from Pyroscope's tree bytes: flat sums a node's self value,
+/// cum adds it to every distinct function on its path.
+pub fn tree_functions(bytes: &[u8]) -> std::collections::HashMap<String, (i64, i64)> {
+    let mut functions: std::collections::HashMap<String, (i64, i64)> = Default::default();
+    for (path, self_value) in kiln_query::merge::read_tree_bytes(bytes).expect("tree") {
+        if self_value == 0 {
+            continue;
+        }
+        if let Some(leaf) = path.last() {
+            functions.entry(leaf.clone()).or_default().0 += self_value;
+        }
+        let mut seen: Vec<&String> = Vec::new();
+        for name in &path {
+            if !seen.contains(&name) {
+                functions.entry(name.clone()).or_default().1 += self_value;
+                seen.push(name);
+            }
+        }
+    }
+    functions
+}
