@@ -11,13 +11,21 @@
 //!      ──▶ a sink: the push API, or the server's own ingester with `kiln server --agent`
 //! ```
 //!
-//! User stacks come from the kernel's call chain, which walks frame pointers: Go keeps
-//! them, and so do programs built with `-fno-omit-frame-pointer` (Fedora and Ubuntu build
-//! their packages so). Programs without them get truncated user stacks in this version.
+//! User stacks come from the kernel's call chain where the program keeps frame pointers
+//! (Go, and programs built with `-fno-omit-frame-pointer`, as Fedora and Ubuntu build
+//! their packages), and from a DWARF unwind of a copy of the user stack otherwise
+//! (unwind.rs).
+//!
+//! Memory is bounded by one budget ([`AgentConfig::memory_limit`]): unwind tables get an
+//! eighth, blazesym's parsed files half (it is started anew past that, and a file whose
+//! DWARF alone passes an eighth is symbolized from its symbol table: names, no lines; see
+//! [`report::Symbols`]), and `kiln agent` gives a quarter to reports waiting for the
+//! server.
 
 pub mod perf;
 pub mod procs;
 pub mod report;
+pub mod unwind;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -44,7 +52,12 @@ pub struct AgentConfig {
     /// Environment variables read for `__meta_process_env_<NAME>`: only these, because a
     /// process's environment can hold secrets.
     pub env_allowlist: Vec<String>,
+    /// The budget of the agent's caches (see the crate's doc), in bytes.
+    pub memory_limit: usize,
 }
+
+/// `--memory-limit`'s default: 128 MiB.
+pub const DEFAULT_MEMORY_LIMIT: usize = 128 << 20;
 
 impl Default for AgentConfig {
     fn default() -> Self {
@@ -53,6 +66,7 @@ impl Default for AgentConfig {
             interval: Duration::from_secs(10),
             relabel_configs: Vec::new(),
             env_allowlist: Vec::new(),
+            memory_limit: DEFAULT_MEMORY_LIMIT,
         }
     }
 }
@@ -85,6 +99,9 @@ fn relabeled(
     )
 }
 
+/// A process and its stack counts of one interval.
+type ProcessStacks<'a> = (&'a procs::Process, &'a HashMap<Stack, u64>);
+
 /// Counters of the agent's own work.
 #[derive(Debug, Default)]
 pub struct AgentStats {
@@ -92,6 +109,10 @@ pub struct AgentStats {
     pub lost: AtomicU64,
     pub reports: AtomicU64,
     pub processes: AtomicU64,
+    /// Bytes held by the unwind-table and symbolizer caches.
+    pub cache_bytes: AtomicU64,
+    /// Times a cache was emptied to stay within the memory budget.
+    pub cache_evictions: AtomicU64,
     /// Per binary: how its user stacks were walked, stacks sampled and stacks cut short.
     pub binaries: std::sync::Mutex<HashMap<String, BinaryStats>>,
 }
@@ -131,9 +152,18 @@ impl AgentStats {
             "Process profiles written",
             self.reports.load(Ordering::Relaxed),
         );
+        counter(
+            "kiln_agent_cache_evictions_total",
+            "Cache entries dropped to stay within --memory-limit; they are recomputed when needed",
+            self.cache_evictions.load(Ordering::Relaxed),
+        );
         out.push_str(&format!(
             "# HELP kiln_agent_processes Processes the agent tracks\n# TYPE kiln_agent_processes gauge\nkiln_agent_processes {}\n",
             self.processes.load(Ordering::Relaxed)
+        ));
+        out.push_str(&format!(
+            "# HELP kiln_agent_cache_bytes Bytes held by the unwind-table and symbol caches\n# TYPE kiln_agent_cache_bytes gauge\nkiln_agent_cache_bytes {}\n",
+            self.cache_bytes.load(Ordering::Relaxed)
         ));
         if let Ok(binaries) = self.binaries.lock() {
             let mut names: Vec<&String> = binaries.keys().collect();
@@ -146,7 +176,7 @@ impl AgentStats {
                     name, stats.method, stats.stacks
                 ));
             }
-            out.push_str("# HELP kiln_agent_stacks_truncated_total Stacks cut at the kernel's perf_event_max_stack\n# TYPE kiln_agent_stacks_truncated_total counter\n");
+            out.push_str("# HELP kiln_agent_stacks_truncated_total Stacks cut short: at the kernel's perf_event_max_stack, or past the copied user stack\n# TYPE kiln_agent_stacks_truncated_total counter\n");
             for name in &names {
                 out.push_str(&format!(
                     "kiln_agent_stacks_truncated_total{{binary={:?}}} {}\n",
@@ -168,10 +198,13 @@ pub struct RunningCollector {
 /// Samples every CPU and aggregates stacks per process until the next report.
 pub struct Collector {
     config: AgentConfig,
-    events: PerfEvents,
+    /// Moved to the reading thread by [`Collector::run`].
+    events: Option<PerfEvents>,
+    cpus: usize,
     table: ProcessTable,
     stacks: HashMap<Instance, HashMap<Stack, u64>>,
     symbols: Symbols,
+    unwinding: unwind::Unwinding,
     host: HostInfo,
     stats: Arc<AgentStats>,
     interval_start: i64,
@@ -193,20 +226,24 @@ impl Collector {
             rule.validate().map_err(PerfError::Config)?;
         }
         let events = PerfEvents::open(config.frequency.clamp(1, 1000))?;
+        raise_open_files_limit();
         let env_allowlist = config.env_allowlist.clone();
+        let max_stack = std::fs::read_to_string("/proc/sys/kernel/perf_event_max_stack")
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(127);
         Ok(Collector {
+            unwinding: unwind::Unwinding::new(config.memory_limit / 8, max_stack),
+            symbols: Symbols::new(config.memory_limit as u64 / 8),
             config,
-            events,
+            cpus: events.cpus(),
+            events: Some(events),
             table: ProcessTable::default().with_env_allowlist(env_allowlist),
             stacks: HashMap::new(),
-            symbols: Symbols::default(),
             host: HostInfo::read(),
             stats: Arc::default(),
             interval_start: now_nanos(),
-            max_stack: std::fs::read_to_string("/proc/sys/kernel/perf_event_max_stack")
-                .ok()
-                .and_then(|text| text.trim().parse().ok())
-                .unwrap_or(127),
+            max_stack,
         })
     }
 
@@ -215,12 +252,12 @@ impl Collector {
     }
 
     pub fn cpus(&self) -> usize {
-        self.events.cpus()
+        self.cpus
     }
 
-    /// Reads what the kernel wrote since the last call.
-    pub fn poll(&mut self) {
-        for record in self.events.drain() {
+    /// Takes in records read from the rings.
+    fn records(&mut self, batch: Vec<Record>) {
+        for record in batch {
             self.record(record);
         }
         self.stats
@@ -235,6 +272,8 @@ impl Collector {
                 kernel,
                 user,
                 depth,
+                regs,
+                stack,
                 ..
             } => {
                 if pid == 0 {
@@ -242,9 +281,39 @@ impl Collector {
                 }
                 self.stats.samples.fetch_add(1, Ordering::Relaxed);
                 let instance = self.table.for_sample(pid);
-                if !user.is_empty() {
-                    self.count_stack(instance, depth >= self.max_stack);
-                }
+                let context = regs.map(|[ip, sp, bp]| unwind::UserContext {
+                    ip,
+                    sp,
+                    bp,
+                    stack: &stack,
+                });
+                let user = match self.table.instance(instance) {
+                    Some(process) if context.is_some() => {
+                        let walked =
+                            self.unwinding
+                                .walk(process, user, depth >= self.max_stack, context);
+                        if !walked.user.is_empty() {
+                            self.count_stack(instance, walked.method, walked.truncated);
+                        }
+                        for address in &walked.user {
+                            self.table.pin(instance, *address);
+                        }
+                        walked.user
+                    }
+                    _ => {
+                        if !user.is_empty() {
+                            self.count_stack(
+                                instance,
+                                unwind::Method::FramePointer,
+                                depth >= self.max_stack,
+                            );
+                        }
+                        for address in &user {
+                            self.table.pin(instance, *address);
+                        }
+                        user
+                    }
+                };
                 let stack = Stack {
                     kernel: kernel.into_boxed_slice(),
                     user: user.into_boxed_slice(),
@@ -292,7 +361,7 @@ impl Collector {
         }
     }
 
-    fn count_stack(&self, instance: Instance, truncated: bool) {
+    fn count_stack(&self, instance: Instance, method: unwind::Method, truncated: bool) {
         let binary = self
             .table
             .instance(instance)
@@ -306,7 +375,7 @@ impl Collector {
                 "other".to_string()
             };
             let stats = binaries.entry(key).or_default();
-            stats.method = "frame_pointer";
+            stats.method = method.name();
             stats.stacks += 1;
             stats.truncated += u64::from(truncated);
         }
@@ -320,18 +389,25 @@ impl Collector {
         let period =
             1_000_000_000 / i64::try_from(self.config.frequency.clamp(1, 1000)).unwrap_or(19);
         let writer = ProfileWriter::new(&self.symbols, &kernel, period);
-        let mut reports = Vec::new();
+        // One series per label set: processes that relabeling left alike (a `labeldrop` of
+        // `pid`, say) are one service's, and go out as one profile.
+        let mut series: HashMap<Vec<(String, String)>, Vec<ProcessStacks<'_>>> = HashMap::new();
         for (instance, counts) in &stacks {
             let Some(process) = self.table.instance(*instance) else {
                 continue;
             };
             let labels = report::process_labels(process, &self.host);
-            let Some(labels) = relabeled(process, labels, &self.config.relabel_configs) else {
+            let Some(mut labels) = relabeled(process, labels, &self.config.relabel_configs) else {
                 continue;
             };
+            labels.sort();
+            series.entry(labels).or_default().push((process, counts));
+        }
+        let mut reports = Vec::new();
+        for (labels, processes) in series {
             let profile = writer.write(
-                process,
-                counts,
+                &processes,
+                &mut self.unwinding.binaries,
                 self.interval_start,
                 now - self.interval_start,
             );
@@ -339,6 +415,10 @@ impl Collector {
         }
         self.interval_start = now;
         self.table.forget_exited();
+        let table = &self.table;
+        self.unwinding
+            .retain(|instance| table.instance(instance).is_some());
+        self.keep_within_budget();
         self.stats
             .reports
             .fetch_add(reports.len() as u64, Ordering::Relaxed);
@@ -346,6 +426,25 @@ impl Collector {
             .processes
             .store(self.table.len() as u64, Ordering::Relaxed);
         reports
+    }
+
+    /// Starts blazesym anew once the files it parsed pass half the memory budget (see
+    /// [`report::Symbols`]), and publishes what the caches hold.
+    fn keep_within_budget(&mut self) {
+        let held = self.symbols.held_bytes();
+        if held > (self.config.memory_limit / 2) as u64 {
+            tracing::debug!(held, "symbol cache over its budget; starting it anew");
+            self.symbols.clear_files();
+            self.stats.cache_evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        let evicted = std::mem::take(&mut self.unwinding.binaries.evictions);
+        self.stats
+            .cache_evictions
+            .fetch_add(evicted, Ordering::Relaxed);
+        self.stats.cache_bytes.store(
+            self.symbols.held_bytes() + self.unwinding.binaries.bytes() as u64,
+            Ordering::Relaxed,
+        );
     }
 
     /// Opens the events on a thread of its own (blazesym's caches are not `Send`, so the
@@ -378,29 +477,100 @@ impl Collector {
         })
     }
 
-    /// Polls every 100 ms and hands a batch of reports to `sink` every interval, until
-    /// `stop` is set.
+    /// Reads the rings on a thread of its own every 100 ms, and hands a batch of reports to
+    /// `sink` every interval, until `stop` is set.
+    ///
+    /// Reading never waits for symbolizing: a report can take a while (a large binary's
+    /// DWARF parsed for the first time), and samples with their stack copies would fill
+    /// the rings meanwhile. Batches read wait in a channel of [`READ_AHEAD`] batches;
+    /// when that is full the rings fill, and what the kernel drops is counted as lost.
     pub fn run(mut self, stop: &AtomicBool, mut sink: impl FnMut(Vec<Report>)) {
-        let mut next_report = Instant::now() + self.config.interval;
-        let mut next_cpu_check = Instant::now() + Duration::from_secs(10);
-        while !stop.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(100));
-            self.poll();
-            let now = Instant::now();
-            if now >= next_cpu_check {
-                next_cpu_check = now + Duration::from_secs(10);
-                match self.events.add_new_cpus() {
-                    Ok(0) => {}
-                    Ok(added) => tracing::info!(added, "sampling CPUs that came online"),
-                    Err(err) => tracing::warn!(error = %err, "cannot sample a new CPU"),
+        let Some(mut events) = self.events.take() else {
+            return;
+        };
+        let (batches, received) = std::sync::mpsc::sync_channel::<Vec<Record>>(READ_AHEAD);
+        std::thread::scope(|scope| {
+            scope.spawn(move || read_rings(&mut events, stop, batches));
+            let mut next_report = Instant::now() + first_report_after(self.config.interval);
+            loop {
+                let wait = next_report.saturating_duration_since(Instant::now());
+                match received.recv_timeout(wait.min(Duration::from_millis(200))) {
+                    Ok(batch) => self.records(batch),
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+                if Instant::now() >= next_report {
+                    next_report += jittered(self.config.interval);
+                    sink(self.report());
                 }
             }
-            if now >= next_report {
-                next_report += self.config.interval;
-                sink(self.report());
-            }
-        }
-        self.poll();
+        });
         sink(self.report());
     }
+}
+
+/// The agent holds open the files of the binaries it samples (procs.rs, `pin`), one
+/// descriptor per file: more than the usual soft limit of 1024 on a busy host. The hard
+/// limit is what the administrator allows; the soft one is raised to it.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write one rlimit, which `limit` is.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+/// Batches of records read ahead of processing (see [`Collector::run`]): 1.6 s of them.
+pub const READ_AHEAD: usize = 16;
+
+/// The reading thread: drains every ring each 100 ms, in time order, and looks for CPUs
+/// that came online every 10 s. Ends when `stop` is set, after a last drain.
+fn read_rings(
+    events: &mut PerfEvents,
+    stop: &AtomicBool,
+    batches: std::sync::mpsc::SyncSender<Vec<Record>>,
+) {
+    let mut next_cpu_check = Instant::now() + Duration::from_secs(10);
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+        let batch = events.drain();
+        if !batch.is_empty() && batches.send(batch).is_err() {
+            return;
+        }
+        if Instant::now() >= next_cpu_check {
+            next_cpu_check = Instant::now() + Duration::from_secs(10);
+            match events.add_new_cpus() {
+                Ok(0) => {}
+                Ok(added) => tracing::info!(added, "sampling CPUs that came online"),
+                Err(err) => tracing::warn!(error = %err, "cannot sample a new CPU"),
+            }
+        }
+    }
+    let _ = batches.send(events.drain());
+}
+
+/// When the first report is due: between half an interval and a whole one, at a phase
+/// fixed by the host's name, so that a fleet's agents started together (a deploy, a
+/// reboot) do not all report at the same instant.
+fn first_report_after(interval: Duration) -> Duration {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    HostInfo::read().hostname.hash(&mut hasher);
+    let phase = (hasher.finish() % 1000) as f64 / 1000.0;
+    interval.mul_f64(0.5 + 0.5 * phase)
+}
+
+/// An interval give or take 5%, so that agents do not fall into step.
+fn jittered(interval: Duration) -> Duration {
+    let noise = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() % 1000);
+    interval.mul_f64(0.95 + 0.1 * f64::from(noise) / 1000.0)
 }

@@ -13,9 +13,23 @@ use std::sync::atomic::{fence, Ordering};
 use perf_event_open_sys as sys;
 use sys::bindings as b;
 
-/// Data pages per CPU ring (a power of two): 512 KiB holds a few seconds of samples with
-/// 127-frame call chains at 1000 Hz, so a 100 ms drain never falls behind.
-const RING_PAGES: usize = 128;
+/// Bytes of user stack copied with each sample, for DWARF unwinding: as `perf record
+/// --call-graph dwarf` copies by default, twice over. Deeper stacks of programs without
+/// frame pointers are cut there, and counted as truncated.
+pub const STACK_BYTES: u32 = 16 << 10;
+
+/// User registers copied with each sample: the three that unwinding starts from.
+#[cfg(target_arch = "x86_64")]
+const USER_REGS: u64 = (1 << 6) | (1 << 7) | (1 << 8); // BP, SP, IP (perf_regs.h)
+
+/// Data pages per CPU ring (a power of two), from the frequency: a sample with its stack
+/// copy is about 17 KiB, and the ring holds 2.5 times what arrives between two drains
+/// (100 ms), from 512 KiB at 19 Hz to 4 MiB at 1000 Hz. A full ring drops samples, which
+/// are counted.
+fn ring_pages(frequency: u64, page: usize) -> usize {
+    let bytes = frequency as usize * (STACK_BYTES as usize + 1024) / 10 * 5 / 2;
+    bytes.div_ceil(page).next_power_of_two().clamp(128, 1024)
+}
 
 /// Why the events could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +61,10 @@ pub enum Record {
         /// Entries in the kernel's call chain, markers included: at the kernel's
         /// `perf_event_max_stack` the stack was cut.
         depth: usize,
+        /// The user registers at the sample (ip, sp, bp), when it interrupted a process.
+        regs: Option<[u64; 3]>,
+        /// The copy of the user stack from `sp` up, as much as the kernel could copy.
+        stack: Box<[u8]>,
     },
     /// An executable mapping appeared.
     Mmap {
@@ -180,6 +198,12 @@ impl PerfEvents {
             ),
             ..Default::default()
         };
+        #[cfg(target_arch = "x86_64")]
+        {
+            attr.sample_type |= u64::from(b::PERF_SAMPLE_REGS_USER | b::PERF_SAMPLE_STACK_USER);
+            attr.sample_regs_user = USER_REGS;
+            attr.sample_stack_user = STACK_BYTES;
+        }
         attr.__bindgen_anon_1.sample_freq = self.frequency;
         attr.set_freq(1);
         attr.set_mmap(1);
@@ -213,7 +237,8 @@ impl PerfEvents {
         // SAFETY: perf_event_open returned a new descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let page = page_size();
-        let mapped = page * (RING_PAGES + 1);
+        let pages = ring_pages(self.frequency, page);
+        let mapped = page * (pages + 1);
         // SAFETY: a shared read-write mapping of the event's ring, as perf_event_open(2)
         // documents; the result is checked before use.
         let base = unsafe {
@@ -238,7 +263,7 @@ impl PerfEvents {
         let (data_offset, data_size) = if header.data_size != 0 {
             (header.data_offset as usize, header.data_size as usize)
         } else {
-            (page, page * RING_PAGES)
+            (page, page * pages)
         };
         self.rings.push(Ring {
             cpu,
@@ -360,6 +385,39 @@ pub fn parse_timed(bytes: &[u8]) -> Option<(u64, Record)> {
     Some((time, parse_record(body)?))
 }
 
+/// A sample's user registers (ip, sp, bp) and its copy of the user stack.
+type UserContext = (Option<[u64; 3]>, Box<[u8]>);
+
+/// The user registers and stack copy after a sample's call chain, where this build asks
+/// for them; anything missing or cut gives none, and the call chain is still used.
+fn user_context(cursor: &mut Cursor<'_>) -> UserContext {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut read = || -> Option<UserContext> {
+            let abi = cursor.u64()?;
+            let regs = if abi == u64::from(b::PERF_SAMPLE_REGS_ABI_NONE) {
+                None
+            } else {
+                let (bp, sp, ip) = (cursor.u64()?, cursor.u64()?, cursor.u64()?);
+                Some([ip, sp, bp])
+            };
+            let size = usize::try_from(cursor.u64()?).ok()?;
+            if size == 0 {
+                return Some((regs, Box::default()));
+            }
+            let data = cursor.take(size)?;
+            let valid = usize::try_from(cursor.u64()?).ok()?.min(size);
+            Some((regs, data[..valid].into()))
+        };
+        read().unwrap_or_default()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = cursor;
+        (None, Box::default())
+    }
+}
+
 /// Decodes one record (header included, any `sample_id` trailer removed); `None` for
 /// types the agent does not use or a record too short for its type.
 pub fn parse_record(bytes: &[u8]) -> Option<Record> {
@@ -396,12 +454,15 @@ pub fn parse_record(bytes: &[u8]) -> Option<Record> {
                     user.push(ip);
                 }
             }
+            let (regs, stack) = user_context(&mut cursor);
             Some(Record::Sample {
                 pid,
                 tid,
                 kernel,
                 user,
                 depth: count,
+                regs,
+                stack,
             })
         }
         b::PERF_RECORD_MMAP | b::PERF_RECORD_MMAP2 => {
@@ -492,6 +553,7 @@ mod tests {
         for ip in chain {
             body.extend_from_slice(&ip.to_ne_bytes());
         }
+        // Without the user context (or on other architectures): the chain alone.
         let parsed = parse_record(&record(b::PERF_RECORD_SAMPLE, 0, &body)).unwrap();
         assert_eq!(
             parsed,
@@ -501,8 +563,27 @@ mod tests {
                 kernel: vec![0xffff_0001, 0xffff_0002],
                 user: vec![0x10, 0x20],
                 depth: 6,
+                regs: None,
+                stack: Box::default(),
             }
         );
+        // With it: registers BP, SP, IP in perf_regs order, 16 bytes of stack of which the
+        // kernel could fill 8.
+        body.extend_from_slice(&u64::from(b::PERF_SAMPLE_REGS_ABI_64).to_ne_bytes());
+        for reg in [0xb0u64, 0x5000, 0x1000] {
+            body.extend_from_slice(&reg.to_ne_bytes());
+        }
+        body.extend_from_slice(&16u64.to_ne_bytes());
+        body.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0, 0]);
+        body.extend_from_slice(&8u64.to_ne_bytes());
+        let parsed = parse_record(&record(b::PERF_RECORD_SAMPLE, 0, &body)).unwrap();
+        let Record::Sample { regs, stack, .. } = parsed else {
+            panic!("not a sample: {parsed:?}");
+        };
+        if cfg!(target_arch = "x86_64") {
+            assert_eq!(regs, Some([0x1000, 0x5000, 0xb0]));
+            assert_eq!(&stack[..], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        }
         // Truncated: no record, no panic.
         let bytes = record(b::PERF_RECORD_SAMPLE, 0, &body);
         for len in 0..bytes.len() {

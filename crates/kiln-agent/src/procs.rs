@@ -12,7 +12,11 @@
 //! program's samples never go to another.
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
+use std::sync::{Arc, Weak};
 
 /// One executable mapping.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +58,11 @@ pub struct Process {
     pub read_proc: bool,
     /// Allow-listed environment variables, from `/proc/PID/environ`.
     pub env: Vec<(String, String)>,
+    /// Changes with every new mapping, so what was built from the mappings is rebuilt.
+    pub generation: u64,
+    /// Files of mappings that samples hit, held open (see [`ProcessTable::pin`]):
+    /// (mapping start, file, or none when it could not be opened).
+    pub pinned: Vec<(u64, Option<Arc<File>>)>,
 }
 
 impl Process {
@@ -68,6 +77,8 @@ impl Process {
             exited: false,
             read_proc: false,
             env: Vec::new(),
+            generation: 0,
+            pinned: Vec::new(),
         }
     }
 
@@ -84,6 +95,51 @@ impl Process {
             .retain(|m| m.end <= mapping.start || m.start >= mapping.end);
         let index = self.mappings.partition_point(|m| m.start < mapping.start);
         self.mappings.insert(index, mapping);
+        self.generation += 1;
+    }
+
+    /// The file a mapping's bytes can be read from now: through `/proc/PID/root` while the
+    /// process lives (it may be in another mount namespace), `/proc/PID/map_files` for a
+    /// deleted executable, else the path as it is.
+    pub fn readable_path(&self, mapping: &Mapping) -> Option<PathBuf> {
+        if !mapping.is_file() {
+            return None;
+        }
+        if self.exited {
+            let pinned = self
+                .pinned
+                .iter()
+                .find(|(start, _)| *start == mapping.start);
+            if let Some((_, Some(file))) = pinned {
+                return Some(PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())));
+            }
+        }
+        let proc_dir = PathBuf::from(format!("/proc/{}", self.pid));
+        // `/proc/PID/maps` marks a deleted file; a path from an MMAP2 record is as it was.
+        let deleted = mapping.path.ends_with(" (deleted)");
+        let path = mapping.path.trim_end_matches(" (deleted)");
+        if !self.exited {
+            let rooted = proc_dir.join("root").join(path.trim_start_matches('/'));
+            if !deleted && rooted.exists() {
+                return Some(rooted);
+            }
+            let file = proc_dir.join(format!("map_files/{:x}-{:x}", mapping.start, mapping.end));
+            if file.exists() {
+                return Some(file);
+            }
+        }
+        let path = PathBuf::from(path);
+        (!deleted && path.exists()).then_some(path)
+    }
+
+    /// The mapped file itself, through `/proc/PID/map_files`, while the process lives: for
+    /// when the file at the mapping's path was replaced since it was mapped.
+    pub fn mapped_file(&self, mapping: &Mapping) -> Option<PathBuf> {
+        let file = PathBuf::from(format!(
+            "/proc/{}/map_files/{:x}-{:x}",
+            self.pid, mapping.start, mapping.end
+        ));
+        (!self.exited && file.exists()).then_some(file)
     }
 
     /// The program's own file: the mapping of the executable, else the first file.
@@ -105,6 +161,8 @@ pub struct ProcessTable {
     proc_root: PathBuf,
     /// Environment variables read from processes (for relabeling); no others are read.
     env_allowlist: Vec<String>,
+    /// Files held open for processes, one descriptor per file however many map it.
+    open_files: HashMap<(u64, u64), Weak<File>>,
 }
 
 impl Default for ProcessTable {
@@ -121,7 +179,45 @@ impl ProcessTable {
             next_instance: 1,
             proc_root: root.into(),
             env_allowlist: Vec::new(),
+            open_files: HashMap::new(),
         }
+    }
+
+    /// Holds open the file of the mapping at `address`, once per mapping. A process's files
+    /// can be gone by the time its samples are symbolized: `/proc/PID/root` and
+    /// `/proc/PID/map_files` vanish when it exits, and with them a container's files or a
+    /// deleted executable. An open descriptor keeps them readable until the report.
+    pub fn pin(&mut self, instance: Instance, address: u64) {
+        let Some(process) = self.instances.get_mut(&instance) else {
+            return;
+        };
+        let Some(mapping) = process.mapping(address) else {
+            return;
+        };
+        if !mapping.is_file() || process.pinned.iter().any(|(s, _)| *s == mapping.start) {
+            return;
+        }
+        let start = mapping.start;
+        let opened = process
+            .readable_path(mapping)
+            .and_then(|path| File::open(path).ok());
+        let Some((file, meta)) = opened
+            .and_then(|file| Some((file.metadata().ok()?, file)))
+            .map(|(meta, file)| (file, meta))
+        else {
+            process.pinned.push((start, None));
+            return;
+        };
+        let key = (meta.dev(), meta.ino());
+        let file = match self.open_files.get(&key).and_then(Weak::upgrade) {
+            Some(open) => open,
+            None => {
+                let file = Arc::new(file);
+                self.open_files.insert(key, Arc::downgrade(&file));
+                file
+            }
+        };
+        process.pinned.push((start, Some(file)));
     }
 
     /// Reads these environment variables of each process, for `__meta_process_env_<NAME>`.
@@ -238,6 +334,7 @@ impl ProcessTable {
     /// Forgets exited and replaced processes; call after their samples were reported.
     pub fn forget_exited(&mut self) {
         self.instances.retain(|_, process| !process.exited);
+        self.open_files.retain(|_, file| file.strong_count() > 0);
         let instances = &self.instances;
         self.by_pid
             .retain(|_, instance| instances.contains_key(instance));

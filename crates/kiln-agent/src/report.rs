@@ -40,27 +40,84 @@ pub struct Resolved {
 
 /// Symbolizes with blazesym: ELF symbols and DWARF lines of the mapped files, kernel
 /// symbols from `/proc/kallsyms`, Rust and C++ names demangled.
+///
+/// blazesym keeps what it parsed of every file it was given, for good. What it can hold of
+/// a file is bounded by the file's symbol table and DWARF, uncompressed
+/// ([`crate::unwind::Binary::symbol_bytes`]); their sum over the files given is charged to
+/// the budget, and the collector starts a new symbolizer past it (what was dropped is
+/// parsed again when next needed). A file whose DWARF alone would take more than
+/// [`Symbols::new`]'s `dwarf_limit` is symbolized from its symbol table only: function
+/// names without lines, rather than a budget blown or the file parsed anew every interval.
+/// Kernel symbols have a symbolizer of their own, kept: `/proc/kallsyms` is one fixed
+/// cost, and reading it again is slow.
 pub struct Symbols {
     symbolizer: Symbolizer,
+    kernel: Symbolizer,
+    dwarf_limit: u64,
+    files: std::cell::RefCell<(std::collections::HashSet<PathBuf>, u64)>,
 }
 
 impl Default for Symbols {
     fn default() -> Self {
-        Symbols {
-            symbolizer: Symbolizer::builder()
-                .enable_code_info(true)
-                .enable_inlined_fns(true)
-                .build(),
-        }
+        Symbols::new(u64::MAX)
     }
 }
 
+fn symbolizer() -> Symbolizer {
+    Symbolizer::builder()
+        .enable_code_info(true)
+        .enable_inlined_fns(true)
+        .build()
+}
+
 impl Symbols {
-    fn resolve(&self, source: &Source<'_>, input: Input<&[u64]>) -> Vec<Resolved> {
+    pub fn new(dwarf_limit: u64) -> Self {
+        Symbols {
+            symbolizer: symbolizer(),
+            kernel: symbolizer(),
+            dwarf_limit,
+            files: Default::default(),
+        }
+    }
+
+    /// Starts the file symbolizer anew; the kernel's is kept.
+    pub fn clear_files(&mut self) {
+        self.symbolizer = symbolizer();
+        self.files = Default::default();
+    }
+
+    /// Bytes charged for the files this symbolizer has parsed (see above).
+    pub fn held_bytes(&self) -> u64 {
+        self.files.borrow().1
+    }
+
+    fn resolve_file(&self, path: PathBuf, symbol_bytes: u64, offsets: &[u64]) -> Vec<Resolved> {
+        let mut elf = Elf::new(path);
+        elf.debug_syms = symbol_bytes <= self.dwarf_limit;
+        {
+            let mut files = self.files.borrow_mut();
+            if !files.0.contains(&elf.path) {
+                files.0.insert(elf.path.clone());
+                files.1 += symbol_bytes.min(self.dwarf_limit);
+            }
+        }
+        self.resolve(
+            &self.symbolizer,
+            &Source::Elf(elf),
+            Input::FileOffset(offsets),
+        )
+    }
+
+    fn resolve(
+        &self,
+        symbolizer: &Symbolizer,
+        source: &Source<'_>,
+        input: Input<&[u64]>,
+    ) -> Vec<Resolved> {
         let count = match input {
             Input::AbsAddr(a) | Input::VirtOffset(a) | Input::FileOffset(a) => a.len(),
         };
-        let Ok(results) = self.symbolizer.symbolize(source, input) else {
+        let Ok(results) = symbolizer.symbolize(source, input) else {
             return vec![Resolved::default(); count];
         };
         results
@@ -91,28 +148,6 @@ impl Symbols {
             })
             .collect()
     }
-}
-
-/// The file a mapping's bytes can be read from now: through `/proc/PID/root` while the
-/// process lives (it may be in another mount namespace), `/proc/PID/map_files` for a
-/// deleted executable, else the path as it is.
-fn readable_path(process: &Process, mapping: &Mapping) -> Option<PathBuf> {
-    let proc_dir = PathBuf::from(format!("/proc/{}", process.pid));
-    // `/proc/PID/maps` marks a deleted file; a path from an MMAP2 record is as it was then.
-    let deleted = mapping.path.ends_with(" (deleted)");
-    let path = mapping.path.trim_end_matches(" (deleted)");
-    if !process.exited {
-        let rooted = proc_dir.join("root").join(path.trim_start_matches('/'));
-        if !deleted && rooted.exists() {
-            return Some(rooted);
-        }
-        let file = proc_dir.join(format!("map_files/{:x}-{:x}", mapping.start, mapping.end));
-        if file.exists() {
-            return Some(file);
-        }
-    }
-    let path = PathBuf::from(path);
-    (!deleted && path.exists()).then_some(path)
 }
 
 /// Largest perf map read: a JVM's can reach tens of MB; past this the rest is left out.
@@ -287,7 +322,11 @@ pub fn resolve_kernel(
         debug_syms: false,
         ..Default::default()
     };
-    let resolved = symbols.resolve(&Source::Kernel(kernel), Input::AbsAddr(&addresses));
+    let resolved = symbols.resolve(
+        &symbols.kernel,
+        &Source::Kernel(kernel),
+        Input::AbsAddr(&addresses),
+    );
     addresses.into_iter().zip(resolved).collect()
 }
 
@@ -304,10 +343,12 @@ impl<'a> ProfileWriter<'a> {
         }
     }
 
+    /// One profile of the processes given: one process, or every process that relabeling
+    /// put in one series (the same service on this host).
     pub fn write(
         &self,
-        process: &Process,
-        counts: &HashMap<Stack, u64>,
+        processes: &[(&Process, &HashMap<Stack, u64>)],
+        binaries: &mut crate::unwind::Binaries,
         time_nanos: i64,
         duration_nanos: i64,
     ) -> Profile {
@@ -332,18 +373,33 @@ impl<'a> ProfileWriter<'a> {
         out.profile.period = self.period_nanos;
         out.profile.time_nanos = time_nanos;
         out.profile.duration_nanos = duration_nanos;
+        for (process, counts) in processes {
+            self.write_process(&mut out, process, counts, binaries);
+        }
+        out.profile
+    }
 
+    fn write_process(
+        &self,
+        out: &mut Out,
+        process: &Process,
+        counts: &HashMap<Stack, u64>,
+        binaries: &mut crate::unwind::Binaries,
+    ) {
         // User addresses: caller frames are return addresses, so the call is one before.
+        let lookup = |depth: usize, address: u64| {
+            if depth == 0 {
+                address
+            } else {
+                address.saturating_sub(1)
+            }
+        };
         let mut by_mapping: HashMap<usize, Vec<u64>> = HashMap::new();
         for stack in counts.keys() {
             for (depth, address) in stack.user.iter().enumerate() {
-                let lookup = if depth == 0 {
-                    *address
-                } else {
-                    address.saturating_sub(1)
-                };
-                if let Some(index) = mapping_index(process, lookup) {
-                    by_mapping.entry(index).or_default().push(lookup);
+                let address = lookup(depth, *address);
+                if let Some(index) = mapping_index(process, address) {
+                    by_mapping.entry(index).or_default().push(address);
                 }
             }
         }
@@ -352,18 +408,13 @@ impl<'a> ProfileWriter<'a> {
             addresses.sort_unstable();
             addresses.dedup();
             let mapping = &process.mappings[index];
-            let Some(path) = mapping
-                .is_file()
-                .then(|| readable_path(process, mapping))
-                .flatten()
+            let Some((path, symbol_bytes)) =
+                crate::unwind::verified_path(binaries, process, mapping)
             else {
                 continue;
             };
             let offsets: Vec<u64> = addresses.iter().map(|a| mapping.file_offset(*a)).collect();
-            let elf = Elf::new(path);
-            let results = self
-                .symbols
-                .resolve(&Source::Elf(elf), Input::FileOffset(&offsets));
+            let results = self.symbols.resolve_file(path, symbol_bytes, &offsets);
             resolved.extend(addresses.into_iter().zip(results));
         }
 
@@ -377,17 +428,13 @@ impl<'a> ProfileWriter<'a> {
         if let Some(perf_map) = &perf_map {
             for stack in counts.keys() {
                 for (depth, address) in stack.user.iter().enumerate() {
-                    let lookup = if depth == 0 {
-                        *address
-                    } else {
-                        address.saturating_sub(1)
-                    };
-                    if resolved.contains_key(&lookup) {
+                    let address = lookup(depth, *address);
+                    if resolved.contains_key(&address) {
                         continue;
                     }
-                    if let Some(name) = perf_map.lookup(lookup) {
+                    if let Some(name) = perf_map.lookup(address) {
                         resolved.insert(
-                            lookup,
+                            address,
                             Resolved {
                                 frames: vec![(name.to_string(), String::new(), 0)],
                             },
@@ -404,13 +451,9 @@ impl<'a> ProfileWriter<'a> {
                 ids.push(out.kernel_location(*address, &frames));
             }
             for (depth, address) in stack.user.iter().enumerate() {
-                let lookup = if depth == 0 {
-                    *address
-                } else {
-                    address.saturating_sub(1)
-                };
-                let mapping = mapping_index(process, lookup).map(|i| &process.mappings[i]);
-                let frames = resolved.get(&lookup).cloned().unwrap_or_default();
+                let at = lookup(depth, *address);
+                let mapping = mapping_index(process, at).map(|i| &process.mappings[i]);
+                let frames = resolved.get(&at).cloned().unwrap_or_default();
                 ids.push(out.user_location(*address, mapping, &frames));
             }
             let count = i64::try_from(*count).unwrap_or(i64::MAX);
@@ -418,7 +461,6 @@ impl<'a> ProfileWriter<'a> {
                 .sample
                 .push(&ids, &[count, count.saturating_mul(self.period_nanos)], &[]);
         }
-        out.profile
     }
 }
 
@@ -432,7 +474,8 @@ fn mapping_index(process: &Process, address: u64) -> Option<usize> {
 struct Out {
     profile: Profile,
     strings: StringInterner,
-    mappings: HashMap<(u64, u64), u64>,
+    /// By (start, end, file name): processes of one report map files at other places.
+    mappings: HashMap<(u64, u64, i64), u64>,
     functions: HashMap<(i64, i64), u64>,
     locations: HashMap<(u64, u64), u64>,
     kernel_mapping: u64,
@@ -461,12 +504,12 @@ impl Out {
     }
 
     fn mapping(&mut self, mapping: &Mapping, symbolized: bool) -> u64 {
-        let key = (mapping.start, mapping.end);
+        let filename = self.string(&mapping.path);
+        let key = (mapping.start, mapping.end, filename);
         if let Some(id) = self.mappings.get(&key) {
             return *id;
         }
         let id = self.profile.mapping.len() as u64 + 1;
-        let filename = self.string(&mapping.path);
         let build_id = match &mapping.build_id {
             Some(bytes) => self.string(&hex(bytes)),
             None => 0,

@@ -56,6 +56,9 @@ pub struct AgentSettings {
     pub relabel_configs: Vec<kiln_scrape::relabel::RelabelConfig>,
     /// Environment variables that relabeling may read, as `__meta_process_env_<NAME>`.
     pub env_allowlist: Vec<String>,
+    /// The budget of the agent's unwind-table and symbol caches (`kiln agent
+    /// --memory-limit`).
+    pub memory_limit_bytes: usize,
 }
 
 impl Default for AgentSettings {
@@ -67,6 +70,7 @@ impl Default for AgentSettings {
             tenant: "anonymous".to_string(),
             relabel_configs: Vec::new(),
             env_allowlist: Vec::new(),
+            memory_limit_bytes: kiln_agent::DEFAULT_MEMORY_LIMIT,
         }
     }
 }

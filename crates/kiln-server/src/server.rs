@@ -220,6 +220,7 @@ async fn start_agent(
         interval: Duration::from_millis(settings.interval_ms.max(100)),
         relabel_configs: settings.relabel_configs.clone(),
         env_allowlist: settings.env_allowlist.clone(),
+        memory_limit: settings.memory_limit_bytes,
     };
     let stop = Arc::new(AtomicBool::new(false));
     // Reports wait here while a flush is slow; past 64 intervals the newest are dropped.

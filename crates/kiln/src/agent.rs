@@ -23,7 +23,7 @@ pub struct AgentArgs {
     #[arg(
         long,
         env = "KILN_PUSH_URL",
-        required_unless_present = "otlp_endpoint",
+        required_unless_present_any = ["otlp_endpoint", "status"],
         conflicts_with = "otlp_endpoint"
     )]
     push_url: Option<String>,
@@ -41,8 +41,17 @@ pub struct AgentArgs {
     #[arg(long, default_value_t = 10.0)]
     interval: f64,
     /// Bytes of reports kept while the server cannot take them; the oldest go first.
-    #[arg(long, default_value_t = 32 << 20)]
-    buffer_bytes: usize,
+    /// A quarter of --memory-limit unless given.
+    #[arg(long)]
+    buffer_bytes: Option<usize>,
+    /// The agent's memory budget: unwind tables, symbol caches and waiting reports stay
+    /// within it (e.g. 128MiB, 1GiB, or bytes).
+    #[arg(long, env = "KILN_AGENT_MEMORY_LIMIT", default_value = "128MiB", value_parser = parse_size)]
+    memory_limit: usize,
+    /// Print what the agent running on this host is doing (from its /metrics at
+    /// --metrics-listen): per binary, how stacks are unwound and how many were cut.
+    #[arg(long)]
+    status: bool,
     /// Kiln config file: its `agent:` section's `relabel_configs` (Prometheus's shape, over
     /// the process labels and `__meta_process_pid|comm|exe|cgroup`,
     /// `__meta_process_env_<NAME>`) and `env_allowlist` (the only variables read).
@@ -248,7 +257,84 @@ fn encode(reports: Vec<Report>) -> Vec<u8> {
     PushRequest { series }.encode_to_vec()
 }
 
+/// A size in bytes: `134217728`, `128MiB`, `128M`, `1GiB`, `512KiB` (binary units).
+fn parse_size(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: usize = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size: give bytes, or e.g. 128MiB"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" | "kb" => 10,
+        "m" | "mib" | "mb" => 20,
+        "g" | "gib" | "gb" => 30,
+        other => return Err(format!("unknown size unit {other:?}: use KiB, MiB or GiB")),
+    };
+    number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+/// `kiln agent --status`: the running agent's per-binary unwinding, from its /metrics.
+fn print_status(metrics_listen: &str) -> anyhow::Result<()> {
+    let url = format!("http://{metrics_listen}/metrics");
+    let text = ureq::get(&url)
+        .timeout(Duration::from_secs(5))
+        .call()
+        .with_context(|| {
+            format!(
+                "no agent answers at {url} (is `kiln agent` running with this --metrics-listen?)"
+            )
+        })?
+        .into_string()?;
+    let mut rows: std::collections::BTreeMap<String, (String, f64, f64)> = Default::default();
+    let mut totals = Vec::new();
+    for line in text.lines().filter(|line| !line.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let value: f64 = value.parse().unwrap_or(0.0);
+        let label = |name: &str| {
+            let start = series.find(&format!("{name}=\""))? + name.len() + 2;
+            let end = series[start..].find('"')? + start;
+            Some(series[start..end].to_string())
+        };
+        if series.starts_with("kiln_agent_stacks_total{") {
+            if let (Some(binary), Some(method)) = (label("binary"), label("method")) {
+                let row = rows.entry(binary).or_default();
+                row.0 = method;
+                row.1 = value;
+            }
+        } else if series.starts_with("kiln_agent_stacks_truncated_total{") {
+            if let Some(binary) = label("binary") {
+                rows.entry(binary).or_default().2 = value;
+            }
+        } else if !series.contains('{') {
+            totals.push((series.trim_start_matches("kiln_agent_").to_string(), value));
+        }
+    }
+    for (name, value) in totals {
+        println!("{name:<32} {value}");
+    }
+    println!();
+    println!(
+        "{:<14} {:>10} {:>10}  binary",
+        "method", "stacks", "truncated"
+    );
+    for (binary, (method, stacks, truncated)) in rows {
+        println!("{method:<14} {stacks:>10} {truncated:>10}  {binary}");
+    }
+    Ok(())
+}
+
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    if args.status {
+        return tokio::task::spawn_blocking(move || print_status(&args.metrics_listen)).await?;
+    }
     let interval = Duration::try_from_secs_f64(args.interval)
         .ok()
         .filter(|d| !d.is_zero())
@@ -267,12 +353,17 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         interval,
         relabel_configs: settings.relabel_configs,
         env_allowlist: settings.env_allowlist,
+        memory_limit: args.memory_limit,
     };
     let target = Target::from_args(&args)?;
     let stop = Arc::new(AtomicBool::new(false));
     let queue = Arc::new(Queue::default());
     let collector = {
-        let (stop, queue, limit) = (stop.clone(), queue.clone(), args.buffer_bytes);
+        let (stop, queue, limit) = (
+            stop.clone(),
+            queue.clone(),
+            args.buffer_bytes.unwrap_or(args.memory_limit / 4),
+        );
         let target = target.clone();
         let sink = move |reports: Vec<Report>| {
             if !reports.is_empty() {
@@ -399,5 +490,20 @@ fn note_partial_success(response: ureq::Response, queue: &Queue) {
             );
             queue.dropped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_take_binary_units() {
+        assert_eq!(parse_size("128MiB"), Ok(128 << 20));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("12 parsecs").unwrap_err().contains("unit"));
+        assert!(parse_size("MiB").is_err());
     }
 }

@@ -24,6 +24,9 @@ pub struct AgentBenchArgs {
     /// Short-lived processes started per minute (0: none).
     #[arg(long, default_value_t = 200)]
     churn: u64,
+    /// The agent's --memory-limit.
+    #[arg(long, default_value = "128MiB")]
+    memory_limit: String,
 }
 
 /// Starts `per_minute` short-lived processes a minute until `busy` is cleared.
@@ -104,6 +107,7 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
                 &frequency.to_string(),
             ])
             .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
+            .args(["--memory-limit", &args.memory_limit])
             .env("KILN_LOG_LEVEL", "warn")
             .spawn()
             .context("cannot start kiln agent")?;
@@ -113,7 +117,12 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
             anyhow::bail!("kiln agent exited: {status}");
         }
         let before = crate::bench::process_cpu_seconds(pid).unwrap_or(0.0);
-        tokio::time::sleep(Duration::from_secs(args.seconds)).await;
+        // Its own heap, every second: the figure the memory budget bounds.
+        let mut peak_anon = 0;
+        for _ in 0..args.seconds {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            peak_anon = peak_anon.max(status_kib(pid, "RssAnon:"));
+        }
         let cpu = crate::bench::process_cpu_seconds(pid).unwrap_or(0.0) - before;
         let metrics = ureq::get(&format!("http://127.0.0.1:{metrics_port}/metrics"))
             .call()
@@ -127,17 +136,31 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
                 .and_then(|value| value.trim().parse::<u64>().ok())
                 .unwrap_or(0)
         };
-        let (samples, processes) = (
+        let (samples, lost, processes) = (
             metric("kiln_agent_samples_total"),
+            metric("kiln_agent_samples_lost_total"),
             metric("kiln_agent_processes"),
         );
+        let stacks = |method: &str| -> u64 {
+            metrics
+                .lines()
+                .filter(|line| {
+                    line.starts_with("kiln_agent_stacks_total{")
+                        && line.contains(&format!("method=\"{method}\""))
+                })
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+                .sum()
+        };
         println!(
-            "{frequency:>5} Hz: agent CPU {:.3} % of one core over {} s, RSS {:.1} MiB (peak {:.1} MiB; its own heap {:.1} MiB, the rest mapped binaries), {samples} samples, {processes} processes tracked",
+            "{frequency:>5} Hz: agent CPU {:.3} % of one core over {} s, RSS {:.1} MiB (peak {:.1} MiB; its own heap {:.1} MiB, peak {:.1} MiB, the rest mapped binaries), {samples} samples, {lost} lost, {} stacks by frame pointers, {} by DWARF, {processes} processes tracked",
             100.0 * cpu / args.seconds as f64,
             args.seconds,
             status_kib(pid, "VmRSS:") as f64 / 1024.0,
             status_kib(pid, "VmHWM:") as f64 / 1024.0,
             status_kib(pid, "RssAnon:") as f64 / 1024.0,
+            peak_anon as f64 / 1024.0,
+            stacks("frame_pointer"),
+            stacks("dwarf"),
         );
         // SAFETY: kill(2) with a child's pid and SIGINT touches no memory.
         unsafe {
