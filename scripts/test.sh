@@ -32,6 +32,9 @@ apt_install() {
 }
 # The build itself: a C compiler for the -sys crates and the test programs, rustfmt and clippy.
 command -v cc >/dev/null 2>&1 || apt_install build-essential "C compiler"
+# clang builds the agent's BPF program (crates/kiln-agent/build.rs); the kernel's UAPI
+# headers come with the C library's.
+command -v clang >/dev/null 2>&1 || apt_install clang "agent eBPF"
 for component in rustfmt clippy; do
   if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
     rustup component add "$component"

@@ -22,6 +22,7 @@
 //! [`report::Symbols`]), and `kiln agent` gives a quarter to reports waiting for the
 //! server.
 
+pub mod ebpf;
 pub mod perf;
 pub mod procs;
 pub mod report;
@@ -54,6 +55,9 @@ pub struct AgentConfig {
     pub env_allowlist: Vec<String>,
     /// The budget of the agent's caches (see the crate's doc), in bytes.
     pub memory_limit: usize,
+    /// Count the samples of frame-pointer processes in the kernel (ebpf.rs). Where the
+    /// program cannot be loaded the agent says why and samples without it.
+    pub ebpf: bool,
 }
 
 /// `--memory-limit`'s default: 128 MiB.
@@ -67,6 +71,7 @@ impl Default for AgentConfig {
             relabel_configs: Vec::new(),
             env_allowlist: Vec::new(),
             memory_limit: DEFAULT_MEMORY_LIMIT,
+            ebpf: true,
         }
     }
 }
@@ -106,9 +111,13 @@ type ProcessStacks<'a> = (&'a procs::Process, &'a HashMap<Stack, u64>);
 #[derive(Debug, Default)]
 pub struct AgentStats {
     pub samples: AtomicU64,
+    /// Of those, the samples counted in the kernel by the BPF program.
+    pub kernel_counted: AtomicU64,
     pub lost: AtomicU64,
     pub reports: AtomicU64,
     pub processes: AtomicU64,
+    /// 1 when the BPF program runs on the samples.
+    pub ebpf_active: AtomicU64,
     /// Bytes held by the unwind-table and symbolizer caches.
     pub cache_bytes: AtomicU64,
     /// Times a cache was emptied to stay within the memory budget.
@@ -143,6 +152,11 @@ impl AgentStats {
             self.samples.load(Ordering::Relaxed),
         );
         counter(
+            "kiln_agent_samples_in_kernel_total",
+            "Samples counted in the kernel by the BPF program (--ebpf), not read from a ring",
+            self.kernel_counted.load(Ordering::Relaxed),
+        );
+        counter(
             "kiln_agent_samples_lost_total",
             "Samples the kernel dropped because a ring buffer was full",
             self.lost.load(Ordering::Relaxed),
@@ -160,6 +174,10 @@ impl AgentStats {
         out.push_str(&format!(
             "# HELP kiln_agent_processes Processes the agent tracks\n# TYPE kiln_agent_processes gauge\nkiln_agent_processes {}\n",
             self.processes.load(Ordering::Relaxed)
+        ));
+        out.push_str(&format!(
+            "# HELP kiln_agent_ebpf_active 1 when samples of frame-pointer programs are counted in the kernel\n# TYPE kiln_agent_ebpf_active gauge\nkiln_agent_ebpf_active {}\n",
+            self.ebpf_active.load(Ordering::Relaxed)
         ));
         out.push_str(&format!(
             "# HELP kiln_agent_cache_bytes Bytes held by the unwind-table and symbol caches\n# TYPE kiln_agent_cache_bytes gauge\nkiln_agent_cache_bytes {}\n",
@@ -205,6 +223,7 @@ pub struct Collector {
     stacks: HashMap<Instance, HashMap<Stack, u64>>,
     symbols: Symbols,
     unwinding: unwind::Unwinding,
+    ebpf: Option<ebpf::Ebpf>,
     host: HostInfo,
     stats: Arc<AgentStats>,
     interval_start: i64,
@@ -225,8 +244,29 @@ impl Collector {
         for rule in &config.relabel_configs {
             rule.validate().map_err(PerfError::Config)?;
         }
-        let events = PerfEvents::open(config.frequency.clamp(1, 1000))?;
+        let mut events = PerfEvents::open(config.frequency.clamp(1, 1000))?;
         raise_open_files_limit();
+        let ebpf = if config.ebpf {
+            match ebpf::Ebpf::load().and_then(|bpf| {
+                let program = bpf
+                    .program()
+                    .try_clone_to_owned()
+                    .map_err(ebpf::EbpfError::Attach)?;
+                events
+                    .attach_bpf(program)
+                    .map_err(ebpf::EbpfError::Attach)?;
+                Ok(bpf)
+            }) {
+                Ok(bpf) => Some(bpf),
+                Err(err) => {
+                    tracing::warn!(error = %err, "eBPF unavailable; sampling without it, with the same output");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let ebpf_loaded = ebpf.is_some();
         let env_allowlist = config.env_allowlist.clone();
         let max_stack = std::fs::read_to_string("/proc/sys/kernel/perf_event_max_stack")
             .ok()
@@ -235,13 +275,17 @@ impl Collector {
         Ok(Collector {
             unwinding: unwind::Unwinding::new(config.memory_limit / 8, max_stack),
             symbols: Symbols::new(config.memory_limit as u64 / 8),
+            ebpf,
             config,
             cpus: events.cpus(),
             events: Some(events),
             table: ProcessTable::default().with_env_allowlist(env_allowlist),
             stacks: HashMap::new(),
             host: HostInfo::read(),
-            stats: Arc::default(),
+            stats: Arc::new(AgentStats {
+                ebpf_active: AtomicU64::new(u64::from(ebpf_loaded)),
+                ..Default::default()
+            }),
             interval_start: now_nanos(),
             max_stack,
         })
@@ -294,6 +338,11 @@ impl Collector {
                                 .walk(process, user, depth >= self.max_stack, context);
                         if !walked.user.is_empty() {
                             self.count_stack(instance, walked.method, walked.truncated);
+                        }
+                        if walked.method == unwind::Method::FramePointer {
+                            if let Some(bpf) = &mut self.ebpf {
+                                bpf.track(pid, instance);
+                            }
                         }
                         for address in &walked.user {
                             self.table.pin(instance, *address);
@@ -362,6 +411,16 @@ impl Collector {
     }
 
     fn count_stack(&self, instance: Instance, method: unwind::Method, truncated: bool) {
+        self.count_stacks(instance, method, 1, u64::from(truncated));
+    }
+
+    fn count_stacks(
+        &self,
+        instance: Instance,
+        method: unwind::Method,
+        stacks: u64,
+        truncated: u64,
+    ) {
         let binary = self
             .table
             .instance(instance)
@@ -376,13 +435,50 @@ impl Collector {
             };
             let stats = binaries.entry(key).or_default();
             stats.method = method.name();
-            stats.stacks += 1;
-            stats.truncated += u64::from(truncated);
+            stats.stacks += stacks;
+            stats.truncated += truncated;
+        }
+    }
+
+    /// Whether samples of frame-pointer processes are counted in the kernel.
+    pub fn ebpf_active(&self) -> bool {
+        self.ebpf.is_some()
+    }
+
+    /// Adds what the kernel counted since the last report.
+    fn drain_ebpf(&mut self) {
+        let Some(bpf) = &mut self.ebpf else {
+            return;
+        };
+        for (instance, stack, count) in bpf.drain() {
+            if stack.user.is_empty() && stack.kernel.is_empty() {
+                continue;
+            }
+            self.stats.samples.fetch_add(count, Ordering::Relaxed);
+            self.stats
+                .kernel_counted
+                .fetch_add(count, Ordering::Relaxed);
+            if !stack.user.is_empty() {
+                let cut = stack.user.len() + stack.kernel.len() >= ebpf::MAX_DEPTH;
+                self.count_stacks(
+                    instance,
+                    unwind::Method::FramePointer,
+                    count,
+                    if cut { count } else { 0 },
+                );
+            }
+            *self
+                .stacks
+                .entry(instance)
+                .or_default()
+                .entry(stack)
+                .or_default() += count;
         }
     }
 
     /// One report per process that was sampled since the last call.
     pub fn report(&mut self) -> Vec<Report> {
+        self.drain_ebpf();
         let now = now_nanos();
         let stacks = std::mem::take(&mut self.stacks);
         let kernel = report::resolve_kernel(&self.symbols, &stacks);
@@ -414,6 +510,11 @@ impl Collector {
             reports.push(Report { labels, profile });
         }
         self.interval_start = now;
+        if let Some(bpf) = &mut self.ebpf {
+            for (instance, process) in self.table.exited() {
+                bpf.untrack(process.pid, instance);
+            }
+        }
         self.table.forget_exited();
         let table = &self.table;
         self.unwinding

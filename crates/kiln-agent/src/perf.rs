@@ -7,7 +7,7 @@
 //! tail on. A full ring drops records and says so with a `LOST` record, which is counted.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{fence, Ordering};
 
 use perf_event_open_sys as sys;
@@ -127,7 +127,7 @@ fn paranoid() -> String {
 struct Ring {
     cpu: usize,
     /// Kept open for as long as the ring is mapped: closing it stops the event.
-    _fd: OwnedFd,
+    fd: OwnedFd,
     base: *mut u8,
     mapped: usize,
     data_offset: usize,
@@ -151,6 +151,8 @@ pub struct PerfEvents {
     rings: Vec<Ring>,
     frequency: u64,
     scratch: Vec<u8>,
+    /// The BPF program run on every sample, if any (ebpf.rs).
+    bpf_program: Option<OwnedFd>,
 }
 
 impl PerfEvents {
@@ -161,6 +163,7 @@ impl PerfEvents {
             rings: Vec::new(),
             frequency,
             scratch: Vec::new(),
+            bpf_program: None,
         };
         for cpu in online_cpus()? {
             events.open_cpu(cpu)?;
@@ -182,6 +185,15 @@ impl PerfEvents {
 
     pub fn cpus(&self) -> usize {
         self.rings.len()
+    }
+
+    /// Runs a BPF program on every sample, of these CPUs and of those that come online.
+    pub fn attach_bpf(&mut self, program: OwnedFd) -> io::Result<()> {
+        for ring in &self.rings {
+            crate::ebpf::attach(ring.fd.as_fd(), program.as_fd())?;
+        }
+        self.bpf_program = Some(program);
+        Ok(())
     }
 
     fn open_cpu(&mut self, cpu: usize) -> Result<(), PerfError> {
@@ -265,9 +277,13 @@ impl PerfEvents {
         } else {
             (page, page * pages)
         };
+        if let Some(program) = &self.bpf_program {
+            crate::ebpf::attach(fd.as_fd(), program.as_fd())
+                .map_err(|source| PerfError::Open { cpu, source })?;
+        }
         self.rings.push(Ring {
             cpu,
-            _fd: fd,
+            fd,
             base,
             mapped,
             data_offset,

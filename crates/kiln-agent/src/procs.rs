@@ -331,6 +331,14 @@ impl ProcessTable {
         }
     }
 
+    /// Exited and replaced processes, which [`ProcessTable::forget_exited`] forgets.
+    pub fn exited(&self) -> impl Iterator<Item = (Instance, &Process)> {
+        self.instances
+            .iter()
+            .filter(|(_, process)| process.exited)
+            .map(|(instance, process)| (*instance, process))
+    }
+
     /// Forgets exited and replaced processes; call after their samples were reported.
     pub fn forget_exited(&mut self) {
         self.instances.retain(|_, process| !process.exited);

@@ -59,6 +59,8 @@ pub struct AgentSettings {
     /// The budget of the agent's unwind-table and symbol caches (`kiln agent
     /// --memory-limit`).
     pub memory_limit_bytes: usize,
+    /// Count frame-pointer programs' samples in the kernel (`kiln agent --ebpf`).
+    pub ebpf: bool,
 }
 
 impl Default for AgentSettings {
@@ -71,6 +73,7 @@ impl Default for AgentSettings {
             relabel_configs: Vec::new(),
             env_allowlist: Vec::new(),
             memory_limit_bytes: kiln_agent::DEFAULT_MEMORY_LIMIT,
+            ebpf: true,
         }
     }
 }

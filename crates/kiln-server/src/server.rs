@@ -221,6 +221,7 @@ async fn start_agent(
         relabel_configs: settings.relabel_configs.clone(),
         env_allowlist: settings.env_allowlist.clone(),
         memory_limit: settings.memory_limit_bytes,
+        ebpf: settings.ebpf,
     };
     let stop = Arc::new(AtomicBool::new(false));
     // Reports wait here while a flush is slow; past 64 intervals the newest are dropped.

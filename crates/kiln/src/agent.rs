@@ -48,6 +48,12 @@ pub struct AgentArgs {
     /// within it (e.g. 128MiB, 1GiB, or bytes).
     #[arg(long, env = "KILN_AGENT_MEMORY_LIMIT", default_value = "128MiB", value_parser = parse_size)]
     memory_limit: usize,
+    /// Count the samples of frame-pointer programs in the kernel with eBPF (`--ebpf
+    /// false`: every sample through the perf ring); the output is the same. On by default:
+    /// it halves the agent's CPU on such programs (docs/benchmarks.md). Where the program
+    /// cannot be loaded the agent says why and samples without it.
+    #[arg(long, env = "KILN_AGENT_EBPF", default_value_t = true, action = clap::ArgAction::Set)]
+    ebpf: bool,
     /// Print what the agent running on this host is doing (from its /metrics at
     /// --metrics-listen): per binary, how stacks are unwound and how many were cut.
     #[arg(long)]
@@ -354,6 +360,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         relabel_configs: settings.relabel_configs,
         env_allowlist: settings.env_allowlist,
         memory_limit: args.memory_limit,
+        ebpf: args.ebpf,
     };
     let target = Target::from_args(&args)?;
     let stop = Arc::new(AtomicBool::new(false));

@@ -24,6 +24,15 @@ pub struct AgentBenchArgs {
     /// Short-lived processes started per minute (0: none).
     #[arg(long, default_value_t = 200)]
     churn: u64,
+    /// Agent modes measured at each frequency: `perf` (every sample through the ring),
+    /// `ebpf` (frame-pointer programs counted in the kernel).
+    #[arg(long, value_delimiter = ',', default_value = "perf,ebpf")]
+    modes: Vec<String>,
+    /// A program to keep each core busy instead of the bench's own spinning threads, with
+    /// its arguments (e.g. a Go program, whose frame pointers let eBPF count its samples
+    /// in the kernel). One copy per core.
+    #[arg(long, num_args = 1.., allow_hyphen_values = true)]
+    busy_command: Vec<String>,
     /// The agent's --memory-limit.
     #[arg(long, default_value = "128MiB")]
     memory_limit: String,
@@ -74,7 +83,19 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
     let (mut server, url) = crate::bench::start_server(&data_dir)?;
     let busy = Arc::new(AtomicBool::new(true));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let spinners: Vec<_> = (0..cores)
+    let mut busy_children = Vec::new();
+    if let Some((program, program_args)) = args.busy_command.split_first() {
+        for _ in 0..cores {
+            busy_children.push(
+                std::process::Command::new(program)
+                    .args(program_args)
+                    .spawn()
+                    .with_context(|| format!("cannot start {program}"))?,
+            );
+        }
+    }
+    let spinning = if busy_children.is_empty() { cores } else { 0 };
+    let spinners: Vec<_> = (0..spinning)
         .map(|_| {
             let busy = busy.clone();
             std::thread::spawn(move || {
@@ -95,64 +116,72 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
     );
     let exe = std::env::current_exe().context("cannot find the kiln binary")?;
     for frequency in &args.frequencies {
-        let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let mut agent = std::process::Command::new(&exe)
-            .args([
-                "agent",
-                "--push-url",
-                &url,
-                "--frequency",
-                &frequency.to_string(),
-            ])
-            .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
-            .args(["--memory-limit", &args.memory_limit])
-            .env("KILN_LOG_LEVEL", "warn")
-            .spawn()
-            .context("cannot start kiln agent")?;
-        let pid = agent.id();
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        if let Ok(Some(status)) = agent.try_wait() {
-            anyhow::bail!("kiln agent exited: {status}");
-        }
-        let before = crate::bench::process_cpu_seconds(pid).unwrap_or(0.0);
-        // Its own heap, every second: the figure the memory budget bounds.
-        let mut peak_anon = 0;
-        for _ in 0..args.seconds {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            peak_anon = peak_anon.max(status_kib(pid, "RssAnon:"));
-        }
-        let cpu = crate::bench::process_cpu_seconds(pid).unwrap_or(0.0) - before;
-        let metrics = ureq::get(&format!("http://127.0.0.1:{metrics_port}/metrics"))
-            .call()
-            .ok()
-            .and_then(|response| response.into_string().ok())
-            .unwrap_or_default();
-        let metric = |name: &str| {
-            metrics
-                .lines()
-                .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-                .and_then(|value| value.trim().parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        let (samples, lost, processes) = (
-            metric("kiln_agent_samples_total"),
-            metric("kiln_agent_samples_lost_total"),
-            metric("kiln_agent_processes"),
-        );
-        let stacks = |method: &str| -> u64 {
-            metrics
-                .lines()
-                .filter(|line| {
-                    line.starts_with("kiln_agent_stacks_total{")
-                        && line.contains(&format!("method=\"{method}\""))
-                })
-                .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
-                .sum()
-        };
-        println!(
-            "{frequency:>5} Hz: agent CPU {:.3} % of one core over {} s, RSS {:.1} MiB (peak {:.1} MiB; its own heap {:.1} MiB, peak {:.1} MiB, the rest mapped binaries), {samples} samples, {lost} lost, {} stacks by frame pointers, {} by DWARF, {processes} processes tracked",
+        for mode in &args.modes {
+            let ebpf = match mode.as_str() {
+                "perf" => "false",
+                "ebpf" => "true",
+                other => anyhow::bail!("unknown mode {other:?}: perf or ebpf"),
+            };
+            let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port();
+            let mut agent = std::process::Command::new(&exe)
+                .args([
+                    "agent",
+                    "--push-url",
+                    &url,
+                    "--frequency",
+                    &frequency.to_string(),
+                ])
+                .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
+                .args(["--memory-limit", &args.memory_limit])
+                .args(["--ebpf", ebpf])
+                .env("KILN_LOG_LEVEL", "warn")
+                .spawn()
+                .context("cannot start kiln agent")?;
+            let pid = agent.id();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            if let Ok(Some(status)) = agent.try_wait() {
+                anyhow::bail!("kiln agent exited: {status}");
+            }
+            let before = crate::bench::process_cpu_seconds(pid).unwrap_or(0.0);
+            // Its own heap, every second: the figure the memory budget bounds.
+            let mut peak_anon = 0;
+            for _ in 0..args.seconds {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                peak_anon = peak_anon.max(status_kib(pid, "RssAnon:"));
+            }
+            let cpu = crate::bench::process_cpu_seconds(pid).unwrap_or(0.0) - before;
+            let metrics = ureq::get(&format!("http://127.0.0.1:{metrics_port}/metrics"))
+                .call()
+                .ok()
+                .and_then(|response| response.into_string().ok())
+                .unwrap_or_default();
+            let metric = |name: &str| {
+                metrics
+                    .lines()
+                    .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+                    .and_then(|value| value.trim().parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let (samples, in_kernel, lost, processes) = (
+                metric("kiln_agent_samples_total"),
+                metric("kiln_agent_samples_in_kernel_total"),
+                metric("kiln_agent_samples_lost_total"),
+                metric("kiln_agent_processes"),
+            );
+            let stacks = |method: &str| -> u64 {
+                metrics
+                    .lines()
+                    .filter(|line| {
+                        line.starts_with("kiln_agent_stacks_total{")
+                            && line.contains(&format!("method=\"{method}\""))
+                    })
+                    .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+                    .sum()
+            };
+            println!(
+            "{frequency:>5} Hz {mode:>4}: agent CPU {:.3} % of one core over {} s, RSS {:.1} MiB (peak {:.1} MiB; its own heap {:.1} MiB, peak {:.1} MiB, the rest mapped binaries), {samples} samples ({in_kernel} counted in the kernel), {lost} lost, {} stacks by frame pointers, {} by DWARF, {processes} processes tracked",
             100.0 * cpu / args.seconds as f64,
             args.seconds,
             status_kib(pid, "VmRSS:") as f64 / 1024.0,
@@ -162,13 +191,18 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
             stacks("frame_pointer"),
             stacks("dwarf"),
         );
-        // SAFETY: kill(2) with a child's pid and SIGINT touches no memory.
-        unsafe {
-            libc::kill(pid as i32, libc::SIGINT);
+            // SAFETY: kill(2) with a child's pid and SIGINT touches no memory.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGINT);
+            }
+            let _ = agent.wait();
         }
-        let _ = agent.wait();
     }
     busy.store(false, Ordering::Relaxed);
+    for mut child in busy_children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     for spinner in spinners {
         let _ = spinner.join();
     }

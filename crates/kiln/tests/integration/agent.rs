@@ -342,6 +342,55 @@ fn programs_without_frame_pointers_are_unwound_through_dwarf() {
     }
 }
 
+/// `--ebpf true`: a frame-pointer program's samples are counted in the kernel by the BPF
+/// program, with the same flame graph; a program without frame pointers beside it still
+/// goes through the ring and DWARF.
+#[test]
+fn ebpf_counts_frame_pointer_programs_in_the_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(fp) = burner(dir.path(), "kiln_ebpf_burner") else {
+        println!("skipped: the agent's eBPF test (no C compiler)");
+        return;
+    };
+    let nofp = burner_with(dir.path(), "kiln_ebpf_nofp_burner", "-fomit-frame-pointer").unwrap();
+    let server = TestServer::start();
+    let Some(agent) = start_agent_with(&server, &["--ebpf", "true"]) else {
+        return;
+    };
+    if metric_value(&agent_metrics(&agent), "kiln_agent_ebpf_active") == 0.0 {
+        stop(agent);
+        println!("skipped: the agent's eBPF test (the BPF program did not load here; see the agent's warning)");
+        return;
+    }
+    let children = [
+        Command::new(&fp).arg("4").spawn().unwrap(),
+        Command::new(&nofp).arg("4").spawn().unwrap(),
+    ];
+    for mut child in children {
+        assert!(child.wait().unwrap().success());
+    }
+    wait_for_cpu(&server, "kiln_ebpf_burner", 0.95 * 4e9);
+    wait_for_cpu(&server, "kiln_ebpf_nofp_burner", 0.95 * 4e9);
+    let metrics = agent_metrics(&agent);
+    stop(agent);
+    let in_kernel = metric_value(&metrics, "kiln_agent_samples_in_kernel_total");
+    println!("{in_kernel} samples counted in the kernel");
+    // 4 s at 199 Hz is ~800 samples of the frame-pointer burner; all but its first
+    // moments are counted in the kernel.
+    assert!(in_kernel > 0.5 * 4.0 * 199.0, "{metrics}");
+    for service in ["kiln_ebpf_burner", "kiln_ebpf_nofp_burner"] {
+        let (share_a, root_share) =
+            split_and_root(&server, service, "kiln_hot_a", "kiln_hot_b", "main");
+        assert!(
+            (share_a - 70.0).abs() <= 3.0,
+            "{service}: split {share_a:.1}"
+        );
+        assert!(root_share >= 95.0, "{service}: main on {root_share:.1} %");
+        let (_, total) = functions(&server, service);
+        assert!(total as f64 > 0.9 * 4e9, "{service}: samples lost, {total}");
+    }
+}
+
 /// A process in a mount namespace of its own, running a binary the host cannot see at
 /// that path (the host has another file there): the agent reads it through
 /// `/proc/PID/root` and names its functions.

@@ -1,0 +1,224 @@
+//! Stack counts aggregated in the kernel, for processes that keep frame pointers.
+//!
+//! src/bpf/agent.bpf.c (built by clang in build.rs, loaded here with aya) runs on every
+//! sample of the agent's own `cpu-clock` events. For a process in its `fp_processes` map
+//! it counts the sample by (instance, user stack id, kernel stack id) and tells the kernel
+//! to write nothing to the ring; every other sample goes to the ring as without eBPF, with
+//! the stack copy DWARF unwinding needs. So the output is the same either way; eBPF only
+//! spares the ring and the agent the samples that need no work in user space: those of
+//! long-running frame-pointer programs, Go services above all.
+//!
+//! Counts and stacks are double-buffered by epoch: [`Ebpf::drain`] bumps the epoch, and
+//! reads and empties the maps of the previous one, which the program no longer writes.
+//! The program's own exec and exit tracepoints drop a process from `fp_processes` at once,
+//! so a pid reused or a program replaced never has its samples counted as the old one's.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, StackTraceMap};
+use aya::programs::{PerfEvent, RawTracePoint};
+
+use crate::procs::Instance;
+use crate::report::Stack;
+
+/// The program, as built (empty when clang was missing at build time), aligned as the
+/// ELF parser needs.
+pub const OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/agent.bpf.o"));
+
+/// The smallest of the call chain's context markers (`PERF_CONTEXT_USER` …).
+const PERF_CONTEXT_MAX: u64 = perf_event_open_sys::bindings::PERF_CONTEXT_MAX;
+
+/// Frames per stack the program keeps (`MAX_DEPTH` there).
+pub const MAX_DEPTH: usize = 127;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EbpfError {
+    #[error("this kiln was built without its BPF program (clang was missing at build time)")]
+    NotBuilt,
+    #[error("loading the BPF program: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("the BPF program: {0}")]
+    Program(#[from] aya::programs::ProgramError),
+    #[error("the BPF maps: {0}")]
+    Map(#[from] aya::maps::MapError),
+    #[error("the BPF object has no {0}")]
+    Missing(&'static str),
+    #[error("attaching the BPF program to a perf event: {0}")]
+    Attach(std::io::Error),
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct CountKey {
+    instance: u64,
+    user_stack: i32,
+    kernel_stack: i32,
+}
+
+// SAFETY: a plain C struct of integers with no padding, as the BPF program lays it out.
+unsafe impl aya::Pod for CountKey {}
+
+/// The loaded program and its maps.
+pub struct Ebpf {
+    /// Keeps the programs loaded and the tracepoints attached.
+    _bpf: aya::Ebpf,
+    program: OwnedFd,
+    fp_processes: BpfHashMap<MapData, u32, u64>,
+    epoch: Array<MapData, u32>,
+    current: u32,
+    counts: [BpfHashMap<MapData, CountKey, u64>; 2],
+    stacks: [StackTraceMap<MapData>; 2],
+    /// pid → instance, as in `fp_processes`.
+    tracked: HashMap<u32, Instance>,
+}
+
+impl Ebpf {
+    /// Loads the program and attaches its tracepoints; perf events are attached with
+    /// [`Ebpf::attach`].
+    pub fn load() -> Result<Ebpf, EbpfError> {
+        if OBJECT.is_empty() {
+            return Err(EbpfError::NotBuilt);
+        }
+        let mut bpf = aya::Ebpf::load(OBJECT)?;
+        let sample: &mut PerfEvent = bpf
+            .program_mut("kiln_sample")
+            .ok_or(EbpfError::Missing("kiln_sample"))?
+            .try_into()?;
+        sample.load()?;
+        let program = sample
+            .fd()?
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(EbpfError::Attach)?;
+        for (name, event) in [
+            ("kiln_exec", "sched_process_exec"),
+            ("kiln_exit", "sched_process_exit"),
+        ] {
+            let tracepoint: &mut RawTracePoint = bpf
+                .program_mut(name)
+                .ok_or(EbpfError::Missing("a tracepoint program"))?
+                .try_into()?;
+            tracepoint.load()?;
+            tracepoint.attach(event)?;
+        }
+        let mut take = |name: &'static str| bpf.take_map(name).ok_or(EbpfError::Missing(name));
+        let fp_processes = BpfHashMap::try_from(take("fp_processes")?)?;
+        let epoch = Array::try_from(take("epoch")?)?;
+        let counts = [
+            BpfHashMap::try_from(take("counts_0")?)?,
+            BpfHashMap::try_from(take("counts_1")?)?,
+        ];
+        let stacks = [
+            StackTraceMap::try_from(take("stacks_0")?)?,
+            StackTraceMap::try_from(take("stacks_1")?)?,
+        ];
+        Ok(Ebpf {
+            _bpf: bpf,
+            program,
+            fp_processes,
+            epoch,
+            current: 0,
+            counts,
+            stacks,
+            tracked: HashMap::new(),
+        })
+    }
+
+    /// The program's descriptor, for [`attach`].
+    pub fn program(&self) -> BorrowedFd<'_> {
+        self.program.as_fd()
+    }
+
+    /// Counts this process's samples in the kernel from now on.
+    pub fn track(&mut self, pid: u32, instance: Instance) {
+        if self.tracked.get(&pid) == Some(&instance) {
+            return;
+        }
+        if self.fp_processes.insert(pid, instance, 0).is_ok() {
+            self.tracked.insert(pid, instance);
+        }
+    }
+
+    pub fn is_tracked(&self, pid: u32, instance: Instance) -> bool {
+        self.tracked.get(&pid) == Some(&instance)
+    }
+
+    /// Stops counting a process that is gone from the agent's table.
+    pub fn untrack(&mut self, pid: u32, instance: Instance) {
+        if self.tracked.get(&pid) == Some(&instance) {
+            self.tracked.remove(&pid);
+            let _ = self.fp_processes.remove(&pid);
+        }
+    }
+
+    /// The counts since the last call, by instance and stack; the maps they were read from
+    /// are emptied.
+    pub fn drain(&mut self) -> Vec<(Instance, Stack, u64)> {
+        let previous = self.current;
+        self.current = self.current.wrapping_add(1);
+        if self.epoch.set(0, self.current, 0).is_err() {
+            self.current = previous;
+            return Vec::new();
+        }
+        // A program that read the old epoch just before the bump finishes within
+        // microseconds; give it a moment before its maps are read.
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        let parity = (previous & 1) as usize;
+        let keys: Vec<CountKey> = self.counts[parity].keys().filter_map(Result::ok).collect();
+        let mut frames: HashMap<i32, Box<[u64]>> = HashMap::new();
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            let Ok(count) = self.counts[parity].get(&key, 0) else {
+                continue;
+            };
+            let _ = self.counts[parity].remove(&key);
+            let mut stack = |id: i32| -> Box<[u64]> {
+                if id < 0 {
+                    return Box::default();
+                }
+                frames
+                    .entry(id)
+                    .or_insert_with(|| {
+                        self.stacks[parity]
+                            .get(&(id as u32), 0)
+                            .map(|trace| {
+                                // From a perf event the kernel reuses the sample's call
+                                // chain, context markers included.
+                                trace
+                                    .frames()
+                                    .iter()
+                                    .map(|frame| frame.ip)
+                                    .filter(|ip| *ip < PERF_CONTEXT_MAX)
+                                    .collect()
+                            })
+                            .unwrap_or_default()
+                    })
+                    .clone()
+            };
+            let user = stack(key.user_stack);
+            let kernel = stack(key.kernel_stack);
+            out.push((key.instance, Stack { kernel, user }, count));
+        }
+        let ids: Vec<u32> = self.stacks[parity]
+            .stack_ids()
+            .filter_map(Result::ok)
+            .collect();
+        for id in ids {
+            let _ = self.stacks[parity].remove(&id);
+        }
+        out
+    }
+}
+
+/// Runs the program on a perf event's samples (`PERF_EVENT_IOC_SET_BPF`).
+pub fn attach(event: BorrowedFd<'_>, program: BorrowedFd<'_>) -> std::io::Result<()> {
+    // SAFETY: the ioctl takes the program's descriptor as its argument; both are open.
+    let result = unsafe {
+        perf_event_open_sys::ioctls::SET_BPF(event.as_raw_fd(), program.as_raw_fd() as u32)
+    };
+    if result < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
