@@ -697,17 +697,23 @@ fn the_agent_benchmark_runs() {
     };
     stop(agent);
     let output = run_kiln(["bench", "agent", "--seconds", "2", "--frequencies", "99"]);
-    let line = output
-        .lines()
-        .find(|line| line.contains("99 Hz: agent CPU"))
-        .unwrap_or_else(|| panic!("{output}"));
-    let field = |unit: &str| -> u64 {
-        line.split(", ")
-            .find_map(|part| part.strip_suffix(unit)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {unit} in {line}"))
-    };
-    assert!(field(" samples") > 0, "{line}");
-    assert!(field(" processes tracked") > 0, "{line}");
+    // One line per mode: every sample through the ring, and with eBPF.
+    for mode in ["perf", "ebpf"] {
+        let line = output
+            .lines()
+            .find(|line| line.contains(&format!("99 Hz {mode}: agent CPU")))
+            .unwrap_or_else(|| panic!("no {mode} line in {output}"));
+        let field = |unit: &str| -> u64 {
+            line.split(", ")
+                .find_map(|part| {
+                    let (number, rest) = part.split_once(' ')?;
+                    rest.starts_with(unit).then(|| number.parse().ok())?
+                })
+                .unwrap_or_else(|| panic!("no {unit} in {line}"))
+        };
+        assert!(field("samples") > 0, "{line}");
+        assert!(field("processes tracked") > 0, "{line}");
+    }
 }
 
 /// Relabeling in Prometheus's shape: the service name from an allow-listed environment
