@@ -140,10 +140,6 @@ impl Ebpf {
         }
     }
 
-    pub fn is_tracked(&self, pid: u32, instance: Instance) -> bool {
-        self.tracked.get(&pid) == Some(&instance)
-    }
-
     /// Stops counting a process that is gone from the agent's table.
     pub fn untrack(&mut self, pid: u32, instance: Instance) {
         if self.tracked.get(&pid) == Some(&instance) {

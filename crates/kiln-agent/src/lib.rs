@@ -141,48 +141,44 @@ impl AgentStats {
     /// The Prometheus text exposition of these counters.
     pub fn metrics_text(&self) -> String {
         let mut out = String::new();
-        let mut counter = |name: &str, help: &str, value: u64| {
-            out.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n"
-            ));
-        };
-        counter(
-            "kiln_agent_samples_total",
-            "Samples taken",
-            self.samples.load(Ordering::Relaxed),
-        );
-        counter(
-            "kiln_agent_samples_in_kernel_total",
-            "Samples counted in the kernel by the BPF program (--ebpf), not read from a ring",
-            self.kernel_counted.load(Ordering::Relaxed),
-        );
-        counter(
-            "kiln_agent_samples_lost_total",
-            "Samples the kernel dropped because a ring buffer was full",
-            self.lost.load(Ordering::Relaxed),
-        );
-        counter(
-            "kiln_agent_reports_total",
-            "Process profiles written",
-            self.reports.load(Ordering::Relaxed),
-        );
-        counter(
-            "kiln_agent_cache_evictions_total",
-            "Cache entries dropped to stay within --memory-limit; they are recomputed when needed",
-            self.cache_evictions.load(Ordering::Relaxed),
-        );
-        out.push_str(&format!(
-            "# HELP kiln_agent_processes Processes the agent tracks\n# TYPE kiln_agent_processes gauge\nkiln_agent_processes {}\n",
-            self.processes.load(Ordering::Relaxed)
-        ));
-        out.push_str(&format!(
-            "# HELP kiln_agent_ebpf_active 1 when samples of frame-pointer programs are counted in the kernel\n# TYPE kiln_agent_ebpf_active gauge\nkiln_agent_ebpf_active {}\n",
-            self.ebpf_active.load(Ordering::Relaxed)
-        ));
-        out.push_str(&format!(
-            "# HELP kiln_agent_cache_bytes Bytes held by the unwind-table and symbol caches\n# TYPE kiln_agent_cache_bytes gauge\nkiln_agent_cache_bytes {}\n",
-            self.cache_bytes.load(Ordering::Relaxed)
-        ));
+        let load = |value: &AtomicU64| value.load(Ordering::Relaxed);
+        for (name, kind, help, value) in [
+            ("kiln_agent_samples_total", "counter", "Samples taken", load(&self.samples)),
+            (
+                "kiln_agent_samples_in_kernel_total",
+                "counter",
+                "Samples counted in the kernel by the BPF program (--ebpf), not read from a ring",
+                load(&self.kernel_counted),
+            ),
+            (
+                "kiln_agent_samples_lost_total",
+                "counter",
+                "Samples the kernel dropped because a ring buffer was full",
+                load(&self.lost),
+            ),
+            ("kiln_agent_reports_total", "counter", "Process profiles written", load(&self.reports)),
+            (
+                "kiln_agent_cache_evictions_total",
+                "counter",
+                "Cache entries dropped to stay within --memory-limit; they are recomputed when needed",
+                load(&self.cache_evictions),
+            ),
+            ("kiln_agent_processes", "gauge", "Processes the agent tracks", load(&self.processes)),
+            (
+                "kiln_agent_ebpf_active",
+                "gauge",
+                "1 when samples of frame-pointer programs are counted in the kernel",
+                load(&self.ebpf_active),
+            ),
+            (
+                "kiln_agent_cache_bytes",
+                "gauge",
+                "Bytes held by the unwind-table and symbol caches",
+                load(&self.cache_bytes),
+            ),
+        ] {
+            write_metric(&mut out, name, kind, help, value);
+        }
         if let Ok(binaries) = self.binaries.lock() {
             let mut names: Vec<&String> = binaries.keys().collect();
             names.sort();
@@ -204,6 +200,13 @@ impl AgentStats {
         }
         out
     }
+}
+
+/// Appends one unlabelled sample in the Prometheus text format, with its HELP and TYPE.
+pub fn write_metric(out: &mut String, name: &str, kind: &str, help: &str, value: u64) {
+    out.push_str(&format!(
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+    ));
 }
 
 /// A collector running on its own thread (see [`Collector::spawn`]).
@@ -331,48 +334,34 @@ impl Collector {
                     bp,
                     stack: &stack,
                 });
-                let user = match self.table.instance(instance) {
-                    Some(process) if context.is_some() => {
-                        let walked =
-                            self.unwinding
-                                .walk(process, user, depth >= self.max_stack, context);
-                        if !walked.user.is_empty() {
-                            self.count_stack(instance, walked.method, walked.truncated);
-                        }
-                        if walked.method == unwind::Method::FramePointer {
-                            if let Some(bpf) = &mut self.ebpf {
-                                bpf.track(pid, instance);
-                            }
-                        }
-                        for address in &walked.user {
-                            self.table.pin(instance, *address);
-                        }
-                        walked.user
+                let walked = match self.table.instance(instance) {
+                    Some(process) => {
+                        self.unwinding
+                            .walk(process, user, depth >= self.max_stack, context)
                     }
-                    _ => {
-                        if !user.is_empty() {
-                            self.count_stack(
-                                instance,
-                                unwind::Method::FramePointer,
-                                depth >= self.max_stack,
-                            );
-                        }
-                        for address in &user {
-                            self.table.pin(instance, *address);
-                        }
-                        user
-                    }
+                    None => unwind::Walked {
+                        user,
+                        truncated: depth >= self.max_stack,
+                        method: unwind::Method::FramePointer,
+                    },
                 };
+                if !walked.user.is_empty() {
+                    self.count_stacks(instance, walked.method, 1, u64::from(walked.truncated));
+                }
+                // Only user-mode samples: a kernel thread has no user stack to count.
+                if walked.method == unwind::Method::FramePointer && regs.is_some() {
+                    if let Some(bpf) = &mut self.ebpf {
+                        bpf.track(pid, instance);
+                    }
+                }
+                for address in &walked.user {
+                    self.table.pin(instance, *address);
+                }
                 let stack = Stack {
                     kernel: kernel.into_boxed_slice(),
-                    user: user.into_boxed_slice(),
+                    user: walked.user.into_boxed_slice(),
                 };
-                *self
-                    .stacks
-                    .entry(instance)
-                    .or_default()
-                    .entry(stack)
-                    .or_default() += 1;
+                self.add_stack(instance, stack, 1);
             }
             Record::Mmap {
                 pid,
@@ -410,8 +399,13 @@ impl Collector {
         }
     }
 
-    fn count_stack(&self, instance: Instance, method: unwind::Method, truncated: bool) {
-        self.count_stacks(instance, method, 1, u64::from(truncated));
+    fn add_stack(&mut self, instance: Instance, stack: Stack, count: u64) {
+        *self
+            .stacks
+            .entry(instance)
+            .or_default()
+            .entry(stack)
+            .or_default() += count;
     }
 
     fn count_stacks(
@@ -440,11 +434,6 @@ impl Collector {
         }
     }
 
-    /// Whether samples of frame-pointer processes are counted in the kernel.
-    pub fn ebpf_active(&self) -> bool {
-        self.ebpf.is_some()
-    }
-
     /// Adds what the kernel counted since the last report.
     fn drain_ebpf(&mut self) {
         let Some(bpf) = &mut self.ebpf else {
@@ -467,12 +456,7 @@ impl Collector {
                     if cut { count } else { 0 },
                 );
             }
-            *self
-                .stacks
-                .entry(instance)
-                .or_default()
-                .entry(stack)
-                .or_default() += count;
+            self.add_stack(instance, stack, count);
         }
     }
 

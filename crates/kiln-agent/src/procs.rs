@@ -123,8 +123,7 @@ impl Process {
             if !deleted && rooted.exists() {
                 return Some(rooted);
             }
-            let file = proc_dir.join(format!("map_files/{:x}-{:x}", mapping.start, mapping.end));
-            if file.exists() {
+            if let Some(file) = self.mapped_file(mapping) {
                 return Some(file);
             }
         }
@@ -200,11 +199,9 @@ impl ProcessTable {
         let start = mapping.start;
         let opened = process
             .readable_path(mapping)
-            .and_then(|path| File::open(path).ok());
-        let Some((file, meta)) = opened
-            .and_then(|file| Some((file.metadata().ok()?, file)))
-            .map(|(meta, file)| (file, meta))
-        else {
+            .and_then(|path| File::open(path).ok())
+            .and_then(|file| file.metadata().ok().map(|meta| (file, meta)));
+        let Some((file, meta)) = opened else {
             process.pinned.push((start, None));
             return;
         };
@@ -347,6 +344,19 @@ impl ProcessTable {
         self.by_pid
             .retain(|_, instance| instances.contains_key(instance));
     }
+}
+
+/// A `kB` field (`VmRSS:`, `RssAnon:` …) of `/proc/PID/status`; 0 when unreadable.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(field))
+                .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// Fills a process from `/proc/PID`: name, executable, cgroup, mappings. Any of them may be

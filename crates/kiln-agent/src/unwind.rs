@@ -66,17 +66,14 @@ pub struct Binary {
     /// Bytes of its symbol table and DWARF, uncompressed: what a symbolizer may hold of
     /// it, at most.
     pub symbol_bytes: u64,
-    /// Loadable segments: (file offset, virtual address, file size).
-    loads: Vec<(u64, u64, u64)>,
-    /// The executable ones, as mapped: (page-aligned file offset, its virtual address).
-    code_segments: Vec<(u64, u64)>,
+    /// Loadable segments: (file offset, virtual address, file size, executable).
+    loads: Vec<(u64, u64, u64, bool)>,
     eh_frame: Option<(Range<u64>, Arc<[u8]>)>,
     eh_frame_hdr: Option<(Range<u64>, Arc<[u8]>)>,
     text: Option<Range<u64>>,
     got: Option<Range<u64>>,
     /// PLT stubs and the entry point: code with CFI that never sets up a frame.
     not_functions: Vec<Range<u64>>,
-    bytes: usize,
 }
 
 impl Binary {
@@ -101,18 +98,8 @@ impl Binary {
             .segments()
             .map(|segment| {
                 let (offset, size) = segment.file_range();
-                (offset, segment.address(), size)
-            })
-            .collect();
-        let code_segments = elf
-            .segments()
-            .filter(|segment| {
-                matches!(segment.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0)
-            })
-            .map(|segment| {
-                let (offset, _) = segment.file_range();
-                let aligned = offset & !0xfff;
-                (aligned, segment.address() - (offset - aligned))
+                let exec = matches!(segment.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
+                (offset, segment.address(), size, exec)
             })
             .collect();
         let eh_frame = data(".eh_frame");
@@ -140,7 +127,6 @@ impl Binary {
             build_id: elf.build_id().ok().flatten().map(<[u8]>::to_vec),
             symbol_bytes,
             loads,
-            code_segments,
             text: section(".text").map(|(range, _)| range),
             not_functions: [".plt", ".plt.got", ".plt.sec"]
                 .iter()
@@ -148,8 +134,6 @@ impl Binary {
                 .chain(std::iter::once(elf.entry()..elf.entry() + 1))
                 .collect(),
             got: section(".got").map(|(range, _)| range),
-            bytes: eh_frame.as_ref().map_or(0, |(_, d)| d.len())
-                + eh_frame_hdr.as_ref().map_or(0, |(_, d)| d.len()),
             eh_frame,
             eh_frame_hdr,
         };
@@ -169,12 +153,15 @@ impl Binary {
 
     /// Memory held for this binary.
     pub fn bytes(&self) -> usize {
-        self.bytes + std::mem::size_of::<Binary>()
+        let held = |section: &Option<(Range<u64>, Arc<[u8]>)>| {
+            section.as_ref().map_or(0, |(_, d)| d.len())
+        };
+        held(&self.eh_frame) + held(&self.eh_frame_hdr) + std::mem::size_of::<Binary>()
     }
 
     /// The file offset of a virtual address.
     fn file_offset(&self, address: u64) -> Option<u64> {
-        self.loads.iter().find_map(|(offset, vaddr, size)| {
+        self.loads.iter().find_map(|(offset, vaddr, size, _)| {
             (address >= *vaddr && address < vaddr + size).then(|| address - vaddr + offset)
         })
     }
@@ -183,11 +170,11 @@ impl Binary {
     /// Segments share pages at their edges, so it is looked up among the code segments,
     /// by the page-aligned offset the loader mapped them at.
     fn code_address_of(&self, pgoff: u64) -> Option<u64> {
-        self.code_segments
+        self.loads
             .iter()
-            .filter(|(offset, _)| *offset <= pgoff)
-            .max_by_key(|(offset, _)| *offset)
-            .map(|(offset, vaddr)| pgoff - offset + vaddr)
+            .filter(|(offset, _, _, exec)| *exec && offset & !0xfff <= pgoff)
+            .max_by_key(|(offset, _, _, _)| *offset)
+            .map(|(offset, vaddr, _, _)| pgoff.wrapping_add(*vaddr).wrapping_sub(*offset))
     }
 
     /// Whether nine in ten of the functions probed set up a frame (see the module doc).

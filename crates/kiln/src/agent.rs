@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use kiln_agent::procs::status_kib;
 use kiln_agent::{AgentConfig, Collector, Report};
 use kiln_ingest::push::{LabelPair, PushRequest, RawProfileSeries, RawSample};
 use prost::Message;
@@ -122,11 +123,7 @@ impl Queue {
 fn metrics_text(stats: &kiln_agent::AgentStats, queue: &Queue) -> String {
     let mut text = stats.metrics_text();
     let queued = queue.pushes.lock().map(|guard| guard.1).unwrap_or(0);
-    let page = 4096;
-    let rss = std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map_or(0, |pages| pages * page);
+    let own = std::process::id();
     for (name, kind, help, value) in [
         (
             "kiln_agent_pushes_sent_total",
@@ -156,18 +153,16 @@ fn metrics_text(stats: &kiln_agent::AgentStats, queue: &Queue) -> String {
             "kiln_agent_resident_memory_bytes",
             "gauge",
             "The agent's resident memory",
-            rss,
+            status_kib(own, "VmRSS:") * 1024,
         ),
         (
             "kiln_agent_resident_anonymous_bytes",
             "gauge",
             "The agent's own heap and stacks: resident memory less the file-backed pages of binaries it mapped to symbolize, which the kernel can reclaim",
-            crate::bench_agent::status_kib(std::process::id(), "RssAnon:") * 1024,
+            status_kib(own, "RssAnon:") * 1024,
         ),
     ] {
-        text.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
-        ));
+        kiln_agent::write_metric(&mut text, name, kind, help, value);
     }
     text
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use kiln_agent::procs::status_kib;
 
 #[derive(Args)]
 pub struct AgentBenchArgs {
@@ -63,19 +64,6 @@ fn churn(per_minute: u64, busy: Arc<AtomicBool>) -> Option<std::thread::JoinHand
         }
         started
     }))
-}
-
-/// A `kB` field (`VmRSS:`, `RssAnon:` …) of `/proc/PID/status`; 0 when unreadable.
-pub(crate) fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix(field))
-                .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {

@@ -664,9 +664,11 @@ fn jitted_frames_are_named_from_perf_maps() {
     let Some(agent) = start_agent(&server) else {
         return;
     };
+    // Node writes V8 logs (isolate-*-v8.log) into its working directory: the temp one.
     let mut node = Command::new("node")
         .arg("--perf-basic-prof")
         .arg(&script)
+        .current_dir(dir.path())
         .spawn()
         .unwrap();
     let pid = node.id();
