@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use kiln_model::time::now_nanos;
 pub use perf::PerfError;
 use perf::{PerfEvents, Record};
 use procs::{Instance, Mapping, ProcessTable};
@@ -232,13 +233,6 @@ pub struct Collector {
     interval_start: i64,
     /// The kernel's `perf_event_max_stack`: a call chain this long was cut.
     max_stack: usize,
-}
-
-fn now_nanos() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 impl Collector {

@@ -47,10 +47,21 @@ pub enum CompactorError {
     Metastore(#[from] MetastoreError),
     #[error("object storage: {0}")]
     Storage(#[from] StorageError),
+    /// A dataset failed its checks (see [`Dataset::check`]).
     #[error("dataset {0} is corrupt: {1}")]
     Corrupt(String, String),
+    #[error("dataset {dataset} cannot be read: {source}")]
+    Unreadable {
+        dataset: String,
+        #[source]
+        source: StorageError,
+    },
+    #[error("encoding the merged block: {0}")]
+    Encode(#[source] StorageError),
     #[error("compaction task failed: {0}")]
-    Task(String),
+    Task(#[from] tokio::task::JoinError),
+    #[error("the block tail cache lock was poisoned")]
+    Poisoned,
 }
 
 /// When a level's datasets of one (tenant, service) are merged into the next level.
@@ -249,12 +260,7 @@ impl TailCache {
 /// Prefixes under which Kiln writes objects: the orphan sweep looks only there.
 pub const OBJECT_PREFIXES: [&str; 2] = ["segments", "blocks"];
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+use kiln_model::time::now_ms;
 
 /// A due merge: the inputs of one group.
 struct Job {
@@ -428,23 +434,19 @@ impl Compactor {
         }
         let inputs = job.inputs.clone();
         let (tenant, service) = (job.key.tenant.clone(), job.key.service.clone());
-        let (block, dataset_meta) = tokio::task::spawn_blocking(move || {
-            merge_datasets(&tenant, &service, &inputs, objects)
-        })
-        .await
-        .map_err(|err| CompactorError::Task(err.to_string()))??;
-        crash_point("compaction-merged");
+        // The block is named first, so its index entry is complete when built.
         let id = ulid::Ulid::new().to_string();
         let object_key = format!("blocks/{id}.parquet");
+        let target = (id.clone(), object_key.clone());
+        let (block, meta) = tokio::task::spawn_blocking(move || {
+            merge_datasets(&tenant, &service, &inputs, objects, &target)
+        })
+        .await??;
+        crash_point("compaction-merged");
         let size_bytes = block.len() as u64;
         self.storage.put(&object_key, Bytes::from(block)).await?;
         self.metrics.output_bytes.inc_by(size_bytes);
         crash_point("compaction-uploaded");
-        let meta = DatasetMeta {
-            block_id: id.clone(),
-            object_key: object_key.clone(),
-            ..dataset_meta
-        };
         self.metastore
             .replace_datasets(
                 BlockMeta {
@@ -543,7 +545,7 @@ fn crash_point(point: &str) {
 }
 
 fn poisoned<T>(_: std::sync::PoisonError<T>) -> CompactorError {
-    CompactorError::Task("the block tail cache lock was poisoned".into())
+    CompactorError::Poisoned
 }
 
 /// Decodes the inputs (each from the byte ranges fetched for it, in the same order) and
@@ -553,6 +555,7 @@ fn merge_datasets(
     service: &str,
     inputs: &[DatasetMeta],
     objects: Vec<PartialBlock>,
+    (block_id, object_key): &(String, String),
 ) -> Result<(Vec<u8>, DatasetMeta), CompactorError> {
     let mut builder = DatasetBuilder::new(tenant, service);
     for (input, partial) in inputs.iter().zip(objects) {
@@ -562,7 +565,10 @@ fn merge_datasets(
             input.row_group as usize,
             Projection::ALL,
         )
-        .map_err(|err| CompactorError::Corrupt(name.clone(), err.to_string()))?;
+        .map_err(|source| CompactorError::Unreadable {
+            dataset: name.clone(),
+            source,
+        })?;
         dataset
             .check()
             .map_err(|err| CompactorError::Corrupt(name.clone(), err))?;
@@ -580,8 +586,8 @@ fn merge_datasets(
     let dataset = builder.finish();
     let (profile_types, profile_count) = dataset.summary();
     let meta = DatasetMeta {
-        block_id: String::new(),
-        object_key: String::new(),
+        block_id: block_id.clone(),
+        object_key: object_key.clone(),
         tenant: tenant.to_string(),
         service: service.to_string(),
         row_group: 0,
@@ -591,6 +597,6 @@ fn merge_datasets(
         profile_count,
     };
     let block = encode_block_as(std::slice::from_ref(&dataset), BlockEncoding::Compacted)
-        .map_err(|err| CompactorError::Task(err.to_string()))?;
+        .map_err(CompactorError::Encode)?;
     Ok((block, meta))
 }

@@ -25,8 +25,8 @@ pub async fn run_parser<T: Send + 'static>(
     let _permit = PARSE_PERMITS
         .acquire()
         .await
-        .map_err(|_| IngestError::Internal("parser pool closed".to_string()))?;
+        .map_err(|_| IngestError::ShuttingDown)?;
     tokio::task::spawn_blocking(parse)
         .await
-        .map_err(|err| IngestError::Internal(format!("parser task failed: {err}")))?
+        .map_err(IngestError::Task)?
 }

@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use kiln_model::FormatError;
 use thiserror::Error;
 
@@ -6,30 +8,51 @@ use thiserror::Error;
 pub enum IngestError {
     #[error("{0}")]
     BadRequest(String),
+    /// The profile's bytes were refused by a parser in kiln-model.
+    #[error("{}", .0.message())]
+    Format(#[source] FormatError),
     #[error("{0}")]
     TooLarge(String),
     #[error("{0}")]
     UnsupportedFormat(String),
     #[error("{0}")]
     RateLimited(String),
-    /// The client did not send its body in time.
-    #[error("{0}")]
-    Timeout(String),
-    #[error("{0}")]
-    Internal(String),
+    /// The batch this write joined could not be stored; every request of the batch gets
+    /// the same error, hence the `Arc`.
+    #[error("failed to store the profiles: {0}")]
+    Store(#[source] Arc<StoreError>),
+    /// A parser task died (it panicked) before answering.
+    #[error("parser task failed: {0}")]
+    Task(#[source] tokio::task::JoinError),
     #[error("server is shutting down")]
     ShuttingDown,
+}
+
+/// Why a group commit failed.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("building the segment: {0}")]
+    Build(String),
+    #[error("encoding the segment: {0}")]
+    Encode(#[source] kiln_storage::StorageError),
+    #[error("the segment builder task failed: {0}")]
+    Task(#[source] tokio::task::JoinError),
+    #[error("{0}")]
+    Storage(#[source] kiln_storage::StorageError),
+    #[error("{0}")]
+    Metastore(#[source] kiln_metastore::MetastoreError),
 }
 
 impl IngestError {
     pub fn status(&self) -> u16 {
         match self {
             IngestError::BadRequest(_) => 400,
+            IngestError::Format(FormatError::TooLarge(_)) => 413,
+            IngestError::Format(_) => 400,
             IngestError::TooLarge(_) => 413,
             IngestError::UnsupportedFormat(_) => 415,
             IngestError::RateLimited(_) => 429,
-            IngestError::Timeout(_) => 408,
-            IngestError::Internal(_) => 500,
+            IngestError::Store(_) | IngestError::Task(_) => 500,
             IngestError::ShuttingDown => 503,
         }
     }
@@ -38,11 +61,12 @@ impl IngestError {
     pub fn reason(&self) -> &'static str {
         match self {
             IngestError::BadRequest(_) => "malformed",
+            IngestError::Format(FormatError::TooLarge(_)) => "too_large",
+            IngestError::Format(_) => "malformed",
             IngestError::TooLarge(_) => "too_large",
             IngestError::UnsupportedFormat(_) => "unsupported_format",
             IngestError::RateLimited(_) => "rate_limited",
-            IngestError::Timeout(_) => "timeout",
-            IngestError::Internal(_) => "internal",
+            IngestError::Store(_) | IngestError::Task(_) => "internal",
             IngestError::ShuttingDown => "shutting_down",
         }
     }
@@ -50,11 +74,6 @@ impl IngestError {
 
 impl From<FormatError> for IngestError {
     fn from(err: FormatError) -> Self {
-        match err {
-            FormatError::TooLarge(message) => IngestError::TooLarge(message),
-            FormatError::Malformed(message) | FormatError::Limit(message) => {
-                IngestError::BadRequest(message)
-            }
-        }
+        IngestError::Format(err)
     }
 }

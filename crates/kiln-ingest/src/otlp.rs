@@ -16,7 +16,6 @@ use std::collections::BTreeMap;
 
 use foldhash::{HashMap, HashMapExt};
 
-use base64::Engine;
 use kiln_model::labels::{sanitize_label_name, Labels, SERVICE_NAME};
 use kiln_model::pprof::{self, Profile, ValueType};
 use serde::de::Error as _;
@@ -37,15 +36,19 @@ pub struct ExportProfilesServiceRequest {
     pub dictionary: Option<ProfilesDictionary>,
 }
 
-#[derive(Clone, PartialEq, prost::Message)]
+#[derive(Clone, PartialEq, prost::Message, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ExportProfilesServiceResponse {
     #[prost(message, optional, tag = "1")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub partial_success: Option<ExportProfilesPartialSuccess>,
 }
 
-#[derive(Clone, PartialEq, prost::Message)]
+#[derive(Clone, PartialEq, prost::Message, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ExportProfilesPartialSuccess {
     #[prost(int64, tag = "1")]
+    #[serde(with = "kiln_model::proto_json::int64")]
     pub rejected_profiles: i64,
     #[prost(string, tag = "2")]
     pub error_message: String,
@@ -318,63 +321,18 @@ pub struct KeyValueAndUnit {
 /// is accepted too, as generic protobuf JSON printers write it).
 mod json {
     use super::*;
+    use kiln_model::proto_json::{base64_decode, i64_of};
 
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Number {
-        Text(String),
-        Signed(i64),
-        Unsigned(u64),
-        Float(f64),
-    }
-
-    fn number_u64<E: serde::de::Error>(number: Number) -> Result<u64, E> {
-        match number {
-            Number::Text(text) => text.trim().parse().map_err(E::custom),
-            Number::Signed(value) => u64::try_from(value).map_err(E::custom),
-            Number::Unsigned(value) => Ok(value),
-            Number::Float(value) if value.fract() == 0.0 && value >= 0.0 => Ok(value as u64),
-            Number::Float(value) => Err(E::custom(format!("{value} is not an integer"))),
-        }
-    }
-
-    fn number_i64<E: serde::de::Error>(number: Number) -> Result<i64, E> {
-        match number {
-            Number::Text(text) => text.trim().parse().map_err(E::custom),
-            Number::Signed(value) => Ok(value),
-            Number::Unsigned(value) => i64::try_from(value).map_err(E::custom),
-            Number::Float(value) if value.fract() == 0.0 => Ok(value as i64),
-            Number::Float(value) => Err(E::custom(format!("{value} is not an integer"))),
-        }
-    }
-
-    pub fn u64<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
-        number_u64(Number::deserialize(deserializer)?)
-    }
-
-    pub fn i64<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
-        number_i64(Number::deserialize(deserializer)?)
-    }
-
-    pub fn u64s<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u64>, D::Error> {
-        Vec::<Number>::deserialize(deserializer)?
-            .into_iter()
-            .map(number_u64)
-            .collect()
-    }
-
-    pub fn i64s<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<i64>, D::Error> {
-        Vec::<Number>::deserialize(deserializer)?
-            .into_iter()
-            .map(number_i64)
-            .collect()
-    }
+    pub use kiln_model::proto_json::int64::deserialize as i64;
+    pub use kiln_model::proto_json::int64s::deserialize as i64s;
+    pub use kiln_model::proto_json::uint64::deserialize as u64;
+    pub use kiln_model::proto_json::uint64s::deserialize as u64s;
 
     pub fn bytes<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        base64_bytes(&text).map_err(D::Error::custom)
+        kiln_model::proto_json::bytes::deserialize(deserializer)
     }
 
+    /// A trace or span id: hex, as OTLP/JSON writes it, or base64, as proto3 JSON does.
     pub fn id<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
         let text = String::deserialize(deserializer)?;
         if text.len() % 2 == 0 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -382,14 +340,8 @@ mod json {
                 return Ok(bytes);
             }
         }
-        base64_bytes(&text).map_err(D::Error::custom)
-    }
-
-    fn base64_bytes(text: &str) -> Result<Vec<u8>, String> {
-        base64::engine::general_purpose::STANDARD
-            .decode(text)
-            .or_else(|_| base64::engine::general_purpose::URL_SAFE.decode(text))
-            .map_err(|err| format!("{text:?} is neither hex nor base64: {err}"))
+        base64_decode(&text)
+            .map_err(|err| D::Error::custom(format!("{text:?} is neither hex nor base64: {err}")))
     }
 
     fn from_hex(text: &str) -> Option<Vec<u8>> {
@@ -412,15 +364,17 @@ mod json {
             "stringValue" => Value::StringValue(serde_json::from_value(inner).map_err(custom)?),
             "boolValue" => Value::BoolValue(serde_json::from_value(inner).map_err(custom)?),
             "intValue" => Value::IntValue(
-                number_i64(serde_json::from_value(inner).map_err(custom)?)
-                    .map_err(|err: serde_json::Error| format!("intValue: {err}"))?,
+                i64_of(inner).map_err(|err: serde_json::Error| format!("intValue: {err}"))?,
             ),
             "doubleValue" => Value::DoubleValue(serde_json::from_value(inner).map_err(custom)?),
             "arrayValue" => Value::ArrayValue(serde_json::from_value(inner).map_err(custom)?),
             "kvlistValue" => Value::KvlistValue(serde_json::from_value(inner).map_err(custom)?),
             "bytesValue" => {
                 let text: String = serde_json::from_value(inner).map_err(custom)?;
-                Value::BytesValue(base64_bytes(&text)?)
+                Value::BytesValue(
+                    base64_decode(&text)
+                        .map_err(|err| format!("bytesValue: invalid base64: {err}"))?,
+                )
             }
             "stringValueStrindex" => {
                 Value::StringValueStrindex(serde_json::from_value(inner).map_err(custom)?)

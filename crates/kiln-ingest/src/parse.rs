@@ -1,6 +1,5 @@
 //! Shared conversion from a decoded pprof to a validated [`ParsedProfile`].
 
-use kiln_model::folded::FoldedStack;
 use kiln_model::labels::{self, Labels, METRIC_NAME, SERVICE_NAME};
 use kiln_model::pprof::{self, Profile, Validated, ValueType};
 use kiln_model::profile_type::name_for_sample_type;
@@ -69,13 +68,6 @@ pub struct ProfileContext {
     pub sample_labels_per_sample: bool,
     /// See [`ParsedProfile::warnings`].
     pub warnings: Vec<String>,
-}
-
-pub fn now_nanos() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
 }
 
 /// A new profile id: a UUIDv7 carrying the profile's time, so it sorts by time and a
@@ -166,7 +158,7 @@ pub fn from_pprof(
         })
         .collect();
 
-    let now = now_nanos();
+    let now = kiln_model::time::now_nanos();
     let time_nanos = context
         .time_nanos
         .or((profile.time_nanos > 0).then_some(profile.time_nanos))
@@ -284,97 +276,9 @@ fn label_too_long(name: &[u8]) -> IngestError {
     ))
 }
 
-/// Builds a pprof from folded stacks: one function and one location per distinct frame.
-pub fn folded_to_pprof(stacks: &[FoldedStack], profile_type: &ProfileType) -> Profile {
-    let mut profile = Profile::default();
-    let mut strings = pprof::StringInterner::default();
-    let mut intern =
-        |profile: &mut Profile, value: &str| strings.intern(&mut profile.string_table, value);
-    intern(&mut profile, "");
-    let sample_type = ValueType {
-        r#type: intern(&mut profile, &profile_type.sample_type),
-        unit: intern(&mut profile, &profile_type.sample_unit),
-    };
-    let period_type = ValueType {
-        r#type: intern(&mut profile, &profile_type.period_type),
-        unit: intern(&mut profile, &profile_type.period_unit),
-    };
-    profile.sample_type.push(sample_type);
-    profile.period_type = Some(period_type);
-    let mut locations: std::collections::HashMap<i64, u64> = std::collections::HashMap::new();
-    for stack in stacks {
-        let mut location_ids = Vec::with_capacity(stack.frames.len());
-        for frame in stack.frames.iter().rev() {
-            let name = intern(&mut profile, frame);
-            let next_id = locations.len() as u64 + 1;
-            let id = *locations.entry(name).or_insert(next_id);
-            if id == next_id {
-                profile.function.push(pprof::Function {
-                    id,
-                    name,
-                    system_name: name,
-                    ..Default::default()
-                });
-                profile.location.push(pprof::Location {
-                    id,
-                    line: vec![pprof::Line {
-                        function_id: id,
-                        line: 0,
-                        column: 0,
-                    }],
-                    ..Default::default()
-                });
-            }
-            location_ids.push(id);
-        }
-        profile.sample.push(&location_ids, &[stack.value], &[]);
-    }
-    profile
-}
-
-/// Interprets `from`/`until` as seconds, milliseconds, microseconds or nanoseconds by the
-/// number of digits, as Pyroscope does.
-pub fn parse_timestamp_nanos(value: &str) -> Result<i64, IngestError> {
-    let trimmed = value.trim();
-    let number: i64 = trimmed.parse().map_err(|_| {
-        IngestError::BadRequest(format!(
-            "invalid timestamp {trimmed:?}: expected an integer"
-        ))
-    })?;
-    let digits = trimmed.trim_start_matches('-').len();
-    let nanos = match digits {
-        0..=10 => number.checked_mul(1_000_000_000),
-        11..=13 => number.checked_mul(1_000_000),
-        14..=16 => number.checked_mul(1_000),
-        _ => Some(number),
-    };
-    nanos.ok_or_else(|| IngestError::BadRequest(format!("timestamp {trimmed:?} is out of range")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn timestamps_by_digit_count() {
-        assert_eq!(
-            parse_timestamp_nanos("1700000000").unwrap(),
-            1_700_000_000_000_000_000
-        );
-        assert_eq!(
-            parse_timestamp_nanos("1700000000123").unwrap(),
-            1_700_000_000_123_000_000
-        );
-        assert_eq!(
-            parse_timestamp_nanos("1700000000123456").unwrap(),
-            1_700_000_000_123_456_000
-        );
-        assert_eq!(
-            parse_timestamp_nanos("1700000000123456789").unwrap(),
-            1_700_000_000_123_456_789
-        );
-        assert!(parse_timestamp_nanos("soon").is_err());
-    }
 
     #[test]
     fn profile_ids_carry_time() {

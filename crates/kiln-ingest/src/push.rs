@@ -1,7 +1,6 @@
 //! Pyroscope's push API, `push.v1.PusherService/Push`, written from its documented wire
 //! format: `PushRequest{series: [RawProfileSeries{labels, samples: [RawSample{raw_profile, ID}]}]}`.
 
-use base64::Engine;
 use kiln_model::labels::{client_labels, ClientLabels, METRIC_NAME};
 use serde::Deserialize;
 
@@ -38,8 +37,8 @@ pub struct RawSample {
     pub id: String,
 }
 
-/// The empty `PushResponse`.
-#[derive(Clone, PartialEq, prost::Message)]
+/// The empty `PushResponse` (`{}` in JSON).
+#[derive(Clone, PartialEq, prost::Message, serde::Serialize)]
 pub struct PushResponse {}
 
 // Proto3 JSON: parsers accept both the lowerCamelCase JSON name and the proto field name.
@@ -87,12 +86,8 @@ pub fn decode_json(body: &[u8]) -> Result<PushRequest, IngestError> {
     for json_series in request.series {
         let mut samples = Vec::with_capacity(json_series.samples.len());
         for sample in json_series.samples {
-            let raw_profile = base64::engine::general_purpose::STANDARD
-                .decode(sample.raw_profile.as_bytes())
-                .or_else(|_| {
-                    base64::engine::general_purpose::URL_SAFE.decode(sample.raw_profile.as_bytes())
-                })
-                .map_err(|err| {
+            let raw_profile =
+                kiln_model::proto_json::base64_decode(&sample.raw_profile).map_err(|err| {
                     IngestError::BadRequest(format!("rawProfile is not valid base64: {err}"))
                 })?;
             samples.push(RawSample {

@@ -7,12 +7,11 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use kiln_model::labels::{client_labels, sanitize_label_name, ClientLabels, SERVICE_NAME};
 use kiln_model::profile_type::{default_legacy_type, split_legacy_name, SuffixType};
+use kiln_model::time::{now_nanos, parse_epoch_nanos};
 use kiln_model::{folded, jfr, perf_script, speedscope};
 
 use crate::cpu::run_parser;
-use crate::parse::{
-    folded_to_pprof, from_pprof, from_pprof_bytes, parse_timestamp_nanos, ProfileContext,
-};
+use crate::parse::{from_pprof, from_pprof_bytes, ProfileContext};
 use crate::{IngestError, Limits, ParsedProfile};
 
 /// The parts of the `name` parameter.
@@ -126,11 +125,11 @@ pub async fn parse_ingest(
     let name = parse_name(name)?;
     let from = params
         .get("from")
-        .map(|v| parse_timestamp_nanos(v))
+        .map(|v| parse_epoch_nanos(v))
         .transpose()?;
     let until = params
         .get("until")
-        .map(|v| parse_timestamp_nanos(v))
+        .map(|v| parse_epoch_nanos(v))
         .transpose()?;
     let sample_rate: Option<f64> = match params
         .get("sampleRate")
@@ -170,7 +169,7 @@ pub async fn parse_ingest(
         warnings,
         // Without `from` a profile is stamped with its arrival, as Pyroscope does; the
         // pprof's own time_nanos may be from whenever the file was recorded.
-        time_nanos: Some(from.unwrap_or_else(crate::parse::now_nanos)),
+        time_nanos: Some(from.unwrap_or_else(now_nanos)),
         duration_nanos: match (from, until) {
             (Some(from), Some(until)) if until >= from => Some(until - from),
             _ => None,
@@ -208,7 +207,7 @@ pub async fn parse_ingest(
                 let text =
                     kiln_model::compress::maybe_gunzip(&body, limits.max_decompressed_bytes)?;
                 let stacks = folded::parse(&text, limits.max_samples_per_profile)?;
-                let profile = folded_to_pprof(&stacks, &profile_type);
+                let profile = folded::to_pprof(&stacks, &profile_type);
                 from_pprof(profile, context, body.len(), &limits)
             })
             .await?;

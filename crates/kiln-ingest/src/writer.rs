@@ -20,6 +20,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use crate::error::StoreError;
 use crate::{IngestError, ParsedProfile};
 
 #[derive(Debug, Clone, Copy)]
@@ -238,7 +239,7 @@ impl Flusher {
             bytes += job.bytes;
             work.push((job.tenant, job.profiles));
         }
-        let result = self.write_segment(work).await;
+        let result = self.write_segment(work).await.map_err(Arc::new);
         self.metrics
             .flush_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -250,55 +251,53 @@ impl Flusher {
         for ack in acks {
             let _ = ack.send(match &result {
                 Ok(()) => Ok(()),
-                Err(err) => Err(IngestError::Internal(format!(
-                    "failed to store the profiles: {err}"
-                ))),
+                Err(err) => Err(IngestError::Store(err.clone())),
             });
         }
     }
 
-    async fn write_segment(&self, work: Vec<(String, Vec<ParsedProfile>)>) -> Result<(), String> {
+    async fn write_segment(
+        &self,
+        work: Vec<(String, Vec<ParsedProfile>)>,
+    ) -> Result<(), StoreError> {
         let max_stack_depth = self.config.max_stack_depth;
         let profile_count: usize = work.iter().map(|(_, profiles)| profiles.len()).sum();
         let build_started = Instant::now();
-        let (block, datasets) =
-            tokio::task::spawn_blocking(move || build_segment(work, max_stack_depth))
-                .await
-                .map_err(|err| format!("segment builder task failed: {err}"))??;
+        // The block is named first, so its datasets' index entries are complete when built.
+        let block_id = ulid::Ulid::new().to_string();
+        let object_key = format!("segments/{block_id}.parquet");
+        let (block, datasets) = {
+            let (block_id, object_key) = (block_id.clone(), object_key.clone());
+            tokio::task::spawn_blocking(move || {
+                build_segment(work, max_stack_depth, &block_id, &object_key)
+            })
+            .await
+            .map_err(StoreError::Task)??
+        };
         let build_seconds = build_started.elapsed().as_secs_f64();
         if datasets.is_empty() {
             return Ok(());
         }
-        let block_id = ulid::Ulid::new().to_string();
-        let object_key = format!("segments/{block_id}.parquet");
         let size_bytes = block.len() as u64;
         let put_started = Instant::now();
         self.storage
             .put(&object_key, Bytes::from(block))
             .await
-            .map_err(|err| err.to_string())?;
+            .map_err(StoreError::Storage)?;
         let put_seconds = put_started.elapsed().as_secs_f64();
         let block_meta = BlockMeta {
             id: block_id.clone(),
             object_key: object_key.clone(),
             level: 0,
             size_bytes,
-            created_at_ms: crate::parse::now_nanos() / 1_000_000,
+            created_at_ms: kiln_model::time::now_ms(),
             deleted_at_ms: None,
         };
-        let dataset_metas = datasets
-            .into_iter()
-            .map(|mut meta| {
-                meta.block_id = block_id.clone();
-                meta.object_key = object_key.clone();
-                meta
-            })
-            .collect();
         let register_started = Instant::now();
         self.metastore
-            .register_block(block_meta, dataset_metas)
+            .register_block(block_meta, datasets)
             .await
-            .map_err(|err| err.to_string())?;
+            .map_err(StoreError::Metastore)?;
         let register_seconds = register_started.elapsed().as_secs_f64();
         self.metrics.flushes.inc();
         self.metrics.segment_bytes.inc_by(size_bytes);
@@ -321,7 +320,9 @@ impl Flusher {
 fn build_segment(
     work: Vec<(String, Vec<ParsedProfile>)>,
     max_stack_depth: usize,
-) -> Result<(Vec<u8>, Vec<DatasetMeta>), String> {
+    block_id: &str,
+    object_key: &str,
+) -> Result<(Vec<u8>, Vec<DatasetMeta>), StoreError> {
     let mut groups: BTreeMap<(String, String), Vec<&ParsedProfile>> = BTreeMap::new();
     for (tenant, profiles) in &work {
         for profile in profiles {
@@ -370,7 +371,9 @@ fn build_segment(
             .collect()
     });
     if built.len() != groups.len() {
-        return Err("a dataset builder thread panicked".to_string());
+        return Err(StoreError::Build(
+            "a dataset builder thread panicked".to_string(),
+        ));
     }
     built.sort_by_key(|(index, _)| *index);
     let datasets: Vec<Dataset> = built
@@ -381,9 +384,9 @@ fn build_segment(
     let metas = datasets
         .iter()
         .enumerate()
-        .map(|(row_group, dataset)| dataset_meta(dataset, row_group as u32))
+        .map(|(row_group, dataset)| dataset_meta(dataset, block_id, object_key, row_group as u32))
         .collect();
-    let block = encode_block(&datasets).map_err(|err| err.to_string())?;
+    let block = encode_block(&datasets).map_err(StoreError::Encode)?;
     Ok((block, metas))
 }
 
@@ -400,12 +403,18 @@ fn build_dataset(
     builder.finish()
 }
 
-/// The metastore entry of a dataset (block id and key are filled in by the caller).
-pub fn dataset_meta(dataset: &Dataset, row_group: u32) -> DatasetMeta {
+/// The metastore entry of `dataset`, stored as row group `row_group` of the block
+/// `block_id` at `object_key`.
+pub fn dataset_meta(
+    dataset: &Dataset,
+    block_id: &str,
+    object_key: &str,
+    row_group: u32,
+) -> DatasetMeta {
     let (profile_types, profile_count) = dataset.summary();
     DatasetMeta {
-        block_id: String::new(),
-        object_key: String::new(),
+        block_id: block_id.to_string(),
+        object_key: object_key.to_string(),
         tenant: dataset.tenant.clone(),
         service: dataset.service.clone(),
         row_group,

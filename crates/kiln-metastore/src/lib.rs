@@ -57,13 +57,8 @@ const MIGRATIONS: &[&str] = &[
      );",
 ];
 
-/// Wall-clock milliseconds, for lease expiry, tombstones and migration records.
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+// Wall-clock milliseconds, for lease expiry, tombstones and migration records.
+use kiln_model::time::now_ms;
 
 #[derive(Debug, Error)]
 pub enum MetastoreError {

@@ -18,4 +18,14 @@ impl FormatError {
     pub fn malformed(message: impl Into<String>) -> Self {
         FormatError::Malformed(message.into())
     }
+
+    /// The message alone, without the kind's prefix, for answers that carry the kind in
+    /// their status.
+    pub fn message(&self) -> &str {
+        match self {
+            FormatError::Malformed(message)
+            | FormatError::TooLarge(message)
+            | FormatError::Limit(message) => message,
+        }
+    }
 }

@@ -1,7 +1,9 @@
 //! Collapsed ("folded") stacks: one `frame;frame;leaf value` per line, root first, as
 //! written by Brendan Gregg's stackcollapse scripts, py-spy `--format raw` and rbspy.
 
-use crate::FormatError;
+use crate::build::{Frame, ProfileBuilder};
+use crate::pprof::Profile;
+use crate::{FormatError, ProfileType};
 
 /// One parsed line: frames root first, and the sample value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +62,29 @@ pub fn parse(text: &[u8], max_lines: usize) -> Result<Vec<FoldedStack>, FormatEr
         stacks.push(FoldedStack { frames, value });
     }
     Ok(stacks)
+}
+
+/// A pprof of these stacks of `profile_type`, interned by [`ProfileBuilder`] like every
+/// other text format: one function and one location per distinct frame, and one sample per
+/// distinct stack.
+pub fn to_pprof(stacks: &[FoldedStack], profile_type: &ProfileType) -> Profile {
+    let mut builder = ProfileBuilder::new(
+        &[(&profile_type.sample_type, &profile_type.sample_unit)],
+        Some((&profile_type.period_type, &profile_type.period_unit)),
+        0,
+    );
+    let mut location_ids = Vec::new();
+    for stack in stacks {
+        location_ids.clear();
+        for frame in stack.frames.iter().rev() {
+            location_ids.push(builder.location(&Frame {
+                function: frame,
+                ..Default::default()
+            }));
+        }
+        builder.add(&location_ids, &[stack.value], &[]);
+    }
+    builder.finish(0, 0)
 }
 
 #[cfg(test)]

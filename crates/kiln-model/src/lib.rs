@@ -17,6 +17,7 @@ pub mod perf_script;
 pub mod pprof;
 pub mod pprof_json;
 pub mod profile_type;
+pub mod proto_json;
 pub mod relabel;
 pub mod selector;
 pub mod speedscope;

@@ -3,6 +3,20 @@
 
 use crate::FormatError;
 
+/// Wall-clock Unix nanoseconds: Kiln's one clock, for profile times, query defaults,
+/// leases and tombstones alike. A clock before 1970 reads as 0.
+pub fn now_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Wall-clock Unix milliseconds (see [`now_nanos`]).
+pub fn now_ms() -> i64 {
+    now_nanos() / 1_000_000
+}
+
 /// Parses a time into Unix nanoseconds, relative forms against `now_nanos`.
 pub fn parse_time_nanos(value: &str, now_nanos: i64) -> Result<i64, FormatError> {
     let value = value.trim();
@@ -25,19 +39,25 @@ pub fn parse_time_nanos(value: &str, now_nanos: i64) -> Result<i64, FormatError>
         return Ok(now_nanos + sign * parse_duration_nanos(duration)?);
     }
     if value.bytes().all(|b| b.is_ascii_digit()) {
-        let number: i64 = value
-            .parse()
-            .map_err(|_| FormatError::malformed(format!("time {value:?} is out of range")))?;
-        let nanos = match value.len() {
-            0..=10 => number.checked_mul(1_000_000_000),
-            11..=13 => number.checked_mul(1_000_000),
-            14..=16 => number.checked_mul(1_000),
-            _ => Some(number),
-        };
-        return nanos
-            .ok_or_else(|| FormatError::malformed(format!("time {value:?} is out of range")));
+        return parse_epoch_nanos(value);
     }
     parse_rfc3339_nanos(value)
+}
+
+/// An epoch integer in seconds, milliseconds, microseconds or nanoseconds, told apart by
+/// its number of digits (10, 13, 16, 19), as Pyroscope reads `from` and `until`.
+pub fn parse_epoch_nanos(value: &str) -> Result<i64, FormatError> {
+    let value = value.trim();
+    let number: i64 = value.parse().map_err(|_| {
+        FormatError::malformed(format!("invalid timestamp {value:?}: expected an integer"))
+    })?;
+    let nanos = match value.trim_start_matches('-').len() {
+        0..=10 => number.checked_mul(1_000_000_000),
+        11..=13 => number.checked_mul(1_000_000),
+        14..=16 => number.checked_mul(1_000),
+        _ => Some(number),
+    };
+    nanos.ok_or_else(|| FormatError::malformed(format!("timestamp {value:?} is out of range")))
 }
 
 /// Parses `1h`, `30m`, `15s`, `7d`, `500ms`, and sums like `1h30m`.
@@ -230,6 +250,23 @@ mod tests {
         for bad in ["yesterday", "now-1x", "", "2023-13-01T00:00:00Z"] {
             assert!(parse_time_nanos(bad, now).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn epoch_timestamps_by_digit_count() {
+        let cases = [
+            ("1700000000", 1_700_000_000_000_000_000),
+            ("1700000000123", 1_700_000_000_123_000_000),
+            ("1700000000123456", 1_700_000_000_123_456_000),
+            ("1700000000123456789", 1_700_000_000_123_456_789),
+            ("-1", -1_000_000_000),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(parse_epoch_nanos(text).unwrap(), expected, "{text}");
+        }
+        assert!(parse_epoch_nanos("soon").is_err());
+        assert!(parse_epoch_nanos("99999999999").is_ok());
+        assert!(parse_epoch_nanos("9999999999").is_ok());
     }
 
     #[test]

@@ -9,108 +9,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// proto3 JSON helpers.
-mod json {
-    use serde::de::{self, Deserializer};
-    use serde::ser::Serializer;
-    use serde::Deserialize;
-
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum NumberOrString {
-        Number(i64),
-        Float(f64),
-        String(String),
-    }
-
-    fn to_i64<E: de::Error>(value: NumberOrString) -> Result<i64, E> {
-        match value {
-            NumberOrString::Number(number) => Ok(number),
-            NumberOrString::Float(number) if number.fract() == 0.0 => Ok(number as i64),
-            NumberOrString::Float(number) => Err(E::custom(format!("{number} is not an integer"))),
-            NumberOrString::String(text) => text
-                .trim()
-                .parse()
-                .map_err(|_| E::custom(format!("{text:?} is not an integer"))),
-        }
-    }
-
-    pub mod i64 {
-        use super::*;
-
-        pub fn serialize<S: Serializer>(value: &i64, serializer: S) -> Result<S::Ok, S::Error> {
-            serializer.serialize_str(&value.to_string())
-        }
-
-        pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
-            match Option::<NumberOrString>::deserialize(deserializer)? {
-                Some(value) => to_i64(value),
-                None => Ok(0),
-            }
-        }
-    }
-
-    pub mod opt_i64 {
-        use super::*;
-
-        pub fn serialize<S: Serializer>(
-            value: &Option<i64>,
-            serializer: S,
-        ) -> Result<S::Ok, S::Error> {
-            match value {
-                Some(value) => serializer.serialize_str(&value.to_string()),
-                None => serializer.serialize_none(),
-            }
-        }
-
-        pub fn deserialize<'de, D: Deserializer<'de>>(
-            deserializer: D,
-        ) -> Result<Option<i64>, D::Error> {
-            Option::<NumberOrString>::deserialize(deserializer)?
-                .map(to_i64)
-                .transpose()
-        }
-    }
-
-    pub mod vec_i64 {
-        use super::*;
-        use serde::ser::SerializeSeq;
-
-        pub fn serialize<S: Serializer>(values: &[i64], serializer: S) -> Result<S::Ok, S::Error> {
-            let mut sequence = serializer.serialize_seq(Some(values.len()))?;
-            for value in values {
-                sequence.serialize_element(&value.to_string())?;
-            }
-            sequence.end()
-        }
-
-        pub fn deserialize<'de, D: Deserializer<'de>>(
-            deserializer: D,
-        ) -> Result<Vec<i64>, D::Error> {
-            Option::<Vec<NumberOrString>>::deserialize(deserializer)?
-                .unwrap_or_default()
-                .into_iter()
-                .map(to_i64)
-                .collect()
-        }
-    }
-
-    /// An enum field: by name (from `names`, indexed by number) or by number.
-    pub fn enum_value<'de, D: Deserializer<'de>>(
-        deserializer: D,
-        names: &[&str],
-    ) -> Result<Option<i32>, D::Error> {
-        match Option::<NumberOrString>::deserialize(deserializer)? {
-            None => Ok(None),
-            Some(NumberOrString::String(name)) => names
-                .iter()
-                .position(|candidate| *candidate == name)
-                .map(|position| Some(position as i32))
-                .ok_or_else(|| de::Error::custom(format!("unknown enum value {name:?}"))),
-            Some(other) => to_i64(other).map(|number| Some(number as i32)),
-        }
-    }
-}
+// proto3 JSON helpers, shared with OTLP.
+use kiln_model::proto_json as json;
 
 pub const PROFILE_FORMATS: [&str; 3] = [
     "PROFILE_FORMAT_UNSPECIFIED",
@@ -203,7 +103,7 @@ pub struct Point {
     pub value: f64,
     /// Milliseconds since the epoch.
     #[prost(int64, tag = "2")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub timestamp: i64,
     #[prost(message, repeated, tag = "4")]
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -216,7 +116,7 @@ pub struct Point {
 pub struct Exemplar {
     /// Milliseconds since the epoch.
     #[prost(int64, tag = "1")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub timestamp: i64,
     #[prost(string, tag = "2")]
     #[serde(rename = "profileId", alias = "profile_id")]
@@ -225,7 +125,7 @@ pub struct Exemplar {
     #[serde(rename = "spanId", alias = "span_id")]
     pub span_id: String,
     #[prost(int64, tag = "4")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub value: i64,
     #[prost(message, repeated, tag = "5")]
     pub labels: Vec<LabelPair>,
@@ -239,10 +139,10 @@ pub struct LabelValuesRequest {
     #[prost(string, repeated, tag = "2")]
     pub matchers: Vec<String>,
     #[prost(int64, tag = "3")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub start: i64,
     #[prost(int64, tag = "4")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub end: i64,
 }
 
@@ -259,10 +159,10 @@ pub struct LabelNamesRequest {
     #[prost(string, repeated, tag = "1")]
     pub matchers: Vec<String>,
     #[prost(int64, tag = "2")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub start: i64,
     #[prost(int64, tag = "3")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub end: i64,
 }
 
@@ -304,14 +204,14 @@ pub struct GetProfileStatsResponse {
     #[serde(
         rename = "oldestProfileTime",
         alias = "oldest_profile_time",
-        with = "json::i64"
+        with = "json::int64"
     )]
     pub oldest_profile_time: i64,
     #[prost(int64, tag = "3")]
     #[serde(
         rename = "newestProfileTime",
         alias = "newest_profile_time",
-        with = "json::i64"
+        with = "json::int64"
     )]
     pub newest_profile_time: i64,
 }
@@ -322,10 +222,10 @@ pub struct GetProfileStatsResponse {
 #[serde(default)]
 pub struct ProfileTypesRequest {
     #[prost(int64, tag = "1")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub start: i64,
     #[prost(int64, tag = "2")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub end: i64,
 }
 
@@ -346,10 +246,10 @@ pub struct SeriesRequest {
     #[serde(rename = "labelNames", alias = "label_names")]
     pub label_names: Vec<String>,
     #[prost(int64, tag = "3")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub start: i64,
     #[prost(int64, tag = "4")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub end: i64,
 }
 
@@ -372,13 +272,13 @@ pub struct SelectMergeStacktracesRequest {
     pub label_selector: String,
     /// Milliseconds since the epoch.
     #[prost(int64, tag = "3")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub start: i64,
     #[prost(int64, tag = "4")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub end: i64,
     #[prost(int64, optional, tag = "5")]
-    #[serde(rename = "maxNodes", alias = "max_nodes", with = "json::opt_i64")]
+    #[serde(rename = "maxNodes", alias = "max_nodes", with = "json::opt_int64")]
     pub max_nodes: Option<i64>,
     #[prost(int32, tag = "6")]
     #[serde(deserialize_with = "format_field")]
@@ -398,7 +298,7 @@ pub struct SelectMergeStacktracesResponse {
     pub flamegraph: Option<FlameGraph>,
     /// Pyroscope's serialized tree, for `PROFILE_FORMAT_TREE`.
     #[prost(bytes = "vec", tag = "2")]
-    #[serde(with = "base64_bytes", skip_serializing_if = "Vec::is_empty")]
+    #[serde(with = "json::bytes", skip_serializing_if = "Vec::is_empty")]
     pub tree: Vec<u8>,
 }
 
@@ -415,13 +315,13 @@ pub struct SelectMergeSpanProfileRequest {
     #[serde(rename = "spanSelector", alias = "span_selector")]
     pub span_selector: Vec<String>,
     #[prost(int64, tag = "4")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub start: i64,
     #[prost(int64, tag = "5")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub end: i64,
     #[prost(int64, optional, tag = "6")]
-    #[serde(rename = "maxNodes", alias = "max_nodes", with = "json::opt_i64")]
+    #[serde(rename = "maxNodes", alias = "max_nodes", with = "json::opt_int64")]
     pub max_nodes: Option<i64>,
     #[prost(int32, tag = "7")]
     #[serde(deserialize_with = "format_field")]
@@ -454,10 +354,10 @@ pub struct FlameGraph {
     #[prost(message, repeated, tag = "2")]
     pub levels: Vec<Level>,
     #[prost(int64, tag = "3")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub total: i64,
     #[prost(int64, tag = "4")]
-    #[serde(rename = "maxSelf", alias = "max_self", with = "json::i64")]
+    #[serde(rename = "maxSelf", alias = "max_self", with = "json::int64")]
     pub max_self: i64,
 }
 
@@ -471,16 +371,16 @@ pub struct FlameGraphDiff {
     #[prost(message, repeated, tag = "2")]
     pub levels: Vec<Level>,
     #[prost(int64, tag = "3")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub total: i64,
     #[prost(int64, tag = "4")]
-    #[serde(rename = "maxSelf", alias = "max_self", with = "json::i64")]
+    #[serde(rename = "maxSelf", alias = "max_self", with = "json::int64")]
     pub max_self: i64,
     #[prost(int64, tag = "5")]
-    #[serde(rename = "leftTicks", with = "json::i64")]
+    #[serde(rename = "leftTicks", with = "json::int64")]
     pub left_ticks: i64,
     #[prost(int64, tag = "6")]
-    #[serde(rename = "rightTicks", with = "json::i64")]
+    #[serde(rename = "rightTicks", with = "json::int64")]
     pub right_ticks: i64,
 }
 
@@ -488,7 +388,7 @@ pub struct FlameGraphDiff {
 #[serde(default)]
 pub struct Level {
     #[prost(int64, repeated, tag = "1")]
-    #[serde(with = "json::vec_i64")]
+    #[serde(with = "json::int64s")]
     pub values: Vec<i64>,
 }
 
@@ -502,13 +402,13 @@ pub struct SelectMergeProfileRequest {
     #[serde(rename = "labelSelector", alias = "label_selector")]
     pub label_selector: String,
     #[prost(int64, tag = "3")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub start: i64,
     #[prost(int64, tag = "4")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub end: i64,
     #[prost(int64, optional, tag = "5")]
-    #[serde(rename = "maxNodes", alias = "max_nodes", with = "json::opt_i64")]
+    #[serde(rename = "maxNodes", alias = "max_nodes", with = "json::opt_int64")]
     pub max_nodes: Option<i64>,
     #[prost(message, optional, tag = "6")]
     #[serde(rename = "stackTraceSelector", alias = "stack_trace_selector")]
@@ -528,10 +428,10 @@ pub struct SelectSeriesRequest {
     #[serde(rename = "labelSelector", alias = "label_selector")]
     pub label_selector: String,
     #[prost(int64, tag = "3")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub start: i64,
     #[prost(int64, tag = "4")]
-    #[serde(with = "json::i64")]
+    #[serde(with = "json::int64")]
     pub end: i64,
     #[prost(string, repeated, tag = "5")]
     #[serde(rename = "groupBy", alias = "group_by")]
@@ -546,7 +446,7 @@ pub struct SelectSeriesRequest {
     #[serde(rename = "stackTraceSelector", alias = "stack_trace_selector")]
     pub stack_trace_selector: Option<StackTraceSelector>,
     #[prost(int64, optional, tag = "9")]
-    #[serde(with = "json::opt_i64")]
+    #[serde(with = "json::opt_int64")]
     pub limit: Option<i64>,
     #[prost(int32, tag = "10")]
     #[serde(
@@ -562,22 +462,6 @@ pub struct SelectSeriesRequest {
 pub struct SelectSeriesResponse {
     #[prost(message, repeated, tag = "1")]
     pub series: Vec<Series>,
-}
-
-mod base64_bytes {
-    use base64::Engine;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(value: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&base64::engine::general_purpose::STANDARD.encode(value))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
-        let text = Option::<String>::deserialize(deserializer)?.unwrap_or_default();
-        base64::engine::general_purpose::STANDARD
-            .decode(text)
-            .map_err(serde::de::Error::custom)
-    }
 }
 
 #[cfg(test)]

@@ -61,45 +61,7 @@ pub struct RenderDiffResponse {
 
 /// Lays out the tree level by level, children in name order.
 pub fn flamebearer(tree: &FlameTree) -> Flamebearer {
-    let mut levels: Vec<Vec<i64>> = Vec::new();
-    let mut level_end: Vec<i64> = Vec::new();
-    let mut max_self = 0;
-    // (node, depth, x offset)
-    let mut stack: Vec<(u32, usize, i64)> = vec![(0, 0, 0)];
-    while let Some((index, depth, offset)) = stack.pop() {
-        let node = &tree.nodes[index as usize];
-        if node.total == 0 && index != 0 {
-            continue;
-        }
-        if levels.len() <= depth {
-            levels.push(Vec::new());
-            level_end.push(0);
-        }
-        // Saturating: values near i64::MAX must not overflow the layout.
-        levels[depth].extend_from_slice(&[
-            offset.saturating_sub(level_end[depth]),
-            node.total,
-            node.self_value,
-            node.name as i64,
-        ]);
-        level_end[depth] = offset.saturating_add(node.total);
-        max_self = max_self.max(node.self_value);
-        let mut children = node.children.clone();
-        children.sort_by(|a, b| {
-            tree.names[tree.nodes[*a as usize].name as usize]
-                .cmp(&tree.names[tree.nodes[*b as usize].name as usize])
-        });
-        // Children are laid out left to right; push them reversed so the first pops first.
-        let mut child_offsets = Vec::with_capacity(children.len());
-        let mut x = offset;
-        for child in &children {
-            child_offsets.push((*child, x));
-            x = x.saturating_add(tree.nodes[*child as usize].total);
-        }
-        for (child, x) in child_offsets.into_iter().rev() {
-            stack.push((child, depth + 1, x));
-        }
-    }
+    let (levels, max_self) = tree.levels();
     Flamebearer {
         names: tree.names.clone(),
         levels,

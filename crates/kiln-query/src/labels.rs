@@ -21,18 +21,6 @@ pub struct SeriesQuery {
     pub to_nanos: i64,
 }
 
-/// Parses Pyroscope's `matchers` strings; an empty list selects everything.
-pub fn parse_matchers(matchers: &[String]) -> Result<Vec<Selector>, QueryError> {
-    matchers
-        .iter()
-        .filter(|text| !text.trim().is_empty())
-        .map(|text| {
-            kiln_model::selector::parse(text)
-                .map_err(|err| QueryError::BadRequest(format!("invalid matcher {text:?}: {err}")))
-        })
-        .collect()
-}
-
 /// Calls `visit` with the selectable labels of every distinct matching series.
 async fn visit_series(
     querier: &Querier,

@@ -22,6 +22,7 @@ pub mod labels;
 pub mod merge;
 pub mod pprof_export;
 pub mod profiles;
+pub mod request;
 pub mod select;
 pub mod series;
 pub mod symbols;

@@ -535,10 +535,7 @@ async fn scrape_once(
     } else {
         config.scrape_timeout
     };
-    let started_nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0);
+    let started_nanos = kiln_model::time::now_nanos();
     // The permit bounds requests in flight, not storage: a durable write waits for a
     // group commit, and holding the permit through it would throttle every target.
     let body = {

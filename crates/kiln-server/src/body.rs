@@ -10,7 +10,7 @@ use axum::http::HeaderMap;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
-use kiln_ingest::IngestError;
+use kiln_model::FormatError;
 
 /// A request body that fails once its deadline passes, however slowly its bytes trickle
 /// in: an idle timeout between reads would let a client hold a request open for ever by
@@ -73,8 +73,43 @@ fn is_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// Why a request body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("request body exceeds the limit of {0} bytes")]
+    TooLarge(usize),
+    #[error("failed to read the request body: {0}")]
+    Timeout(#[source] axum::BoxError),
+    #[error("failed to read the request body: {0}")]
+    Read(#[source] axum::BoxError),
+    #[error("unsupported Content-Encoding {0:?}; use gzip")]
+    Encoding(String),
+    #[error("{}", .0.message())]
+    Inflate(#[source] FormatError),
+}
+
+impl BodyError {
+    pub fn status(&self) -> u16 {
+        match self {
+            BodyError::TooLarge(_) | BodyError::Inflate(FormatError::TooLarge(_)) => 413,
+            BodyError::Timeout(_) => 408,
+            BodyError::Read(_) | BodyError::Inflate(_) => 400,
+            BodyError::Encoding(_) => 415,
+        }
+    }
+
+    pub fn reason(&self) -> &'static str {
+        match self {
+            BodyError::TooLarge(_) | BodyError::Inflate(FormatError::TooLarge(_)) => "too_large",
+            BodyError::Timeout(_) => "timeout",
+            BodyError::Read(_) | BodyError::Inflate(_) => "malformed",
+            BodyError::Encoding(_) => "unsupported_format",
+        }
+    }
+}
+
 /// Reads the whole body, refusing with 413 once it passes `limit` bytes.
-pub async fn read_limited(body: Body, limit: usize) -> Result<Bytes, IngestError> {
+pub async fn read_limited(body: Body, limit: usize) -> Result<Bytes, BodyError> {
     let limited = http_body_util::Limited::new(body, limit);
     match limited.collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
@@ -83,16 +118,10 @@ pub async fn read_limited(body: Body, limit: usize) -> Result<Bytes, IngestError
                 .downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some() =>
         {
-            Err(IngestError::TooLarge(format!(
-                "request body exceeds the limit of {limit} bytes"
-            )))
+            Err(BodyError::TooLarge(limit))
         }
-        Err(err) if is_timeout(err.as_ref()) => Err(IngestError::Timeout(format!(
-            "failed to read the request body: {err}"
-        ))),
-        Err(err) => Err(IngestError::BadRequest(format!(
-            "failed to read the request body: {err}"
-        ))),
+        Err(err) if is_timeout(err.as_ref()) => Err(BodyError::Timeout(err)),
+        Err(err) => Err(BodyError::Read(err)),
     }
 }
 
@@ -101,7 +130,7 @@ pub fn decode_content_encoding(
     headers: &HeaderMap,
     body: Bytes,
     limit: usize,
-) -> Result<Bytes, IngestError> {
+) -> Result<Bytes, BodyError> {
     let encoding = headers
         .get(axum::http::header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
@@ -115,13 +144,11 @@ pub fn decode_content_encoding(
             if !kiln_model::compress::is_gzip(&body) {
                 return Ok(body);
             }
-            Ok(Bytes::from(kiln_model::compress::gunzip_bounded(
-                &body, limit,
-            )?))
+            kiln_model::compress::gunzip_bounded(&body, limit)
+                .map(Bytes::from)
+                .map_err(BodyError::Inflate)
         }
-        other => Err(IngestError::UnsupportedFormat(format!(
-            "unsupported Content-Encoding {other:?}; use gzip"
-        ))),
+        other => Err(BodyError::Encoding(other.to_string())),
     }
 }
 

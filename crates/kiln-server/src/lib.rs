@@ -1,20 +1,28 @@
-//! The HTTP (and gRPC, on the same port) edge of Kiln: routing, tenancy, body limits,
-//! protocol framing (Connect, gRPC, Pyroscope, profefe, OTLP), metrics and readiness.
+//! The HTTP (and gRPC, on the same port) edge of Kiln: transport only.
 //!
-//! Handlers stay thin: they read and bound the body, resolve the tenant, and hand off to
-//! `kiln-ingest` or `kiln-query`. Everything protocol-specific about errors (HTTP status,
-//! Connect error JSON, gRPC trailers) lives here.
+//! A handler translates: it takes the tenant ([`tenant::Tenant`]) and the request, hands
+//! them to `kiln-ingest` or `kiln-query`, which decide, and shapes the answer. One file per
+//! protocol family ([`ingest`], [`profefe`], [`otlp`], [`querier`], [`render`], [`ops`]);
+//! [`rpc`] decides every RPC's encoding and frames it (Connect, gRPC, OTLP/HTTP);
+//! [`error`] maps every error to one status and metric reason, and [`rpc::shape_errors`]
+//! renders it the way the protocol's clients expect. [`listener`] owns connections and
+//! their bounds, [`body`] reading bodies within limits.
 
 pub mod body;
 pub mod config;
-pub mod grpc;
-pub mod legacy;
+pub mod error;
+pub mod ingest;
 pub mod listener;
 pub mod metrics;
+pub mod ops;
 pub mod otlp;
+pub mod profefe;
 pub mod querier;
+pub mod render;
 pub mod routes;
+pub mod rpc;
 pub mod server;
+pub mod state;
 pub mod tenant;
 pub mod ui;
 

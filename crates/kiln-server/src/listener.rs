@@ -26,7 +26,8 @@ use tokio::sync::Semaphore;
 use crate::body::DeadlineBody;
 use crate::config::HttpConfig;
 use crate::metrics::ServerMetrics;
-use crate::routes::SharedState;
+use crate::routes::endpoint_of;
+use crate::state::SharedState;
 use crate::tenant::tenant_of;
 
 /// Longest shutdown waits for requests in flight before it closes their connections.
@@ -53,9 +54,10 @@ pub(crate) async fn guard(
         let tenant = tenant_of(request.headers()).unwrap_or_default();
         let limit = state.limits.for_tenant(&tenant).max_body_bytes;
         if length > limit as u64 {
-            state
-                .metrics
-                .reject(endpoint_of(request.uri().path()), "too_large");
+            state.metrics.reject(
+                endpoint_of(request.uri().path()).unwrap_or("http"),
+                "too_large",
+            );
             let mut response = (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
@@ -82,18 +84,6 @@ pub(crate) async fn guard(
     let timeout = state.body_read_timeout;
     next.run(request.map(|body| Body::new(DeadlineBody::new(body, timeout))))
         .await
-}
-
-/// The `endpoint` label of the ingest metrics for a request path, as its handler counts it.
-fn endpoint_of(path: &str) -> &'static str {
-    match path {
-        "/ingest" | "/pyroscope/ingest" => "ingest",
-        "/push.v1.PusherService/Push" => "push",
-        "/api/0/profiles" => "profefe",
-        "/v1development/profiles"
-        | "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export" => "otlp",
-        _ => "http",
-    }
 }
 
 /// Serves `app` on `listener` until `stop` resolves, then lets requests in flight finish.

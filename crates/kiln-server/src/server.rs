@@ -17,7 +17,8 @@ use thiserror::Error;
 use tokio::sync::oneshot;
 
 use crate::metrics::ServerMetrics;
-use crate::routes::{router, AppState};
+use crate::routes::router;
+use crate::state::AppState;
 use crate::ServerConfig;
 
 #[derive(Debug, Error)]

@@ -1,37 +1,71 @@
 //! Tenancy: the `X-Scope-OrgID` header names the tenant, `anonymous` without it.
 
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
 use axum::http::HeaderMap;
+use thiserror::Error;
+
+use crate::error::ApiError;
 
 pub const TENANT_HEADER: &str = "x-scope-orgid";
 pub const DEFAULT_TENANT: &str = "anonymous";
 
-/// The tenant of a request, or why the header is unusable. Tenant ids follow Cortex's
-/// rules (at most 150 characters of `[A-Za-z0-9!-_.*'()]`, not `.` or `..`) because they
-/// end up in object keys and metric labels.
-pub fn tenant_of(headers: &HeaderMap) -> Result<String, String> {
+/// Why an `X-Scope-OrgID` header is unusable.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum TenantError {
+    #[error("X-Scope-OrgID is not valid ASCII")]
+    NotAscii,
+    #[error("X-Scope-OrgID is longer than 150 characters")]
+    TooLong,
+    #[error("X-Scope-OrgID must not be '.' or '..'")]
+    Dots,
+    #[error("X-Scope-OrgID contains the invalid character {0:?}")]
+    InvalidCharacter(char),
+}
+
+/// The tenant of a request. Tenant ids follow Cortex's rules (at most 150 characters of
+/// `[A-Za-z0-9!-_.*'()]`, not `.` or `..`) because they end up in object keys and metric
+/// labels.
+pub fn tenant_of(headers: &HeaderMap) -> Result<String, TenantError> {
     let Some(value) = headers.get(TENANT_HEADER) else {
         return Ok(DEFAULT_TENANT.to_string());
     };
-    let value = value
-        .to_str()
-        .map_err(|_| "X-Scope-OrgID is not valid ASCII".to_string())?
-        .trim();
+    let value = value.to_str().map_err(|_| TenantError::NotAscii)?.trim();
     if value.is_empty() {
         return Ok(DEFAULT_TENANT.to_string());
     }
     if value.len() > 150 {
-        return Err("X-Scope-OrgID is longer than 150 characters".to_string());
+        return Err(TenantError::TooLong);
     }
     if value == "." || value == ".." {
-        return Err("X-Scope-OrgID must not be '.' or '..'".to_string());
+        return Err(TenantError::Dots);
     }
     if let Some(bad) = value
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || "!-_.*'()".contains(*c)))
     {
-        return Err(format!(
-            "X-Scope-OrgID contains the invalid character {bad:?}"
-        ));
+        return Err(TenantError::InvalidCharacter(bad));
     }
     Ok(value.to_string())
+}
+
+/// The request's tenant, as an extractor: a handler that takes a `Tenant` never runs for
+/// a request with an unusable header.
+#[derive(Debug, Clone)]
+pub struct Tenant(pub String);
+
+impl std::ops::Deref for Tenant {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Tenant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        Ok(Tenant(tenant_of(&parts.headers)?))
+    }
 }

@@ -174,7 +174,9 @@ async fn write_stream(
                                 time += interval_nanos;
                             }
                             let dataset = builder.finish();
-                            let meta = kiln_ingest::writer::dataset_meta(&dataset, 0);
+                            let id = ulid::Ulid::new().to_string();
+                            let key = format!("blocks/{id}.parquet");
+                            let meta = kiln_ingest::writer::dataset_meta(&dataset, &id, &key, 0);
                             let block = encode_block(std::slice::from_ref(&dataset))?;
                             Ok((block, meta, count))
                         })
@@ -190,19 +192,17 @@ async fn write_stream(
                     .collect()
             });
         for block in blocks {
-            let (block, mut meta, count) = block?;
-            let id = ulid::Ulid::new().to_string();
-            let key = format!("blocks/{id}.parquet");
+            let (block, meta, count) = block?;
             bytes_written += block.len() as u64;
             let size_bytes = block.len() as u64;
-            storage.put(&key, bytes::Bytes::from(block)).await?;
-            meta.block_id = id.clone();
-            meta.object_key = key.clone();
+            storage
+                .put(&meta.object_key, bytes::Bytes::from(block))
+                .await?;
             metastore
                 .register_block(
                     BlockMeta {
-                        id,
-                        object_key: key,
+                        id: meta.block_id.clone(),
+                        object_key: meta.object_key.clone(),
                         level: 2,
                         size_bytes,
                         created_at_ms: end_nanos / 1_000_000,
@@ -324,7 +324,7 @@ async fn run_in(
     templates: &[Template],
     data_dir: &Path,
 ) -> anyhow::Result<()> {
-    let now = kiln_ingest::parse::now_nanos();
+    let now = kiln_model::time::now_nanos();
     let end_nanos = now - now.rem_euclid(HOUR_NANOS);
     println!(
         "kiln bench query: {} CPU profiles of the corpus ({}), {} instances every {} s, {} days",

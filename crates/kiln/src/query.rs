@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand, ValueEnum};
-use kiln_model::profile_type::{default_legacy_type, split_legacy_name};
 use kiln_query::api;
 use prost::Message;
 
@@ -246,44 +245,15 @@ impl Progress {
     }
 }
 
-/// Splits `TYPE{matchers}` into a profile type id and a label selector.
+/// Splits `TYPE{matchers}` into a profile type id and a label selector, by the same rules
+/// as the server's render API.
 fn split_query(query: &str) -> anyhow::Result<(String, String)> {
-    let query = query.trim();
-    let (name, selector) = match query.find('{') {
-        Some(brace) => (query[..brace].trim(), query[brace..].trim()),
-        None => (query, "{}"),
-    };
-    if name.is_empty() {
-        bail!("the query needs a profile type before the braces, e.g. process_cpu:cpu:nanoseconds:cpu:nanoseconds{{}}");
-    }
-    if name.split(':').count() == 5 {
-        return Ok((name.to_string(), selector.to_string()));
-    }
-    let (app, kind) = split_legacy_name(name);
-    let type_id = kind.unwrap_or_else(default_legacy_type).profile_type.id();
-    let Some(inner) = selector
-        .strip_prefix('{')
-        .and_then(|rest| rest.strip_suffix('}'))
-        .map(str::trim)
-    else {
-        // Malformed: the server names the position of the problem.
-        return Ok((type_id, selector.to_string()));
-    };
-    let app = app.replace('\\', "\\\\").replace('"', "\\\"");
-    let selector = if inner.is_empty() {
-        format!("{{service_name=\"{app}\"}}")
-    } else {
-        format!("{{service_name=\"{app}\", {inner}}}")
-    };
-    Ok((type_id, selector))
+    Ok(kiln_query::request::render_query_text(query)?)
 }
 
+/// A time as `--from`/`--to` take it, in the API's milliseconds.
 fn millis(value: &str) -> anyhow::Result<i64> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0);
-    let nanos = kiln_model::time::parse_time_nanos(value, now)
+    let nanos = kiln_query::request::parse_time("time", value, kiln_model::time::now_nanos())
         .map_err(|err| anyhow::anyhow!("invalid time {value:?}: {err}"))?;
     Ok(nanos.div_euclid(1_000_000))
 }

@@ -284,7 +284,7 @@ fn compaction_changes_no_answer_and_leaves_one_block_per_service(backend: Backen
 
 fn retention_removes_only_what_is_older_than_the_window(backend: Backend) {
     let server = TestServer::start_on(backend, no_compaction);
-    let now = kiln_ingest::parse::now_nanos() / 1_000_000_000;
+    let now = kiln_model::time::now_nanos() / 1_000_000_000;
     let day = 86_400;
     let profile = fixture("profefe-collector_cpu_1.prof");
     // One profile 40 days old, one 20 days old, one from now; two services.

@@ -56,7 +56,7 @@ fn otlp_profiles_over_grpc_and_http_read_back_whole() {
         return;
     }
     let server = TestServer::start();
-    let now_ms = kiln_ingest::parse::now_nanos() / 1_000_000;
+    let now_ms = kiln_model::time::now_nanos() / 1_000_000;
     let (start, end) = (now_ms - 600_000, now_ms + 60_000);
     for transport in ["grpc", "http-protobuf", "http-json"] {
         let service = format!("otlp-{transport}");
@@ -204,7 +204,7 @@ fn real_profiles_as_otlp_store_what_their_pprof_stores() {
         "parca-profile-with-labels.pb.gz",
         "profefe-collector_heap_1.prof",
     ];
-    let now = kiln_ingest::parse::now_nanos();
+    let now = kiln_model::time::now_nanos();
     for (index, name) in fixtures.iter().enumerate() {
         let bytes = fixture(name);
         let profile = kiln_model::pprof::decode(&bytes, 64 << 20).expect("fixture decodes");

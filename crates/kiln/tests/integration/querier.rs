@@ -19,7 +19,7 @@ const CPU_INDEX: usize = 1; // samples/count, then cpu/nanoseconds
 /// Seconds of the first upload, the start of the previous hour, so that every upload
 /// (a minute apart) falls in one hour-wide series step.
 fn base_seconds() -> i64 {
-    let now = kiln_ingest::parse::now_nanos() / 1_000_000_000;
+    let now = kiln_model::time::now_nanos() / 1_000_000_000;
     now - now % 3600 - 3600
 }
 

@@ -39,7 +39,7 @@ fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
 
 /// Self value per function of one service's profiles of `profile_type`.
 fn self_by_function(server: &TestServer, profile_type: &str, service: &str) -> Vec<(String, i64)> {
-    let now = kiln_ingest::parse::now_nanos() / 1_000_000;
+    let now = kiln_model::time::now_nanos() / 1_000_000;
     let request = api::SelectMergeStacktracesRequest {
         profile_type_id: profile_type.into(),
         label_selector: format!(r#"{{service_name="{service}"}}"#),
@@ -432,7 +432,7 @@ scrape_configs:
     let heap = fixture("profefe-collector_heap_1.prof");
     let inuse = pprof_total(&heap, 3);
     let series = || -> serde_json::Value {
-        let now = kiln_ingest::parse::now_nanos() / 1_000_000;
+        let now = kiln_model::time::now_nanos() / 1_000_000;
         let body = serde_json::json!({
             "profileTypeID": "memory:inuse_space:bytes:space:bytes",
             "labelSelector": "{service_name=\"remote\"}",

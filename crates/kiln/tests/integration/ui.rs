@@ -12,7 +12,7 @@ const BIG_SERVICE: &str = "kiln-ui-big";
 /// Folded stacks with these tags at a time `minutes_ago` in the past, 100 Hz (one sample
 /// = 10 ms).
 fn push_folded(server: &TestServer, service: &str, tags: &str, minutes_ago: i64, body: &str) {
-    let now = kiln_ingest::parse::now_nanos() / 1_000_000_000;
+    let now = kiln_model::time::now_nanos() / 1_000_000_000;
     let from = now - minutes_ago * 60;
     let (status, text) = server.post(
         &format!(

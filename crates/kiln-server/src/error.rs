@@ -1,0 +1,81 @@
+//! Every error an API can answer with, and the one mapping from each to an HTTP status
+//! and a metric reason. How the answer looks on the wire (text, Connect JSON, gRPC
+//! trailers, profefe JSON, an OTLP `Status`) is [`crate::rpc`]'s business.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use kiln_ingest::IngestError;
+use kiln_query::QueryError;
+use thiserror::Error;
+
+use crate::body::BodyError;
+use crate::rpc::RpcError;
+use crate::tenant::TenantError;
+
+#[derive(Debug, Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Tenant(#[from] TenantError),
+    #[error(transparent)]
+    Body(#[from] BodyError),
+    #[error(transparent)]
+    Rpc(#[from] RpcError),
+    #[error(transparent)]
+    Ingest(#[from] IngestError),
+    #[error(transparent)]
+    Query(#[from] QueryError),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        let code = match self {
+            ApiError::Tenant(_) => 400,
+            ApiError::Body(err) => err.status(),
+            ApiError::Rpc(err) => err.status(),
+            ApiError::Ingest(err) => err.status(),
+            ApiError::Query(err) => err.status(),
+        };
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    /// The `reason` label of `kiln_ingest_rejected`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ApiError::Tenant(_) => "malformed",
+            ApiError::Body(err) => err.reason(),
+            ApiError::Rpc(err) => err.reason(),
+            ApiError::Ingest(err) => err.reason(),
+            ApiError::Query(err) if err.status() >= 500 => "internal",
+            ApiError::Query(_) => "malformed",
+        }
+    }
+}
+
+/// What an error response carries for [`crate::rpc::shape_errors`], which renders it in
+/// the request's wire format and counts it.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub status: StatusCode,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// A plain-text answer (Pyroscope's and Kiln's HTTP APIs); the RPC protocols' shapes are
+/// put on by [`crate::rpc::shape_errors`] from the [`Failure`] left in the extensions.
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let failure = Failure {
+            status: self.status(),
+            reason: self.reason(),
+            message: self.to_string(),
+        };
+        if failure.status.is_server_error() {
+            tracing::error!(error = %self, source = ?std::error::Error::source(&self), "request failed");
+        } else {
+            tracing::debug!(error = %self, "request refused");
+        }
+        let mut response = (failure.status, format!("{}\n", failure.message)).into_response();
+        response.extensions_mut().insert(failure);
+        response
+    }
+}

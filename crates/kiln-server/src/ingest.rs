@@ -1,0 +1,130 @@
+//! Pyroscope's `/ingest` and `push.v1.PusherService/Push`, and what every write endpoint
+//! shares: reading a body within the tenant's limits and rate, writing the parsed
+//! profiles, and passing their warnings on.
+
+use std::collections::HashMap;
+
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use kiln_ingest::cpu::run_parser;
+use kiln_ingest::push::{decode_json, decode_proto, parse_push, PushResponse};
+use kiln_ingest::{Limits, ParsedProfile};
+
+use crate::body::{content_type, decode_content_encoding, read_limited};
+use crate::error::ApiError;
+use crate::rpc::{Family, Rpc};
+use crate::state::{AppState, SharedState};
+use crate::tenant::Tenant;
+
+/// The `endpoint` labels of the ingest metrics.
+pub const PYROSCOPE: &str = "ingest";
+pub const PUSH: &str = "push";
+
+/// A write's body, read within its tenant's limits.
+pub(crate) struct IngestBody {
+    pub limits: Limits,
+    /// The message: the body with its gRPC frame or `Content-Encoding` removed.
+    pub message: Bytes,
+    /// Bytes as received, for accounting.
+    pub received: usize,
+}
+
+/// Reads a body within the tenant's size limit, counts it against the tenant's rate, and
+/// opens it: as `rpc` frames it, or as its `Content-Encoding` says.
+pub(crate) async fn read_body(
+    state: &AppState,
+    tenant: &str,
+    headers: &HeaderMap,
+    body: Body,
+    rpc: Option<Rpc>,
+) -> Result<IngestBody, ApiError> {
+    let limits = state.limits.for_tenant(tenant);
+    let raw = read_limited(body, limits.max_body_bytes).await?;
+    state.limits.check_rate(tenant, raw.len())?;
+    let received = raw.len();
+    let message = match rpc {
+        Some(rpc) => rpc.open(headers, raw, limits.max_decompressed_bytes)?,
+        None => decode_content_encoding(headers, raw, limits.max_decompressed_bytes)?,
+    };
+    Ok(IngestBody {
+        limits,
+        message,
+        received,
+    })
+}
+
+/// Writes parsed profiles and counts them. Returns the warnings the client should see
+/// (each once), for [`with_warnings`].
+pub(crate) async fn write_profiles(
+    state: &AppState,
+    endpoint: &str,
+    tenant: &str,
+    profiles: Vec<ParsedProfile>,
+) -> Result<Vec<String>, ApiError> {
+    let bytes: usize = profiles.iter().map(|p| p.received_bytes).sum();
+    let count = profiles.len();
+    let mut warnings: Vec<String> = Vec::new();
+    for warning in profiles.iter().flat_map(|p| &p.warnings) {
+        if !warnings.contains(warning) {
+            warnings.push(warning.clone());
+        }
+    }
+    state.ingester.write(tenant, profiles).await?;
+    state.metrics.accept(endpoint, bytes, count);
+    Ok(warnings)
+}
+
+/// Adds one `Warning: 299 - "…"` header (RFC 7234's miscellaneous persistent warning) per
+/// warning: the write succeeded, but not quite as sent.
+pub(crate) fn with_warnings(mut response: Response, warnings: &[String]) -> Response {
+    for warning in warnings {
+        let text = warning.replace(['"', '\\'], "'");
+        if let Ok(value) = HeaderValue::from_str(&format!("299 - \"{text}\"")) {
+            response.headers_mut().append("warning", value);
+        }
+    }
+    response
+}
+
+/// `POST /ingest?name=app.cpu{tags}&from=…&until=…&format=…`.
+pub async fn pyroscope(
+    State(state): State<SharedState>,
+    tenant: Tenant,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = read_body(&state, &tenant, &headers, body, None).await?;
+    let profiles = kiln_ingest::pyroscope::parse_ingest(
+        &params,
+        &content_type(&headers),
+        body.message,
+        &body.limits,
+    )
+    .await?;
+    let warnings = write_profiles(&state, PYROSCOPE, &tenant, profiles).await?;
+    Ok(with_warnings(StatusCode::OK.into_response(), &warnings))
+}
+
+/// `push.v1.PusherService/Push` over Connect (proto or JSON) and gRPC.
+pub async fn push(
+    State(state): State<SharedState>,
+    tenant: Tenant,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let rpc = Rpc::of(&headers, Family::Connect)?;
+    let body = read_body(&state, &tenant, &headers, body, Some(rpc)).await?;
+    let request = if rpc.is_json() {
+        decode_json(&body.message)?
+    } else {
+        decode_proto(&body.message)?
+    };
+    let limits = body.limits;
+    let profiles = run_parser(move || parse_push(request, &limits)).await?;
+    let warnings = write_profiles(&state, PUSH, &tenant, profiles).await?;
+    Ok(with_warnings(rpc.reply(&PushResponse {}), &warnings))
+}

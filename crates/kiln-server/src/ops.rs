@@ -1,0 +1,45 @@
+//! Operating the server: `/ready`, `/metrics` and the scrape targets' health.
+
+use std::sync::atomic::Ordering;
+
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use crate::state::SharedState;
+
+pub async fn ready(State(state): State<SharedState>) -> Response {
+    if state.ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    }
+}
+
+/// Prometheus's target listing, for the scrape targets of this server.
+pub async fn scrape_targets(State(state): State<SharedState>) -> Response {
+    let targets = state.targets.clone().unwrap_or_default();
+    axum::Json(targets.to_prometheus_json()).into_response()
+}
+
+pub async fn metrics(State(state): State<SharedState>) -> Response {
+    let mut text = String::new();
+    if let Err(err) = prometheus_client::encoding::text::encode(&mut text, &state.registry) {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("failed to encode metrics: {err}\n"),
+        )
+            .into_response();
+    }
+    if let Some(targets) = &state.targets {
+        // Per-target series change as targets come and go: rendered here, before `# EOF`.
+        let body = text.strip_suffix("# EOF\n").unwrap_or(&text).to_string();
+        text = format!("{body}{}# EOF\n", targets.metrics_text());
+    }
+    let mut response = text.into_response();
+    response.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    response
+}

@@ -1,0 +1,26 @@
+//! What every handler shares.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_ingest::{Ingester, TenantLimits};
+use kiln_query::Querier;
+use prometheus_client::registry::Registry;
+
+use crate::metrics::ServerMetrics;
+
+pub struct AppState {
+    pub ingester: Ingester,
+    pub querier: Querier,
+    pub limits: TenantLimits,
+    pub metrics: ServerMetrics,
+    pub registry: Registry,
+    pub ready: AtomicBool,
+    /// Health of scrape targets, when scrape_configs are set.
+    pub targets: Option<kiln_scrape::Targets>,
+    /// How long a client may take to send a request body.
+    pub body_read_timeout: Duration,
+}
+
+pub type SharedState = Arc<AppState>;
