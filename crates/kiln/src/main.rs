@@ -3,11 +3,6 @@
 
 mod admin;
 mod agent;
-mod bench;
-mod bench_agent;
-mod bench_query;
-mod bench_scrape;
-mod bench_storage;
 mod query;
 mod scrape;
 
@@ -67,7 +62,7 @@ enum Command {
     /// Measure a hot path and print its figures.
     Bench {
         #[command(subcommand)]
-        bench: bench::BenchCommand,
+        bench: kiln_bench::BenchCommand,
     },
 }
 
@@ -181,7 +176,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         .context("cannot start the async runtime")?;
     let done = match cli.command {
         Command::Server(args) => runtime.block_on(run_server(args.into_config()?)),
-        Command::Bench { bench } => runtime.block_on(bench::run(bench)),
+        Command::Bench { bench } => runtime.block_on(kiln_bench::run(bench)),
         // Queries are blocking HTTP calls and need no runtime.
         Command::Query(args) => return query::run(args),
         Command::Admin(args) => runtime.block_on(admin::run(args)),

@@ -18,15 +18,15 @@ pub enum BenchCommand {
     /// CPU cost of each write-path stage on one core, without HTTP or storage.
     Stages(StagesArgs),
     /// Query latency over 1 h, 24 h and 7 d of one service, against go tool pprof.
-    Query(crate::bench_query::QueryBenchArgs),
+    Query(crate::query::QueryBenchArgs),
     /// Bytes kept for a day of one service after compaction, and compaction throughput.
-    Storage(crate::bench_storage::StorageBenchArgs),
+    Storage(crate::storage::StorageBenchArgs),
     /// Time from a segment's write to its first compaction, with the default settings.
-    CompactionDelay(crate::bench_storage::DelayBenchArgs),
+    CompactionDelay(crate::storage::DelayBenchArgs),
     /// Scrape targets one server core sustains.
-    Scrape(crate::bench_scrape::ScrapeBenchArgs),
+    Scrape(crate::scrape::ScrapeBenchArgs),
     /// The host agent's own CPU and memory, with every core busy, per sampling frequency.
-    Agent(crate::bench_agent::AgentBenchArgs),
+    Agent(crate::agent::AgentBenchArgs),
 }
 
 #[derive(Args)]
@@ -75,11 +75,11 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Ingest(args) => ingest(args).await,
         BenchCommand::Stages(args) => stages(args),
-        BenchCommand::Query(args) => crate::bench_query::run(args).await,
-        BenchCommand::Storage(args) => crate::bench_storage::run(args).await,
-        BenchCommand::CompactionDelay(args) => crate::bench_storage::run_delay(args).await,
-        BenchCommand::Scrape(args) => crate::bench_scrape::run(args).await,
-        BenchCommand::Agent(args) => crate::bench_agent::run(args).await,
+        BenchCommand::Query(args) => crate::query::run(args).await,
+        BenchCommand::Storage(args) => crate::storage::run(args).await,
+        BenchCommand::CompactionDelay(args) => crate::storage::run_delay(args).await,
+        BenchCommand::Scrape(args) => crate::scrape::run(args).await,
+        BenchCommand::Agent(args) => crate::agent::run(args).await,
     }
 }
 

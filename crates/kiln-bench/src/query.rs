@@ -64,7 +64,7 @@ fn load_templates(args: &QueryBenchArgs) -> anyhow::Result<Vec<Template>> {
         retention_days: 0,
         ..Default::default()
     };
-    for (name, bytes, profile) in crate::bench::corpus_pprofs(&args.corpus, args.max_file_bytes)? {
+    for (name, bytes, profile) in crate::ingest::corpus_pprofs(&args.corpus, args.max_file_bytes)? {
         let Ok(parsed) = from_pprof(profile, ProfileContext::default(), bytes.len(), &limits)
         else {
             continue;
@@ -224,7 +224,7 @@ struct Server {
 
 impl Server {
     fn start(data_dir: &Path) -> anyhow::Result<Server> {
-        let (child, url) = crate::bench::start_server(data_dir)?;
+        let (child, url) = crate::ingest::start_server(data_dir)?;
         Ok(Server { child, url })
     }
 

@@ -86,7 +86,7 @@ fn load_templates(args: &StorageBenchArgs) -> anyhow::Result<Vec<Template>> {
         Stream::Heap => ALLOC_SPACE,
     };
     let mut templates = Vec::new();
-    for (name, _, profile) in crate::bench::corpus_pprofs(&args.corpus, args.max_file_bytes)? {
+    for (name, _, profile) in crate::ingest::corpus_pprofs(&args.corpus, args.max_file_bytes)? {
         if profile.sample.is_empty() {
             continue;
         }
@@ -205,7 +205,7 @@ async fn run_in(
     );
 
     // Phase 1: ingest with compaction off.
-    let (mut server, url) = crate::bench::start_server(data_dir)?;
+    let (mut server, url) = crate::ingest::start_server(data_dir)?;
     let sent = Arc::new(Sent::default());
     let next = Arc::new(AtomicUsize::new(0));
     let total_jobs = steps as usize * args.instances;
@@ -297,14 +297,14 @@ async fn run_in(
         data_dir.join("kiln.yaml"),
         "compaction:\n  interval_ms: 100\n  grace_ms: 0\n  levels:\n    - { max_datasets: 20, max_age_ms: 0, window_ms: 0 }\n    - { max_datasets: 10, max_age_ms: 0, window_ms: 3600000 }\n    - { max_datasets: 24, max_age_ms: 0, window_ms: 86400000 }\n",
     )?;
-    let (mut server, url) = crate::bench::start_server_with(
+    let (mut server, url) = crate::ingest::start_server_with(
         data_dir,
         &[
             "--config".into(),
             data_dir.join("kiln.yaml").into_os_string(),
         ],
     )?;
-    let cpu_before = crate::bench::process_cpu_seconds(server.id()).unwrap_or(0.0);
+    let cpu_before = crate::ingest::process_cpu_seconds(server.id()).unwrap_or(0.0);
     let compaction_started = Instant::now();
     let metastore = kiln_metastore::Metastore::open(&format!(
         "sqlite://{}",
@@ -332,7 +332,7 @@ async fn run_in(
         }
         // Five unchanged polls of the settled layout: 1.5 s, fifteen compactor passes.
         if stable_polls == 5 {
-            let cpu = crate::bench::process_cpu_seconds(server.id()).unwrap_or(0.0) - cpu_before;
+            let cpu = crate::ingest::process_cpu_seconds(server.id()).unwrap_or(0.0) - cpu_before;
             break (compaction_started.elapsed().as_secs_f64() - 1.5, cpu);
         }
         if Instant::now() > deadline {
@@ -432,7 +432,7 @@ pub async fn run_delay(args: DelayBenchArgs) -> anyhow::Result<()> {
     let templates = Arc::new(load_templates(&storage_args)?);
     let data_dir = std::env::temp_dir().join(format!("kiln-bench-delay-{}", std::process::id()));
     std::fs::create_dir_all(&data_dir)?;
-    let (mut server, url) = crate::bench::start_server_with(&data_dir, &[])?;
+    let (mut server, url) = crate::ingest::start_server_with(&data_dir, &[])?;
     println!(
         "kiln bench compaction-delay: {} instances every {} s for {} s, default compaction settings",
         args.instances, args.interval, args.seconds

@@ -1,0 +1,19 @@
+//! `kiln bench …`: the benchmarks of Kiln's hot paths, whose figures docs/benchmarks.md
+//! records. They live apart from the `kiln` binary's own code (the CLI, config merging),
+//! in one module per path: [`ingest`] (write throughput and ack latency, and the per-stage
+//! CPU cost), [`query`] (1 h to 7 d of one service against `go tool pprof`), [`storage`]
+//! (bytes per profile and query time after compaction; compaction delay), [`scrape`]
+//! (pull collection from a fleet of targets) and [`agent`] (the host agent's overhead,
+//! perf events against eBPF).
+//!
+//! Benches report numbers; the tests assert behaviour (each bench has a short smoke test
+//! in the `kiln` crate's integration suite). Servers under test are started as child
+//! processes of the running `kiln` binary, so a bench measures the binary users run.
+
+pub mod agent;
+pub mod ingest;
+pub mod query;
+pub mod scrape;
+pub mod storage;
+
+pub use ingest::{run, BenchCommand};
