@@ -4,7 +4,7 @@ use kiln_model::labels::{self, Labels, METRIC_NAME, SERVICE_NAME};
 use kiln_model::pprof::{self, Profile, Validated, ValueType};
 use kiln_model::profile_type::name_for_sample_type;
 use kiln_model::ProfileType;
-use kiln_storage::dataset::{PprofInput, TypePlan, PER_SAMPLE_LABELS};
+use kiln_storage::builder::{PprofInput, TypePlan, PER_SAMPLE_LABELS};
 
 use crate::{IngestError, Limits};
 

@@ -11,7 +11,7 @@ pub enum QueryError {
     #[error("metastore error: {0}")]
     Metastore(#[from] kiln_metastore::MetastoreError),
     #[error("query task failed: {0}")]
-    Task(String),
+    Task(#[from] tokio::task::JoinError),
 }
 
 impl QueryError {

@@ -169,8 +169,7 @@ impl Querier {
                 .map_err(kiln_storage::StorageError::Corrupt)?;
             Ok(dataset)
         })
-        .await
-        .map_err(|err| QueryError::Task(err.to_string()))??;
+        .await??;
         let dataset = Arc::new(dataset);
         if let Ok(mut cache) = self.cache.lock() {
             let size = dataset.heap_bytes();
@@ -205,7 +204,7 @@ impl Querier {
                 let dataset = self.load(&meta).await?;
                 tokio::task::spawn_blocking(move || aggregate(dataset, &request))
                     .await
-                    .map_err(|err| QueryError::Task(err.to_string()))
+                    .map_err(QueryError::Task)
             }
         });
         // A few datasets in flight per core: all cores stay busy, while decoding buffers

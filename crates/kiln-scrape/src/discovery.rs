@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::{FileSdConfig, HttpSdConfig, ScrapeConfig, StaticConfig};
+use crate::DiscoveryError;
 
 /// One group of targets sharing labels, with the source's `__meta_*` labels added.
 pub type TargetGroup = StaticConfig;
@@ -91,19 +92,22 @@ impl Discovery {
     }
 }
 
-async fn fetch_groups(client: &reqwest::Client, url: &str) -> Result<Vec<TargetGroup>, String> {
+async fn fetch_groups(
+    client: &reqwest::Client,
+    url: &str,
+) -> Result<Vec<TargetGroup>, DiscoveryError> {
     let response = client
         .get(url)
         .timeout(Duration::from_secs(30))
         .send()
         .await
-        .map_err(|err| err.to_string())?;
+        .map_err(DiscoveryError::Http)?;
     if !response.status().is_success() {
-        return Err(format!("HTTP {}", response.status()));
+        return Err(DiscoveryError::Status(response.status()));
     }
-    let body = response.bytes().await.map_err(|err| err.to_string())?;
+    let body = response.bytes().await.map_err(DiscoveryError::Http)?;
     let mut groups: Vec<TargetGroup> =
-        serde_json::from_slice(&body).map_err(|err| format!("invalid target groups: {err}"))?;
+        serde_json::from_slice(&body).map_err(DiscoveryError::Json)?;
     for group in &mut groups {
         group
             .labels
@@ -151,12 +155,12 @@ impl FileSource {
 }
 
 /// JSON or YAML (a superset of JSON), as Prometheus reads `*.json`, `*.yml`, `*.yaml`.
-fn read_groups(path: &Path) -> Result<Vec<TargetGroup>, String> {
-    let text = std::fs::read_to_string(path).map_err(|err| err.to_string())?;
+fn read_groups(path: &Path) -> Result<Vec<TargetGroup>, DiscoveryError> {
+    let text = std::fs::read_to_string(path).map_err(DiscoveryError::Read)?;
     if text.trim().is_empty() {
         return Ok(Vec::new());
     }
-    serde_yaml::from_str(&text).map_err(|err| format!("invalid target groups: {err}"))
+    serde_yaml::from_str(&text).map_err(DiscoveryError::Yaml)
 }
 
 /// The files a pattern names; `*` and `?` in the last component are globs.

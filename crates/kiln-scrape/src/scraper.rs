@@ -20,7 +20,7 @@ use crate::config::ScrapeConfig;
 use crate::delta::{Delta, DeltaState};
 use crate::discovery::Discovery;
 use crate::relabel::{relabel, LabelSet};
-use crate::ScrapeError;
+use crate::{ScrapeError, ScrapeFailure};
 
 /// A profile taken from a target, with its final labels (`job`, `instance`,
 /// `service_name` and whatever relabeling added; no `__` labels).
@@ -509,7 +509,7 @@ async fn run_target(
                 }
                 Err(err) => {
                     health.health = "down";
-                    health.last_error = err.clone();
+                    health.last_error = err.to_string();
                     health.failures += 1;
                 }
             }
@@ -528,7 +528,7 @@ async fn scrape_once(
     state: &mut DeltaState,
     sink: &Sink,
     semaphore: &Semaphore,
-) -> Result<(), String> {
+) -> Result<(), ScrapeFailure> {
     let cpu = key.kind == "process_cpu";
     let timeout = if cpu {
         config.scrape_timeout + Duration::from_secs(cpu_seconds(config))
@@ -542,18 +542,18 @@ async fn scrape_once(
         let _permit = semaphore
             .acquire()
             .await
-            .map_err(|_| "the scraper is stopping".to_string())?;
+            .map_err(|_| ScrapeFailure::Stopping)?;
         crate::client::fetch(client, config, &key.url, timeout).await?
     };
     let limit = config.body_size_limit;
-    let data = kiln_model::compress::maybe_gunzip(&body, limit)
-        .map_err(|err| format!("cannot decompress the response: {err}"))?;
-    let profile = kiln_model::pprof::decode(&data, limit).map_err(|err| {
+    let data =
+        kiln_model::compress::maybe_gunzip(&body, limit).map_err(ScrapeFailure::Decompress)?;
+    let profile = kiln_model::pprof::decode(&data, limit).map_err(|source| {
         let start = String::from_utf8_lossy(&data[..data.len().min(40)]).replace('\n', " ");
-        format!("the response is not a pprof profile ({err}); it starts with {start:?}")
+        ScrapeFailure::NotPprof { start, source }
     })?;
     kiln_model::pprof::validate(&profile, &Default::default())
-        .map_err(|err| format!("invalid pprof profile: {err}"))?;
+        .map_err(ScrapeFailure::InvalidPprof)?;
     let (time_nanos, duration_nanos) = if cpu {
         let seconds = cpu_seconds(config) as i64 * 1_000_000_000;
         (started_nanos, seconds)
@@ -580,5 +580,5 @@ async fn scrape_once(
         duration_nanos,
     })
     .await
-    .map_err(|err| format!("cannot store the profile: {err}"))
+    .map_err(ScrapeFailure::Sink)
 }

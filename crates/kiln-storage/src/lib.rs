@@ -9,12 +9,14 @@
 //! This crate knows nothing about the metastore or HTTP: it turns datasets into bytes and
 //! back, and moves bytes to and from object storage.
 
+pub mod builder;
 pub mod dataset;
 pub mod error;
 pub mod format;
 pub mod objects;
 pub mod ranged;
 
-pub use dataset::{Dataset, DatasetBuilder, ProfileRow, SeriesRow};
+pub use builder::DatasetBuilder;
+pub use dataset::{Dataset, ProfileRow, SeriesRow};
 pub use error::StorageError;
 pub use objects::ObjectStorage;

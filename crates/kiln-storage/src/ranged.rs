@@ -241,7 +241,7 @@ impl ChunkReader for PartialBlock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataset::{PprofInput, TypePlan};
+    use crate::builder::{PprofInput, TypePlan};
     use crate::format::{decode_dataset, encode_block};
     use crate::DatasetBuilder;
     use kiln_model::build::{Frame, ProfileBuilder};

@@ -4,7 +4,7 @@ use kiln_model::pprof::{
     self, Function, Line, Location, Profile, ProfileLimits, Sample, Samples, ValueType,
 };
 use kiln_model::ProfileType;
-use kiln_storage::dataset::{PprofInput, TypePlan};
+use kiln_storage::builder::{PprofInput, TypePlan};
 use kiln_storage::format::{
     decode_dataset, encode_block, encode_block_as, BlockEncoding, Projection,
 };

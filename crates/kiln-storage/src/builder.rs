@@ -1,0 +1,698 @@
+//! The dataset builder: interns decoded pprofs into a [`Dataset`], storing every string,
+//! mapping, function, location and stack prefix once. A whole repeated stack is found with
+//! one probe of a 128-bit-hash index before any stack node is walked; that, and the flat
+//! sample columns, are the measured hot spots of ingest (docs/benchmarks.md).
+
+use std::hash::BuildHasher;
+
+use foldhash::{HashMap, HashMapExt};
+use hashbrown::hash_table::{Entry, HashTable};
+use kiln_model::labels::{sanitize_label_name, Labels, SERVICE_NAME};
+use kiln_model::pprof::{Profile, Validated};
+use kiln_model::ProfileType;
+
+use crate::dataset::{Dataset, FunctionRow, MappingRow, ProfileRow, SeriesRow};
+
+/// Per-sample labels that stay with the sample instead of splitting the series: they are
+/// unique per request and would otherwise explode the series count.
+pub const PER_SAMPLE_LABELS: [&str; 3] = ["span_id", "trace_id", "profile_id"];
+
+/// Frame name of the synthetic root frame that replaces frames cut by the depth limit.
+pub const TRUNCATED_FRAME: &str = "[truncated]";
+
+/// Which sample type of a pprof goes to which profile type, and how its values scale.
+#[derive(Debug, Clone)]
+pub struct TypePlan {
+    pub value_index: usize,
+    pub profile_type: ProfileType,
+    /// Multiplier for values (sample counts to nanoseconds for legacy CPU uploads).
+    pub scale: Option<f64>,
+}
+
+/// One decoded, validated profile to add to a dataset.
+pub struct PprofInput<'a> {
+    pub profile: &'a Profile,
+    pub index: &'a Validated,
+    pub id: &'a str,
+    pub time_nanos: i64,
+    pub duration_nanos: i64,
+    /// Series labels, `service_name` included; sample labels are added per sample.
+    pub labels: &'a Labels,
+    pub types: &'a [TypePlan],
+    pub max_stack_depth: usize,
+    /// Every string sample label stays with its sample (none selects a series).
+    pub sample_labels_per_sample: bool,
+}
+
+#[derive(Hash, PartialEq, Eq, Clone)]
+struct LocationKey {
+    mapping: u32,
+    address: u64,
+    lines: Vec<(u32, i64)>,
+}
+
+struct PendingProfile {
+    row: ProfileRow,
+    samples: HashMap<(u32, u32), i64>,
+}
+
+/// Rows stored once each: interning a row returns the id of its first occurrence. The
+/// hash table holds only ids and hashes rows where they are stored, so a new row is moved
+/// in once instead of being cloned into a key (a location's lines are a vector).
+struct Table<K> {
+    rows: Vec<K>,
+    ids: HashTable<u32>,
+    hasher: foldhash::fast::RandomState,
+}
+
+impl<K: std::hash::Hash + Eq> Table<K> {
+    fn new() -> Self {
+        Table {
+            rows: Vec::new(),
+            ids: HashTable::new(),
+            hasher: Default::default(),
+        }
+    }
+
+    /// Adds a row no interned row will ever map to (a sentinel).
+    fn push_sentinel(&mut self, row: K) {
+        self.rows.push(row);
+    }
+
+    fn intern(&mut self, row: K) -> u32 {
+        let hash = self.hasher.hash_one(&row);
+        let rows = &mut self.rows;
+        let hasher = &self.hasher;
+        match self.ids.entry(
+            hash,
+            |id| rows[*id as usize] == row,
+            |id| hasher.hash_one(&rows[*id as usize]),
+        ) {
+            Entry::Occupied(entry) => *entry.get(),
+            Entry::Vacant(entry) => {
+                let id = rows.len() as u32;
+                rows.push(row);
+                entry.insert(id);
+                id
+            }
+        }
+    }
+}
+
+/// Per-profile caches from pprof table positions to dataset ids, so each pprof symbol is
+/// interned once per profile however many samples use it.
+struct ProfileSymbols {
+    strings: Vec<u32>,
+    mappings: Vec<Option<u32>>,
+    functions: Vec<Option<u32>>,
+    locations: Vec<Option<u32>>,
+}
+
+/// Interns profiles into one dataset: every string, mapping, function, location and stack
+/// prefix gets one id however many profiles use it.
+pub struct DatasetBuilder {
+    tenant: String,
+    service: String,
+    strings: Vec<String>,
+    /// Ids of `strings`, probed by bytes so that a pprof string already interned needs no
+    /// UTF-8 check; one allocation per distinct string, the `String` itself.
+    string_ids: HashTable<u32>,
+    string_hasher: foldhash::fast::RandomState,
+    mappings: Table<MappingRow>,
+    functions: Table<FunctionRow>,
+    locations: Table<LocationKey>,
+    /// Stack nodes as (parent, location); node 0 is the root sentinel.
+    stacks: Table<(u32, u32)>,
+    /// Leaf node of every whole stack seen, by a 128-bit hash of its locations. A service's
+    /// profiles repeat the same stacks, and one probe here replaces one probe of `stacks`
+    /// per frame, the hottest loop of ingest (docs/benchmarks.md). The hash is keyed with
+    /// per-process random seeds; two distinct stacks of one dataset sharing 128 bits is
+    /// far less likely than a memory error, so a hit is not verified frame by frame.
+    whole_stacks: HashMap<u128, u32>,
+    stack_hashers: [foldhash::quality::RandomState; 2],
+    series: Table<SeriesRow>,
+    /// Per-sample label sets; set 0 is empty.
+    label_sets: Table<Vec<(u32, u32)>>,
+    profiles: Vec<PendingProfile>,
+    truncated_location: Option<u32>,
+}
+
+impl DatasetBuilder {
+    pub fn new(tenant: &str, service: &str) -> Self {
+        let mut builder = DatasetBuilder {
+            tenant: tenant.to_string(),
+            service: service.to_string(),
+            strings: Vec::new(),
+            string_ids: HashTable::new(),
+            string_hasher: Default::default(),
+            mappings: Table::new(),
+            functions: Table::new(),
+            locations: Table::new(),
+            stacks: Table::new(),
+            whole_stacks: HashMap::new(),
+            stack_hashers: Default::default(),
+            series: Table::new(),
+            label_sets: Table::new(),
+            profiles: Vec::new(),
+            truncated_location: None,
+        };
+        builder.intern("");
+        // Sentinels: mapping 0 means "no mapping" even when a profile has an all-zero
+        // mapping of its own, and stack node 0 is the root.
+        builder.mappings.push_sentinel(MappingRow::default());
+        builder.stacks.push_sentinel((0, 0));
+        builder.label_sets.intern(Vec::new());
+        builder
+    }
+
+    pub fn intern(&mut self, value: &str) -> u32 {
+        let hash = self.string_hasher.hash_one(value.as_bytes());
+        if let Some(id) = self.find_string(hash, value.as_bytes()) {
+            return id;
+        }
+        self.insert_string(hash, value.to_string())
+    }
+
+    /// Keys are valid UTF-8, so invalid bytes always miss and are interned in their lossy
+    /// form, which then deduplicates as text.
+    fn intern_bytes(&mut self, value: &[u8]) -> u32 {
+        let hash = self.string_hasher.hash_one(value);
+        if let Some(id) = self.find_string(hash, value) {
+            return id;
+        }
+        match std::str::from_utf8(value) {
+            Ok(text) => self.insert_string(hash, text.to_string()),
+            Err(_) => self.intern(&String::from_utf8_lossy(value)),
+        }
+    }
+
+    fn find_string(&self, hash: u64, value: &[u8]) -> Option<u32> {
+        let strings = &self.strings;
+        self.string_ids
+            .find(hash, |id| strings[*id as usize].as_bytes() == value)
+            .copied()
+    }
+
+    /// Adds a string `find_string` missed; `hash` is that of its bytes.
+    fn insert_string(&mut self, hash: u64, value: String) -> u32 {
+        let id = self.strings.len() as u32;
+        self.strings.push(value);
+        let strings = &self.strings;
+        let hasher = &self.string_hasher;
+        self.string_ids.insert_unique(hash, id, |id| {
+            hasher.hash_one(strings[*id as usize].as_bytes())
+        });
+        id
+    }
+
+    fn truncated_location(&mut self) -> u32 {
+        if let Some(id) = self.truncated_location {
+            return id;
+        }
+        let name = self.intern(TRUNCATED_FRAME);
+        let function = self.functions.intern(FunctionRow {
+            name,
+            system_name: name,
+            ..Default::default()
+        });
+        let id = self.locations.intern(LocationKey {
+            mapping: 0,
+            address: 0,
+            lines: vec![(function, 0)],
+        });
+        self.truncated_location = Some(id);
+        id
+    }
+
+    fn pprof_mapping(
+        &mut self,
+        profile: &Profile,
+        symbols: &mut ProfileSymbols,
+        position: usize,
+    ) -> u32 {
+        if let Some(id) = symbols.mappings[position] {
+            return id;
+        }
+        let m = &profile.mapping[position];
+        let string = |index: i64| symbols.strings.get(index as usize).copied().unwrap_or(0);
+        let id = self.mappings.intern(MappingRow {
+            memory_start: m.memory_start,
+            memory_limit: m.memory_limit,
+            file_offset: m.file_offset,
+            filename: string(m.filename),
+            build_id: string(m.build_id),
+            flags: (m.has_functions as u32)
+                | (m.has_filenames as u32) << 1
+                | (m.has_line_numbers as u32) << 2
+                | (m.has_inline_frames as u32) << 3,
+        });
+        symbols.mappings[position] = Some(id);
+        id
+    }
+
+    fn pprof_function(
+        &mut self,
+        profile: &Profile,
+        symbols: &mut ProfileSymbols,
+        position: usize,
+    ) -> u32 {
+        if let Some(id) = symbols.functions[position] {
+            return id;
+        }
+        let f = &profile.function[position];
+        let string = |index: i64| symbols.strings.get(index as usize).copied().unwrap_or(0);
+        let id = self.functions.intern(FunctionRow {
+            name: string(f.name),
+            system_name: string(f.system_name),
+            filename: string(f.filename),
+            start_line: f.start_line,
+        });
+        symbols.functions[position] = Some(id);
+        id
+    }
+
+    fn pprof_location(
+        &mut self,
+        input: &PprofInput<'_>,
+        symbols: &mut ProfileSymbols,
+        position: usize,
+    ) -> u32 {
+        if let Some(id) = symbols.locations[position] {
+            return id;
+        }
+        let profile = input.profile;
+        let location = &profile.location[position];
+        let mapping = match input.index.mappings.get(location.mapping_id) {
+            Some(mapping_position) if location.mapping_id != 0 => {
+                self.pprof_mapping(profile, symbols, mapping_position)
+            }
+            _ => 0,
+        };
+        let mut lines = Vec::with_capacity(location.line.len());
+        for line in &location.line {
+            if let Some(function_position) = input.index.functions.get(line.function_id) {
+                lines.push((
+                    self.pprof_function(profile, symbols, function_position),
+                    line.line,
+                ));
+            }
+        }
+        let id = self.locations.intern(LocationKey {
+            mapping,
+            address: location.address,
+            lines,
+        });
+        symbols.locations[position] = Some(id);
+        id
+    }
+
+    fn whole_stack_key(&self, locations: &[u32]) -> u128 {
+        let [low, high] = &self.stack_hashers;
+        (u128::from(high.hash_one(locations)) << 64) | u128::from(low.hash_one(locations))
+    }
+
+    /// The interned series labels of the request labels plus one group of sample labels
+    /// (pprof string indices); sample labels never override `service_name` or `__name__`.
+    fn series_label_ids(
+        &mut self,
+        base: &Labels,
+        profile: &Profile,
+        extra: &[(i64, i64)],
+    ) -> Vec<(u32, u32)> {
+        let mut labels = base.clone();
+        for (key, value) in extra {
+            let name = sanitize_label_name(&profile.string_or_empty(*key));
+            if name == SERVICE_NAME || name == kiln_model::labels::METRIC_NAME {
+                continue;
+            }
+            labels.set(name, profile.string_or_empty(*value));
+        }
+        labels
+            .iter()
+            .map(|label| (self.intern(&label.name), self.intern(&label.value)))
+            .collect()
+    }
+
+    /// Adds one validated pprof. Never fails: [`kiln_model::pprof::validate`] has checked
+    /// every reference already.
+    pub fn add_pprof(&mut self, input: &PprofInput<'_>) {
+        let profile = input.profile;
+        let mut symbols = ProfileSymbols {
+            strings: profile
+                .string_table
+                .iter()
+                .map(|bytes| self.intern_bytes(bytes))
+                .collect(),
+            mappings: vec![None; profile.mapping.len()],
+            functions: vec![None; profile.function.len()],
+            locations: vec![None; profile.location.len()],
+        };
+        let string = |symbols: &ProfileSymbols, index: i64| {
+            symbols.strings.get(index as usize).copied().unwrap_or(0)
+        };
+
+        // Sample labels that become series labels, grouped so each distinct set is one series.
+        let mut groups: HashMap<Vec<(i64, i64)>, usize> = HashMap::new();
+        groups.insert(Vec::new(), 0);
+        let mut group_keys: Vec<Vec<(i64, i64)>> = vec![Vec::new()];
+        // The pending profile of each (group, type), indexed without hashing: it is looked
+        // up for every sample and type.
+        let mut pending_index: Vec<Vec<Option<usize>>> = vec![vec![None; input.types.len()]];
+        // Interned series labels per group, computed once whatever the number of types.
+        let mut group_label_ids: Vec<Option<Vec<(u32, u32)>>> = vec![None];
+        let type_ids: Vec<u32> = input
+            .types
+            .iter()
+            .map(|plan| self.intern(&plan.profile_type.id()))
+            .collect();
+
+        let mut stack_locations: Vec<u32> = Vec::new();
+        // The previous sample's locations (outermost first) and their stack nodes.
+        let mut previous_locations: Vec<u32> = Vec::new();
+        let mut previous_nodes: Vec<u32> = Vec::new();
+        for sample in profile.sample.iter() {
+            // Resolve the stack, leaf first as pprof stores it; past the depth limit the
+            // outermost frames are replaced by one [truncated] frame.
+            stack_locations.clear();
+            let depth = sample.location_id.len();
+            let keep = if depth > input.max_stack_depth {
+                input.max_stack_depth.saturating_sub(1)
+            } else {
+                depth
+            };
+            for id in &sample.location_id[..keep] {
+                if let Some(position) = input.index.locations.get(*id) {
+                    stack_locations.push(self.pprof_location(input, &mut symbols, position));
+                }
+            }
+            if keep < depth {
+                let truncated = self.truncated_location();
+                stack_locations.push(truncated);
+            }
+            if stack_locations.is_empty() {
+                continue;
+            }
+            stack_locations.reverse();
+            let stack_key = self.whole_stack_key(&stack_locations);
+            let node = match self.whole_stacks.get(&stack_key) {
+                Some(leaf) => {
+                    previous_locations.clear();
+                    previous_nodes.clear();
+                    *leaf
+                }
+                None => {
+                    // Consecutive samples often share their outer frames: reuse the nodes of
+                    // the common prefix with the previous sample instead of looking each one
+                    // up again.
+                    let shared = previous_locations
+                        .iter()
+                        .zip(&stack_locations)
+                        .take_while(|(a, b)| a == b)
+                        .count();
+                    previous_nodes.truncate(shared);
+                    let mut node = previous_nodes.last().copied().unwrap_or(0);
+                    for location in &stack_locations[shared..] {
+                        node = self.stacks.intern((node, *location));
+                        previous_nodes.push(node);
+                    }
+                    std::mem::swap(&mut previous_locations, &mut stack_locations);
+                    self.whole_stacks.insert(stack_key, node);
+                    node
+                }
+            };
+
+            // Split labels: per-sample ones stay with the sample, string labels pick the series.
+            let (group, label_set) = if sample.label.is_empty() {
+                (0, 0)
+            } else {
+                let mut series_extra: Vec<(i64, i64)> = Vec::new();
+                let mut per_sample: Vec<(u32, u32)> = Vec::new();
+                for label in sample.label {
+                    if label.str == 0 {
+                        continue; // numeric labels (e.g. Go's heap "bytes") are not series labels
+                    }
+                    let key = profile.string_table.get(label.key as usize).unwrap_or(b"");
+                    if input.sample_labels_per_sample
+                        || PER_SAMPLE_LABELS.iter().any(|name| name.as_bytes() == key)
+                    {
+                        per_sample.push((string(&symbols, label.key), string(&symbols, label.str)));
+                    } else {
+                        series_extra.push((label.key, label.str));
+                    }
+                }
+                series_extra.sort_unstable();
+                series_extra.dedup_by_key(|pair| pair.0);
+                per_sample.sort_unstable();
+                let label_set = if per_sample.is_empty() {
+                    0
+                } else {
+                    self.label_sets.intern(per_sample)
+                };
+                let group = match groups.get(&series_extra) {
+                    Some(group) => *group,
+                    None => {
+                        group_keys.push(series_extra.clone());
+                        group_label_ids.push(None);
+                        pending_index.push(vec![None; input.types.len()]);
+                        groups.insert(series_extra, group_keys.len() - 1);
+                        group_keys.len() - 1
+                    }
+                };
+                (group, label_set)
+            };
+
+            for (type_position, plan) in input.types.iter().enumerate() {
+                let raw = sample.value.get(plan.value_index).copied().unwrap_or(0);
+                let value = match plan.scale {
+                    Some(scale) => (raw as f64 * scale).round() as i64,
+                    None => raw,
+                };
+                if value == 0 {
+                    continue;
+                }
+                let pending = match pending_index[group][type_position] {
+                    Some(pending) => pending,
+                    None => {
+                        if group_label_ids[group].is_none() {
+                            let ids =
+                                self.series_label_ids(input.labels, profile, &group_keys[group]);
+                            group_label_ids[group] = Some(ids);
+                        }
+                        let series = self.series.intern(SeriesRow {
+                            profile_type: type_ids[type_position],
+                            labels: group_label_ids[group].clone().unwrap_or_default(),
+                        });
+                        self.profiles.push(PendingProfile {
+                            row: ProfileRow {
+                                id: input.id.as_bytes().to_vec(),
+                                series,
+                                time_nanos: input.time_nanos,
+                                duration_nanos: input.duration_nanos,
+                                period: profile.period,
+                                type_index: plan.value_index as u32,
+                                sample_count: 0,
+                            },
+                            samples: HashMap::with_capacity(profile.sample.len()),
+                        });
+                        let pending = self.profiles.len() - 1;
+                        pending_index[group][type_position] = Some(pending);
+                        pending
+                    }
+                };
+                let slot = self.profiles[pending]
+                    .samples
+                    .entry((node, label_set))
+                    .or_insert(0);
+                *slot = slot.saturating_add(value);
+            }
+        }
+    }
+
+    /// Adds every profile of an existing dataset (of the same tenant and service), mapping
+    /// its symbol ids onto this builder's. Compaction merges datasets this way: each
+    /// string, mapping, function, location, stack node, series and sample label set ends
+    /// up stored once however many inputs held it. The input must have passed
+    /// [`Dataset::check`], so every id it holds is in range.
+    pub fn add_dataset(&mut self, dataset: &Dataset) {
+        let strings: Vec<u32> = dataset.strings.iter().map(|s| self.intern(s)).collect();
+        let string = |id: u32| strings.get(id as usize).copied().unwrap_or(0);
+        let mappings: Vec<u32> = dataset
+            .mappings
+            .iter()
+            .enumerate()
+            .map(|(index, row)| {
+                if index == 0 {
+                    return 0; // the "no mapping" sentinel
+                }
+                self.mappings.intern(MappingRow {
+                    filename: string(row.filename),
+                    build_id: string(row.build_id),
+                    ..*row
+                })
+            })
+            .collect();
+        let functions: Vec<u32> = dataset
+            .functions
+            .iter()
+            .map(|row| {
+                self.functions.intern(FunctionRow {
+                    name: string(row.name),
+                    system_name: string(row.system_name),
+                    filename: string(row.filename),
+                    start_line: row.start_line,
+                })
+            })
+            .collect();
+        let line_offsets = dataset.location_line_offsets();
+        let locations: Vec<u32> = (0..dataset.location_mapping.len())
+            .map(|location| {
+                let lines = (line_offsets[location]..line_offsets[location + 1])
+                    .map(|line| {
+                        let line = line as usize;
+                        (
+                            functions[dataset.line_function[line] as usize],
+                            dataset.line_number[line],
+                        )
+                    })
+                    .collect();
+                self.locations.intern(LocationKey {
+                    mapping: mappings
+                        .get(dataset.location_mapping[location] as usize)
+                        .copied()
+                        .unwrap_or(0),
+                    address: dataset.location_address[location],
+                    lines,
+                })
+            })
+            .collect();
+        // Parents precede children, so each parent is mapped before its children.
+        let mut stacks = vec![0u32; dataset.stack_parent.len()];
+        for node in 1..dataset.stack_parent.len() {
+            stacks[node] = self.stacks.intern((
+                stacks[dataset.stack_parent[node] as usize],
+                locations[dataset.stack_location[node] as usize],
+            ));
+        }
+        let series: Vec<u32> = dataset
+            .series
+            .iter()
+            .map(|row| {
+                self.series.intern(SeriesRow {
+                    profile_type: string(row.profile_type),
+                    labels: row
+                        .labels
+                        .iter()
+                        .map(|(name, value)| (string(*name), string(*value)))
+                        .collect(),
+                })
+            })
+            .collect();
+        // Per-sample label sets, rebuilt from the sample label rows (sorted by sample).
+        let mut sample_sets = vec![0u32; dataset.sample_stack.len()];
+        let mut row = 0;
+        let label_rows = dataset.sample_label_sample.len();
+        while row < label_rows {
+            let sample = dataset.sample_label_sample[row];
+            let mut set: Vec<(u32, u32)> = Vec::new();
+            while row < label_rows && dataset.sample_label_sample[row] == sample {
+                set.push((
+                    string(dataset.sample_label_name[row]),
+                    string(dataset.sample_label_value[row]),
+                ));
+                row += 1;
+            }
+            set.sort_unstable();
+            if let Some(slot) = sample_sets.get_mut(sample as usize) {
+                *slot = self.label_sets.intern(set);
+            }
+        }
+        let offsets = dataset.profile_sample_offsets();
+        for (index, profile) in dataset.profiles.iter().enumerate() {
+            let range = offsets[index] as usize..offsets[index + 1] as usize;
+            let mut samples = HashMap::with_capacity(range.len());
+            for sample in range {
+                let slot = samples
+                    .entry((
+                        stacks[dataset.sample_stack[sample] as usize],
+                        sample_sets[sample],
+                    ))
+                    .or_insert(0i64);
+                *slot = slot.saturating_add(dataset.sample_value[sample]);
+            }
+            self.profiles.push(PendingProfile {
+                row: ProfileRow {
+                    series: series[profile.series as usize],
+                    sample_count: 0,
+                    ..profile.clone()
+                },
+                samples,
+            });
+        }
+    }
+
+    pub fn finish(self) -> Dataset {
+        let mut dataset = Dataset {
+            tenant: self.tenant,
+            service: self.service,
+            min_time_nanos: i64::MAX,
+            max_time_nanos: i64::MIN,
+            strings: self.strings,
+            mappings: self.mappings.rows,
+            functions: self.functions.rows,
+            series: self.series.rows,
+            ..Default::default()
+        };
+        dataset.stack_parent = self.stacks.rows.iter().map(|(parent, _)| *parent).collect();
+        dataset.stack_location = self
+            .stacks
+            .rows
+            .iter()
+            .map(|(_, location)| *location)
+            .collect();
+        for location in &self.locations.rows {
+            dataset.location_mapping.push(location.mapping);
+            dataset.location_address.push(location.address);
+            dataset
+                .location_line_count
+                .push(location.lines.len() as u32);
+            for (function, line) in &location.lines {
+                dataset.line_function.push(*function);
+                dataset.line_number.push(*line);
+            }
+        }
+        let mut profiles = self.profiles;
+        profiles.sort_by(|a, b| {
+            (a.row.series, a.row.time_nanos, &a.row.id).cmp(&(
+                b.row.series,
+                b.row.time_nanos,
+                &b.row.id,
+            ))
+        });
+        for pending in profiles {
+            let mut samples: Vec<((u32, u32), i64)> = pending.samples.into_iter().collect();
+            samples.sort_unstable_by_key(|(key, _)| *key);
+            let mut row = pending.row;
+            row.sample_count = samples.len() as u32;
+            dataset.min_time_nanos = dataset.min_time_nanos.min(row.time_nanos);
+            dataset.max_time_nanos = dataset.max_time_nanos.max(row.time_nanos);
+            for ((stack, label_set), value) in samples {
+                if label_set != 0 {
+                    let sample = dataset.sample_stack.len() as u32;
+                    for (name, value) in &self.label_sets.rows[label_set as usize] {
+                        dataset.sample_label_sample.push(sample);
+                        dataset.sample_label_name.push(*name);
+                        dataset.sample_label_value.push(*value);
+                    }
+                }
+                dataset.sample_stack.push(stack);
+                dataset.sample_value.push(value);
+            }
+            dataset.profiles.push(row);
+        }
+        if dataset.profiles.is_empty() {
+            dataset.min_time_nanos = 0;
+            dataset.max_time_nanos = 0;
+        }
+        dataset
+    }
+}
