@@ -55,7 +55,7 @@ pub(crate) async fn guard(
         let limit = state.limits.for_tenant(&tenant).max_body_bytes;
         if length > limit as u64 {
             state.metrics.reject(
-                endpoint_of(request.uri().path()).unwrap_or("http"),
+                endpoint_of(request.method(), request.uri().path()).unwrap_or("http"),
                 "too_large",
             );
             let mut response = (

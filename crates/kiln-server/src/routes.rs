@@ -1,5 +1,6 @@
 //! The router: every path Kiln serves, and the handler of each.
 
+use axum::http::Method;
 use axum::routing::{get, post};
 use axum::Router;
 
@@ -48,8 +49,12 @@ pub fn router(state: SharedState) -> Router {
         .with_state(state)
 }
 
-/// The `endpoint` label of the ingest metrics for a write path; `None` for reads.
-pub fn endpoint_of(path: &str) -> Option<&'static str> {
+/// The `endpoint` label of the ingest metrics for a write; `None` for reads (a profefe
+/// listing shares its path with profefe's write).
+pub fn endpoint_of(method: &Method, path: &str) -> Option<&'static str> {
+    if method != Method::POST {
+        return None;
+    }
     match path {
         "/ingest" | "/pyroscope/ingest" => Some(ingest::PYROSCOPE),
         PUSH_PATH => Some(ingest::PUSH),

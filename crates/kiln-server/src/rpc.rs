@@ -412,7 +412,7 @@ pub(crate) async fn shape_errors(
     next: Next,
 ) -> Response {
     let wire = Wire::of(request.uri().path(), request.headers());
-    let endpoint = crate::routes::endpoint_of(request.uri().path());
+    let endpoint = crate::routes::endpoint_of(request.method(), request.uri().path());
     let response = next.run(request).await;
     let Some(failure) = response.extensions().get::<Failure>().cloned() else {
         return response;
