@@ -63,3 +63,23 @@ pub fn endpoint_of(method: &Method, path: &str) -> Option<&'static str> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_writes_are_counted_as_ingest() {
+        assert_eq!(
+            endpoint_of(&Method::POST, "/api/0/profiles"),
+            Some("profefe")
+        );
+        assert_eq!(endpoint_of(&Method::GET, "/api/0/profiles"), None);
+        assert_eq!(endpoint_of(&Method::POST, "/ingest"), Some("ingest"));
+        assert_eq!(endpoint_of(&Method::POST, OTLP_GRPC_PATH), Some("otlp"));
+        assert_eq!(
+            endpoint_of(&Method::POST, "/querier.v1.QuerierService/Series"),
+            None
+        );
+    }
+}

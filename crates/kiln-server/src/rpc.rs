@@ -422,3 +422,74 @@ pub(crate) async fn shape_errors(
     }
     wire.render(&failure, response)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(content_type: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "content-type",
+            HeaderValue::from_str(content_type).expect("header"),
+        );
+        headers
+    }
+
+    #[test]
+    fn each_family_takes_its_own_binary_type() {
+        let connect = Rpc::of(&headers("application/proto"), Family::Connect).unwrap();
+        assert_eq!(connect.encoding, Encoding::Proto);
+        assert!(Rpc::of(&headers("application/x-protobuf"), Family::Connect).is_err());
+        let otlp = Rpc::of(&headers("application/x-protobuf"), Family::Otlp).unwrap();
+        assert_eq!(otlp.encoding, Encoding::Proto);
+        let grpc = Rpc::of(&headers("application/grpc+proto"), Family::Otlp).unwrap();
+        assert_eq!(grpc.encoding, Encoding::Grpc);
+        let err = Rpc::of(&headers("text/plain"), Family::Connect).unwrap_err();
+        assert_eq!(err.status(), 415);
+    }
+
+    #[test]
+    fn errors_take_the_shape_of_the_request() {
+        let json = headers("application/json");
+        assert_eq!(
+            Wire::of("/push.v1.PusherService/Push", &json),
+            Wire::Connect
+        );
+        assert_eq!(
+            Wire::of(crate::routes::OTLP_HTTP_PATH, &json),
+            Wire::Otlp(Encoding::Json)
+        );
+        assert_eq!(Wire::of("/api/0/profiles", &json), Wire::Profefe);
+        assert_eq!(
+            Wire::of(
+                "/querier.v1.QuerierService/Series",
+                &headers("application/grpc")
+            ),
+            Wire::Grpc
+        );
+        assert_eq!(Wire::of("/ingest", &json), Wire::Text);
+    }
+
+    #[test]
+    fn grpc_frames_are_checked() {
+        let plain = headers("application/grpc");
+        let frame = [0u8, 0, 0, 0, 2, 8, 1];
+        assert_eq!(unframe(&plain, &frame, 100).unwrap().as_ref(), &[8, 1]);
+        assert!(matches!(
+            unframe(&plain, &frame[..3], 100),
+            Err(RpcError::ShortFrame)
+        ));
+        assert!(matches!(
+            unframe(&plain, &[0, 0, 0, 0, 9, 1], 100),
+            Err(RpcError::FrameLength {
+                declared: 9,
+                actual: 1
+            })
+        ));
+        assert!(matches!(
+            unframe(&plain, &[1, 0, 0, 0, 1, 0], 100),
+            Err(RpcError::GrpcEncoding(_))
+        ));
+    }
+}
