@@ -1,7 +1,11 @@
 #![no_main]
-//! Collapsed-stack text.
+//! Collapsed-stack text, and the pprof it becomes; the pprof must pass validation.
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = kiln_model::folded::parse(data, 16_000);
+    if let Ok(stacks) = kiln_model::folded::parse(data, 16_000) {
+        let profile_type = kiln_model::profile_type::default_legacy_type().profile_type;
+        let profile = kiln_model::folded::to_pprof(&stacks, &profile_type);
+        assert!(kiln_model::pprof::validate(&profile, &Default::default()).is_ok());
+    }
 });

@@ -6,6 +6,10 @@
 //! turned into a pprof by [`build::ProfileBuilder`]. Every parser here takes untrusted bytes, so each
 //! one enforces limits and returns [`FormatError`] instead of panicking; each has a
 //! `cargo fuzz` target under `fuzz/`.
+//!
+//! Two small things every layer shares live here too, so no crate reaches sideways for
+//! them: Kiln's one wall clock ([`time::now_nanos`]) and the proto3 JSON mapping's serde
+//! helpers ([`proto_json`]) used by the querier.v1 and OTLP messages.
 
 pub mod build;
 pub mod compress;

@@ -9,6 +9,10 @@
 //! Pyroscope's JSON, [`pprof_export`] writes a merged pprof, [`profiles`] serves
 //! single-profile lookups and listings.
 //!
+//! What a request means (its times, selector, profile type and step) is decided once, in
+//! [`request`], for every API that asks: querier.v1, the render API, profefe and the CLI.
+//! [`tree`] is the one call tree behind the flame graph and the diff.
+//!
 //! The query API (`querier.v1`, [`api`]) has one module per query type, as Pyroscope
 //! does: [`merge`] (flame graph, tree, pprof), [`series`] (time series with exemplars),
 //! [`diff`] (two selections in one flame graph) and [`labels`] (label names and values,

@@ -9,8 +9,6 @@ use kiln_query::QueryError;
 use thiserror::Error;
 
 use crate::body::BodyError;
-use crate::rpc::RpcError;
-use crate::tenant::TenantError;
 
 #[derive(Debug, Error)]
 pub enum ApiError {
@@ -77,5 +75,59 @@ impl IntoResponse for ApiError {
         let mut response = (failure.status, format!("{}\n", failure.message)).into_response();
         response.extensions_mut().insert(failure);
         response
+    }
+}
+
+/// Why an `X-Scope-OrgID` header is unusable.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum TenantError {
+    #[error("X-Scope-OrgID is not valid ASCII")]
+    NotAscii,
+    #[error("X-Scope-OrgID is longer than 150 characters")]
+    TooLong,
+    #[error("X-Scope-OrgID must not be '.' or '..'")]
+    Dots,
+    #[error("X-Scope-OrgID contains the invalid character {0:?}")]
+    InvalidCharacter(char),
+}
+
+/// Why an RPC's framing or message was refused.
+#[derive(Debug, Error)]
+pub enum RpcError {
+    #[error("unsupported content type {0:?}; use {1}")]
+    ContentType(String, &'static str),
+    #[error("gRPC message frame is shorter than its 5-byte header")]
+    ShortFrame,
+    #[error("gRPC frame declares {declared} bytes but has {actual}")]
+    FrameLength { declared: usize, actual: usize },
+    #[error("a unary gRPC request must carry exactly one message")]
+    TrailingBytes,
+    #[error("unsupported grpc-encoding {0:?}; use gzip")]
+    GrpcEncoding(String),
+    #[error("invalid gRPC compressed flag {0}")]
+    CompressedFlag(u8),
+    #[error("{}", .0.message())]
+    Inflate(#[source] kiln_model::FormatError),
+    #[error("invalid JSON request: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("invalid protobuf request: {0}")]
+    Proto(#[source] prost::DecodeError),
+}
+
+impl RpcError {
+    pub fn status(&self) -> u16 {
+        match self {
+            RpcError::ContentType(..) => 415,
+            RpcError::Inflate(kiln_model::FormatError::TooLarge(_)) => 413,
+            _ => 400,
+        }
+    }
+
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RpcError::ContentType(..) => "unsupported_format",
+            RpcError::Inflate(kiln_model::FormatError::TooLarge(_)) => "too_large",
+            _ => "malformed",
+        }
     }
 }

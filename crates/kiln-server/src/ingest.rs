@@ -14,14 +14,11 @@ use kiln_ingest::push::{decode_json, decode_proto, parse_push, PushResponse};
 use kiln_ingest::{Limits, ParsedProfile};
 
 use crate::body::{content_type, decode_content_encoding, read_limited};
+use crate::endpoints::{PUSH, PYROSCOPE};
 use crate::error::ApiError;
 use crate::rpc::{Family, Rpc};
 use crate::state::{AppState, SharedState};
 use crate::tenant::Tenant;
-
-/// The `endpoint` labels of the ingest metrics.
-pub const PYROSCOPE: &str = "ingest";
-pub const PUSH: &str = "push";
 
 /// A write's body, read within its tenant's limits.
 pub(crate) struct IngestBody {

@@ -10,6 +10,7 @@
 
 pub mod body;
 pub mod config;
+pub mod endpoints;
 pub mod error;
 pub mod ingest;
 pub mod listener;

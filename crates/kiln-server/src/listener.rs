@@ -25,8 +25,8 @@ use tokio::sync::Semaphore;
 
 use crate::body::DeadlineBody;
 use crate::config::HttpConfig;
+use crate::endpoints::endpoint_of;
 use crate::metrics::ServerMetrics;
-use crate::routes::endpoint_of;
 use crate::state::SharedState;
 use crate::tenant::tenant_of;
 

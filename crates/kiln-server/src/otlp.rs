@@ -16,14 +16,12 @@ use kiln_ingest::otlp::{
     ExportProfilesServiceResponse,
 };
 
+use crate::endpoints::OTLP;
 use crate::error::ApiError;
 use crate::ingest::{read_body, write_profiles};
 use crate::rpc::{Encoding, Family, Rpc};
 use crate::state::SharedState;
 use crate::tenant::Tenant;
-
-/// The `endpoint` label of the ingest metrics.
-pub const ENDPOINT: &str = "otlp";
 
 /// Both transports: gRPC when the content type says so, OTLP/HTTP otherwise.
 pub async fn export(
@@ -48,7 +46,7 @@ pub async fn export(
     let export = run_parser(move || parse_export(request, received, &limits)).await?;
     let rejected_profiles = export.rejected_profiles;
     let error_message = export.error_message();
-    write_profiles(&state, ENDPOINT, &tenant, export.profiles).await?;
+    write_profiles(&state, OTLP, &tenant, export.profiles).await?;
     let partial_success = (rejected_profiles > 0).then_some(ExportProfilesPartialSuccess {
         rejected_profiles,
         error_message,

@@ -25,13 +25,11 @@ use kiln_query::select::{SelectRequest, TypeFilter};
 use kiln_query::QueryError;
 use serde_json::json;
 
+use crate::endpoints::PROFEFE;
 use crate::error::ApiError;
 use crate::ingest::{read_body, with_warnings, write_profiles};
 use crate::state::SharedState;
 use crate::tenant::Tenant;
-
-/// The `endpoint` label of the ingest metrics.
-pub const ENDPOINT: &str = "profefe";
 
 type Params = HashMap<String, String>;
 
@@ -55,7 +53,7 @@ pub async fn ingest(
         .first()
         .map(|plan| type_for_profile_name(&plan.profile_type.name))
         .unwrap_or("other");
-    let warnings = write_profiles(&state, ENDPOINT, &tenant, vec![profile]).await?;
+    let warnings = write_profiles(&state, PROFEFE, &tenant, vec![profile]).await?;
     Ok(with_warnings(
         ok(json!({"id": id, "type": profefe_type})),
         &warnings,

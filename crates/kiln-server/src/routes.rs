@@ -1,17 +1,11 @@
 //! The router: every path Kiln serves, and the handler of each.
 
-use axum::http::Method;
 use axum::routing::{get, post};
 use axum::Router;
 
+use crate::endpoints::{OTLP_GRPC_PATH, OTLP_HTTP_PATH, PROFEFE_PATH, PUSH_PATH};
 use crate::state::SharedState;
 use crate::{ingest, ops, otlp, profefe, querier, render};
-
-/// OTLP/HTTP's profiles path.
-pub const OTLP_HTTP_PATH: &str = "/v1development/profiles";
-const OTLP_GRPC_PATH: &str =
-    "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
-const PUSH_PATH: &str = "/push.v1.PusherService/Push";
 
 pub fn router(state: SharedState) -> Router {
     Router::new()
@@ -21,7 +15,7 @@ pub fn router(state: SharedState) -> Router {
         .route(OTLP_GRPC_PATH, post(otlp::export))
         .route(OTLP_HTTP_PATH, post(otlp::export))
         .route("/querier.v1.QuerierService/{method}", post(querier::call))
-        .route("/api/0/profiles", post(profefe::ingest).get(profefe::list))
+        .route(PROFEFE_PATH, post(profefe::ingest).get(profefe::list))
         .route("/api/0/profiles/merge", get(profefe::merge))
         .route("/api/0/profiles/{id}", get(profefe::get))
         .route("/api/0/services", get(profefe::services))
@@ -47,39 +41,4 @@ pub fn router(state: SharedState) -> Router {
             crate::listener::guard,
         ))
         .with_state(state)
-}
-
-/// The `endpoint` label of the ingest metrics for a write; `None` for reads (a profefe
-/// listing shares its path with profefe's write).
-pub fn endpoint_of(method: &Method, path: &str) -> Option<&'static str> {
-    if method != Method::POST {
-        return None;
-    }
-    match path {
-        "/ingest" | "/pyroscope/ingest" => Some(ingest::PYROSCOPE),
-        PUSH_PATH => Some(ingest::PUSH),
-        "/api/0/profiles" => Some(profefe::ENDPOINT),
-        OTLP_HTTP_PATH | OTLP_GRPC_PATH => Some(otlp::ENDPOINT),
-        _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_writes_are_counted_as_ingest() {
-        assert_eq!(
-            endpoint_of(&Method::POST, "/api/0/profiles"),
-            Some("profefe")
-        );
-        assert_eq!(endpoint_of(&Method::GET, "/api/0/profiles"), None);
-        assert_eq!(endpoint_of(&Method::POST, "/ingest"), Some("ingest"));
-        assert_eq!(endpoint_of(&Method::POST, OTLP_GRPC_PATH), Some("otlp"));
-        assert_eq!(
-            endpoint_of(&Method::POST, "/querier.v1.QuerierService/Series"),
-            None
-        );
-    }
 }

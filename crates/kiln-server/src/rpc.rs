@@ -24,10 +24,9 @@ use hyper::body::Frame;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::json;
-use thiserror::Error;
 
 use crate::body::{content_type, decode_content_encoding, read_limited};
-use crate::error::{ApiError, Failure};
+use crate::error::{ApiError, Failure, RpcError};
 use crate::state::SharedState;
 
 /// gRPC status codes used here.
@@ -65,47 +64,6 @@ fn connect_code(status: StatusCode) -> &'static str {
         429 => "resource_exhausted",
         503 => "unavailable",
         _ => "internal",
-    }
-}
-
-/// Why an RPC's framing or message was refused.
-#[derive(Debug, Error)]
-pub enum RpcError {
-    #[error("unsupported content type {0:?}; use {1}")]
-    ContentType(String, &'static str),
-    #[error("gRPC message frame is shorter than its 5-byte header")]
-    ShortFrame,
-    #[error("gRPC frame declares {declared} bytes but has {actual}")]
-    FrameLength { declared: usize, actual: usize },
-    #[error("a unary gRPC request must carry exactly one message")]
-    TrailingBytes,
-    #[error("unsupported grpc-encoding {0:?}; use gzip")]
-    GrpcEncoding(String),
-    #[error("invalid gRPC compressed flag {0}")]
-    CompressedFlag(u8),
-    #[error("{}", .0.message())]
-    Inflate(#[source] kiln_model::FormatError),
-    #[error("invalid JSON request: {0}")]
-    Json(#[source] serde_json::Error),
-    #[error("invalid protobuf request: {0}")]
-    Proto(#[source] prost::DecodeError),
-}
-
-impl RpcError {
-    pub fn status(&self) -> u16 {
-        match self {
-            RpcError::ContentType(..) => 415,
-            RpcError::Inflate(kiln_model::FormatError::TooLarge(_)) => 413,
-            _ => 400,
-        }
-    }
-
-    pub fn reason(&self) -> &'static str {
-        match self {
-            RpcError::ContentType(..) => "unsupported_format",
-            RpcError::Inflate(kiln_model::FormatError::TooLarge(_)) => "too_large",
-            _ => "malformed",
-        }
     }
 }
 
@@ -350,7 +308,7 @@ impl Wire {
         if path.starts_with("/push.v1.") || path.starts_with("/querier.v1.") {
             return Wire::Connect;
         }
-        if path == crate::routes::OTLP_HTTP_PATH {
+        if path == crate::endpoints::OTLP_HTTP_PATH {
             return Wire::Otlp(if content_type.starts_with("application/json") {
                 Encoding::Json
             } else {
@@ -412,7 +370,7 @@ pub(crate) async fn shape_errors(
     next: Next,
 ) -> Response {
     let wire = Wire::of(request.uri().path(), request.headers());
-    let endpoint = crate::routes::endpoint_of(request.method(), request.uri().path());
+    let endpoint = crate::endpoints::endpoint_of(request.method(), request.uri().path());
     let response = next.run(request).await;
     let Some(failure) = response.extensions().get::<Failure>().cloned() else {
         return response;
@@ -457,7 +415,7 @@ mod tests {
             Wire::Connect
         );
         assert_eq!(
-            Wire::of(crate::routes::OTLP_HTTP_PATH, &json),
+            Wire::of(crate::endpoints::OTLP_HTTP_PATH, &json),
             Wire::Otlp(Encoding::Json)
         );
         assert_eq!(Wire::of("/api/0/profiles", &json), Wire::Profefe);

@@ -1,27 +1,12 @@
 //! Tenancy: the `X-Scope-OrgID` header names the tenant, `anonymous` without it.
 
+use crate::error::{ApiError, TenantError};
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::HeaderMap;
-use thiserror::Error;
-
-use crate::error::ApiError;
 
 pub const TENANT_HEADER: &str = "x-scope-orgid";
 pub const DEFAULT_TENANT: &str = "anonymous";
-
-/// Why an `X-Scope-OrgID` header is unusable.
-#[derive(Debug, Error, PartialEq, Eq)]
-pub enum TenantError {
-    #[error("X-Scope-OrgID is not valid ASCII")]
-    NotAscii,
-    #[error("X-Scope-OrgID is longer than 150 characters")]
-    TooLong,
-    #[error("X-Scope-OrgID must not be '.' or '..'")]
-    Dots,
-    #[error("X-Scope-OrgID contains the invalid character {0:?}")]
-    InvalidCharacter(char),
-}
 
 /// The tenant of a request. Tenant ids follow Cortex's rules (at most 150 characters of
 /// `[A-Za-z0-9!-_.*'()]`, not `.` or `..`) because they end up in object keys and metric

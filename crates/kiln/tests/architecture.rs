@@ -97,3 +97,91 @@ fn no_crate_depends_on_its_own_layer_or_above() {
         );
     }
 }
+
+/// The modules of `kiln-server/src` each file refers to (`crate::x`, `crate::{x, y}`),
+/// comments left out.
+fn server_module_graph() -> BTreeMap<String, Vec<String>> {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kiln-server/src");
+    let mut graph = BTreeMap::new();
+    for entry in std::fs::read_dir(&src).expect("kiln-server/src") {
+        let path = entry.expect("entry").path();
+        let Some(module) = path.file_stem().and_then(|s| s.to_str()) else {
+            continue;
+        };
+        if path.extension().and_then(|e| e.to_str()) != Some("rs") || module == "lib" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("source");
+        let mut uses = Vec::new();
+        for line in text
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("//"))
+        {
+            let mut rest = line;
+            while let Some(at) = rest.find("crate::") {
+                rest = &rest[at + "crate::".len()..];
+                let names: Vec<&str> = match rest.strip_prefix('{') {
+                    Some(group) => group
+                        .split('}')
+                        .next()
+                        .unwrap_or_default()
+                        .split(',')
+                        .map(|name| name.trim().split("::").next().unwrap_or_default())
+                        .collect(),
+                    None => vec![rest
+                        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .next()
+                        .unwrap_or_default()],
+                };
+                for name in names {
+                    if !name.is_empty() && name != module && !uses.iter().any(|u| u == name) {
+                        uses.push(name.to_string());
+                    }
+                }
+            }
+        }
+        graph.insert(module.to_string(), uses);
+    }
+    graph
+}
+
+#[test]
+fn kiln_server_files_import_each_other_without_cycles() {
+    let graph = server_module_graph();
+    assert!(
+        graph.contains_key("routes") && graph.contains_key("rpc"),
+        "{graph:?}"
+    );
+    // Depth-first search; a module met again while still on the path closes a cycle.
+    fn visit(
+        module: &str,
+        graph: &BTreeMap<String, Vec<String>>,
+        path: &mut Vec<String>,
+        done: &mut Vec<String>,
+    ) {
+        if done.iter().any(|d| d == module) {
+            return;
+        }
+        if let Some(start) = path.iter().position(|p| p == module) {
+            panic!("import cycle: {} -> {module}", path[start..].join(" -> "));
+        }
+        path.push(module.to_string());
+        for next in graph.get(module).into_iter().flatten() {
+            if graph.contains_key(next) {
+                visit(next, graph, path, done);
+            }
+        }
+        path.pop();
+        done.push(module.to_string());
+    }
+    let mut done = Vec::new();
+    for module in graph.keys() {
+        visit(module, &graph, &mut Vec::new(), &mut done);
+    }
+    // The router is the top: nothing but the server's start-up refers to it.
+    for (module, uses) in &graph {
+        if module != "server" {
+            assert!(!uses.iter().any(|u| u == "routes"), "{module} uses routes");
+        }
+    }
+}
