@@ -67,11 +67,21 @@ pub enum MetastoreError {
     #[error("postgres error: {0}")]
     Postgres(#[from] tokio_postgres::Error),
     #[error("postgres connection pool: {0}")]
-    Pool(String),
+    Pool(#[source] deadpool_postgres::PoolError),
+    #[error("postgres connection pool: {0}")]
+    PoolBuild(#[source] deadpool_postgres::BuildError),
     #[error("invalid metastore url {url:?}: {message}")]
     InvalidUrl { url: String, message: String },
+    #[error("invalid metastore url {url:?}: {source}")]
+    InvalidPostgresUrl {
+        url: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
     #[error("metastore task failed: {0}")]
-    Task(String),
+    Task(#[from] tokio::task::JoinError),
+    #[error("the metastore connection lock was poisoned")]
+    Poisoned,
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
     /// A compaction swap found its inputs already replaced; nothing was changed.

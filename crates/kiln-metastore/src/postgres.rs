@@ -33,19 +33,16 @@ impl std::fmt::Debug for PostgresMetastore {
     }
 }
 
-fn pool_error(err: impl std::fmt::Display) -> MetastoreError {
-    MetastoreError::Pool(err.to_string())
-}
-
 impl PostgresMetastore {
     /// Connects to `url` (`postgres://user:password@host:port/database?...`, libpq style)
     /// and brings the schema up to date.
     pub async fn open(url: &str) -> Result<Self, MetastoreError> {
-        let config =
-            tokio_postgres::Config::from_str(url).map_err(|err| MetastoreError::InvalidUrl {
+        let config = tokio_postgres::Config::from_str(url).map_err(|source| {
+            MetastoreError::InvalidPostgresUrl {
                 url: redact(url),
-                message: err.to_string(),
-            })?;
+                source,
+            }
+        })?;
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -56,7 +53,7 @@ impl PostgresMetastore {
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
             .build()
-            .map_err(pool_error)?;
+            .map_err(MetastoreError::PoolBuild)?;
         let metastore = PostgresMetastore { pool };
         metastore.migrate().await?;
         Ok(metastore)
@@ -65,7 +62,7 @@ impl PostgresMetastore {
     async fn client(&self) -> Result<deadpool_postgres::Object, MetastoreError> {
         self.pool.get().await.map_err(|err| match err {
             deadpool_postgres::PoolError::Backend(err) => MetastoreError::Postgres(err),
-            other => pool_error(other),
+            other => MetastoreError::Pool(other),
         })
     }
 

@@ -68,7 +68,7 @@ impl SqliteMetastore {
                 Ok(connection)
             })
             .await
-            .map_err(|err| MetastoreError::Task(err.to_string()))??;
+            .map_err(MetastoreError::Task)??;
         Ok(SqliteMetastore {
             connection: Arc::new(Mutex::new(connection)),
         })
@@ -80,13 +80,11 @@ impl SqliteMetastore {
     ) -> Result<T, MetastoreError> {
         let connection = self.connection.clone();
         tokio::task::spawn_blocking(move || {
-            let mut guard = connection
-                .lock()
-                .map_err(|_| MetastoreError::Task("metastore connection lock poisoned".into()))?;
+            let mut guard = connection.lock().map_err(|_| MetastoreError::Poisoned)?;
             work(&mut guard)
         })
         .await
-        .map_err(|err| MetastoreError::Task(err.to_string()))?
+        .map_err(MetastoreError::Task)?
     }
 
     pub async fn register_block(

@@ -13,8 +13,7 @@
 use std::convert::Infallible;
 
 use axum::body::Body;
-use axum::extract::{FromRequestParts, Request, State};
-use axum::http::request::Parts;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -351,15 +350,6 @@ impl Wire {
             )
                 .into_response(),
         }
-    }
-}
-
-/// The request's [`Wire`], for handlers that shape their own successful answers.
-impl<S: Send + Sync> FromRequestParts<S> for Wire {
-    type Rejection = Infallible;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
-        Ok(Wire::of(parts.uri.path(), &parts.headers))
     }
 }
 

@@ -34,6 +34,8 @@ pub enum ServerError {
     },
     #[error("server error: {0}")]
     Io(#[from] std::io::Error),
+    #[error("server task failed: {0}")]
+    Task(#[source] tokio::task::JoinError),
     #[error("{0}")]
     Scrape(#[from] kiln_scrape::ScrapeError),
     #[error("host agent: {0}")]
@@ -61,7 +63,7 @@ impl RunningServer {
     pub async fn wait(&mut self) -> Result<(), ServerError> {
         match (&mut self.task).await {
             Ok(result) => result,
-            Err(err) => Err(ServerError::Io(std::io::Error::other(err.to_string()))),
+            Err(err) => Err(ServerError::Task(err)),
         }
     }
 
@@ -237,7 +239,7 @@ async fn start_agent(
         let stop = stop.clone();
         tokio::task::spawn_blocking(move || kiln_agent::Collector::spawn(config, stop, sink))
             .await
-            .map_err(|err| ServerError::Io(std::io::Error::other(err.to_string())))??
+            .map_err(ServerError::Task)??
     };
     tracing::info!(
         cpus = collector.cpus,

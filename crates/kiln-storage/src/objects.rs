@@ -139,7 +139,7 @@ impl ObjectStorage {
             let file = root.join(key);
             tokio::task::spawn_blocking(move || sync_file_and_parent(&file))
                 .await
-                .map_err(|err| std::io::Error::other(err.to_string()))??;
+                .map_err(StorageError::Task)??;
         }
         Ok(())
     }
