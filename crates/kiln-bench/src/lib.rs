@@ -6,10 +6,10 @@
 //! (pull collection from a fleet of targets) and [`agent`] (the host agent's overhead,
 //! perf events against eBPF).
 //!
-//! Benches report numbers; the tests assert behaviour (`stages`, `query`, `storage` and
-//! `agent` also run briefly in the `kiln` crate's integration suite). Servers under test
-//! are started as child processes of the running `kiln` binary, so a bench measures the
-//! binary users run.
+//! Benches report numbers; the tests assert behaviour (`stages`, `query`, `storage`,
+//! `scrape` and `agent` also run briefly in the `kiln` crate's integration suite). Servers
+//! under test are started as child processes of the running `kiln` binary, so a bench
+//! measures the binary users run.
 
 pub mod agent;
 pub mod ingest;
