@@ -297,10 +297,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
             while !stop.load(Ordering::Relaxed) {
                 let file = &files[index % files.len()];
                 let service = format!("bench-svc-{}", client % services);
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0);
+                let now = kiln_model::time::now_nanos() / 1_000_000_000;
                 let begin = Instant::now();
                 let (sent, body_bytes) = match protocol {
                     Protocol::Pprof => {

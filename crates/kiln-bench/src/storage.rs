@@ -185,9 +185,7 @@ async fn run_in(
     data_dir: &Path,
 ) -> anyhow::Result<()> {
     let steps = args.hours * 3600 / args.interval;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_secs() as i64;
+    let now = kiln_model::time::now_nanos() / 1_000_000_000;
     let start = now - args.hours * 3600 - 600;
     println!(
         "kiln bench storage: {:?} stream, {} corpus files ({}), {} h, {} instances every {} s = {} profiles",
@@ -472,9 +470,7 @@ pub async fn run_delay(args: DelayBenchArgs) -> anyhow::Result<()> {
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
     tokio::time::sleep(Duration::from_secs(args.settle)).await;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_millis() as i64;
+    let now_ms = kiln_model::time::now_ms();
     let metastore = kiln_metastore::Metastore::open(&format!(
         "sqlite://{}",
         data_dir.join("metastore.db").display()

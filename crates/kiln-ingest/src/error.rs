@@ -1,9 +1,9 @@
 use std::sync::Arc;
 
-use kiln_model::FormatError;
+use kiln_model::{ErrorKind, FormatError};
 use thiserror::Error;
 
-/// Why a write was refused or failed; each maps to one HTTP status and one metric reason.
+/// Why a write was refused or failed; each maps to one [`ErrorKind`].
 #[derive(Debug, Error)]
 pub enum IngestError {
     #[error("{0}")]
@@ -44,30 +44,15 @@ pub enum StoreError {
 }
 
 impl IngestError {
-    pub fn status(&self) -> u16 {
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            IngestError::BadRequest(_) => 400,
-            IngestError::Format(FormatError::TooLarge(_)) => 413,
-            IngestError::Format(_) => 400,
-            IngestError::TooLarge(_) => 413,
-            IngestError::UnsupportedFormat(_) => 415,
-            IngestError::RateLimited(_) => 429,
-            IngestError::Store(_) | IngestError::Task(_) => 500,
-            IngestError::ShuttingDown => 503,
-        }
-    }
-
-    /// Short label for the `reason` of the rejection metric.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            IngestError::BadRequest(_) => "malformed",
-            IngestError::Format(FormatError::TooLarge(_)) => "too_large",
-            IngestError::Format(_) => "malformed",
-            IngestError::TooLarge(_) => "too_large",
-            IngestError::UnsupportedFormat(_) => "unsupported_format",
-            IngestError::RateLimited(_) => "rate_limited",
-            IngestError::Store(_) | IngestError::Task(_) => "internal",
-            IngestError::ShuttingDown => "shutting_down",
+            IngestError::BadRequest(_) => ErrorKind::Malformed,
+            IngestError::Format(err) => err.kind(),
+            IngestError::TooLarge(_) => ErrorKind::TooLarge,
+            IngestError::UnsupportedFormat(_) => ErrorKind::UnsupportedFormat,
+            IngestError::RateLimited(_) => ErrorKind::RateLimited,
+            IngestError::Store(_) | IngestError::Task(_) => ErrorKind::Internal,
+            IngestError::ShuttingDown => ErrorKind::ShuttingDown,
         }
     }
 }

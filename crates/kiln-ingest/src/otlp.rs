@@ -323,14 +323,11 @@ mod json {
     use super::*;
     use kiln_model::proto_json::{base64_decode, i64_of};
 
+    pub use kiln_model::proto_json::bytes::deserialize as bytes;
     pub use kiln_model::proto_json::int64::deserialize as i64;
     pub use kiln_model::proto_json::int64s::deserialize as i64s;
     pub use kiln_model::proto_json::uint64::deserialize as u64;
     pub use kiln_model::proto_json::uint64s::deserialize as u64s;
-
-    pub fn bytes<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
-        kiln_model::proto_json::bytes::deserialize(deserializer)
-    }
 
     /// A trace or span id: hex, as OTLP/JSON writes it, or base64, as proto3 JSON does.
     pub fn id<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {

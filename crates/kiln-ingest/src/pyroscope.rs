@@ -499,6 +499,6 @@ mod tests {
             .await
             .err()
             .unwrap();
-        assert_eq!(err.status(), 415);
+        assert_eq!(err.kind().status(), 415);
     }
 }

@@ -1,5 +1,51 @@
 use thiserror::Error;
 
+/// What kind of refusal or failure an error is: the one mapping every layer's errors go
+/// through to an HTTP status (and a gRPC or Connect code at the edge) and to the `reason`
+/// label of the rejection metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request is wrong: a bad parameter, malformed bytes, a broken shape limit.
+    Malformed,
+    TooLarge,
+    UnsupportedFormat,
+    RateLimited,
+    /// The client did not send its body in time.
+    Timeout,
+    NotFound,
+    Internal,
+    ShuttingDown,
+}
+
+impl ErrorKind {
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorKind::Malformed => 400,
+            ErrorKind::TooLarge => 413,
+            ErrorKind::UnsupportedFormat => 415,
+            ErrorKind::RateLimited => 429,
+            ErrorKind::Timeout => 408,
+            ErrorKind::NotFound => 404,
+            ErrorKind::Internal => 500,
+            ErrorKind::ShuttingDown => 503,
+        }
+    }
+
+    /// The `reason` label of the rejection metric.
+    pub fn reason(self) -> &'static str {
+        match self {
+            ErrorKind::Malformed => "malformed",
+            ErrorKind::TooLarge => "too_large",
+            ErrorKind::UnsupportedFormat => "unsupported_format",
+            ErrorKind::RateLimited => "rate_limited",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Internal => "internal",
+            ErrorKind::ShuttingDown => "shutting_down",
+        }
+    }
+}
+
 /// Why untrusted input was refused. Each variant maps to one HTTP status at the edge.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum FormatError {
@@ -17,6 +63,13 @@ pub enum FormatError {
 impl FormatError {
     pub fn malformed(message: impl Into<String>) -> Self {
         FormatError::Malformed(message.into())
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            FormatError::TooLarge(_) => ErrorKind::TooLarge,
+            FormatError::Malformed(_) | FormatError::Limit(_) => ErrorKind::Malformed,
+        }
     }
 
     /// The message alone, without the kind's prefix, for answers that carry the kind in

@@ -27,6 +27,6 @@ pub mod selector;
 pub mod speedscope;
 pub mod time;
 
-pub use error::FormatError;
+pub use error::{ErrorKind, FormatError};
 pub use labels::{Label, Labels};
 pub use profile_type::ProfileType;

@@ -96,6 +96,33 @@ impl Selector {
     }
 }
 
+/// The selector as text [`parse`] reads back to an equal selector: values quoted with
+/// `\`, `"` and newlines escaped.
+impl std::fmt::Display for Selector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(name) = &self.name {
+            f.write_str(name)?;
+        }
+        f.write_str("{")?;
+        for (index, matcher) in self.matchers.iter().enumerate() {
+            let op = match matcher.op {
+                MatchOp::Equal => "=",
+                MatchOp::NotEqual => "!=",
+                MatchOp::Regex => "=~",
+                MatchOp::NotRegex => "!~",
+            };
+            let value = matcher
+                .value
+                .replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n");
+            let separator = if index == 0 { "" } else { ", " };
+            write!(f, "{separator}{}{op}\"{value}\"", matcher.name)?;
+        }
+        f.write_str("}")
+    }
+}
+
 #[derive(Debug, Clone, Error, PartialEq, Eq)]
 #[error("parse error at position {position}: {message}")]
 pub struct SelectorError {
@@ -279,6 +306,26 @@ mod tests {
 
     fn labels() -> Labels {
         Labels::from_pairs([("service_name", "api"), ("region", "eu-west")])
+    }
+
+    #[test]
+    fn selectors_print_as_they_parse() {
+        for text in [
+            r#"{service_name="api", region!="eu", path=~"/a\\d+", q!~"x\"y"}"#,
+            r#"cpu{a="line\nbreak", b="back\\slash"}"#,
+            "{}",
+        ] {
+            let parsed = parse(text).unwrap();
+            let printed = parsed.to_string();
+            assert_eq!(
+                parse(&printed).unwrap(),
+                parsed,
+                "{text} printed as {printed}"
+            );
+        }
+        let parsed = parse(r#"{a=~"\d"}"#).unwrap();
+        assert_eq!(parsed.to_string(), r#"{a=~"\\d"}"#);
+        assert!(parsed.matches(&Labels::from_pairs([("a", "7")])));
     }
 
     #[test]

@@ -1,3 +1,4 @@
+use kiln_model::ErrorKind;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -15,11 +16,11 @@ pub enum QueryError {
 }
 
 impl QueryError {
-    pub fn status(&self) -> u16 {
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            QueryError::BadRequest(_) => 400,
-            QueryError::NotFound(_) => 404,
-            _ => 500,
+            QueryError::BadRequest(_) => ErrorKind::Malformed,
+            QueryError::NotFound(_) => ErrorKind::NotFound,
+            _ => ErrorKind::Internal,
         }
     }
 }

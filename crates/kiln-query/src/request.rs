@@ -126,41 +126,8 @@ pub fn render_query(query: &str) -> Result<(String, Selector), QueryError> {
     }
     let (app, kind) = split_legacy_name(&name);
     let type_id = kind.unwrap_or_else(default_legacy_type).profile_type.id();
-    parsed.matchers.push(Matcher::equal(SERVICE_NAME, app));
+    parsed.matchers.insert(0, Matcher::equal(SERVICE_NAME, app));
     Ok((type_id, parsed))
-}
-
-/// [`render_query`] for a client that sends the selector on as text (the CLI): the type id
-/// and the label selector text, with a legacy app name turned into a `service_name`
-/// matcher. A malformed selector is passed on as is, for the server to say where.
-pub fn render_query_text(query: &str) -> Result<(String, String), QueryError> {
-    let query = query.trim();
-    let (name, selector) = match query.find('{') {
-        Some(brace) => (query[..brace].trim(), query[brace..].trim()),
-        None => (query, "{}"),
-    };
-    if name.is_empty() {
-        return Err(QueryError::BadRequest("the query needs a profile type before the braces, e.g. process_cpu:cpu:nanoseconds:cpu:nanoseconds{}".into()));
-    }
-    if name.split(':').count() == 5 {
-        return Ok((name.to_string(), selector.to_string()));
-    }
-    let (app, kind) = split_legacy_name(name);
-    let type_id = kind.unwrap_or_else(default_legacy_type).profile_type.id();
-    let Some(inner) = selector
-        .strip_prefix('{')
-        .and_then(|rest| rest.strip_suffix('}'))
-        .map(str::trim)
-    else {
-        return Ok((type_id, selector.to_string()));
-    };
-    let app = app.replace('\\', "\\\\").replace('"', "\\\"");
-    let selector = if inner.is_empty() {
-        format!("{{{SERVICE_NAME}=\"{app}\"}}")
-    } else {
-        format!("{{{SERVICE_NAME}=\"{app}\", {inner}}}")
-    };
-    Ok((type_id, selector))
 }
 
 /// The selectors of a legacy label query's optional `query`: a bare `{…}`, or `TYPE{…}`,
@@ -331,9 +298,10 @@ mod tests {
         assert_eq!(type_id, "process_cpu:cpu:nanoseconds:cpu:nanoseconds");
         assert_eq!(selector.equality(SERVICE_NAME), Some("myapp"));
         assert_eq!(selector.equality("env"), Some("prod"));
-        let (text_type, text) = render_query_text(r#"myapp.cpu{env="prod"}"#).unwrap();
-        assert_eq!(text_type, type_id);
-        assert_eq!(text, r#"{service_name="myapp", env="prod"}"#);
+        assert_eq!(
+            selector.to_string(),
+            r#"{service_name="myapp", env="prod"}"#
+        );
         let full = "memory:alloc_space:bytes:space:bytes";
         assert_eq!(render_query(&format!("{full}{{}}")).unwrap().0, full);
         assert!(render_query("{a=\"b\"}").is_err());

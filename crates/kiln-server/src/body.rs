@@ -10,7 +10,7 @@ use axum::http::HeaderMap;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
-use kiln_model::FormatError;
+use kiln_model::{ErrorKind, FormatError};
 
 /// A request body that fails once its deadline passes, however slowly its bytes trickle
 /// in: an idle timeout between reads would let a client hold a request open for ever by
@@ -89,21 +89,13 @@ pub enum BodyError {
 }
 
 impl BodyError {
-    pub fn status(&self) -> u16 {
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            BodyError::TooLarge(_) | BodyError::Inflate(FormatError::TooLarge(_)) => 413,
-            BodyError::Timeout(_) => 408,
-            BodyError::Read(_) | BodyError::Inflate(_) => 400,
-            BodyError::Encoding(_) => 415,
-        }
-    }
-
-    pub fn reason(&self) -> &'static str {
-        match self {
-            BodyError::TooLarge(_) | BodyError::Inflate(FormatError::TooLarge(_)) => "too_large",
-            BodyError::Timeout(_) => "timeout",
-            BodyError::Read(_) | BodyError::Inflate(_) => "malformed",
-            BodyError::Encoding(_) => "unsupported_format",
+            BodyError::TooLarge(_) => ErrorKind::TooLarge,
+            BodyError::Timeout(_) => ErrorKind::Timeout,
+            BodyError::Read(_) => ErrorKind::Malformed,
+            BodyError::Encoding(_) => ErrorKind::UnsupportedFormat,
+            BodyError::Inflate(err) => err.kind(),
         }
     }
 }

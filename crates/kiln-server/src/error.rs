@@ -5,6 +5,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use kiln_ingest::IngestError;
+use kiln_model::ErrorKind;
 use kiln_query::QueryError;
 use thiserror::Error;
 
@@ -25,27 +26,19 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    pub fn status(&self) -> StatusCode {
-        let code = match self {
-            ApiError::Tenant(_) => 400,
-            ApiError::Body(err) => err.status(),
-            ApiError::Rpc(err) => err.status(),
-            ApiError::Ingest(err) => err.status(),
-            ApiError::Query(err) => err.status(),
-        };
-        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    /// The one mapping: every error's kind, whose status and metric reason follow.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ApiError::Tenant(_) => ErrorKind::Malformed,
+            ApiError::Body(err) => err.kind(),
+            ApiError::Rpc(err) => err.kind(),
+            ApiError::Ingest(err) => err.kind(),
+            ApiError::Query(err) => err.kind(),
+        }
     }
 
-    /// The `reason` label of `kiln_ingest_rejected`.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            ApiError::Tenant(_) => "malformed",
-            ApiError::Body(err) => err.reason(),
-            ApiError::Rpc(err) => err.reason(),
-            ApiError::Ingest(err) => err.reason(),
-            ApiError::Query(err) if err.status() >= 500 => "internal",
-            ApiError::Query(_) => "malformed",
-        }
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.kind().status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 }
 
@@ -64,7 +57,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let failure = Failure {
             status: self.status(),
-            reason: self.reason(),
+            reason: self.kind().reason(),
             message: self.to_string(),
         };
         if failure.status.is_server_error() {
@@ -115,19 +108,11 @@ pub enum RpcError {
 }
 
 impl RpcError {
-    pub fn status(&self) -> u16 {
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            RpcError::ContentType(..) => 415,
-            RpcError::Inflate(kiln_model::FormatError::TooLarge(_)) => 413,
-            _ => 400,
-        }
-    }
-
-    pub fn reason(&self) -> &'static str {
-        match self {
-            RpcError::ContentType(..) => "unsupported_format",
-            RpcError::Inflate(kiln_model::FormatError::TooLarge(_)) => "too_large",
-            _ => "malformed",
+            RpcError::ContentType(..) => ErrorKind::UnsupportedFormat,
+            RpcError::Inflate(err) => err.kind(),
+            _ => ErrorKind::Malformed,
         }
     }
 }

@@ -3,14 +3,16 @@
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::endpoints::{OTLP_GRPC_PATH, OTLP_HTTP_PATH, PROFEFE_PATH, PUSH_PATH};
+use crate::endpoints::{OTLP_GRPC_PATH, OTLP_HTTP_PATH, PROFEFE_PATH, PUSH_PATH, PYROSCOPE_PATHS};
 use crate::state::SharedState;
 use crate::{ingest, ops, otlp, profefe, querier, render};
 
 pub fn router(state: SharedState) -> Router {
-    Router::new()
-        .route("/ingest", post(ingest::pyroscope))
-        .route("/pyroscope/ingest", post(ingest::pyroscope))
+    PYROSCOPE_PATHS
+        .iter()
+        .fold(Router::new(), |router, path| {
+            router.route(path, post(ingest::pyroscope))
+        })
         .route(PUSH_PATH, post(ingest::push))
         .route(OTLP_GRPC_PATH, post(otlp::export))
         .route(OTLP_HTTP_PATH, post(otlp::export))

@@ -14,6 +14,7 @@ use std::convert::Infallible;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
+use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -295,9 +296,8 @@ pub enum Wire {
 }
 
 impl Wire {
-    /// The wire of a request, from its path and content type.
-    pub fn of(path: &str, headers: &HeaderMap) -> Wire {
-        let content_type = content_type(headers);
+    /// The wire of a request, from its path and (lower-cased) content type.
+    pub fn of(path: &str, content_type: &str) -> Wire {
         if content_type.starts_with("application/grpc") {
             return Wire::Grpc;
         }
@@ -359,16 +359,24 @@ pub(crate) async fn shape_errors(
     request: Request,
     next: Next,
 ) -> Response {
-    let wire = Wire::of(request.uri().path(), request.headers());
-    let endpoint = crate::endpoints::endpoint_of(request.method(), request.uri().path());
+    // Kept as they are (cheap, reference-counted clones): the wire is worked out only for
+    // an answer that failed, not on every request.
+    let (method, uri) = (request.method().clone(), request.uri().clone());
+    let content_type = request.headers().get(CONTENT_TYPE).cloned();
     let response = next.run(request).await;
     let Some(failure) = response.extensions().get::<Failure>().cloned() else {
         return response;
     };
-    if let Some(endpoint) = endpoint {
+    if let Some(endpoint) = crate::endpoints::endpoint_of(&method, uri.path()) {
         state.metrics.reject(endpoint, failure.reason);
     }
-    wire.render(&failure, response)
+    let content_type = content_type
+        .as_ref()
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    Wire::of(uri.path(), &content_type).render(&failure, response)
 }
 
 #[cfg(test)]
@@ -394,29 +402,23 @@ mod tests {
         let grpc = Rpc::of(&headers("application/grpc+proto"), Family::Otlp).unwrap();
         assert_eq!(grpc.encoding, Encoding::Grpc);
         let err = Rpc::of(&headers("text/plain"), Family::Connect).unwrap_err();
-        assert_eq!(err.status(), 415);
+        assert_eq!(err.kind().status(), 415);
     }
 
     #[test]
     fn errors_take_the_shape_of_the_request() {
-        let json = headers("application/json");
+        let json = "application/json";
+        assert_eq!(Wire::of("/push.v1.PusherService/Push", json), Wire::Connect);
         assert_eq!(
-            Wire::of("/push.v1.PusherService/Push", &json),
-            Wire::Connect
-        );
-        assert_eq!(
-            Wire::of(crate::endpoints::OTLP_HTTP_PATH, &json),
+            Wire::of(crate::endpoints::OTLP_HTTP_PATH, json),
             Wire::Otlp(Encoding::Json)
         );
-        assert_eq!(Wire::of("/api/0/profiles", &json), Wire::Profefe);
+        assert_eq!(Wire::of("/api/0/profiles", json), Wire::Profefe);
         assert_eq!(
-            Wire::of(
-                "/querier.v1.QuerierService/Series",
-                &headers("application/grpc")
-            ),
+            Wire::of("/querier.v1.QuerierService/Series", "application/grpc"),
             Wire::Grpc
         );
-        assert_eq!(Wire::of("/ingest", &json), Wire::Text);
+        assert_eq!(Wire::of("/ingest", json), Wire::Text);
     }
 
     #[test]

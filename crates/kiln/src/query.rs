@@ -246,9 +246,10 @@ impl Progress {
 }
 
 /// Splits `TYPE{matchers}` into a profile type id and a label selector, by the same rules
-/// as the server's render API.
+/// as the server's render API (a legacy `app.cpu` becomes a `service_name` matcher).
 fn split_query(query: &str) -> anyhow::Result<(String, String)> {
-    Ok(kiln_query::request::render_query_text(query)?)
+    let (type_id, selector) = kiln_query::request::render_query(query)?;
+    Ok((type_id, selector.to_string()))
 }
 
 /// A time as `--from`/`--to` take it, in the API's milliseconds.
