@@ -248,8 +248,18 @@ impl Progress {
 /// Splits `TYPE{matchers}` into a profile type id and a label selector, by the same rules
 /// as the server's render API (a legacy `app.cpu` becomes a `service_name` matcher).
 fn split_query(query: &str) -> anyhow::Result<(String, String)> {
-    let (type_id, selector) = kiln_query::request::render_query(query)?;
-    Ok((type_id, selector.to_string()))
+    use kiln_query::request::render_query;
+    match render_query(query) {
+        Ok((type_id, selector)) => Ok((type_id, selector.to_string())),
+        // A malformed selector goes to the server as written, for it to say where the
+        // problem is, under the type its name stands for.
+        Err(err) => match query.trim().split_once('{') {
+            Some((name, rest)) => {
+                Ok((render_query(&format!("{name}{{}}"))?.0, format!("{{{rest}")))
+            }
+            None => Err(err.into()),
+        },
+    }
 }
 
 /// A time as `--from`/`--to` take it, in the API's milliseconds.
