@@ -20,6 +20,11 @@
 //! 4. blocks left without datasets are tombstoned and their objects deleted after the
 //!    grace period, so queries that listed them just before can still read them.
 //!
+//! A level-0 dataset is compacted exactly once: its swap deletes it. That makes the first
+//! compaction the one moment each profile is seen exactly once, so recording rules
+//! ([`RuleHook`], kiln-rules) are evaluated there, over the inputs, and their samples are
+//! committed in the same transaction as the swap.
+//!
 //! Retention removes, per tenant, the datasets whose newest profile is older than the
 //! tenant's retention, through the same tombstones.
 
@@ -29,7 +34,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kiln_metastore::{BlockMeta, DatasetMeta, LeaseKey, Metastore, MetastoreError};
+use kiln_metastore::{
+    BlockMeta, DatasetMeta, Exports, LeaseKey, Metastore, MetastoreError, RuleRecord,
+};
 use kiln_storage::format::{encode_block_as, BlockEncoding, Projection};
 use kiln_storage::ranged::{BlockTail, PartialBlock};
 use kiln_storage::{Dataset, DatasetBuilder, ObjectStorage, StorageError};
@@ -207,8 +214,13 @@ pub struct PassReport {
     pub deleted_objects: usize,
 }
 
+/// Evaluates a tenant's recording rules over one level-0 dataset; runs on the blocking
+/// pool during the merge. Its samples are committed with the swap.
+pub type RuleHook = Arc<dyn Fn(&[RuleRecord], &Dataset) -> Exports + Send + Sync>;
+
 #[derive(Clone)]
 pub struct Compactor {
+    rules: Option<RuleHook>,
     metastore: Metastore,
     storage: ObjectStorage,
     config: CompactorConfig,
@@ -271,6 +283,7 @@ struct Job {
 impl Compactor {
     pub fn new(metastore: Metastore, storage: ObjectStorage, config: CompactorConfig) -> Self {
         Compactor {
+            rules: None,
             metastore,
             storage,
             config,
@@ -279,6 +292,12 @@ impl Compactor {
             last_sweep_ms: Default::default(),
             tails: Default::default(),
         }
+    }
+
+    /// Evaluates recording rules at each first compaction.
+    pub fn with_rules(mut self, hook: RuleHook) -> Self {
+        self.rules = Some(hook);
+        self
     }
 
     pub fn metrics(&self) -> &CompactorMetrics {
@@ -434,12 +453,21 @@ impl Compactor {
         }
         let inputs = job.inputs.clone();
         let (tenant, service) = (job.key.tenant.clone(), job.key.service.clone());
+        // Rules are read after the lease is held: a rule saved before this point counts
+        // these inputs, one saved later starts with the next job.
+        let rules = match &self.rules {
+            Some(hook) if job.key.level == 0 => {
+                let rules = self.metastore.recording_rules(Some(tenant.clone())).await?;
+                (!rules.is_empty()).then(|| (hook.clone(), rules))
+            }
+            _ => None,
+        };
         // The block is named first, so its index entry is complete when built.
         let id = ulid::Ulid::new().to_string();
         let object_key = format!("blocks/{id}.parquet");
         let target = (id.clone(), object_key.clone());
-        let (block, meta) = tokio::task::spawn_blocking(move || {
-            merge_datasets(&tenant, &service, &inputs, objects, &target)
+        let (block, meta, exports) = tokio::task::spawn_blocking(move || {
+            merge_datasets(&tenant, &service, &inputs, objects, &target, rules)
         })
         .await??;
         crash_point("compaction-merged");
@@ -459,6 +487,7 @@ impl Compactor {
                 },
                 vec![meta],
                 job.inputs.iter().map(DatasetMeta::reference).collect(),
+                exports,
             )
             .await?;
         crash_point("compaction-swapped");
@@ -556,8 +585,10 @@ fn merge_datasets(
     inputs: &[DatasetMeta],
     objects: Vec<PartialBlock>,
     (block_id, object_key): &(String, String),
-) -> Result<(Vec<u8>, DatasetMeta), CompactorError> {
+    rules: Option<(RuleHook, Vec<RuleRecord>)>,
+) -> Result<(Vec<u8>, DatasetMeta, Exports), CompactorError> {
     let mut builder = DatasetBuilder::new(tenant, service);
+    let mut exports = Exports::default();
     for (input, partial) in inputs.iter().zip(objects) {
         let name = format!("{}#{}", input.object_key, input.row_group);
         let dataset: Dataset = kiln_storage::ranged::decode_partial(
@@ -581,6 +612,11 @@ fn merge_datasets(
                 ),
             ));
         }
+        if let Some((hook, rules)) = &rules {
+            let found = hook(rules, &dataset);
+            exports.targets = found.targets;
+            exports.samples.extend(found.samples);
+        }
         builder.add_dataset(&dataset);
     }
     let dataset = builder.finish();
@@ -598,5 +634,5 @@ fn merge_datasets(
     };
     let block = encode_block_as(std::slice::from_ref(&dataset), BlockEncoding::Compacted)
         .map_err(CompactorError::Encode)?;
-    Ok((block, meta))
+    Ok((block, meta, exports))
 }

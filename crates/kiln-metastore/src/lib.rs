@@ -4,6 +4,17 @@
 //! written first. This ordering is what makes a flush atomic: a crash between the two
 //! leaves an unreferenced object (garbage, never half-visible data).
 //!
+//! Recording rules share that rule. Their definitions live here per tenant, and the samples
+//! they produce wait in an outbox table, one row per (remote-write target, series, sample
+//! time). A rule's samples from a level-0 dataset are inserted in the same transaction as
+//! the compaction swap that removes that dataset, so each profile is counted exactly once
+//! however crashes, retries and concurrent compactors interleave. A row is mutable
+//! (`PENDING`: a later contribution to its step adds to it) until a sender claims it
+//! (`CLAIMED`: its value is fixed, and it is sent until acknowledged); after that, a
+//! contribution to the same step becomes a new row one millisecond later, so a resent
+//! sample is always identical to the first (Prometheus ignores it) and no value is ever
+//! sent twice under one timestamp with two different values.
+//!
 //! Backends are chosen by URL: `sqlite:///path` (embedded, one node) or `postgres://…`
 //! (shared by every node of a scaled-out deployment). Both keep the same tables and
 //! schema versions; migrations are versioned and applied at open. One behavioural test
@@ -55,7 +66,44 @@ const MIGRATIONS: &[&str] = &[
         expires_at_ms BIGINT NOT NULL,
         PRIMARY KEY (tenant, service, level)
      );",
+    // 3: recording rules, their outbox per remote-write target, and backfilled ranges.
+    "CREATE TABLE recording_rules (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        source TEXT NOT NULL,
+        live_from_ms BIGINT NOT NULL,
+        updated_at_ms BIGINT NOT NULL,
+        PRIMARY KEY (tenant, name)
+     );
+     CREATE TABLE rule_samples (
+        target TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        rule TEXT NOT NULL,
+        series TEXT NOT NULL,
+        ts_ms BIGINT NOT NULL,
+        value BIGINT NOT NULL,
+        state INTEGER NOT NULL,
+        PRIMARY KEY (target, tenant, rule, series, ts_ms)
+     );
+     CREATE INDEX rule_samples_by_state ON rule_samples (target, state, ts_ms);
+     CREATE TABLE rule_backfills (
+        tenant TEXT NOT NULL,
+        rule TEXT NOT NULL,
+        from_ms BIGINT NOT NULL,
+        until_ms BIGINT NOT NULL,
+        done_at_ms BIGINT NOT NULL,
+        PRIMARY KEY (tenant, rule, from_ms)
+     );",
 ];
+
+/// Outbox states: a pending row still takes contributions to its step.
+pub const PENDING: i32 = 0;
+/// Claimed by a sender: the value is final and is sent until acknowledged.
+pub const CLAIMED: i32 = 1;
+/// Acknowledged by the target; kept (until pruned) so that late data for its step becomes
+/// a new sample instead of changing this one.
+pub const DELIVERED: i32 = 2;
 
 // Wall-clock milliseconds, for lease expiry, tombstones and migration records.
 use kiln_model::time::now_ms;
@@ -117,6 +165,72 @@ impl DatasetMeta {
             row_group: self.row_group,
         }
     }
+}
+
+/// A recording rule as stored: its definition (`spec`, JSON) is kiln-rules' business; the
+/// metastore keeps it per tenant, with the time from which compaction counts it live.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleRecord {
+    pub tenant: String,
+    pub name: String,
+    pub spec: String,
+    /// `file` (read-only, from the config file) or `api`.
+    pub source: String,
+    /// Profiles from this time on are counted as they are first compacted; earlier ones
+    /// only by a backfill. Kept when the rule is updated.
+    pub live_from_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+/// One rule's sum for one series over one step, to add to every target's outbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleSample {
+    pub tenant: String,
+    pub rule: String,
+    /// The series' labels, canonical text (kiln-rules renders them).
+    pub series: String,
+    /// Start of the step (ms), a multiple of `step_ms`.
+    pub step_start_ms: i64,
+    pub step_ms: i64,
+    pub value: i64,
+}
+
+/// Samples committed with a swap or a backfill, into each of `targets`' outboxes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Exports {
+    pub targets: Vec<String>,
+    pub samples: Vec<RuleSample>,
+}
+
+impl Exports {
+    pub fn is_empty(&self) -> bool {
+        self.targets.is_empty() || self.samples.is_empty()
+    }
+
+    /// Key order, so concurrent transactions touch rows in one order (no deadlocks).
+    fn sorted(mut self) -> Self {
+        self.samples.sort_by(|a, b| {
+            (&a.tenant, &a.rule, &a.series, a.step_start_ms).cmp(&(
+                &b.tenant,
+                &b.rule,
+                &b.series,
+                b.step_start_ms,
+            ))
+        });
+        self.targets.sort();
+        self.targets.dedup();
+        self
+    }
+}
+
+/// One row of a target's outbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxSample {
+    pub tenant: String,
+    pub rule: String,
+    pub series: String,
+    pub ts_ms: i64,
+    pub value: i64,
 }
 
 /// One compaction group: the datasets of a (tenant, service) at one level.
@@ -223,13 +337,89 @@ impl Metastore {
         dispatch!(self.release_lease(group, owner))
     }
 
+    /// The compaction swap; `exports` (rule samples of the replaced level-0 datasets) are
+    /// committed in the same transaction, or not at all.
     pub async fn replace_datasets(
         &self,
         block: BlockMeta,
         datasets: Vec<DatasetMeta>,
         replaced: Vec<DatasetRef>,
+        exports: Exports,
     ) -> Result<(), MetastoreError> {
-        dispatch!(self.replace_datasets(block, datasets, replaced))
+        let exports = exports.sorted();
+        dispatch!(self.replace_datasets(block, datasets, replaced, exports))
+    }
+
+    /// Recording rules, of one tenant or of all.
+    pub async fn recording_rules(
+        &self,
+        tenant: Option<String>,
+    ) -> Result<Vec<RuleRecord>, MetastoreError> {
+        dispatch!(self.recording_rules(tenant))
+    }
+
+    /// Creates or updates a rule; an update keeps `live_from_ms`. Returns the stored row.
+    pub async fn put_recording_rule(
+        &self,
+        record: RuleRecord,
+    ) -> Result<RuleRecord, MetastoreError> {
+        dispatch!(self.put_recording_rule(record))
+    }
+
+    /// Removes a rule; false when there was none. Samples already computed still go out.
+    pub async fn delete_recording_rule(
+        &self,
+        tenant: &str,
+        name: &str,
+    ) -> Result<bool, MetastoreError> {
+        dispatch!(self.delete_recording_rule(tenant, name))
+    }
+
+    /// Records that `rule` was backfilled over `[from_ms, until_ms)` together with its
+    /// samples; [`MetastoreError::Conflict`] (and nothing written) when the range overlaps
+    /// one backfilled before.
+    pub async fn record_backfill(
+        &self,
+        tenant: &str,
+        rule: &str,
+        from_ms: i64,
+        until_ms: i64,
+        exports: Exports,
+    ) -> Result<(), MetastoreError> {
+        let exports = exports.sorted();
+        dispatch!(self.record_backfill(tenant, rule, from_ms, until_ms, exports))
+    }
+
+    /// Claims up to `limit` rows of `target`'s outbox, oldest first: rows claimed earlier
+    /// and never acknowledged (a sender died), then pending rows whose time is before
+    /// `due_before_ms`. Claimed rows no longer change.
+    pub async fn claim_exports(
+        &self,
+        target: &str,
+        due_before_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<OutboxSample>, MetastoreError> {
+        dispatch!(self.claim_exports(target, due_before_ms, limit))
+    }
+
+    /// Marks claimed rows delivered.
+    pub async fn ack_exports(
+        &self,
+        target: &str,
+        samples: Vec<OutboxSample>,
+    ) -> Result<(), MetastoreError> {
+        dispatch!(self.ack_exports(target, samples))
+    }
+
+    /// Deletes delivered rows older than `before_ms`; late data for their steps is then
+    /// no longer exported (see kiln-rules). Returns how many.
+    pub async fn prune_exports(&self, before_ms: i64) -> Result<usize, MetastoreError> {
+        dispatch!(self.prune_exports(before_ms))
+    }
+
+    /// Rows of `target` not yet delivered.
+    pub async fn export_backlog(&self, target: &str) -> Result<i64, MetastoreError> {
+        dispatch!(self.export_backlog(target))
     }
 
     pub async fn expire_datasets(

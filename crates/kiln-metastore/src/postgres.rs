@@ -14,7 +14,8 @@ use tokio_postgres::{NoTls, Row};
 
 use crate::now_ms;
 use crate::{
-    BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, LeaseKey, MetastoreError, MIGRATIONS,
+    BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, MetastoreError,
+    OutboxSample, RuleRecord, CLAIMED, DELIVERED, MIGRATIONS, PENDING,
 };
 
 /// Any 64-bit key no other user of the database is likely to pick: "kilnmeta".
@@ -218,6 +219,7 @@ impl PostgresMetastore {
         block: BlockMeta,
         datasets: Vec<DatasetMeta>,
         replaced: Vec<DatasetRef>,
+        exports: Exports,
     ) -> Result<(), MetastoreError> {
         let mut client = self.client().await?;
         let transaction = client.transaction().await?;
@@ -241,8 +243,199 @@ impl PostgresMetastore {
         blocks.sort_unstable();
         blocks.dedup();
         tombstone_empty(&transaction, &blocks).await?;
+        add_exports(&transaction, &exports).await?;
         transaction.commit().await?;
         Ok(())
+    }
+
+    pub async fn recording_rules(
+        &self,
+        tenant: Option<String>,
+    ) -> Result<Vec<RuleRecord>, MetastoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT tenant, name, spec, source, live_from_ms, updated_at_ms FROM recording_rules
+                 WHERE $1::TEXT IS NULL OR tenant = $1 ORDER BY tenant, name",
+                &[&tenant],
+            )
+            .await?;
+        Ok(rows.iter().map(rule_from_row).collect())
+    }
+
+    pub async fn put_recording_rule(
+        &self,
+        record: RuleRecord,
+    ) -> Result<RuleRecord, MetastoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "INSERT INTO recording_rules (tenant, name, spec, source, live_from_ms, updated_at_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (tenant, name) DO UPDATE SET spec = excluded.spec,
+                    source = excluded.source, updated_at_ms = excluded.updated_at_ms
+                 RETURNING tenant, name, spec, source, live_from_ms, updated_at_ms",
+                &[
+                    &record.tenant,
+                    &record.name,
+                    &record.spec,
+                    &record.source,
+                    &record.live_from_ms,
+                    &record.updated_at_ms,
+                ],
+            )
+            .await?;
+        Ok(rule_from_row(&row))
+    }
+
+    pub async fn delete_recording_rule(
+        &self,
+        tenant: &str,
+        name: &str,
+    ) -> Result<bool, MetastoreError> {
+        let client = self.client().await?;
+        Ok(client
+            .execute(
+                "DELETE FROM recording_rules WHERE tenant = $1 AND name = $2",
+                &[&tenant, &name],
+            )
+            .await?
+            > 0)
+    }
+
+    pub async fn record_backfill(
+        &self,
+        tenant: &str,
+        rule: &str,
+        from_ms: i64,
+        until_ms: i64,
+        exports: Exports,
+    ) -> Result<(), MetastoreError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await?;
+        // Two backfills of one rule at once: the second waits here, then sees the first.
+        transaction
+            .execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0))",
+                &[&tenant, &rule],
+            )
+            .await?;
+        if let Some(row) = transaction
+            .query_opt(
+                "SELECT from_ms, until_ms FROM rule_backfills
+                 WHERE tenant = $1 AND rule = $2 AND from_ms < $4 AND until_ms > $3 LIMIT 1",
+                &[&tenant, &rule, &from_ms, &until_ms],
+            )
+            .await?
+        {
+            let (from, until): (i64, i64) = (row.get(0), row.get(1));
+            return Err(MetastoreError::Conflict(format!(
+                "rule {rule} was already backfilled over [{from}, {until}) ms"
+            )));
+        }
+        transaction
+            .execute(
+                "INSERT INTO rule_backfills (tenant, rule, from_ms, until_ms, done_at_ms) VALUES ($1, $2, $3, $4, $5)",
+                &[&tenant, &rule, &from_ms, &until_ms, &now_ms()],
+            )
+            .await?;
+        add_exports(&transaction, &exports).await?;
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    pub async fn claim_exports(
+        &self,
+        target: &str,
+        due_before_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<OutboxSample>, MetastoreError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await?;
+        let rows = transaction
+            .query(
+                "UPDATE rule_samples SET state = $2 WHERE (target, tenant, rule, series, ts_ms) IN (
+                    SELECT target, tenant, rule, series, ts_ms FROM rule_samples
+                    WHERE target = $1 AND (state = $2 OR (state = $3 AND ts_ms < $4))
+                    ORDER BY state DESC, ts_ms, tenant, rule, series LIMIT $5 FOR UPDATE)
+                 RETURNING tenant, rule, series, ts_ms, value",
+                &[
+                    &target,
+                    &CLAIMED,
+                    &PENDING,
+                    &due_before_ms,
+                    &(limit as i64),
+                ],
+            )
+            .await?;
+        transaction.commit().await?;
+        let mut samples: Vec<OutboxSample> = rows
+            .iter()
+            .map(|row| OutboxSample {
+                tenant: row.get(0),
+                rule: row.get(1),
+                series: row.get(2),
+                ts_ms: row.get(3),
+                value: row.get(4),
+            })
+            .collect();
+        samples.sort_by(|a, b| {
+            (a.ts_ms, &a.tenant, &a.rule, &a.series).cmp(&(b.ts_ms, &b.tenant, &b.rule, &b.series))
+        });
+        Ok(samples)
+    }
+
+    pub async fn ack_exports(
+        &self,
+        target: &str,
+        samples: Vec<OutboxSample>,
+    ) -> Result<(), MetastoreError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await?;
+        let ack = transaction
+            .prepare_cached(
+                "UPDATE rule_samples SET state = $1 WHERE target = $2 AND tenant = $3
+                 AND rule = $4 AND series = $5 AND ts_ms = $6",
+            )
+            .await?;
+        for sample in &samples {
+            transaction
+                .execute(
+                    &ack,
+                    &[
+                        &DELIVERED,
+                        &target,
+                        &sample.tenant,
+                        &sample.rule,
+                        &sample.series,
+                        &sample.ts_ms,
+                    ],
+                )
+                .await?;
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    pub async fn prune_exports(&self, before_ms: i64) -> Result<usize, MetastoreError> {
+        let client = self.client().await?;
+        Ok(client
+            .execute(
+                "DELETE FROM rule_samples WHERE state = $1 AND ts_ms < $2",
+                &[&DELIVERED, &before_ms],
+            )
+            .await? as usize)
+    }
+
+    pub async fn export_backlog(&self, target: &str) -> Result<i64, MetastoreError> {
+        let client = self.client().await?;
+        Ok(client
+            .query_one(
+                "SELECT COUNT(*) FROM rule_samples WHERE target = $1 AND state < $2",
+                &[&target, &DELIVERED],
+            )
+            .await?
+            .get(0))
     }
 
     pub async fn expire_datasets(
@@ -320,6 +513,80 @@ impl PostgresMetastore {
             )
             .await?;
         Ok(row.try_get(0)?)
+    }
+}
+
+/// Adds each sample to each target's outbox (see the crate docs and SQLite's twin).
+async fn add_exports(
+    transaction: &Transaction<'_>,
+    exports: &Exports,
+) -> Result<(), MetastoreError> {
+    if exports.is_empty() {
+        return Ok(());
+    }
+    let newest = transaction
+        .prepare_cached(
+            "SELECT MAX(ts_ms) FROM rule_samples WHERE target = $1 AND tenant = $2 AND rule = $3
+             AND series = $4 AND ts_ms >= $5 AND ts_ms < $6",
+        )
+        .await?;
+    let upsert = transaction
+        .prepare_cached(
+            "INSERT INTO rule_samples (target, tenant, rule, series, ts_ms, value, state)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (target, tenant, rule, series, ts_ms)
+             DO UPDATE SET value = rule_samples.value + excluded.value WHERE rule_samples.state = $7",
+        )
+        .await?;
+    for target in &exports.targets {
+        for sample in &exports.samples {
+            let step_end = sample.step_start_ms + sample.step_ms.max(1);
+            let mut ts: i64 = transaction
+                .query_one(
+                    &newest,
+                    &[
+                        target,
+                        &sample.tenant,
+                        &sample.rule,
+                        &sample.series,
+                        &sample.step_start_ms,
+                        &step_end,
+                    ],
+                )
+                .await?
+                .get::<_, Option<i64>>(0)
+                .unwrap_or(sample.step_start_ms);
+            while transaction
+                .execute(
+                    &upsert,
+                    &[
+                        target,
+                        &sample.tenant,
+                        &sample.rule,
+                        &sample.series,
+                        &ts,
+                        &sample.value,
+                        &PENDING,
+                    ],
+                )
+                .await?
+                == 0
+            {
+                ts += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn rule_from_row(row: &Row) -> RuleRecord {
+    RuleRecord {
+        tenant: row.get(0),
+        name: row.get(1),
+        spec: row.get(2),
+        source: row.get(3),
+        live_from_ms: row.get(4),
+        updated_at_ms: row.get(5),
     }
 }
 

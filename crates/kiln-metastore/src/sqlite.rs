@@ -9,7 +9,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::now_ms;
 use crate::{
-    BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, LeaseKey, MetastoreError, MIGRATIONS,
+    BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, MetastoreError,
+    OutboxSample, RuleRecord, CLAIMED, DELIVERED, MIGRATIONS, PENDING,
 };
 
 #[derive(Clone)]
@@ -199,6 +200,7 @@ impl SqliteMetastore {
         block: BlockMeta,
         datasets: Vec<DatasetMeta>,
         replaced: Vec<DatasetRef>,
+        exports: Exports,
     ) -> Result<(), MetastoreError> {
         self.with(move |connection| {
             let transaction = connection.transaction()?;
@@ -219,8 +221,215 @@ impl SqliteMetastore {
             blocks.sort_unstable();
             blocks.dedup();
             tombstone_empty(&transaction, &blocks)?;
+            add_exports(&transaction, &exports)?;
             transaction.commit()?;
             Ok(())
+        })
+        .await
+    }
+
+    pub async fn recording_rules(
+        &self,
+        tenant: Option<String>,
+    ) -> Result<Vec<RuleRecord>, MetastoreError> {
+        self.with(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT tenant, name, spec, source, live_from_ms, updated_at_ms FROM recording_rules
+                 WHERE ?1 IS NULL OR tenant = ?1 ORDER BY tenant, name",
+            )?;
+            let rows = statement.query_map(params![tenant], rule_from_row)?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    pub async fn put_recording_rule(
+        &self,
+        record: RuleRecord,
+    ) -> Result<RuleRecord, MetastoreError> {
+        self.with(move |connection| {
+            let transaction = connection.transaction()?;
+            transaction.execute(
+                "INSERT INTO recording_rules (tenant, name, spec, source, live_from_ms, updated_at_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (tenant, name) DO UPDATE SET spec = excluded.spec,
+                    source = excluded.source, updated_at_ms = excluded.updated_at_ms",
+                params![
+                    record.tenant,
+                    record.name,
+                    record.spec,
+                    record.source,
+                    record.live_from_ms,
+                    record.updated_at_ms
+                ],
+            )?;
+            let stored = transaction.query_row(
+                "SELECT tenant, name, spec, source, live_from_ms, updated_at_ms FROM recording_rules
+                 WHERE tenant = ?1 AND name = ?2",
+                params![record.tenant, record.name],
+                rule_from_row,
+            )?;
+            transaction.commit()?;
+            Ok(stored)
+        })
+        .await
+    }
+
+    pub async fn delete_recording_rule(
+        &self,
+        tenant: &str,
+        name: &str,
+    ) -> Result<bool, MetastoreError> {
+        let (tenant, name) = (tenant.to_string(), name.to_string());
+        self.with(move |connection| {
+            Ok(connection.execute(
+                "DELETE FROM recording_rules WHERE tenant = ?1 AND name = ?2",
+                params![tenant, name],
+            )? > 0)
+        })
+        .await
+    }
+
+    pub async fn record_backfill(
+        &self,
+        tenant: &str,
+        rule: &str,
+        from_ms: i64,
+        until_ms: i64,
+        exports: Exports,
+    ) -> Result<(), MetastoreError> {
+        let (tenant, rule) = (tenant.to_string(), rule.to_string());
+        self.with(move |connection| {
+            let transaction = connection.transaction()?;
+            let overlapping: Option<(i64, i64)> = transaction
+                .query_row(
+                    "SELECT from_ms, until_ms FROM rule_backfills
+                     WHERE tenant = ?1 AND rule = ?2 AND from_ms < ?4 AND until_ms > ?3",
+                    params![tenant, rule, from_ms, until_ms],
+                    |row| Ok((row.get(0)?, row.get(1)?)),
+                )
+                .optional()?;
+            if let Some((from, until)) = overlapping {
+                return Err(MetastoreError::Conflict(format!(
+                    "rule {rule} was already backfilled over [{from}, {until}) ms"
+                )));
+            }
+            transaction.execute(
+                "INSERT INTO rule_backfills (tenant, rule, from_ms, until_ms, done_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![tenant, rule, from_ms, until_ms, now_ms()],
+            )?;
+            add_exports(&transaction, &exports)?;
+            transaction.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn claim_exports(
+        &self,
+        target: &str,
+        due_before_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<OutboxSample>, MetastoreError> {
+        let target = target.to_string();
+        self.with(move |connection| {
+            let transaction = connection.transaction()?;
+            let rows = {
+                let mut statement = transaction.prepare_cached(
+                    "SELECT tenant, rule, series, ts_ms, value, state FROM rule_samples
+                     WHERE target = ?1 AND (state = ?2 OR (state = ?3 AND ts_ms < ?4))
+                     ORDER BY state DESC, ts_ms, tenant, rule, series LIMIT ?5",
+                )?;
+                let rows = statement.query_map(
+                    params![target, CLAIMED, PENDING, due_before_ms, limit as i64],
+                    |row| {
+                        Ok((
+                            OutboxSample {
+                                tenant: row.get(0)?,
+                                rule: row.get(1)?,
+                                series: row.get(2)?,
+                                ts_ms: row.get(3)?,
+                                value: row.get(4)?,
+                            },
+                            row.get::<_, i32>(5)?,
+                        ))
+                    },
+                )?;
+                rows.collect::<Result<Vec<_>, _>>()?
+            };
+            {
+                let mut claim = transaction.prepare_cached(
+                    "UPDATE rule_samples SET state = ?1 WHERE target = ?2 AND tenant = ?3
+                     AND rule = ?4 AND series = ?5 AND ts_ms = ?6 AND state = ?7",
+                )?;
+                for (sample, state) in &rows {
+                    if *state == PENDING {
+                        claim.execute(params![
+                            CLAIMED,
+                            target,
+                            sample.tenant,
+                            sample.rule,
+                            sample.series,
+                            sample.ts_ms,
+                            PENDING
+                        ])?;
+                    }
+                }
+            }
+            transaction.commit()?;
+            Ok(rows.into_iter().map(|(sample, _)| sample).collect())
+        })
+        .await
+    }
+
+    pub async fn ack_exports(
+        &self,
+        target: &str,
+        samples: Vec<OutboxSample>,
+    ) -> Result<(), MetastoreError> {
+        let target = target.to_string();
+        self.with(move |connection| {
+            let transaction = connection.transaction()?;
+            {
+                let mut ack = transaction.prepare_cached(
+                    "UPDATE rule_samples SET state = ?1 WHERE target = ?2 AND tenant = ?3
+                     AND rule = ?4 AND series = ?5 AND ts_ms = ?6",
+                )?;
+                for sample in &samples {
+                    ack.execute(params![
+                        DELIVERED,
+                        target,
+                        sample.tenant,
+                        sample.rule,
+                        sample.series,
+                        sample.ts_ms
+                    ])?;
+                }
+            }
+            transaction.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn prune_exports(&self, before_ms: i64) -> Result<usize, MetastoreError> {
+        self.with(move |connection| {
+            Ok(connection.execute(
+                "DELETE FROM rule_samples WHERE state = ?1 AND ts_ms < ?2",
+                params![DELIVERED, before_ms],
+            )?)
+        })
+        .await
+    }
+
+    pub async fn export_backlog(&self, target: &str) -> Result<i64, MetastoreError> {
+        let target = target.to_string();
+        self.with(move |connection| {
+            Ok(connection.query_row(
+                "SELECT COUNT(*) FROM rule_samples WHERE target = ?1 AND state < ?2",
+                params![target, DELIVERED],
+                |row| row.get(0),
+            )?)
         })
         .await
     }
@@ -307,6 +516,69 @@ impl SqliteMetastore {
         })
         .await
     }
+}
+
+/// Adds each sample to each target's outbox: into the step's newest row while it is
+/// pending, else as a new row one millisecond after the step's newest (module docs).
+fn add_exports(
+    transaction: &rusqlite::Transaction<'_>,
+    exports: &Exports,
+) -> Result<(), MetastoreError> {
+    if exports.is_empty() {
+        return Ok(());
+    }
+    let mut newest = transaction.prepare_cached(
+        "SELECT MAX(ts_ms) FROM rule_samples WHERE target = ?1 AND tenant = ?2 AND rule = ?3
+         AND series = ?4 AND ts_ms >= ?5 AND ts_ms < ?6",
+    )?;
+    let mut upsert = transaction.prepare_cached(
+        "INSERT INTO rule_samples (target, tenant, rule, series, ts_ms, value, state)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+         ON CONFLICT (target, tenant, rule, series, ts_ms)
+         DO UPDATE SET value = rule_samples.value + excluded.value WHERE rule_samples.state = ?7",
+    )?;
+    for target in &exports.targets {
+        for sample in &exports.samples {
+            let step_end = sample.step_start_ms + sample.step_ms.max(1);
+            let mut ts: i64 = newest
+                .query_row(
+                    params![
+                        target,
+                        sample.tenant,
+                        sample.rule,
+                        sample.series,
+                        sample.step_start_ms,
+                        step_end
+                    ],
+                    |row| row.get::<_, Option<i64>>(0),
+                )?
+                .unwrap_or(sample.step_start_ms);
+            while upsert.execute(params![
+                target,
+                sample.tenant,
+                sample.rule,
+                sample.series,
+                ts,
+                sample.value,
+                PENDING
+            ])? == 0
+            {
+                ts += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn rule_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RuleRecord> {
+    Ok(RuleRecord {
+        tenant: row.get(0)?,
+        name: row.get(1)?,
+        spec: row.get(2)?,
+        source: row.get(3)?,
+        live_from_ms: row.get(4)?,
+        updated_at_ms: row.get(5)?,
+    })
 }
 
 fn insert_block(

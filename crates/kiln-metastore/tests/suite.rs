@@ -5,8 +5,35 @@
 //! between concurrent writers that a shared metastore must settle.
 
 use kiln_metastore::{
-    BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, LeaseKey, Metastore, MetastoreError,
+    BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, Metastore, MetastoreError,
+    OutboxSample, RuleRecord, RuleSample,
 };
+
+fn sample(series: &str, step_start_ms: i64, value: i64) -> RuleSample {
+    RuleSample {
+        tenant: "t".into(),
+        rule: "cpu".into(),
+        series: series.into(),
+        step_start_ms,
+        step_ms: 15_000,
+        value,
+    }
+}
+
+fn exports(targets: &[&str], samples: Vec<RuleSample>) -> Exports {
+    Exports {
+        targets: targets.iter().map(|t| t.to_string()).collect(),
+        samples,
+    }
+}
+
+/// (series, ts, value) of claimed rows, for comparing.
+fn rows(samples: &[OutboxSample]) -> Vec<(String, i64, i64)> {
+    samples
+        .iter()
+        .map(|s| (s.series.clone(), s.ts_ms, s.value))
+        .collect()
+}
 
 fn block(id: &str) -> BlockMeta {
     BlockMeta {
@@ -102,7 +129,7 @@ macro_rules! metastore_suite {
                 };
                 let url = fixture.url.clone();
                 let metastore = fixture.metastore.clone();
-                assert_eq!(metastore.schema_version().await.unwrap(), 2);
+                assert_eq!(metastore.schema_version().await.unwrap(), 3);
                 metastore
                     .register_block(
                         block("b1"),
@@ -116,7 +143,7 @@ macro_rules! metastore_suite {
                 // Reopening applies no migration twice and keeps the data.
                 drop(metastore);
                 let metastore = Metastore::open(&url).await.unwrap();
-                assert_eq!(metastore.schema_version().await.unwrap(), 2);
+                assert_eq!(metastore.schema_version().await.unwrap(), 3);
                 assert_eq!(metastore.list_blocks().await.unwrap(), vec![block("b1")]);
 
                 let found = metastore
@@ -234,6 +261,7 @@ macro_rules! metastore_suite {
                             dataset("s1", 0, "t", "api", 10, 20).reference(),
                             dataset("s2", 0, "t", "api", 30, 40).reference(),
                         ],
+                        Exports::default(),
                     )
                     .await
                     .unwrap();
@@ -259,6 +287,7 @@ macro_rules! metastore_suite {
                             dataset("s1", 1, "t", "web", 10, 20).reference(),
                             dataset("s2", 0, "t", "api", 30, 40).reference(),
                         ],
+                        Exports::default(),
                     )
                     .await;
                 assert!(matches!(
@@ -417,6 +446,8 @@ macro_rules! metastore_suite {
                                 level(block(&id), 1),
                                 vec![dataset(&id, 0, "t", "api", 10, 20)],
                                 inputs,
+                                // Every racer would export the same profiles' samples.
+                                exports(&["prom"], vec![sample("a", 0, 7)]),
                             )
                             .await
                     }));
@@ -430,6 +461,15 @@ macro_rules! metastore_suite {
                     }
                 }
                 assert_eq!(won, 1);
+                let claimed = metastore
+                    .claim_exports("prom", i64::MAX, 100)
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    rows(&claimed),
+                    vec![("a".to_string(), 0, 7)],
+                    "only the winning swap's samples were committed"
+                );
                 let live = metastore
                     .list_datasets(query("t", None, 0, 100))
                     .await
@@ -445,6 +485,157 @@ macro_rules! metastore_suite {
                 assert_eq!(
                     blocks.iter().filter(|b| b.deleted_at_ms.is_some()).count(),
                     3
+                );
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn rule_samples_add_up_until_claimed_then_late_ones_get_their_own_row() {
+                let Some(fixture) = super::$backend().await else {
+                    return;
+                };
+                let metastore = &fixture.metastore;
+                let commit = |samples: Vec<RuleSample>, id: &str| {
+                    let id = id.to_string();
+                    async move {
+                        metastore
+                            .register_block(block(&format!("in-{id}")), vec![])
+                            .await
+                            .unwrap();
+                        metastore
+                            .replace_datasets(
+                                level(block(&id), 1),
+                                vec![],
+                                vec![],
+                                exports(&["prom", "metrics"], samples),
+                            )
+                            .await
+                            .unwrap();
+                    }
+                };
+                commit(vec![sample("a", 0, 5), sample("a", 15_000, 1)], "c1").await;
+                // Same step, still pending: added.
+                commit(vec![sample("a", 0, 3), sample("b", 0, 2)], "c2").await;
+                assert_eq!(metastore.export_backlog("prom").await.unwrap(), 3);
+                // Only what is due.
+                let claimed = metastore.claim_exports("prom", 15_000, 100).await.unwrap();
+                assert_eq!(
+                    rows(&claimed),
+                    vec![("a".to_string(), 0, 8), ("b".to_string(), 0, 2)]
+                );
+                // Claimed rows no longer change: late data for step 0 is a new row at +1 ms.
+                commit(vec![sample("a", 0, 4)], "c3").await;
+                // A sender that died before its ack: claimed rows come back, first.
+                let again = metastore.claim_exports("prom", 15_000, 100).await.unwrap();
+                assert_eq!(
+                    rows(&again),
+                    vec![
+                        ("a".to_string(), 0, 8),
+                        ("b".to_string(), 0, 2),
+                        ("a".to_string(), 1, 4)
+                    ]
+                );
+                metastore.ack_exports("prom", again).await.unwrap();
+                commit(vec![sample("a", 0, 6)], "c4").await;
+                let late = metastore.claim_exports("prom", 15_000, 100).await.unwrap();
+                assert_eq!(rows(&late), vec![("a".to_string(), 2, 6)]);
+                metastore.ack_exports("prom", late).await.unwrap();
+                // The other target's outbox is its own: everything of step 0 still pending,
+                // summed into one row.
+                let metrics = metastore
+                    .claim_exports("metrics", 15_000, 100)
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    rows(&metrics),
+                    vec![("a".to_string(), 0, 18), ("b".to_string(), 0, 2)]
+                );
+                assert_eq!(metastore.export_backlog("prom").await.unwrap(), 1);
+                // Pruning removes only delivered rows.
+                assert_eq!(metastore.prune_exports(15_000).await.unwrap(), 4);
+                assert_eq!(metastore.export_backlog("prom").await.unwrap(), 1);
+                assert_eq!(metastore.export_backlog("metrics").await.unwrap(), 3);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn rules_are_per_tenant_and_backfills_never_overlap() {
+                let Some(fixture) = super::$backend().await else {
+                    return;
+                };
+                let metastore = &fixture.metastore;
+                let rule = |tenant: &str, spec: &str, live_from_ms: i64| RuleRecord {
+                    tenant: tenant.into(),
+                    name: "cpu".into(),
+                    spec: spec.into(),
+                    source: "api".into(),
+                    live_from_ms,
+                    updated_at_ms: live_from_ms,
+                };
+                metastore
+                    .put_recording_rule(rule("a", "{}", 100))
+                    .await
+                    .unwrap();
+                metastore
+                    .put_recording_rule(rule("b", "{}", 100))
+                    .await
+                    .unwrap();
+                let updated = metastore
+                    .put_recording_rule(rule("a", "{\"x\":1}", 900))
+                    .await
+                    .unwrap();
+                assert_eq!(updated.spec, "{\"x\":1}");
+                assert_eq!(
+                    updated.live_from_ms, 100,
+                    "an update keeps when counting began"
+                );
+                assert_eq!(
+                    metastore.recording_rules(Some("a".into())).await.unwrap(),
+                    vec![updated]
+                );
+                assert_eq!(metastore.recording_rules(None).await.unwrap().len(), 2);
+                assert!(metastore.delete_recording_rule("b", "cpu").await.unwrap());
+                assert!(!metastore.delete_recording_rule("b", "cpu").await.unwrap());
+
+                metastore
+                    .record_backfill(
+                        "a",
+                        "cpu",
+                        0,
+                        60_000,
+                        exports(&["prom"], vec![sample("s", 0, 1)]),
+                    )
+                    .await
+                    .unwrap();
+                let overlap = metastore
+                    .record_backfill(
+                        "a",
+                        "cpu",
+                        30_000,
+                        90_000,
+                        exports(&["prom"], vec![sample("s", 30_000, 1)]),
+                    )
+                    .await;
+                assert!(
+                    matches!(overlap, Err(MetastoreError::Conflict(_))),
+                    "{overlap:?}"
+                );
+                metastore
+                    .record_backfill(
+                        "a",
+                        "cpu",
+                        60_000,
+                        90_000,
+                        exports(&["prom"], vec![sample("s", 60_000, 2)]),
+                    )
+                    .await
+                    .unwrap();
+                let claimed = metastore
+                    .claim_exports("prom", i64::MAX, 100)
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    rows(&claimed),
+                    vec![("s".to_string(), 0, 1), ("s".to_string(), 60_000, 2)],
+                    "the refused backfill wrote nothing"
                 );
             }
 

@@ -13,6 +13,9 @@ pub enum ErrorKind {
     /// The client did not send its body in time.
     Timeout,
     NotFound,
+    /// The request contradicts what is stored: a rule that exists, is read-only, or a
+    /// range already done.
+    Conflict,
     Internal,
     ShuttingDown,
 }
@@ -26,6 +29,7 @@ impl ErrorKind {
             ErrorKind::RateLimited => 429,
             ErrorKind::Timeout => 408,
             ErrorKind::NotFound => 404,
+            ErrorKind::Conflict => 409,
             ErrorKind::Internal => 500,
             ErrorKind::ShuttingDown => 503,
         }
@@ -40,6 +44,7 @@ impl ErrorKind {
             ErrorKind::RateLimited => "rate_limited",
             ErrorKind::Timeout => "timeout",
             ErrorKind::NotFound => "not_found",
+            ErrorKind::Conflict => "conflict",
             ErrorKind::Internal => "internal",
             ErrorKind::ShuttingDown => "shutting_down",
         }

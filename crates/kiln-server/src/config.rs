@@ -38,6 +38,12 @@ pub struct ServerConfig {
     pub http: HttpConfig,
     /// Profile this host's processes in-process (`kiln server --agent`).
     pub agent: AgentSettings,
+    /// Metrics derived from profiles (read-only through the API; see docs/rules.md).
+    pub recording_rules: Vec<kiln_rules::rule::RuleSpec>,
+    /// Where the rules' samples are sent: Prometheus remote write 1.0 receivers.
+    pub remote_write: Vec<kiln_rules::remote_write::RemoteWriteConfig>,
+    /// Step, delay and late-data window of the rules' samples.
+    pub rule_export: kiln_rules::ExportSettings,
 }
 
 /// The in-process host agent: what `kiln agent` does, written straight to this server.
@@ -120,6 +126,9 @@ impl Default for ServerConfig {
             scrape_configs: Vec::new(),
             http: HttpConfig::default(),
             agent: AgentSettings::default(),
+            recording_rules: Vec::new(),
+            remote_write: Vec::new(),
+            rule_export: kiln_rules::ExportSettings::default(),
         }
     }
 }

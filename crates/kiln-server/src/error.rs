@@ -23,6 +23,8 @@ pub enum ApiError {
     Ingest(#[from] IngestError),
     #[error(transparent)]
     Query(#[from] QueryError),
+    #[error(transparent)]
+    Rules(#[from] kiln_rules::RulesError),
 }
 
 impl ApiError {
@@ -34,6 +36,7 @@ impl ApiError {
             ApiError::Rpc(err) => err.kind(),
             ApiError::Ingest(err) => err.kind(),
             ApiError::Query(err) => err.kind(),
+            ApiError::Rules(err) => err.kind(),
         }
     }
 

@@ -22,6 +22,7 @@ pub mod querier;
 pub mod render;
 pub mod routes;
 pub mod rpc;
+pub mod rules;
 pub mod server;
 pub mod state;
 pub mod tenant;

@@ -31,11 +31,15 @@ pub async fn metrics(State(state): State<SharedState>) -> Response {
         )
             .into_response();
     }
+    // Per-target series and the recording rules' newest values come and go: rendered
+    // here, before `# EOF`.
+    let mut body = text.strip_suffix("# EOF\n").unwrap_or(&text).to_string();
     if let Some(targets) = &state.targets {
-        // Per-target series change as targets come and go: rendered here, before `# EOF`.
-        let body = text.strip_suffix("# EOF\n").unwrap_or(&text).to_string();
-        text = format!("{body}{}# EOF\n", targets.metrics_text());
+        body.push_str(&targets.metrics_text());
     }
+    state.rules.render_latest(&mut body);
+    body.push_str("# EOF\n");
+    text = body;
     let mut response = text.into_response();
     response.headers_mut().insert(
         "content-type",

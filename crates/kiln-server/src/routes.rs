@@ -5,7 +5,7 @@ use axum::Router;
 
 use crate::endpoints::{OTLP_GRPC_PATH, OTLP_HTTP_PATH, PROFEFE_PATH, PUSH_PATH, PYROSCOPE_PATHS};
 use crate::state::SharedState;
-use crate::{ingest, ops, otlp, profefe, querier, render};
+use crate::{ingest, ops, otlp, profefe, querier, render, rules};
 
 pub fn router(state: SharedState) -> Router {
     PYROSCOPE_PATHS
@@ -33,6 +33,19 @@ pub fn router(state: SharedState) -> Router {
         .route("/ready", get(ops::ready))
         .route("/metrics", get(ops::metrics))
         .route("/api/v1/targets", get(ops::scrape_targets))
+        .route(
+            "/api/v1/recording-rules",
+            get(rules::list).post(rules::create),
+        )
+        .route("/api/v1/recording-rules/preview", post(rules::preview))
+        .route(
+            "/api/v1/recording-rules/{name}",
+            get(rules::get).put(rules::update).delete(rules::delete),
+        )
+        .route(
+            "/api/v1/recording-rules/{name}/backfill",
+            post(rules::backfill),
+        )
         .merge(crate::ui::router())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

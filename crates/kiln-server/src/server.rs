@@ -40,6 +40,8 @@ pub enum ServerError {
     Scrape(#[from] kiln_scrape::ScrapeError),
     #[error("host agent: {0}")]
     Agent(#[from] kiln_agent::PerfError),
+    #[error("{0}")]
+    Rules(#[from] kiln_rules::RulesError),
 }
 
 pub struct Server;
@@ -94,6 +96,21 @@ impl Server {
         let mut registry = Registry::default();
         metrics.register(&mut registry);
         ingester.metrics().register(&mut registry);
+        let querier = Querier::new(metastore.clone(), storage.clone());
+        let rules = kiln_rules::Rules::new(
+            metastore.clone(),
+            querier.clone(),
+            kiln_rules::RulesConfig {
+                recording_rules: config.recording_rules.clone(),
+                remote_write: config.remote_write.clone(),
+                settings: config.rule_export.clone(),
+                default_tenant: crate::tenant::DEFAULT_TENANT.to_string(),
+            },
+        )?;
+        rules.sync_file_rules().await?;
+        rules.register(&mut registry);
+        let (stop_rules, rules_stopped) = tokio::sync::watch::channel(false);
+        let rule_tasks = rules.spawn(rules_stopped)?;
         let (stop_compactor, compactor_stopped) = tokio::sync::watch::channel(false);
         let compactor_task = if config.compaction.enabled {
             let mut compaction = config.compaction.clone();
@@ -103,7 +120,8 @@ impl Server {
                 .iter()
                 .map(|(tenant, limits)| (tenant.clone(), limits.retention_days))
                 .collect();
-            let compactor = Compactor::new(metastore.clone(), storage.clone(), compaction);
+            let compactor = Compactor::new(metastore.clone(), storage.clone(), compaction)
+                .with_rules(rules.hook());
             compactor.metrics().register(&mut registry);
             Some(compactor.spawn(compactor_stopped))
         } else {
@@ -132,7 +150,8 @@ impl Server {
         };
         let state = Arc::new(AppState {
             ingester,
-            querier: Querier::new(metastore, storage),
+            querier,
+            rules,
             limits,
             metrics: metrics.clone(),
             registry,
@@ -174,6 +193,10 @@ impl Server {
             let _ = writer_task.await;
             let _ = stop_compactor.send(true);
             if let Some(task) = compactor_task {
+                let _ = task.await;
+            }
+            let _ = stop_rules.send(true);
+            for task in rule_tasks {
                 let _ = task.await;
             }
             served.map_err(ServerError::Io)

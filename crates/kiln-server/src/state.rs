@@ -13,6 +13,8 @@ use crate::metrics::ServerMetrics;
 pub struct AppState {
     pub ingester: Ingester,
     pub querier: Querier,
+    /// Recording rules: definitions, preview, backfill, and the newest values.
+    pub rules: kiln_rules::Rules,
     pub limits: TenantLimits,
     pub metrics: ServerMetrics,
     pub registry: Registry,

@@ -4,6 +4,7 @@
 mod admin;
 mod agent;
 mod query;
+mod rules;
 mod scrape;
 
 /// Ingest allocates many small objects per profile on several threads; mimalloc measured
@@ -53,6 +54,8 @@ enum Command {
     Server(ServerArgs),
     /// Query a server: flame graphs, top functions, series, diffs, labels.
     Query(query::QueryArgs),
+    /// Recording rules: list them, backfill one over stored profiles.
+    Rules(rules::RulesArgs),
     /// Inspect what a server's storage holds.
     Admin(admin::AdminArgs),
     /// Scrape pprof endpoints and push the profiles to a Kiln server.
@@ -179,6 +182,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         Command::Bench { bench } => runtime.block_on(kiln_bench::run(bench)),
         // Queries are blocking HTTP calls and need no runtime.
         Command::Query(args) => return query::run(args),
+        Command::Rules(args) => return rules::run(args),
         Command::Admin(args) => runtime.block_on(admin::run(args)),
         Command::Scrape(args) => runtime.block_on(scrape::run(args)),
         Command::Agent(args) => runtime.block_on(agent::run(args)),
@@ -292,6 +296,9 @@ mod tests {
             let config = ServerConfig::from_yaml_file(&file).unwrap();
             for scrape in &config.scrape_configs {
                 scrape.validate().unwrap();
+            }
+            for rule in &config.recording_rules {
+                rule.compile().unwrap();
             }
             blocks += 1;
             rest = &rest[end..];

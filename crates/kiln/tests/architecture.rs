@@ -16,9 +16,10 @@ const LAYERS: &[(&str, u32)] = &[
     ("kiln-query", 2),
     ("kiln-scrape", 2),
     ("kiln-agent", 2),
-    ("kiln-server", 3),
-    ("kiln-bench", 3),
-    ("kiln", 4),
+    ("kiln-rules", 3),
+    ("kiln-server", 4),
+    ("kiln-bench", 4),
+    ("kiln", 5),
 ];
 
 #[test]

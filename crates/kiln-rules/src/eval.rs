@@ -1,0 +1,136 @@
+//! Evaluating rules over a dataset: the one computation behind export at compaction,
+//! backfill and the UI's preview, so that a preview shows exactly what will be sent.
+//!
+//! A sample's value is the sum of the profile values the rule selects whose profile time
+//! falls in one step (`[k·step, (k+1)·step)`); its timestamp is the step's start. The
+//! exported metric is therefore a gauge of per-step sums, not a running counter: sums are
+//! additive, so profiles counted by different compactions, in any order, late or after a
+//! restart, add up to the same series, and `sum_over_time(metric[w])` equals Kiln's own
+//! total over any step-aligned window `w` exactly. A running total would need the sum of
+//! everything before a sample to be known when the sample is written, which late data
+//! and concurrent compactors make impossible without rewriting history.
+
+use std::collections::BTreeMap;
+
+use kiln_query::select::selectable_labels;
+use kiln_query::symbols::FrameNames;
+use kiln_storage::Dataset;
+
+use crate::rule::CompiledRule;
+
+/// Per-step sums of one rule: (series labels, step start in ms) → value.
+pub type StepSums = BTreeMap<(SeriesLabels, i64), i64>;
+
+/// An exported series' labels, sorted by name, `__name__` included.
+pub type SeriesLabels = Vec<(String, String)>;
+
+/// Which profiles count: profile times in `[from_ms, until_ms)`.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    pub from_ms: i64,
+    pub until_ms: i64,
+    pub step_ms: i64,
+}
+
+/// Adds `rule`'s per-step sums over `dataset` to `sums`.
+pub fn evaluate(rule: &CompiledRule, dataset: &Dataset, window: Window, sums: &mut StepSums) {
+    let step = window.step_ms.max(1);
+    // Each series: does it match, and which exported series does it feed.
+    let mut series_out: Vec<Option<SeriesLabels>> = Vec::with_capacity(dataset.series.len());
+    for series in &dataset.series {
+        let type_id = dataset.string(series.profile_type);
+        if !rule.types.matches(type_id) {
+            series_out.push(None);
+            continue;
+        }
+        let labels = selectable_labels(dataset, series);
+        if !rule.selector.matches(&labels) {
+            series_out.push(None);
+            continue;
+        }
+        series_out.push(Some(series_labels(rule, |name| labels.get(name))));
+    }
+    if series_out.iter().all(Option::is_none) {
+        return;
+    }
+    let stacks = rule
+        .spec
+        .function_name
+        .as_deref()
+        .map(|function| stacks_holding(dataset, function));
+    let offsets = dataset.profile_sample_offsets();
+    for (row, profile) in dataset.profiles.iter().enumerate() {
+        let Some(Some(labels)) = series_out.get(profile.series as usize) else {
+            continue;
+        };
+        let time_ms = profile.time_nanos.div_euclid(1_000_000);
+        if time_ms < window.from_ms || time_ms >= window.until_ms {
+            continue;
+        }
+        let mut total = 0i64;
+        for sample in offsets[row] as usize..offsets[row + 1] as usize {
+            let stack = dataset.sample_stack[sample] as usize;
+            if stacks
+                .as_ref()
+                .is_some_and(|holding| !holding.get(stack).copied().unwrap_or(false))
+            {
+                continue;
+            }
+            total = total.saturating_add(dataset.sample_value[sample]);
+        }
+        if total == 0 {
+            continue;
+        }
+        let step_start = time_ms.div_euclid(step) * step;
+        let slot = sums.entry((labels.clone(), step_start)).or_insert(0);
+        *slot = slot.saturating_add(total);
+    }
+}
+
+/// The exported labels of a series: `__name__`, the `group_by` labels it has (a missing or
+/// empty one is left out, as Prometheus treats empty labels), and the external labels.
+pub fn series_labels<'a>(
+    rule: &CompiledRule,
+    lookup: impl Fn(&str) -> Option<&'a str>,
+) -> SeriesLabels {
+    let mut labels: SeriesLabels = vec![("__name__".into(), rule.spec.metric_name.clone())];
+    for (source, exported) in &rule.group_by {
+        if let Some(value) = lookup(source).filter(|value| !value.is_empty()) {
+            labels.push((exported.clone(), value.to_string()));
+        }
+    }
+    for (name, value) in &rule.spec.external_labels {
+        labels.push((name.clone(), value.clone()));
+    }
+    labels.sort();
+    labels
+}
+
+/// Which stack nodes have `function` anywhere on their path (parents precede children,
+/// so one pass settles every node).
+fn stacks_holding(dataset: &Dataset, function: &str) -> Vec<bool> {
+    let names = FrameNames::new(dataset);
+    let count = dataset.stack_parent.len();
+    let mut holding = vec![false; count];
+    for node in 1..count {
+        let parent = dataset.stack_parent[node] as usize;
+        let mut found = holding.get(parent).copied().unwrap_or(false);
+        if !found {
+            names.for_each_frame(dataset.stack_location[node], |frame| {
+                found |= frame == function;
+            });
+        }
+        holding[node] = found;
+    }
+    holding
+}
+
+/// The outbox's text form of a series: JSON of its sorted pairs.
+pub fn series_key(labels: &SeriesLabels) -> String {
+    serde_json::to_string(labels).unwrap_or_default()
+}
+
+/// Reads [`series_key`] back; `None` for text it did not write.
+pub fn parse_series_key(key: &str) -> Option<SeriesLabels> {
+    serde_json::from_str(key).ok()
+}
