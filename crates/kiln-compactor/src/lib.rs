@@ -557,20 +557,10 @@ impl Compactor {
     }
 }
 
-/// The crash test's hook: with `KILN_TEST_CRASH_AT=<point>` in the environment, the
-/// process kills itself with SIGKILL when it reaches that step, exactly as `kill -9` at
-/// the worst moment would. Points: `compaction-merged`, `compaction-uploaded`,
-/// `compaction-swapped`, `garbage-object-deleted`.
+/// Points: `compaction-merged`, `compaction-uploaded`, `compaction-swapped`,
+/// `garbage-object-deleted` (see [`kiln_model::crash::point`]).
 fn crash_point(point: &str) {
-    static CRASH_AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    let armed = CRASH_AT.get_or_init(|| std::env::var("KILN_TEST_CRASH_AT").ok());
-    if armed.as_deref() == Some(point) {
-        tracing::warn!(point, "KILN_TEST_CRASH_AT reached: killing the process");
-        // SAFETY: plain syscalls on this process.
-        unsafe {
-            libc::kill(libc::getpid(), libc::SIGKILL);
-        }
-    }
+    kiln_model::crash::point(point);
 }
 
 fn poisoned<T>(_: std::sync::PoisonError<T>) -> CompactorError {

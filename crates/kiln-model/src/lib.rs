@@ -13,6 +13,7 @@
 
 pub mod build;
 pub mod compress;
+pub mod crash;
 pub mod error;
 pub mod folded;
 pub mod jfr;

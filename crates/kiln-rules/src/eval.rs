@@ -134,3 +134,143 @@ pub fn series_key(labels: &SeriesLabels) -> String {
 pub fn parse_series_key(key: &str) -> Option<SeriesLabels> {
     serde_json::from_str(key).ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rule::RuleSpec;
+    use kiln_model::folded;
+    use kiln_model::labels::Labels;
+    use kiln_model::profile_type::ProfileType;
+    use kiln_storage::builder::{PprofInput, TypePlan};
+    use kiln_storage::DatasetBuilder;
+
+    const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+
+    /// One dataset: profiles of (labels, time in ms, folded stacks).
+    /// (series labels, time in ms, folded stacks).
+    type Input<'a> = (&'a [(&'a str, &'a str)], i64, &'a str);
+
+    fn dataset(profiles: &[Input<'_>]) -> Dataset {
+        let mut builder = DatasetBuilder::new("t", "checkout");
+        let profile_type = ProfileType::parse(CPU).unwrap();
+        for (index, (labels, time_ms, text)) in profiles.iter().enumerate() {
+            let stacks = folded::parse(text.as_bytes(), 1000).unwrap();
+            let profile = folded::to_pprof(&stacks, &profile_type);
+            let validated = kiln_model::pprof::validate(&profile, &Default::default()).unwrap();
+            let types = [TypePlan {
+                value_index: 0,
+                profile_type: profile_type.clone(),
+                scale: None,
+            }];
+            let labels = Labels::from_pairs(labels.iter().copied());
+            builder.add_pprof(&PprofInput {
+                profile: &profile,
+                index: &validated,
+                id: &index.to_string(),
+                time_nanos: time_ms * 1_000_000,
+                duration_nanos: 10,
+                labels: &labels,
+                types: &types,
+                max_stack_depth: 100,
+                sample_labels_per_sample: false,
+            });
+        }
+        builder.finish()
+    }
+
+    fn rule(json: &str) -> CompiledRule {
+        serde_json::from_str::<RuleSpec>(json)
+            .unwrap()
+            .compile()
+            .unwrap()
+    }
+
+    fn sums(rule: &CompiledRule, dataset: &Dataset, from_ms: i64) -> Vec<(String, i64, i64)> {
+        let mut sums = StepSums::new();
+        let window = Window {
+            from_ms,
+            until_ms: i64::MAX,
+            step_ms: 15_000,
+        };
+        evaluate(rule, dataset, window, &mut sums);
+        sums.into_iter()
+            .map(|((labels, step), value)| (series_key(&labels), step, value))
+            .collect()
+    }
+
+    #[test]
+    fn values_sum_per_step_and_group_by_labels_with_matchers_applied() {
+        let data = dataset(&[
+            (
+                &[("service_name", "checkout"), ("env", "prod"), ("pod", "a")],
+                1_000,
+                "main;work 10\nmain;idle 5",
+            ),
+            (
+                &[("service_name", "checkout"), ("env", "prod"), ("pod", "b")],
+                14_999,
+                "main;work 7",
+            ),
+            (
+                &[("service_name", "checkout"), ("env", "dev"), ("pod", "c")],
+                15_000,
+                "main;work 3",
+            ),
+            (
+                &[("service_name", "search"), ("env", "prod")],
+                2_000,
+                "main;work 100",
+            ),
+        ]);
+        let cpu = rule(&format!(
+            r#"{{"metric_name": "cpu", "profile_type": "{CPU}", "matchers": "{{service_name=\"checkout\"}}",
+                "group_by": ["env"], "external_labels": {{"source": "kiln"}}}}"#
+        ));
+        assert_eq!(
+            sums(&cpu, &data, 0),
+            vec![
+                (
+                    r#"[["__name__","cpu"],["env","dev"],["source","kiln"]]"#.into(),
+                    15_000,
+                    3
+                ),
+                (
+                    r#"[["__name__","cpu"],["env","prod"],["source","kiln"]]"#.into(),
+                    0,
+                    22
+                ),
+            ]
+        );
+        // Profiles before the rule's live_from are a backfill's, not this evaluation's.
+        assert_eq!(
+            sums(&cpu, &data, 14_999).iter().map(|s| s.2).sum::<i64>(),
+            10
+        );
+        // Another profile type matches nothing.
+        let memory =
+            rule(r#"{"metric_name": "m", "profile_type": "memory:alloc_space:bytes:space:bytes"}"#);
+        assert!(sums(&memory, &data, 0).is_empty());
+    }
+
+    #[test]
+    fn a_function_counts_each_sample_once_wherever_it_is_in_the_stack() {
+        let data = dataset(&[(
+            &[("service_name", "checkout")],
+            1_000,
+            "main;parse;parse;lex 4\nmain;render;parse 2\nmain;render 8\nparse 1",
+        )]);
+        let parse = rule(&format!(
+            r#"{{"metric_name": "parse_cpu", "profile_type": "{CPU}", "function_name": "parse"}}"#
+        ));
+        // Recursion (parse;parse) counts once; parse under render and at the root count.
+        assert_eq!(
+            sums(&parse, &data, 0),
+            vec![(r#"[["__name__","parse_cpu"]]"#.into(), 0, 7)]
+        );
+        let missing = rule(&format!(
+            r#"{{"metric_name": "x", "profile_type": "{CPU}", "function_name": "nowhere"}}"#
+        ));
+        assert!(sums(&missing, &data, 0).is_empty());
+    }
+}

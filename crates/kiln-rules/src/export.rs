@@ -8,6 +8,9 @@
 //! takes: the outbox is durable, so nothing is lost while the receiver is down. Any other
 //! 4xx drops the batch and counts it (`kiln_rules_samples_failed_total{reason="refused"}`).
 //!
+//! Crash point (`KILN_TEST_CRASH_AT`): `rules-sent`, after a target accepted a batch and
+//! before its acknowledgement is stored.
+//!
 //! The local target `metrics` has no receiver: it keeps each series' newest value for
 //! `/metrics`, for setups that scrape instead.
 
@@ -253,6 +256,9 @@ impl Exporter {
         loop {
             match writer.send(&request).await {
                 Ok(()) => {
+                    // The worst moment: the target has the samples, the outbox does not
+                    // know.
+                    kiln_model::crash::point("rules-sent");
                     self.metrics
                         .sent
                         .get_or_create(&label)

@@ -14,6 +14,7 @@ mod profefe;
 mod push;
 mod pyroscope;
 mod querier;
+mod rules;
 mod scrape;
 mod sdk;
 mod ui;

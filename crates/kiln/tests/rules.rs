@@ -1,0 +1,507 @@
+//! Recording rules end to end, against a real Prometheus (Debian's `prometheus`, started
+//! here on loopback with the remote-write receiver and an out-of-order window): Kiln runs
+//! as a child process, real profiles of two services are pushed, and what Prometheus
+//! holds is compared with Kiln's own totals for the same windows, exactly. On the way,
+//! Kiln is killed with SIGKILL just after Prometheus accepted a batch and before Kiln
+//! recorded it (so the batch is sent again), and Prometheus is restarted while samples
+//! wait; afterwards nothing is missing or counted twice. An alerting rule on an exported
+//! metric must fire, and a rule created after its data was stored is backfilled.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+/// In the checkout profile (profefe's collector): 3.70 s of its 9.64 s per `go tool pprof`.
+const FUNCTION: &str = "database/sql.(*Stmt).ExecContext";
+const STEP_MS: i64 = 2_000;
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+fn now_ms() -> i64 {
+    kiln_model::time::now_ms()
+}
+
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(30))
+        .build()
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata")
+            .join(name),
+    )
+    .expect("fixture")
+}
+
+fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+struct Prometheus {
+    binary: PathBuf,
+    dir: PathBuf,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Prometheus {
+    fn start(dir: &Path) -> Option<Prometheus> {
+        let Some(binary) = ["/usr/bin/prometheus", "/usr/local/bin/prometheus"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|path| path.exists())
+        else {
+            println!("skipped: prometheus is not installed (apt-get install prometheus)");
+            return None;
+        };
+        std::fs::write(
+            dir.join("prometheus.yml"),
+            "global:\n  evaluation_interval: 1s\n\
+             storage:\n  tsdb:\n    out_of_order_time_window: 2h\n\
+             rule_files: [alerts.yml]\n",
+        )
+        .unwrap();
+        // The README's alert, on the exported metric.
+        std::fs::write(
+            dir.join("alerts.yml"),
+            "groups:\n  - name: kiln\n    rules:\n      - alert: CheckoutCpuBurning\n\
+             \x20       expr: sum_over_time(checkout_cpu_nanoseconds[5m]) / 300e9 > 0.001\n",
+        )
+        .unwrap();
+        let mut prometheus = Prometheus {
+            binary,
+            dir: dir.to_path_buf(),
+            port: free_port(),
+            child: None,
+        };
+        prometheus.spawn();
+        Some(prometheus)
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new(&self.binary)
+            .arg(format!(
+                "--config.file={}",
+                self.dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                self.dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{}", self.port))
+            .arg("--web.enable-remote-write-receiver")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus starts");
+        self.child = Some(child);
+        let url = format!("http://127.0.0.1:{}/-/ready", self.port);
+        wait_until("prometheus to be ready", Duration::from_secs(60), || {
+            agent().get(&url).call().is_ok()
+        });
+    }
+
+    /// SIGTERM, as a service manager restarts it; its WAL keeps what it accepted.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: a signal to our own child.
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGTERM);
+            }
+            let _ = child.wait();
+        }
+    }
+
+    fn write_url(&self) -> String {
+        format!("http://127.0.0.1:{}/api/v1/write", self.port)
+    }
+
+    /// The value of an instant query, or `None` when it returns no series.
+    fn query(&self, query: &str, at_ms: i64) -> Option<f64> {
+        let response: serde_json::Value = serde_json::from_str(
+            &agent()
+                .get(&format!("http://127.0.0.1:{}/api/v1/query", self.port))
+                .query("query", query)
+                .query("time", &format!("{:.3}", at_ms as f64 / 1000.0))
+                .call()
+                .expect("query")
+                .into_string()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(response["status"], "success", "{response}");
+        let result = response["data"]["result"].as_array()?.first()?.clone();
+        result["value"][1].as_str()?.parse().ok()
+    }
+
+    fn firing(&self, alert: &str) -> bool {
+        let response: serde_json::Value = serde_json::from_str(
+            &agent()
+                .get(&format!("http://127.0.0.1:{}/api/v1/alerts", self.port))
+                .call()
+                .expect("alerts")
+                .into_string()
+                .unwrap(),
+        )
+        .unwrap();
+        response["data"]["alerts"].as_array().is_some_and(|alerts| {
+            alerts
+                .iter()
+                .any(|a| a["labels"]["alertname"] == alert && a["state"] == "firing")
+        })
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+struct Kiln {
+    dir: PathBuf,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Kiln {
+    fn start(dir: &Path, port: u16, crash_at: Option<&str>) -> Kiln {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kiln"));
+        command
+            .args(["server", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--flush-interval-ms", "50", "--config"])
+            .arg(dir.join("kiln.yaml"))
+            .arg("--data-dir")
+            .arg(dir)
+            .env("KILN_LOG_LEVEL", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        if let Some(point) = crash_at {
+            command.env("KILN_TEST_CRASH_AT", point);
+        }
+        let child = command.spawn().expect("kiln starts");
+        let url = format!("http://127.0.0.1:{port}/ready");
+        wait_until("kiln to be ready", Duration::from_secs(30), || {
+            agent().get(&url).call().is_ok()
+        });
+        Kiln {
+            dir: dir.to_path_buf(),
+            port,
+            child: Some(child),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    fn push(&self, service: &str, profile: &[u8], at_seconds: i64) {
+        agent()
+            .post(&self.url("/ingest"))
+            .query("name", &format!("{service}.cpu"))
+            .query("format", "pprof")
+            .query("from", &at_seconds.to_string())
+            .query("until", &(at_seconds + 1).to_string())
+            .send_bytes(profile)
+            .expect("push");
+    }
+
+    /// `kiln_rules_samples_pending` of a target, from /metrics.
+    fn pending(&self, target: &str) -> Option<i64> {
+        let text = agent()
+            .get(&self.url("/metrics"))
+            .call()
+            .ok()?
+            .into_string()
+            .ok()?;
+        let prefix = format!("kiln_rules_samples_pending{{target=\"{target}\"}} ");
+        text.lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|value| value.trim().parse().ok())
+    }
+
+    /// Kiln's own totals over profiles in `[from, until)`: all of the selection's CPU, and
+    /// that of the samples whose stack holds `FUNCTION` (each sample once).
+    fn totals(&self, service: &str, from_ms: i64, until_ms: i64) -> (i64, i64) {
+        let response = agent()
+            .get(&self.url("/pyroscope/render"))
+            .query("query", &format!("{CPU}{{service_name=\"{service}\"}}"))
+            .query("from", &from_ms.to_string())
+            .query("until", &(until_ms - 1).to_string())
+            .query("format", "pprof")
+            .call()
+            .expect("render");
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut response.into_reader(), &mut bytes).unwrap();
+        let bytes = kiln_model::compress::gunzip_bounded(&bytes, 1 << 30).expect("gzip");
+        let profile = kiln_model::pprof::decode(&bytes, 1 << 30).expect("pprof");
+        let value = profile
+            .sample_type
+            .iter()
+            .position(|t| profile.string_or_empty(t.r#type) == "cpu")
+            .expect("a cpu sample type");
+        let holds: std::collections::HashSet<u64> = profile
+            .location
+            .iter()
+            .filter(|location| {
+                location.line.iter().any(|line| {
+                    profile
+                        .function
+                        .iter()
+                        .find(|f| f.id == line.function_id)
+                        .is_some_and(|f| profile.string_or_empty(f.name) == FUNCTION)
+                })
+            })
+            .map(|location| location.id)
+            .collect();
+        let (mut all, mut function) = (0, 0);
+        for sample in profile.sample.iter() {
+            all += sample.value[value];
+            if sample.location_id.iter().any(|id| holds.contains(id)) {
+                function += sample.value[value];
+            }
+        }
+        (all, function)
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits for a SIGKILL from a crash point.
+    fn wait_for_crash(&mut self) {
+        let mut child = self.child.take().expect("running");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                use std::os::unix::process::ExitStatusExt;
+                assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "kiln never reached its crash point"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn restart(&mut self, crash_at: Option<&str>) {
+        self.kill();
+        *self = Kiln::start(&self.dir.clone(), self.port, crash_at);
+    }
+}
+
+impl Drop for Kiln {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn write_config(dir: &Path, remote_write: &str) {
+    std::fs::write(
+        dir.join("kiln.yaml"),
+        format!(
+            "compaction:\n  interval_ms: 100\n  levels:\n\
+             \x20   - {{max_datasets: 20, max_age_ms: 300, window_ms: 0}}\n\
+             \x20   - {{max_datasets: 10, max_age_ms: 600000, window_ms: 3600000}}\n\
+             recording_rules:\n\
+             \x20 - metric_name: checkout_cpu_nanoseconds\n\
+             \x20   profile_type: {CPU}\n\
+             \x20   matchers: '{{service_name=\"checkout\"}}'\n\
+             \x20   group_by: [service_name]\n\
+             \x20 - metric_name: search_cpu_nanoseconds\n\
+             \x20   profile_type: {CPU}\n\
+             \x20   matchers: '{{service_name=\"search\"}}'\n\
+             \x20   group_by: [service_name]\n\
+             \x20   external_labels: {{source: kiln}}\n\
+             \x20 - metric_name: checkout_exec_nanoseconds\n\
+             \x20   profile_type: {CPU}\n\
+             \x20   matchers: '{{service_name=\"checkout\"}}'\n\
+             \x20   function_name: '{FUNCTION}'\n\
+             remote_write:\n  - url: {remote_write}\n\
+             rule_export:\n  step_ms: {STEP_MS}\n  delay_ms: 300\n  poll_ms: 100\n"
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn rules_reach_prometheus_exactly_once_through_crashes_and_alert() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut prometheus) = Prometheus::start(dir.path()) else {
+        return;
+    };
+    write_config(dir.path(), &prometheus.write_url());
+    let checkout = fixture("profefe-collector_cpu_1.prof");
+    let search = fixture("pprof-report-sample.cpu.pb.gz");
+    let port = free_port();
+    // The first batch Prometheus accepts kills Kiln before the batch is marked sent.
+    let mut kiln = Kiln::start(dir.path(), port, Some("rules-sent"));
+    let rules_from = now_ms();
+    let window_start = (rules_from / STEP_MS + 2) * STEP_MS; // after every rule's live_from
+    let second = |offset: i64| window_start / 1000 + offset;
+
+    // Round 1: both services, two steps.
+    for offset in [0, 1, 2, 3] {
+        kiln.push("checkout", &checkout, second(offset));
+        kiln.push("search", &search, second(offset));
+    }
+    kiln.wait_for_crash();
+    eprintln!("kiln was killed after Prometheus accepted a batch, before recording it");
+    kiln.restart(None);
+
+    // Round 2, while Prometheus is down: the samples wait in the outbox.
+    prometheus.stop();
+    for offset in [4, 5, 7] {
+        kiln.push("checkout", &checkout, second(offset));
+        kiln.push("search", &search, second(offset));
+    }
+    let target = prometheus.write_url();
+    wait_until(
+        "samples to wait for Prometheus",
+        Duration::from_secs(30),
+        || kiln.pending(&target).is_some_and(|pending| pending > 0),
+    );
+    // And Kiln is killed meanwhile too, with the samples still queued.
+    kiln.restart(None);
+    prometheus.spawn();
+    eprintln!("prometheus restarted with samples queued");
+
+    // Late data: a profile in an early step, pushed after that step went out.
+    kiln.push("checkout", &checkout, second(1));
+    let window_end = (second(7) * 1000 / STEP_MS + 1) * STEP_MS;
+    wait_until("the outbox to drain", Duration::from_secs(90), || {
+        now_ms() > window_end + STEP_MS + 2_000 && kiln.pending(&target) == Some(0)
+    });
+
+    let at = window_end - 1;
+    let range = format!("[{}ms]", window_end - window_start);
+    let (checkout_cpu, checkout_exec) = kiln.totals("checkout", window_start, window_end);
+    let (search_cpu, _) = kiln.totals("search", window_start, window_end);
+    let sum = |metric: &str| {
+        prometheus
+            .query(&format!("sum(sum_over_time({metric}{range}))"), at)
+            .unwrap_or_else(|| panic!("{metric} is not in Prometheus"))
+    };
+    let exported = (
+        sum("checkout_cpu_nanoseconds"),
+        sum("search_cpu_nanoseconds"),
+        sum("checkout_exec_nanoseconds"),
+    );
+    eprintln!(
+        "kiln: checkout {checkout_cpu} ns, search {search_cpu} ns, {FUNCTION} {checkout_exec} ns; \
+         prometheus: {} / {} / {}",
+        exported.0, exported.1, exported.2
+    );
+    // 8 checkout profiles of 9.64 s, 7 search profiles of 1.76 s; ExecContext is 3.70 s
+    // of each checkout profile by `go tool pprof`.
+    assert_eq!(checkout_cpu, 8 * 9_640_000_000);
+    assert_eq!(search_cpu, 7 * 1_760_000_000);
+    assert_eq!((checkout_exec as f64 / 8e9 * 100.0).round(), 370.0);
+    assert_eq!(
+        exported.0, checkout_cpu as f64,
+        "checkout: lost or doubled samples"
+    );
+    assert_eq!(
+        exported.1, search_cpu as f64,
+        "search: lost or doubled samples"
+    );
+    assert_eq!(
+        exported.2, checkout_exec as f64,
+        "function: lost or doubled samples"
+    );
+    // Samples carry the step's start: four steps of checkout data, one late sample.
+    let samples = prometheus
+        .query(
+            &format!("count_over_time(checkout_cpu_nanoseconds{range})"),
+            at,
+        )
+        .unwrap();
+    eprintln!("{samples} checkout samples: 4 steps, and late data as its own sample");
+    assert!(
+        samples >= 5.0,
+        "4 steps and at least one late sample: {samples}"
+    );
+    assert!(
+        prometheus
+            .query(&format!("count_over_time(search_cpu_nanoseconds{{source=\"kiln\",service_name=\"search\"}}{range})"), at)
+            .is_some(),
+        "group_by and external labels are on the series"
+    );
+
+    wait_until("the alert to fire", Duration::from_secs(30), || {
+        prometheus.firing("CheckoutCpuBurning")
+    });
+    eprintln!("alert CheckoutCpuBurning is firing");
+
+    // Backfill: a rule created now, over search profiles stored before it existed.
+    let rule = serde_json::json!({
+        "metric_name": "search_cpu_backfilled",
+        "profile_type": CPU,
+        "matchers": "{service_name=\"search\"}",
+    });
+    let created: serde_json::Value = serde_json::from_str(
+        &agent()
+            .post(&kiln.url("/api/v1/recording-rules"))
+            .send_string(&rule.to_string())
+            .expect("create")
+            .into_string()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(created["source"], "api");
+    let backfill = || {
+        Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["rules", "backfill", "--url", &kiln.url("")])
+            .args(["--rule", "search_cpu_backfilled"])
+            .args(["--from", &window_start.to_string()])
+            .args(["--until", &window_end.to_string()])
+            .output()
+            .unwrap()
+    };
+    let output = backfill();
+    let printed = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(
+        output.status.success(),
+        "{printed} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    eprintln!("{}", printed.trim());
+    assert!(
+        printed.contains(&format!("total {search_cpu}")),
+        "{printed}"
+    );
+    // Once only: the same range again is refused.
+    let again = backfill();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("409"));
+    wait_until(
+        "the backfill to reach Prometheus",
+        Duration::from_secs(30),
+        || {
+            prometheus.query(
+                &format!("sum(sum_over_time(search_cpu_backfilled{range}))"),
+                at,
+            ) == Some(search_cpu as f64)
+        },
+    );
+    eprintln!("backfilled search_cpu_backfilled: {search_cpu} ns in Prometheus");
+}
