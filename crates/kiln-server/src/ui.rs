@@ -21,6 +21,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("../ui/flamegraph.js"),
     ),
     (
+        "rules.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../ui/rules.js"),
+    ),
+    (
         "style.css",
         "text/css; charset=utf-8",
         include_str!("../ui/style.css"),
@@ -38,20 +43,31 @@ const ASSETS: &[(&str, &str, &str)] = &[
 ];
 
 const INDEX: &str = include_str!("../ui/index.html");
+const RULES: &str = include_str!("../ui/rules.html");
 
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
         .route("/", get(index))
+        .route("/rules", get(rules))
         .route("/ui/{*path}", get(asset))
 }
 
 async fn index() -> Response {
+    page(INDEX)
+}
+
+/// Recording rules: write, preview, save.
+async fn rules() -> Response {
+    page(RULES)
+}
+
+fn page(html: &'static str) -> Response {
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
-        INDEX,
+        html,
     )
         .into_response()
 }
@@ -73,7 +89,7 @@ async fn asset(Path(path): Path<String>) -> Response {
 
 /// Bytes of the UI as served (the total a first visit downloads, before compression).
 pub fn bundle_bytes() -> usize {
-    INDEX.len() + ASSETS.iter().map(|(_, _, body)| body.len()).sum::<usize>()
+    INDEX.len() + RULES.len() + ASSETS.iter().map(|(_, _, body)| body.len()).sum::<usize>()
 }
 
 #[cfg(test)]
@@ -81,16 +97,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_file_the_page_loads_is_served() {
-        for reference in [
-            "/ui/vendor/uPlot.min.css",
-            "/ui/style.css",
-            "/ui/vendor/uPlot.iife.min.js",
-            "/ui/app.js",
-        ] {
-            assert!(INDEX.contains(reference), "{reference}");
-            let path = reference.trim_start_matches("/ui/");
-            assert!(ASSETS.iter().any(|(name, _, _)| *name == path), "{path}");
+    fn every_file_the_pages_load_is_served() {
+        for page in [INDEX, RULES] {
+            let references: Vec<&str> = page
+                .split("\"/ui/")
+                .skip(1)
+                .filter_map(|rest| rest.split('"').next())
+                .collect();
+            assert!(references.len() >= 4, "{references:?}");
+            for path in references {
+                assert!(ASSETS.iter().any(|(name, _, _)| *name == path), "{path}");
+            }
         }
         assert!(include_str!("../ui/app.js").contains("from './flamegraph.js'"));
         assert!(bundle_bytes() < 200_000, "{} bytes", bundle_bytes());

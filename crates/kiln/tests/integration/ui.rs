@@ -256,3 +256,72 @@ fn the_ui_is_served_by_the_binary() {
     }
     assert_eq!(server.get("/ui/nope.js").0, 404);
 }
+
+/// The recording rules page: a rule written in the form, previewed over the last hour
+/// (the preview's total is Kiln's own total of the selection), saved, and a mistake shown
+/// as the server words it.
+#[test]
+fn the_rules_page_previews_and_saves_a_rule() {
+    let ui_dir = workspace_root().join("tests/ui");
+    let has_browser = std::path::Path::new("/usr/bin/chromium").exists()
+        || std::env::var_os("KILN_CHROMIUM").is_some();
+    if !ui_dir.join("node_modules/playwright-core").is_dir() || !has_browser {
+        eprintln!("skipped: playwright-core (npm, tests/ui) or Debian's chromium is not installed (scripts/test.sh installs both)");
+        return;
+    }
+    let server = TestServer::start();
+    push_folded(&server, "kiln-ui-rules", "env=prod", 30, "main;work 600\n");
+    push_folded(
+        &server,
+        "kiln-ui-rules",
+        "env=dev",
+        20,
+        "main;work 300\nmain;idle 100\n",
+    );
+    push_folded(&server, "kiln-ui-other", "", 20, "other;work 50\n");
+    let shots = std::env::var_os("KILN_UI_SCREENSHOTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/ui-screenshots"));
+    std::fs::create_dir_all(&shots).unwrap();
+    let output = Command::new("node")
+        .arg(ui_dir.join("rules_test.mjs"))
+        .arg(&server.url)
+        .arg(&shots)
+        .arg("kiln-ui-rules")
+        .current_dir(&ui_dir)
+        .output()
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results: serde_json::Value = serde_json::from_str(stdout.trim()).expect("JSON results");
+    eprintln!("rules page: {results}");
+    assert_eq!(results["errors"], serde_json::json!([]), "{results}");
+    // 1000 samples at 100 Hz: 10 s of CPU, in two series (env=prod, env=dev).
+    assert_eq!(results["preview"]["series"], 2, "{results}");
+    assert_eq!(results["preview"]["total"], 10_000_000_000i64, "{results}");
+    assert_eq!(results["preview"]["chart"], true);
+    let rows = results["preview"]["rows"].to_string();
+    assert!(
+        rows.contains("ui_cpu_nanoseconds{env=\\\"dev\\\", service_name=\\\"kiln-ui-rules\\\"}"),
+        "{rows}"
+    );
+    assert!(rows.contains("\"4 s\""), "{rows}");
+    assert!(
+        strings(&results["listed"]).contains(&"ui_cpu_nanoseconds"),
+        "{results}"
+    );
+    let stored = server.json("/api/v1/recording-rules/ui_cpu_nanoseconds", &[]);
+    assert_eq!(
+        stored["group_by"],
+        serde_json::json!(["service_name", "env"])
+    );
+    let mistake = results["mistake"].as_str().unwrap_or_default();
+    assert!(
+        mistake.contains("recording rule \"bad rule\": metric_name"),
+        "{mistake}"
+    );
+}
