@@ -32,13 +32,51 @@ fn strings(value: &serde_json::Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
-#[test]
-fn the_ui_explores_searches_selects_compares_and_restores_a_shared_view() {
-    let ui_dir = workspace_root().join("tests/ui");
+/// Whether Playwright and Chromium are here; says it skipped when not.
+fn browser_available() -> bool {
     let has_browser = std::path::Path::new("/usr/bin/chromium").exists()
         || std::env::var_os("KILN_CHROMIUM").is_some();
-    if !ui_dir.join("node_modules/playwright-core").is_dir() || !has_browser {
+    if !workspace_root()
+        .join("tests/ui/node_modules/playwright-core")
+        .is_dir()
+        || !has_browser
+    {
         eprintln!("skipped: playwright-core (npm, tests/ui) or Debian's chromium is not installed (scripts/test.sh installs both)");
+        return false;
+    }
+    true
+}
+
+/// Runs a script of tests/ui against `server` and returns the JSON it printed, with no
+/// page errors. Screenshots go to target/ui-screenshots (or `$KILN_UI_SCREENSHOTS`).
+fn run_script(script: &str, server: &TestServer, args: &[&str]) -> serde_json::Value {
+    let shots = std::env::var_os("KILN_UI_SCREENSHOTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/ui-screenshots"));
+    std::fs::create_dir_all(&shots).expect("screenshot directory");
+    let output = Command::new("node")
+        .current_dir(workspace_root().join("tests/ui"))
+        .arg(script)
+        .arg(&server.url)
+        .arg(&shots)
+        .args(args)
+        .output()
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results: serde_json::Value = serde_json::from_str(stdout.trim()).expect("JSON results");
+    println!("{results:#}");
+    assert_eq!(results["errors"], serde_json::json!([]), "{results:#}");
+    results
+}
+
+#[test]
+fn the_ui_explores_searches_selects_compares_and_restores_a_shared_view() {
+    if !browser_available() {
         return;
     }
     let server = TestServer::start();
@@ -75,27 +113,11 @@ fn the_ui_explores_searches_selects_compares_and_restores_a_shared_view() {
         push_folded(&server, BIG_SERVICE, "", 5, &body);
     }
 
-    let shots = std::env::var_os("KILN_UI_SCREENSHOTS")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target/ui-screenshots"));
-    std::fs::create_dir_all(&shots).expect("screenshot directory");
-    let output = Command::new("node")
-        .current_dir(&ui_dir)
-        .arg("ui_test.mjs")
-        .arg(&server.url)
-        .arg(&shots)
-        .args([SERVICE, "kiln_ui_hot", BIG_SERVICE])
-        .output()
-        .expect("node runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+    let results = run_script(
+        "ui_test.mjs",
+        &server,
+        &[SERVICE, "kiln_ui_hot", BIG_SERVICE],
     );
-    let results: serde_json::Value = serde_json::from_str(stdout.trim()).expect("JSON results");
-    println!("{results:#}");
-    assert_eq!(results["errors"], serde_json::json!([]), "{results:#}");
 
     // 1. The service is picked; timeline and flame graph drawn; the hottest function leads.
     let opened = &results["opened"];
@@ -262,11 +284,7 @@ fn the_ui_is_served_by_the_binary() {
 /// as the server words it.
 #[test]
 fn the_rules_page_previews_and_saves_a_rule() {
-    let ui_dir = workspace_root().join("tests/ui");
-    let has_browser = std::path::Path::new("/usr/bin/chromium").exists()
-        || std::env::var_os("KILN_CHROMIUM").is_some();
-    if !ui_dir.join("node_modules/playwright-core").is_dir() || !has_browser {
-        eprintln!("skipped: playwright-core (npm, tests/ui) or Debian's chromium is not installed (scripts/test.sh installs both)");
+    if !browser_available() {
         return;
     }
     let server = TestServer::start();
@@ -279,27 +297,7 @@ fn the_rules_page_previews_and_saves_a_rule() {
         "main;work 300\nmain;idle 100\n",
     );
     push_folded(&server, "kiln-ui-other", "", 20, "other;work 50\n");
-    let shots = std::env::var_os("KILN_UI_SCREENSHOTS")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target/ui-screenshots"));
-    std::fs::create_dir_all(&shots).unwrap();
-    let output = Command::new("node")
-        .arg(ui_dir.join("rules_test.mjs"))
-        .arg(&server.url)
-        .arg(&shots)
-        .arg("kiln-ui-rules")
-        .current_dir(&ui_dir)
-        .output()
-        .expect("node runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let results: serde_json::Value = serde_json::from_str(stdout.trim()).expect("JSON results");
-    eprintln!("rules page: {results}");
-    assert_eq!(results["errors"], serde_json::json!([]), "{results}");
+    let results = run_script("rules_test.mjs", &server, &["kiln-ui-rules"]);
     // 1000 samples at 100 Hz: 10 s of CPU, in two series (env=prod, env=dev).
     assert_eq!(results["preview"]["series"], 2, "{results}");
     assert_eq!(results["preview"]["total"], 10_000_000_000i64, "{results}");
