@@ -27,6 +27,8 @@ pub enum BenchCommand {
     Scrape(crate::scrape::ScrapeBenchArgs),
     /// The host agent's own CPU and memory, with every core busy, per sampling frequency.
     Agent(crate::agent::AgentBenchArgs),
+    /// What recording rules add to a level-0 compaction job.
+    Rules(crate::rules::RulesBenchArgs),
 }
 
 #[derive(Args)]
@@ -80,6 +82,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::CompactionDelay(args) => crate::storage::run_delay(args).await,
         BenchCommand::Scrape(args) => crate::scrape::run(args).await,
         BenchCommand::Agent(args) => crate::agent::run(args).await,
+        BenchCommand::Rules(args) => crate::rules::run(args),
     }
 }
 

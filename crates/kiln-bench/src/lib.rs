@@ -3,7 +3,8 @@
 //! in one module per path: [`ingest`] (write throughput and ack latency, and the per-stage
 //! CPU cost), [`query`] (1 h to 7 d of one service against `go tool pprof`), [`storage`]
 //! (bytes per profile and query time after compaction; compaction delay), [`scrape`]
-//! (pull collection from a fleet of targets) and [`agent`] (the host agent's overhead,
+//! (pull collection from a fleet of targets), [`rules`] (recording rules' share of a
+//! compaction job) and [`agent`] (the host agent's overhead,
 //! perf events against eBPF).
 //!
 //! Benches report numbers; the tests assert behaviour (`stages`, `query`, `storage`,
@@ -14,6 +15,7 @@
 pub mod agent;
 pub mod ingest;
 pub mod query;
+pub mod rules;
 pub mod scrape;
 pub mod storage;
 

@@ -12,7 +12,8 @@
 
 use std::collections::BTreeMap;
 
-use kiln_query::select::selectable_labels;
+use kiln_model::labels::Labels;
+use kiln_query::select::{selectable_labels, TYPE_LABELS};
 use kiln_query::symbols::FrameNames;
 use kiln_storage::Dataset;
 
@@ -32,23 +33,63 @@ pub struct Window {
     pub step_ms: i64,
 }
 
-/// Adds `rule`'s per-step sums over `dataset` to `sums`.
-pub fn evaluate(rule: &CompiledRule, dataset: &Dataset, window: Window, sums: &mut StepSums) {
+/// What every rule needs of one dataset, computed once for all of them: each series'
+/// labels, and each profile's total. A rule without a function then
+/// costs a pass over series and profiles, not over samples (`kiln bench rules`).
+pub struct Prepared<'a> {
+    dataset: &'a Dataset,
+    labels: Vec<Labels>,
+    totals: Vec<i64>,
+}
+
+impl<'a> Prepared<'a> {
+    pub fn new(dataset: &'a Dataset) -> Self {
+        let labels = dataset
+            .series
+            .iter()
+            .map(|series| dataset.series_labels(series))
+            .collect();
+        let offsets = dataset.profile_sample_offsets();
+        let totals = (0..dataset.profiles.len())
+            .map(|row| {
+                dataset.sample_value[offsets[row] as usize..offsets[row + 1] as usize]
+                    .iter()
+                    .fold(0i64, |sum, value| sum.saturating_add(*value))
+            })
+            .collect();
+        Prepared {
+            dataset,
+            labels,
+            totals,
+        }
+    }
+}
+
+/// Adds `rule`'s per-step sums over the prepared dataset to `sums`.
+pub fn evaluate(rule: &CompiledRule, prepared: &Prepared<'_>, window: Window, sums: &mut StepSums) {
+    let dataset = prepared.dataset;
     let step = window.step_ms.max(1);
     // Each series: does it match, and which exported series does it feed.
     let mut series_out: Vec<Option<SeriesLabels>> = Vec::with_capacity(dataset.series.len());
-    for series in &dataset.series {
+    // The labels derived from the profile type (`__name__`, ...) cost six strings per
+    // series: only built for a rule whose matchers name one.
+    let wants_type_labels = rule
+        .selector
+        .matchers
+        .iter()
+        .any(|matcher| TYPE_LABELS.contains(&matcher.name.as_str()));
+    for (series, labels) in dataset.series.iter().zip(&prepared.labels) {
         let type_id = dataset.string(series.profile_type);
         if !rule.types.matches(type_id) {
             series_out.push(None);
             continue;
         }
-        let labels = selectable_labels(dataset, series);
-        if !rule.selector.matches(&labels) {
-            series_out.push(None);
-            continue;
-        }
-        series_out.push(Some(series_labels(rule, |name| labels.get(name))));
+        let matched = if wants_type_labels {
+            rule.selector.matches(&selectable_labels(dataset, series))
+        } else {
+            rule.selector.matches(labels)
+        };
+        series_out.push(matched.then(|| series_labels(rule, |name| labels.get(name))));
     }
     if series_out.iter().all(Option::is_none) {
         return;
@@ -59,31 +100,42 @@ pub fn evaluate(rule: &CompiledRule, dataset: &Dataset, window: Window, sums: &m
         .as_deref()
         .map(|function| stacks_holding(dataset, function));
     let offsets = dataset.profile_sample_offsets();
+    // Summed by (series row, step) first: the exported labels are cloned once per series
+    // and step, not once per profile.
+    let mut by_series: std::collections::HashMap<(u32, i64), i64> = Default::default();
     for (row, profile) in dataset.profiles.iter().enumerate() {
-        let Some(Some(labels)) = series_out.get(profile.series as usize) else {
+        if !matches!(series_out.get(profile.series as usize), Some(Some(_))) {
             continue;
-        };
+        }
         let time_ms = profile.time_nanos.div_euclid(1_000_000);
         if time_ms < window.from_ms || time_ms >= window.until_ms {
             continue;
         }
-        let mut total = 0i64;
-        for sample in offsets[row] as usize..offsets[row + 1] as usize {
-            let stack = dataset.sample_stack[sample] as usize;
-            if stacks
-                .as_ref()
-                .is_some_and(|holding| !holding.get(stack).copied().unwrap_or(false))
-            {
-                continue;
+        let total = match &stacks {
+            None => prepared.totals[row],
+            Some(holding) => {
+                let mut total = 0i64;
+                for sample in offsets[row] as usize..offsets[row + 1] as usize {
+                    let stack = dataset.sample_stack[sample] as usize;
+                    if holding.get(stack).copied().unwrap_or(false) {
+                        total = total.saturating_add(dataset.sample_value[sample]);
+                    }
+                }
+                total
             }
-            total = total.saturating_add(dataset.sample_value[sample]);
-        }
+        };
         if total == 0 {
             continue;
         }
         let step_start = time_ms.div_euclid(step) * step;
-        let slot = sums.entry((labels.clone(), step_start)).or_insert(0);
+        let slot = by_series.entry((profile.series, step_start)).or_insert(0);
         *slot = slot.saturating_add(total);
+    }
+    for ((series, step_start), total) in by_series {
+        if let Some(Some(labels)) = series_out.get(series as usize) {
+            let slot = sums.entry((labels.clone(), step_start)).or_insert(0);
+            *slot = slot.saturating_add(total);
+        }
     }
 }
 
@@ -193,7 +245,7 @@ mod tests {
             until_ms: i64::MAX,
             step_ms: 15_000,
         };
-        evaluate(rule, dataset, window, &mut sums);
+        evaluate(rule, &Prepared::new(dataset), window, &mut sums);
         sums.into_iter()
             .map(|((labels, step), value)| (series_key(&labels), step, value))
             .collect()

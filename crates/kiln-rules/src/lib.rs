@@ -38,7 +38,7 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::eval::{evaluate, series_key, StepSums, Window};
+use crate::eval::{evaluate, series_key, Prepared, StepSums, Window};
 use crate::export::{
     Destination, Exporter, ExporterMetrics, FailureLabels, Latest, METRICS_TARGET,
 };
@@ -417,7 +417,7 @@ impl Rules {
             let rule = rule.clone();
             let part = tokio::task::spawn_blocking(move || {
                 let mut part = StepSums::new();
-                evaluate(&rule, &dataset, window, &mut part);
+                evaluate(&rule, &Prepared::new(&dataset), window, &mut part);
                 part
             })
             .await?;
@@ -558,6 +558,7 @@ impl Rules {
         Arc::new(move |records: &[RuleRecord], dataset: &Dataset| {
             let step = settings.step_ms.max(1);
             let too_late = now_ms() - settings.late_window_ms;
+            let prepared = Prepared::new(dataset);
             let mut samples = Vec::new();
             for record in records {
                 let rule = match serde_json::from_str::<RuleSpec>(&record.spec)
@@ -576,7 +577,7 @@ impl Rules {
                     until_ms: i64::MAX,
                     step_ms: step,
                 };
-                evaluate(&rule, dataset, window, &mut sums);
+                evaluate(&rule, &prepared, window, &mut sums);
                 for ((labels, step_start_ms), value) in sums {
                     if step_start_ms + step <= too_late {
                         for target in &targets {

@@ -292,6 +292,11 @@ mod tests {
         while let Some(found) = rest.find("```yaml\n") {
             let start = found + "```yaml\n".len();
             let end = start + rest[start..].find("```").unwrap();
+            if rest[start..].starts_with("groups:") {
+                // Prometheus's alert for the recording rule: tests/rules.rs runs it.
+                rest = &rest[end..];
+                continue;
+            }
             std::fs::write(&file, &rest[start..end]).unwrap();
             let config = ServerConfig::from_yaml_file(&file).unwrap();
             for scrape in &config.scrape_configs {

@@ -72,13 +72,10 @@ impl Prometheus {
              rule_files: [alerts.yml]\n",
         )
         .unwrap();
-        // The README's alert, on the exported metric.
-        std::fs::write(
-            dir.join("alerts.yml"),
-            "groups:\n  - name: kiln\n    rules:\n      - alert: CheckoutCpuBurning\n\
-             \x20       expr: sum_over_time(checkout_cpu_nanoseconds[5m]) / 300e9 > 0.001\n",
-        )
-        .unwrap();
+        // The README's alert, on the exported metric, firing at once rather than after 5m.
+        let alert = readme_block("groups:");
+        assert!(alert.contains("for: 5m"), "{alert}");
+        std::fs::write(dir.join("alerts.yml"), alert.replace("for: 5m", "for: 0s")).unwrap();
         let mut prometheus = Prometheus {
             binary,
             dir: dir.to_path_buf(),
@@ -315,18 +312,35 @@ impl Drop for Kiln {
     }
 }
 
+/// The README's yaml block that starts with `start`.
+fn readme_block(start: &str) -> String {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
+            .unwrap();
+    let begin = readme
+        .find(&format!("```yaml\n{start}"))
+        .unwrap_or_else(|| panic!("no README block starting {start:?}"))
+        + "```yaml\n".len();
+    let end = begin + readme[begin..].find("```").unwrap();
+    readme[begin..end].to_string()
+}
+
+/// Kiln's config: the README's rule (checkout's CPU), one for search with an external
+/// label, one for a function; compaction and export fast enough for a test.
 fn write_config(dir: &Path, remote_write: &str) {
+    let readme = readme_block("recording_rules:");
+    let readme_rule = readme
+        .strip_prefix("recording_rules:\n")
+        .and_then(|rest| rest.split("remote_write:").next())
+        .expect("the README's rule");
+    assert!(readme_rule.contains("metric_name: checkout_cpu_nanoseconds"));
     std::fs::write(
         dir.join("kiln.yaml"),
         format!(
             "compaction:\n  interval_ms: 100\n  levels:\n\
              \x20   - {{max_datasets: 20, max_age_ms: 300, window_ms: 0}}\n\
              \x20   - {{max_datasets: 10, max_age_ms: 600000, window_ms: 3600000}}\n\
-             recording_rules:\n\
-             \x20 - metric_name: checkout_cpu_nanoseconds\n\
-             \x20   profile_type: {CPU}\n\
-             \x20   matchers: '{{service_name=\"checkout\"}}'\n\
-             \x20   group_by: [service_name]\n\
+             recording_rules:\n{readme_rule}\
              \x20 - metric_name: search_cpu_nanoseconds\n\
              \x20   profile_type: {CPU}\n\
              \x20   matchers: '{{service_name=\"search\"}}'\n\

@@ -219,3 +219,28 @@ fn a_bad_file_rule_stops_startup_naming_the_rule_and_the_field() {
         "{stderr}"
     );
 }
+
+/// `kiln bench rules` runs and reports each case (the figures are docs/benchmarks.md's).
+#[test]
+fn the_rules_bench_reports_every_case() {
+    let corpus = workspace_root().join("testdata");
+    let output = run_kiln([
+        "bench",
+        "rules",
+        "--corpus",
+        corpus.to_str().unwrap(),
+        "--inputs",
+        "3",
+        "--jobs",
+        "2",
+    ]);
+    for line in [
+        "merge alone: ",
+        "1 rule: ",
+        "10 rules: ",
+        "1 function rule (",
+    ] {
+        assert!(output.contains(line), "{output}");
+    }
+    assert!(output.contains("% of the merge"), "{output}");
+}
