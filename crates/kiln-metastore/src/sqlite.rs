@@ -335,9 +335,15 @@ impl SqliteMetastore {
         self.with(move |connection| {
             let transaction = connection.transaction()?;
             let rows = {
+                // Two index ranges, so the cost follows the backlog, not the delivered
+                // rows kept for late data.
                 let mut statement = transaction.prepare_cached(
-                    "SELECT tenant, rule, series, ts_ms, value, state FROM rule_samples
-                     WHERE target = ?1 AND (state = ?2 OR (state = ?3 AND ts_ms < ?4))
+                    "SELECT tenant, rule, series, ts_ms, value, state FROM (
+                        SELECT tenant, rule, series, ts_ms, value, state FROM rule_samples
+                        WHERE target = ?1 AND state = ?2
+                        UNION ALL
+                        SELECT tenant, rule, series, ts_ms, value, state FROM rule_samples
+                        WHERE target = ?1 AND state = ?3 AND ts_ms < ?4)
                      ORDER BY state DESC, ts_ms, tenant, rule, series LIMIT ?5",
                 )?;
                 let rows = statement.query_map(

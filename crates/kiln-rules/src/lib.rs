@@ -228,12 +228,7 @@ impl Rules {
             }
         }
         for target in &config.remote_write {
-            if reqwest::Url::parse(&target.url).is_err() {
-                return Err(RulesError::BadRequest(format!(
-                    "remote_write: url {:?} is not a URL",
-                    target.url
-                )));
-            }
+            target.check().map_err(RulesError::BadRequest)?;
         }
         Ok(Rules {
             metastore,

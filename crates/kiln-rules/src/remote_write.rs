@@ -83,6 +83,35 @@ impl std::fmt::Debug for BasicAuth {
     }
 }
 
+impl RemoteWriteConfig {
+    /// Checks what would otherwise fail every send, forever: the URL and the headers.
+    pub fn check(&self) -> Result<(), String> {
+        let url = reqwest::Url::parse(&self.url)
+            .map_err(|err| format!("remote_write: url {:?}: {err}", self.url))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!(
+                "remote_write: url {:?}: use http:// or https://",
+                self.url
+            ));
+        }
+        for (name, value) in &self.headers {
+            reqwest::header::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                format!(
+                    "remote_write {}: headers: {name:?} is not a header name",
+                    self.url
+                )
+            })?;
+            reqwest::header::HeaderValue::from_str(value).map_err(|_| {
+                format!(
+                    "remote_write {}: headers: the value of {name} is not a valid header value",
+                    self.url
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
+
 /// How a send went, for the exporter to decide between retry, drop and done.
 #[derive(Debug, Error)]
 pub enum SendError {
@@ -183,6 +212,33 @@ fn error_chain(err: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unusable_urls_and_headers_are_refused_up_front() {
+        let target = |url: &str, header: (&str, &str)| RemoteWriteConfig {
+            url: url.into(),
+            headers: [(header.0.to_string(), header.1.to_string())].into(),
+            basic_auth: None,
+        };
+        assert!(target("http://p:9090/api/v1/write", ("X-Scope-OrgID", "a"))
+            .check()
+            .is_ok());
+        for (config, words) in [
+            (target("p:9090/api/v1/write", ("a", "b")), "use http"),
+            (target("not a url", ("a", "b")), "url"),
+            (
+                target("http://p/w", ("bad header", "b")),
+                "is not a header name",
+            ),
+            (
+                target("http://p/w", ("X-A", "line\nbreak")),
+                "not a valid header value",
+            ),
+        ] {
+            let err = config.check().expect_err(words);
+            assert!(err.contains(words), "{err}");
+        }
+    }
 
     #[test]
     fn the_body_is_snappy_block_format_of_the_protobuf() {
