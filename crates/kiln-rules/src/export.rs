@@ -8,6 +8,13 @@
 //! takes: the outbox is durable, so nothing is lost while the receiver is down. Any other
 //! 4xx drops the batch and counts it (`kiln_rules_samples_failed_total{reason="refused"}`).
 //!
+//! One process sends each target at a time: the sender holds a lease in the metastore
+//! (the table compaction's leases use, keyed `("", "rule-export <target>")`), renewed on
+//! every round, so the Kiln processes sharing a PostgreSQL metastore keep each series in
+//! order; another takes over within [`LEASE_MS`] of the holder's death. The owner is the
+//! node's name (host and listen address), so a node restarted after a crash takes its own
+//! lease back at once.
+//!
 //! Crash point (`KILN_TEST_CRASH_AT`): `rules-sent`, after a target accepted a batch and
 //! before its acknowledgement is stored.
 //!
@@ -32,6 +39,9 @@ use crate::remote_write::{
     Label, MetricMetadata, RemoteWriter, Sample, SendError, TimeSeries, WriteRequest, GAUGE,
 };
 use crate::ExportSettings;
+
+/// How long a sender's lease holds without renewal.
+pub const LEASE_MS: i64 = 30_000;
 
 /// The outbox of the newest values shown on `/metrics`.
 pub const METRICS_TARGET: &str = "metrics";
@@ -164,6 +174,8 @@ pub enum Destination {
 
 pub struct Exporter {
     pub target: String,
+    /// This node's name: the lease owner.
+    pub node: String,
     pub destination: Destination,
     pub metastore: Metastore,
     pub settings: ExportSettings,
@@ -177,9 +189,28 @@ impl Exporter {
         let label = self.metrics.target(&self.target);
         let mut last_prune = 0i64;
         let mut newest_sent: Option<i64> = None;
+        let lease = kiln_metastore::LeaseKey {
+            tenant: String::new(),
+            service: format!("rule-export {}", self.target),
+            level: 0,
+        };
+        let owner = self.node.clone();
         loop {
             if *stop.borrow() {
+                let _ = self.metastore.release_lease(lease.clone(), &owner).await;
                 return;
+            }
+            let holding = self
+                .metastore
+                .acquire_lease(lease.clone(), &owner, LEASE_MS)
+                .await
+                .unwrap_or(false);
+            if !holding {
+                tokio::select! {
+                    _ = tokio::time::sleep(poll) => {}
+                    _ = stop.changed() => {}
+                }
+                continue;
             }
             let now = now_ms();
             let due_before = now - self.settings.step_ms - self.settings.delay_ms;
@@ -329,5 +360,93 @@ pub fn write_request(batch: &[OutboxSample]) -> WriteRequest {
                 unit: String::new(),
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_metastore::{BlockMeta, Exports, RuleSample};
+
+    fn exporter(metastore: &Metastore, node: &str, latest: &Arc<Latest>) -> Exporter {
+        Exporter {
+            target: METRICS_TARGET.into(),
+            node: node.into(),
+            destination: Destination::Local(latest.clone()),
+            metastore: metastore.clone(),
+            settings: ExportSettings {
+                step_ms: 1_000,
+                delay_ms: 0,
+                poll_ms: 20,
+                ..ExportSettings::default()
+            },
+            metrics: ExporterMetrics::default(),
+        }
+    }
+
+    async fn add_sample(metastore: &Metastore, step_start_ms: i64, id: &str) {
+        let block = |id: &str| BlockMeta {
+            id: id.into(),
+            object_key: format!("blocks/{id}"),
+            level: 1,
+            size_bytes: 1,
+            created_at_ms: 0,
+            deleted_at_ms: None,
+        };
+        let exports = Exports {
+            targets: vec![METRICS_TARGET.into()],
+            samples: vec![RuleSample {
+                tenant: "t".into(),
+                rule: "cpu".into(),
+                series: r#"[["__name__","cpu"]]"#.into(),
+                step_start_ms,
+                step_ms: 1_000,
+                value: 5,
+            }],
+        };
+        metastore
+            .replace_datasets(block(id), vec![], vec![], exports)
+            .await
+            .unwrap();
+    }
+
+    fn shown(latest: &Latest) -> String {
+        let mut text = String::new();
+        latest.render(&mut text);
+        text
+    }
+
+    /// Two nodes on one metastore: one sends, the other waits; when the first stops, the
+    /// second takes over (its lease was released), and nothing is sent twice.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_node_sends_a_target_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("m.db").display());
+        let metastore = Metastore::open(&url).await.unwrap();
+        let (a_latest, b_latest) = (Arc::new(Latest::default()), Arc::new(Latest::default()));
+        let (stop_a, stopped_a) = tokio::sync::watch::channel(false);
+        let (stop_b, stopped_b) = tokio::sync::watch::channel(false);
+        let a = tokio::spawn(exporter(&metastore, "a", &a_latest).run(stopped_a));
+        // a holds the lease before b starts.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let b = tokio::spawn(exporter(&metastore, "b", &b_latest).run(stopped_b));
+        add_sample(&metastore, 1_000, "c1").await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !shown(&a_latest).contains("cpu{} 5 1.000") {
+            assert!(std::time::Instant::now() < deadline, "a never sent");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(shown(&b_latest), "", "b sent while a held the lease");
+        stop_a.send(true).unwrap();
+        a.await.unwrap();
+        add_sample(&metastore, 2_000, "c2").await;
+        while !shown(&b_latest).contains("cpu{} 5 2.000") {
+            assert!(std::time::Instant::now() < deadline, "b never took over");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!shown(&a_latest).contains("2.000"));
+        stop_b.send(true).unwrap();
+        b.await.unwrap();
+        assert_eq!(metastore.export_backlog(METRICS_TARGET).await.unwrap(), 0);
     }
 }

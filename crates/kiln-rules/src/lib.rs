@@ -189,6 +189,8 @@ pub struct RulesConfig {
     pub settings: ExportSettings,
     /// Tenant of file rules that name none.
     pub default_tenant: String,
+    /// This node's name (host and listen address): it holds the senders' leases.
+    pub node: String,
 }
 
 pub const SOURCE_FILE: &str = "file";
@@ -611,6 +613,7 @@ impl Rules {
         let mut tasks = Vec::new();
         let local = Exporter {
             target: METRICS_TARGET.into(),
+            node: self.config.node.clone(),
             destination: Destination::Local(self.latest.clone()),
             metastore: self.metastore.clone(),
             settings: self.config.settings.clone(),
@@ -625,6 +628,7 @@ impl Rules {
                 })?;
             let exporter = Exporter {
                 target: target.url.clone(),
+                node: self.config.node.clone(),
                 destination: Destination::Remote(writer),
                 metastore: self.metastore.clone(),
                 settings: self.config.settings.clone(),

@@ -105,6 +105,7 @@ impl Server {
                 remote_write: config.remote_write.clone(),
                 settings: config.rule_export.clone(),
                 default_tenant: crate::tenant::DEFAULT_TENANT.to_string(),
+                node: node_name(&config.listen),
             },
         )?;
         rules.sync_file_rules().await?;
@@ -207,6 +208,15 @@ impl Server {
             task,
         })
     }
+}
+
+/// Host and listen address: what identifies this node across its restarts.
+fn node_name(listen: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_string());
+    format!("{}@{listen}", host.trim())
 }
 
 fn limits_for_agent(config: &ServerConfig) -> kiln_ingest::Limits {
