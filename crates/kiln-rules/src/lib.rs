@@ -254,16 +254,10 @@ impl Rules {
         self.latest.render(out);
     }
 
-    /// Outboxes: the local one behind `/metrics`, then one per remote-write URL.
-    pub fn targets(&self) -> Vec<String> {
-        std::iter::once(METRICS_TARGET.to_string())
-            .chain(
-                self.config
-                    .remote_write
-                    .iter()
-                    .map(|target| target.url.clone()),
-            )
-            .collect()
+    /// The outboxes a tenant's samples go to: the local one behind `/metrics`, then each
+    /// remote-write URL that takes the tenant.
+    pub fn targets(&self, tenant: &str) -> Vec<String> {
+        targets_for(&self.config, tenant)
     }
 
     fn live_from(&self, now: i64) -> i64 {
@@ -530,7 +524,7 @@ impl Rules {
                 from,
                 until,
                 Exports {
-                    targets: self.targets(),
+                    targets: self.targets(tenant),
                     samples,
                 },
             )
@@ -549,10 +543,12 @@ impl Rules {
     /// The compactor's hook: the samples of `records` over one level-0 dataset, counting
     /// each rule's profiles from its `live_from` on.
     pub fn hook(&self) -> Hook {
-        let targets = self.targets();
+        let config = self.config.clone();
         let settings = self.config.settings.clone();
         let metrics = self.metrics.clone();
         Arc::new(move |records: &[RuleRecord], dataset: &Dataset| {
+            // A job is one tenant's: its samples go to that tenant's targets.
+            let targets = targets_for(&config, &dataset.tenant);
             let step = settings.step_ms.max(1);
             let too_late = now_ms() - settings.late_window_ms;
             let prepared = Prepared::new(dataset);
@@ -598,10 +594,7 @@ impl Rules {
                     });
                 }
             }
-            Exports {
-                targets: targets.clone(),
-                samples,
-            }
+            Exports { targets, samples }
         })
     }
 
@@ -640,6 +633,18 @@ impl Rules {
     }
 }
 
+fn targets_for(config: &RulesConfig, tenant: &str) -> Vec<String> {
+    std::iter::once(METRICS_TARGET.to_string())
+        .chain(
+            config
+                .remote_write
+                .iter()
+                .filter(|target| target.takes(tenant))
+                .map(|target| target.url.clone()),
+        )
+        .collect()
+}
+
 fn to_json(spec: &RuleSpec) -> String {
     // A RuleSpec is strings, lists and maps of strings: serializing cannot fail.
     serde_json::to_string(spec).unwrap_or_default()
@@ -657,4 +662,34 @@ fn view(record: RuleRecord) -> Result<RuleView, RulesError> {
         live_from_ms: record.live_from_ms,
         updated_at_ms: record.updated_at_ms,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_receiver_limited_to_tenants_gets_only_theirs() {
+        let target = |url: &str, tenants: &[&str]| RemoteWriteConfig {
+            url: url.into(),
+            headers: Default::default(),
+            basic_auth: None,
+            tenants: tenants.iter().map(|t| t.to_string()).collect(),
+        };
+        let config = RulesConfig {
+            remote_write: vec![
+                target("http://shared/w", &[]),
+                target("http://team-a/w", &["team-a"]),
+            ],
+            ..RulesConfig::default()
+        };
+        assert_eq!(
+            targets_for(&config, "team-a"),
+            vec!["metrics", "http://shared/w", "http://team-a/w"]
+        );
+        assert_eq!(
+            targets_for(&config, "team-b"),
+            vec!["metrics", "http://shared/w"]
+        );
+    }
 }

@@ -68,6 +68,16 @@ pub struct RemoteWriteConfig {
     pub headers: BTreeMap<String, String>,
     #[serde(default)]
     pub basic_auth: Option<BasicAuth>,
+    /// Only these tenants' samples go to this receiver; empty: every tenant's. In a
+    /// multi-tenant Kiln, each team's Prometheus should get its own tenant only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<String>,
+}
+
+impl RemoteWriteConfig {
+    pub fn takes(&self, tenant: &str) -> bool {
+        self.tenants.is_empty() || self.tenants.iter().any(|t| t == tenant)
+    }
 }
 
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -219,6 +229,7 @@ mod tests {
             url: url.into(),
             headers: [(header.0.to_string(), header.1.to_string())].into(),
             basic_auth: None,
+            tenants: vec![],
         };
         assert!(target("http://p:9090/api/v1/write", ("X-Scope-OrgID", "a"))
             .check()
