@@ -28,6 +28,8 @@ pub mod rule;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use futures_util::StreamExt;
+
 use kiln_metastore::{Exports, Metastore, MetastoreError, RuleRecord, RuleSample};
 use kiln_model::error::ErrorKind;
 use kiln_model::time::now_ms;
@@ -402,17 +404,26 @@ impl Rules {
             until_ms,
             step_ms: self.config.settings.step_ms,
         };
-        let mut sums = StepSums::new();
-        for meta in metas {
-            let dataset = self.querier.load(&meta).await?;
+        let parts = metas.into_iter().map(|meta| {
             let rule = rule.clone();
-            let part = tokio::task::spawn_blocking(move || {
-                let mut part = StepSums::new();
-                evaluate(&rule, &Prepared::new(&dataset), window, &mut part);
-                part
-            })
-            .await?;
-            for (key, value) in part {
+            async move {
+                let dataset = self.querier.load(&meta).await?;
+                let part = tokio::task::spawn_blocking(move || {
+                    let mut part = StepSums::new();
+                    evaluate(&rule, &Prepared::new(&dataset), window, &mut part);
+                    part
+                })
+                .await?;
+                Ok::<_, RulesError>(part)
+            }
+        });
+        // A few datasets in flight per core, as queries read them: a week's backfill uses
+        // every core without holding every decoded dataset at once.
+        let in_flight = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
+        let mut parts = futures_util::stream::iter(parts).buffer_unordered(in_flight);
+        let mut sums = StepSums::new();
+        while let Some(part) = parts.next().await {
+            for (key, value) in part? {
                 let slot = sums.entry(key).or_insert(0);
                 *slot = slot.saturating_add(value);
             }
