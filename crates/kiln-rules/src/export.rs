@@ -5,8 +5,10 @@
 //! a crash in between leaves claimed rows, sent again first after the restart with the
 //! same values, which Prometheus ignores as duplicates. Retryable failures (no answer,
 //! 5xx, 429) back off from 250 ms to 30 s and retry the same batch for as long as it
-//! takes: the outbox is durable, so nothing is lost while the receiver is down. Any other
-//! 4xx drops the batch and counts it (`kiln_rules_samples_failed_total{reason="refused"}`).
+//! takes: the outbox is durable, so nothing is lost while the receiver is down. A refused
+//! request ([`SendError::Refused`]) is halved until each refused sample stands alone;
+//! those are dropped and counted (`kiln_rules_samples_failed_total{reason="refused"}`),
+//! the others delivered.
 //!
 //! One process sends each target at a time: the sender holds a lease in the metastore
 //! (the table compaction's leases use, keyed `("", "rule-export <target>")`), renewed on
@@ -282,42 +284,55 @@ impl Exporter {
             }
             Destination::Remote(writer) => writer,
         };
-        let request = write_request(batch);
-        let mut backoff = Duration::from_millis(250);
-        loop {
-            match writer.send(&request).await {
-                Ok(()) => {
-                    // The worst moment: the target has the samples, the outbox does not
-                    // know.
-                    kiln_model::crash::point("rules-sent");
-                    self.metrics
-                        .sent
-                        .get_or_create(&label)
-                        .inc_by(batch.len() as u64);
-                    return true;
-                }
-                Err(err @ SendError::Refused { .. }) => {
-                    tracing::warn!(error = %err, samples = batch.len(), "rule samples dropped");
-                    self.metrics
-                        .failed
-                        .get_or_create(&FailureLabels {
-                            target: self.target.clone(),
-                            reason: "refused".into(),
-                        })
-                        .inc_by(batch.len() as u64);
-                    return true;
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, retry_in_ms = backoff.as_millis() as u64, "remote write failed");
-                    self.metrics.retries.get_or_create(&label).inc();
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = stop.changed() => return false,
+        // A receiver that refuses a request keeps none of it (Prometheus rolls the whole
+        // request back on its first bad sample), so a refused part is halved until the
+        // samples it refuses stand alone: those are dropped and counted, the rest land.
+        let mut parts: Vec<&[OutboxSample]> = vec![batch];
+        while let Some(part) = parts.pop() {
+            let request = write_request(part);
+            let mut backoff = Duration::from_millis(250);
+            loop {
+                match writer.send(&request).await {
+                    Ok(()) => {
+                        // The worst moment: the target has the samples, the outbox does
+                        // not know.
+                        kiln_model::crash::point("rules-sent");
+                        self.metrics
+                            .sent
+                            .get_or_create(&label)
+                            .inc_by(part.len() as u64);
+                        break;
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    Err(SendError::Refused { .. }) if part.len() > 1 => {
+                        let (first, second) = part.split_at(part.len() / 2);
+                        parts.push(second);
+                        parts.push(first);
+                        break;
+                    }
+                    Err(err @ SendError::Refused { .. }) => {
+                        tracing::warn!(error = %err, "rule sample dropped");
+                        self.metrics
+                            .failed
+                            .get_or_create(&FailureLabels {
+                                target: self.target.clone(),
+                                reason: "refused".into(),
+                            })
+                            .inc();
+                        break;
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, retry_in_ms = backoff.as_millis() as u64, "remote write failed");
+                        self.metrics.retries.get_or_create(&label).inc();
+                        tokio::select! {
+                            _ = tokio::time::sleep(backoff) => {}
+                            _ = stop.changed() => return false,
+                        }
+                        backoff = (backoff * 2).min(Duration::from_secs(30));
+                    }
                 }
             }
         }
+        true
     }
 }
 

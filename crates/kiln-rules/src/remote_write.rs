@@ -128,7 +128,8 @@ pub enum SendError {
     /// 5xx, 429 or no answer: the same request is worth retrying.
     #[error("remote write to {url} failed, will retry: {reason}")]
     Retryable { url: String, reason: String },
-    /// Any other 4xx: the receiver refuses these samples; retrying cannot help.
+    /// Any other 4xx, or a 5xx naming a sample the receiver's storage refuses: retrying
+    /// the same samples cannot help.
     #[error("remote write to {url} refused ({status}): {body}")]
     Refused {
         url: String,
@@ -188,7 +189,7 @@ impl RemoteWriter {
         }
         let body = response.text().await.unwrap_or_default();
         let body: String = body.chars().take(512).collect();
-        if status == 429 || status >= 500 {
+        if status == 429 || (status >= 500 && !refuses_samples(&body)) {
             return Err(SendError::Retryable {
                 url,
                 reason: format!("{status}: {body}"),
@@ -196,6 +197,21 @@ impl RemoteWriter {
         }
         Err(SendError::Refused { url, status, body })
     }
+}
+
+/// Prometheus's storage errors for samples it will never take (too old for its
+/// out-of-order window, out of order without one, a second value for a timestamp).
+/// Prometheus 2.42 (Debian 12's) answers a too-old sample with 500, not the 400 later
+/// versions send; retrying it would block every sample behind it forever.
+fn refuses_samples(body: &str) -> bool {
+    [
+        "too old sample",
+        "out of bounds",
+        "out of order sample",
+        "duplicate sample for timestamp",
+    ]
+    .iter()
+    .any(|error| body.contains(error))
 }
 
 /// The request body: prost encoding, then snappy's raw (block) format.

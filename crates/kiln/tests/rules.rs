@@ -219,13 +219,20 @@ impl Kiln {
 
     /// `kiln_rules_samples_pending` of a target, from /metrics.
     fn pending(&self, target: &str) -> Option<i64> {
+        self.metric(&format!(
+            "kiln_rules_samples_pending{{target=\"{target}\"}}"
+        ))
+    }
+
+    /// The value of one series on /metrics (`name{labels}` exactly as rendered).
+    fn metric(&self, series: &str) -> Option<i64> {
         let text = agent()
             .get(&self.url("/metrics"))
             .call()
             .ok()?
             .into_string()
             .ok()?;
-        let prefix = format!("kiln_rules_samples_pending{{target=\"{target}\"}} ");
+        let prefix = format!("{series} ");
         text.lines()
             .find_map(|line| line.strip_prefix(&prefix))
             .and_then(|value| value.trim().parse().ok())
@@ -394,11 +401,20 @@ fn rules_reach_prometheus_exactly_once_through_crashes_and_alert() {
         Duration::from_secs(30),
         || kiln.pending(&target).is_some_and(|pending| pending > 0),
     );
+    let retries = format!("kiln_rules_send_retries_total{{target=\"{target}\"}}");
+    wait_until(
+        "a retry while Prometheus is down",
+        Duration::from_secs(30),
+        || kiln.metric(&retries).is_some_and(|retries| retries >= 1),
+    );
     // And Kiln is killed meanwhile too, with the samples still queued.
     kiln.restart(None);
     prometheus.spawn();
     eprintln!("prometheus restarted with samples queued");
 
+    // Stored three hours ago, before any rule: only the backfill below reads it, and
+    // Prometheus, whose newest samples are now, refuses it (too old for its 2 h window).
+    kiln.push("search", &search, window_start / 1000 - 3 * 3600);
     // Late data: a profile in an early step, pushed after that step went out.
     kiln.push("checkout", &checkout, second(1));
     let window_end = (second(7) * 1000 / STEP_MS + 1) * STEP_MS;
@@ -486,7 +502,7 @@ fn rules_reach_prometheus_exactly_once_through_crashes_and_alert() {
         Command::new(env!("CARGO_BIN_EXE_kiln"))
             .args(["rules", "backfill", "--url", &kiln.url("")])
             .args(["--rule", "search_cpu_backfilled"])
-            .args(["--from", &window_start.to_string()])
+            .args(["--from", &(window_start - 4 * 3_600_000).to_string()])
             .args(["--until", &window_end.to_string()])
             .output()
             .unwrap()
@@ -500,7 +516,7 @@ fn rules_reach_prometheus_exactly_once_through_crashes_and_alert() {
     );
     eprintln!("{}", printed.trim());
     assert!(
-        printed.contains(&format!("total {search_cpu}")),
+        printed.contains(&format!("total {}", search_cpu + 1_760_000_000)),
         "{printed}"
     );
     // Once only: the same range again is refused.
@@ -518,4 +534,10 @@ fn rules_reach_prometheus_exactly_once_through_crashes_and_alert() {
         },
     );
     eprintln!("backfilled search_cpu_backfilled: {search_cpu} ns in Prometheus");
+    // The refused sample was isolated from the request it came in, dropped and counted;
+    // the others of that request landed (above).
+    let refused =
+        format!("kiln_rules_samples_failed_total{{target=\"{target}\",reason=\"refused\"}}");
+    assert_eq!(kiln.metric(&refused), Some(1));
+    eprintln!("1 sample refused by Prometheus (too old), dropped and counted");
 }
