@@ -1,17 +1,19 @@
 //! `kiln bench rules`: what recording rules add to a level-0 compaction job. A job merges
 //! a service's segments' datasets; with rules, each input is also evaluated once per rule
 //! (kiln-rules' `evaluate`, the code export, backfill and preview share). Reported per
-//! job: the merge alone, and the evaluation of 1 rule, 10 rules and one function rule, as
-//! times and as a share of the merge.
+//! job: the merge alone, and the evaluation of 1 rule, 10 rules and one function rule (the
+//! hook's own path: stored records, compiled once), as times and as a share of the merge;
+//! beside it, the same with the rules compiled again for every job.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
 use kiln_ingest::parse::{from_pprof, ProfileContext};
+use kiln_metastore::RuleRecord;
 use kiln_model::labels::Labels;
-use kiln_rules::eval::{evaluate, Prepared, StepSums, Window};
 use kiln_rules::rule::RuleSpec;
+use kiln_rules::{job_samples, RuleCache};
 use kiln_storage::{Dataset, DatasetBuilder};
 
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
@@ -21,6 +23,10 @@ pub struct RulesBenchArgs {
     /// Directory of profiles; its CPU profiles are the job's inputs.
     #[arg(long, default_value = "../shared/corpus")]
     corpus: PathBuf,
+    /// Services, each with its own level-0 job (many services with few profiles each is
+    /// the common shape: `--services 500 --inputs 1 --profiles 2`).
+    #[arg(long, default_value_t = 1)]
+    services: usize,
     /// Input datasets per job (the level-0 default merges up to 20 segments).
     #[arg(long, default_value_t = 20)]
     inputs: usize,
@@ -55,34 +61,42 @@ pub fn run(args: RulesBenchArgs) -> anyhow::Result<()> {
         "no CPU profile in {}",
         args.corpus.display()
     );
-    // A function on many stacks of the first template: its most frequent frame name.
+    // A function on many stacks of the first template.
     let function = frequent_function(&templates[0]);
-    let inputs: Vec<Dataset> = (0..args.inputs)
-        .map(|input| {
-            let mut builder = DatasetBuilder::new("bench", "checkout");
-            for profile in 0..args.profiles {
-                let template = &templates[(input + profile) % templates.len()];
-                let labels = Labels::from_pairs([
-                    ("service_name", "checkout".to_string()),
-                    ("instance", format!("i-{profile}")),
-                    (
-                        "env",
-                        if profile % 2 == 0 { "prod" } else { "staging" }.to_string(),
-                    ),
-                ]);
-                let id = format!("{input}-{profile}");
-                let mut pprof = template.input(1_000);
-                pprof.labels = &labels;
-                pprof.id = &id;
-                pprof.time_nanos = (input as i64 * 1_000 + profile as i64 * 100) * 1_000_000;
-                builder.add_pprof(&pprof);
-            }
-            builder.finish()
+    // One level-0 job per service: its inputs, each a flush's dataset of that service.
+    let jobs: Vec<Vec<Dataset>> = (0..args.services.max(1))
+        .map(|service| {
+            let name = format!("svc-{service}");
+            (0..args.inputs)
+                .map(|input| {
+                    let mut builder = DatasetBuilder::new("bench", &name);
+                    for profile in 0..args.profiles {
+                        let template = &templates[(service + input + profile) % templates.len()];
+                        let labels = Labels::from_pairs([
+                            ("service_name", name.clone()),
+                            ("instance", format!("i-{profile}")),
+                            (
+                                "env",
+                                if profile % 2 == 0 { "prod" } else { "staging" }.to_string(),
+                            ),
+                        ]);
+                        let id = format!("{service}-{input}-{profile}");
+                        let mut pprof = template.input(1_000);
+                        pprof.labels = &labels;
+                        pprof.id = &id;
+                        pprof.time_nanos =
+                            (input as i64 * 1_000 + profile as i64 * 100) * 1_000_000;
+                        builder.add_pprof(&pprof);
+                    }
+                    builder.finish()
+                })
+                .collect()
         })
         .collect();
-    let samples: usize = inputs.iter().map(|d| d.sample_stack.len()).sum();
-    let spec = |name: &str, matchers: &str, group_by: &[&str], function: Option<&str>| {
-        RuleSpec {
+    let samples: usize = jobs.iter().flatten().map(|d| d.sample_stack.len()).sum();
+    // Rules as the compactor gets them: stored records, JSON definitions.
+    let record = |name: &str, matchers: &str, group_by: &[&str], function: Option<&str>| {
+        let spec = RuleSpec {
             metric_name: name.to_string(),
             profile_type: CPU.to_string(),
             matchers: matchers.to_string(),
@@ -90,18 +104,25 @@ pub fn run(args: RulesBenchArgs) -> anyhow::Result<()> {
             function_name: function.map(str::to_string),
             external_labels: Default::default(),
             tenant: None,
+        };
+        RuleRecord {
+            tenant: "bench".into(),
+            name: name.into(),
+            spec: serde_json::to_string(&spec).unwrap_or_default(),
+            source: "api".into(),
+            live_from_ms: 0,
+            updated_at_ms: 0,
         }
-        .compile()
     };
-    let one = vec![spec(
+    let one = vec![record(
         "cpu",
-        "{service_name=\"checkout\"}",
+        "{service_name=~\"svc-.*\"}",
         &["service_name"],
         None,
-    )?];
-    let ten = (0..10)
+    )];
+    let ten: Vec<RuleRecord> = (0..10)
         .map(|i| {
-            spec(
+            record(
                 &format!("cpu_{i}"),
                 if i % 2 == 0 {
                     "{env=\"prod\"}"
@@ -112,46 +133,51 @@ pub fn run(args: RulesBenchArgs) -> anyhow::Result<()> {
                 None,
             )
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    let by_function = vec![spec("fn_cpu", "", &["service_name"], Some(&function))?];
-    let window = Window {
-        from_ms: 0,
-        until_ms: i64::MAX,
-        step_ms: 15_000,
-    };
+        .collect();
+    let by_function = vec![record("fn_cpu", "", &["service_name"], Some(&function))];
     let median = |mut times: Vec<f64>| {
         times.sort_by(f64::total_cmp);
         times[times.len() / 2]
     };
     let mut merge = Vec::new();
-    let mut evaluations: [Vec<f64>; 3] = Default::default();
+    // Per case: (rules compiled once, as the hook does; compiled again for every job).
+    let mut evaluations: [(Vec<f64>, Vec<f64>); 3] = Default::default();
     for _ in 0..args.jobs.max(1) {
         let started = Instant::now();
-        let mut builder = DatasetBuilder::new("bench", "checkout");
-        for input in &inputs {
-            builder.add_dataset(input);
+        for inputs in &jobs {
+            let mut builder = DatasetBuilder::new("bench", "merge");
+            for input in inputs {
+                builder.add_dataset(input);
+            }
+            std::hint::black_box(builder.finish());
         }
-        std::hint::black_box(builder.finish());
         merge.push(started.elapsed().as_secs_f64() * 1e3);
-        for (rules, times) in [&one, &ten, &by_function]
+        for (records, (cached, per_job)) in [&one, &ten, &by_function]
             .into_iter()
             .zip(evaluations.iter_mut())
         {
+            let cache = RuleCache::default();
             let started = Instant::now();
-            let mut sums = StepSums::new();
-            for input in &inputs {
-                let prepared = Prepared::new(input);
-                for rule in rules {
-                    evaluate(rule, &prepared, window, &mut sums);
+            for inputs in &jobs {
+                for input in inputs {
+                    std::hint::black_box(job_samples(&cache, records, input, 15_000, i64::MIN));
                 }
             }
-            std::hint::black_box(sums);
-            times.push(started.elapsed().as_secs_f64() * 1e3);
+            cached.push(started.elapsed().as_secs_f64() * 1e3);
+            let started = Instant::now();
+            for inputs in &jobs {
+                let cache = RuleCache::default();
+                for input in inputs {
+                    std::hint::black_box(job_samples(&cache, records, input, 15_000, i64::MIN));
+                }
+            }
+            per_job.push(started.elapsed().as_secs_f64() * 1e3);
         }
     }
     let merge = median(merge);
     println!(
-        "level-0 job: {} inputs × {} profiles, {samples} samples ({} templates)",
+        "{} level-0 job(s) of {} inputs × {} profiles, {samples} samples ({} templates)",
+        jobs.len(),
         args.inputs,
         args.profiles,
         templates.len()
@@ -162,10 +188,10 @@ pub fn run(args: RulesBenchArgs) -> anyhow::Result<()> {
         ("10 rules".to_string(), 10),
         (format!("1 function rule ({function})"), 1),
     ];
-    for ((name, rules), times) in cases.into_iter().zip(evaluations) {
-        let time = median(times);
+    for ((name, rules), (cached, per_job)) in cases.into_iter().zip(evaluations) {
+        let (time, per_job) = (median(cached), median(per_job));
         println!(
-            "{name}: {time:.2} ms ({:.1} % of the merge; {:.0} M samples/s per rule)",
+            "{name}: {time:.2} ms ({:.1} % of the merge; {:.0} M samples/s per rule); compiled for every job: {per_job:.2} ms",
             time / merge * 100.0,
             (samples * rules) as f64 / (time / 1e3) / 1e6
         );

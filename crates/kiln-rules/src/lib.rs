@@ -262,9 +262,18 @@ impl Rules {
         targets_for(&self.config, tenant)
     }
 
-    fn live_from(&self, now: i64) -> i64 {
+    /// A rule as stored, saved `now`; `live_from` counts only for a new rule (an update
+    /// keeps the stored one).
+    fn record(&self, tenant: &str, spec: &RuleSpec, source: &str, now: i64) -> RuleRecord {
         let step = self.config.settings.step_ms.max(1);
-        (now + step - 1).div_euclid(step) * step
+        RuleRecord {
+            tenant: tenant.to_string(),
+            name: spec.metric_name.clone(),
+            spec: to_json(spec),
+            source: source.into(),
+            live_from_ms: (now + step - 1).div_euclid(step) * step,
+            updated_at_ms: now,
+        }
     }
 
     /// Stores the file's rules (read-only through the API) and forgets file rules no
@@ -280,14 +289,7 @@ impl Rules {
             let mut stored = spec.clone();
             stored.tenant = None;
             self.metastore
-                .put_recording_rule(RuleRecord {
-                    tenant: tenant.clone(),
-                    name: spec.metric_name.clone(),
-                    spec: to_json(&stored),
-                    source: SOURCE_FILE.into(),
-                    live_from_ms: self.live_from(now),
-                    updated_at_ms: now,
-                })
+                .put_recording_rule(self.record(&tenant, &stored, SOURCE_FILE, now))
                 .await?;
             kept.insert((tenant, spec.metric_name.clone()));
         }
@@ -352,17 +354,9 @@ impl Rules {
             Some(_) if create => return Err(RulesError::Exists(spec.metric_name)),
             _ => {}
         }
-        let now = now_ms();
         let record = self
             .metastore
-            .put_recording_rule(RuleRecord {
-                tenant: tenant.to_string(),
-                name: spec.metric_name.clone(),
-                spec: to_json(&spec),
-                source: SOURCE_API.into(),
-                live_from_ms: self.live_from(now),
-                updated_at_ms: now,
-            })
+            .put_recording_rule(self.record(tenant, &spec, SOURCE_API, now_ms()))
             .await?;
         view(record)
     }
@@ -555,54 +549,24 @@ impl Rules {
     /// each rule's profiles from its `live_from` on.
     pub fn hook(&self) -> Hook {
         let config = self.config.clone();
-        let settings = self.config.settings.clone();
         let metrics = self.metrics.clone();
+        let cache = Arc::new(RuleCache::default());
         Arc::new(move |records: &[RuleRecord], dataset: &Dataset| {
             // A job is one tenant's: its samples go to that tenant's targets.
             let targets = targets_for(&config, &dataset.tenant);
-            let step = settings.step_ms.max(1);
-            let too_late = now_ms() - settings.late_window_ms;
-            let prepared = Prepared::new(dataset);
-            let mut samples = Vec::new();
-            for record in records {
-                let rule = match serde_json::from_str::<RuleSpec>(&record.spec)
-                    .map_err(|err| err.to_string())
-                    .and_then(|spec| spec.compile().map_err(|err| err.to_string()))
-                {
-                    Ok(rule) => rule,
-                    Err(err) => {
-                        tracing::warn!(tenant = %record.tenant, rule = %record.name, error = %err, "stored recording rule skipped");
-                        continue;
-                    }
-                };
-                let mut sums = StepSums::new();
-                let window = Window {
-                    from_ms: record.live_from_ms,
-                    until_ms: i64::MAX,
-                    step_ms: step,
-                };
-                evaluate(&rule, &prepared, window, &mut sums);
-                for ((labels, step_start_ms), value) in sums {
-                    if step_start_ms + step <= too_late {
-                        for target in &targets {
-                            metrics
-                                .failed
-                                .get_or_create(&FailureLabels {
-                                    target: target.clone(),
-                                    reason: "too_late".into(),
-                                })
-                                .inc();
-                        }
-                        continue;
-                    }
-                    samples.push(RuleSample {
-                        tenant: record.tenant.clone(),
-                        rule: record.name.clone(),
-                        series: series_key(&labels),
-                        step_start_ms,
-                        step_ms: step,
-                        value,
-                    });
+            let settings = &config.settings;
+            let too_late_before = now_ms() - settings.late_window_ms;
+            let (samples, too_late) =
+                job_samples(&cache, records, dataset, settings.step_ms, too_late_before);
+            if too_late > 0 {
+                for target in &targets {
+                    metrics
+                        .failed
+                        .get_or_create(&FailureLabels {
+                            target: target.clone(),
+                            reason: "too_late".into(),
+                        })
+                        .inc_by(too_late);
                 }
             }
             Exports { targets, samples }
@@ -642,6 +606,83 @@ impl Rules {
         }
         Ok(tasks)
     }
+}
+
+/// Rules compiled once per stored definition: a service's level-0 job comes every few
+/// seconds, and parsing every rule's JSON and compiling its regexes for each one was most
+/// of a small job's rule cost (`kiln bench rules --services 500`).
+#[derive(Default)]
+pub struct RuleCache {
+    compiled: std::sync::Mutex<std::collections::HashMap<String, Arc<CompiledRule>>>,
+}
+
+/// Definitions kept compiled; past this many (rules edited over a long uptime) the cache
+/// starts over.
+const RULE_CACHE_ENTRIES: usize = 10_000;
+
+impl RuleCache {
+    pub fn compiled(&self, spec: &str) -> Result<Arc<CompiledRule>, String> {
+        if let Some(rule) = self.compiled.lock().ok().and_then(|c| c.get(spec).cloned()) {
+            return Ok(rule);
+        }
+        let rule = serde_json::from_str::<RuleSpec>(spec)
+            .map_err(|err| err.to_string())
+            .and_then(|spec| spec.compile().map_err(|err| err.to_string()))?;
+        let rule = Arc::new(rule);
+        if let Ok(mut compiled) = self.compiled.lock() {
+            if compiled.len() >= RULE_CACHE_ENTRIES {
+                compiled.clear();
+            }
+            compiled.insert(spec.to_string(), rule.clone());
+        }
+        Ok(rule)
+    }
+}
+
+/// What a level-0 job exports for one input dataset: each rule's per-step sums of the
+/// profiles from its `live_from` on; and how many were dropped as later than
+/// `too_late_before_ms` (their steps may already be pruned from the outbox).
+pub fn job_samples(
+    cache: &RuleCache,
+    records: &[RuleRecord],
+    dataset: &Dataset,
+    step_ms: i64,
+    too_late_before_ms: i64,
+) -> (Vec<RuleSample>, u64) {
+    let step = step_ms.max(1);
+    let prepared = Prepared::new(dataset);
+    let (mut samples, mut too_late) = (Vec::new(), 0);
+    for record in records {
+        let rule = match cache.compiled(&record.spec) {
+            Ok(rule) => rule,
+            Err(err) => {
+                tracing::warn!(tenant = %record.tenant, rule = %record.name, error = %err, "stored recording rule skipped");
+                continue;
+            }
+        };
+        let mut sums = StepSums::new();
+        let window = Window {
+            from_ms: record.live_from_ms,
+            until_ms: i64::MAX,
+            step_ms: step,
+        };
+        evaluate(&rule, &prepared, window, &mut sums);
+        for ((labels, step_start_ms), value) in sums {
+            if step_start_ms + step <= too_late_before_ms {
+                too_late += 1;
+                continue;
+            }
+            samples.push(RuleSample {
+                tenant: record.tenant.clone(),
+                rule: record.name.clone(),
+                series: series_key(&labels),
+                step_start_ms,
+                step_ms: step,
+                value,
+            });
+        }
+    }
+    (samples, too_late)
 }
 
 fn targets_for(config: &RulesConfig, tenant: &str) -> Vec<String> {

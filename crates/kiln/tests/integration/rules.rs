@@ -229,6 +229,8 @@ fn the_rules_bench_reports_every_case() {
         "rules",
         "--corpus",
         corpus.to_str().unwrap(),
+        "--services",
+        "3",
         "--inputs",
         "3",
         "--jobs",
