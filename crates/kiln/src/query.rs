@@ -23,8 +23,9 @@ use prost::Message;
 /// Exit status of a query that matched no data.
 pub const NO_DATA: u8 = 3;
 
+/// Which server, and as which tenant: shared by the commands that call a server's API.
 #[derive(Args)]
-pub struct QueryArgs {
+pub struct ServerAddress {
     /// Server URL.
     #[arg(
         long,
@@ -32,10 +33,16 @@ pub struct QueryArgs {
         default_value = "http://localhost:4040",
         global = true
     )]
-    url: String,
+    pub url: String,
     /// Tenant (sent as X-Scope-OrgID).
     #[arg(long, env = "KILN_TENANT", global = true)]
-    tenant: Option<String>,
+    pub tenant: Option<String>,
+}
+
+#[derive(Args)]
+pub struct QueryArgs {
+    #[command(flatten)]
+    server: ServerAddress,
     #[command(subcommand)]
     command: QueryCommand,
 }
@@ -421,8 +428,8 @@ fn finish(output: Option<&PathBuf>, bytes: &[u8]) -> anyhow::Result<ExitCode> {
 
 pub fn run(args: QueryArgs) -> anyhow::Result<ExitCode> {
     let client = Client {
-        url: args.url,
-        tenant: args.tenant,
+        url: args.server.url,
+        tenant: args.server.tenant,
         agent: ureq::AgentBuilder::new()
             .timeout(Duration::from_secs(300))
             .build(),

@@ -6,17 +6,8 @@ use clap::{Args, Subcommand};
 
 #[derive(Args)]
 pub struct RulesArgs {
-    /// Server URL.
-    #[arg(
-        long,
-        env = "KILN_URL",
-        default_value = "http://localhost:4040",
-        global = true
-    )]
-    url: String,
-    /// Tenant (sent as X-Scope-OrgID).
-    #[arg(long, env = "KILN_TENANT", global = true)]
-    tenant: Option<String>,
+    #[command(flatten)]
+    server: crate::query::ServerAddress,
     #[command(subcommand)]
     command: RulesCommand,
 }
@@ -41,7 +32,10 @@ enum RulesCommand {
 }
 
 pub fn run(args: RulesArgs) -> anyhow::Result<std::process::ExitCode> {
-    let base = format!("{}/api/v1/recording-rules", args.url.trim_end_matches('/'));
+    let base = format!(
+        "{}/api/v1/recording-rules",
+        args.server.url.trim_end_matches('/')
+    );
     let agent = ureq::AgentBuilder::new()
         .timeout(std::time::Duration::from_secs(600))
         .build();
@@ -52,7 +46,7 @@ pub fn run(args: RulesArgs) -> anyhow::Result<std::process::ExitCode> {
             .query("from", from)
             .query("until", until),
     };
-    let request = match &args.tenant {
+    let request = match &args.server.tenant {
         Some(tenant) => request.set("X-Scope-OrgID", tenant),
         None => request,
     };
