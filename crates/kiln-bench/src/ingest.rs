@@ -29,6 +29,8 @@ pub enum BenchCommand {
     Agent(crate::agent::AgentBenchArgs),
     /// What recording rules add to a level-0 compaction job.
     Rules(crate::rules::RulesBenchArgs),
+    /// Planted regressions found and false alarms raised by the comparison, and its speed.
+    Insight(crate::insight::InsightBenchArgs),
 }
 
 #[derive(Args)]
@@ -83,6 +85,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Scrape(args) => crate::scrape::run(args).await,
         BenchCommand::Agent(args) => crate::agent::run(args).await,
         BenchCommand::Rules(args) => crate::rules::run(args),
+        BenchCommand::Insight(args) => crate::insight::run(args).await,
     }
 }
 

@@ -4,7 +4,7 @@
 //! CPU cost), [`query`] (1 h to 7 d of one service against `go tool pprof`), [`storage`]
 //! (bytes per profile and query time after compaction; compaction delay), [`scrape`]
 //! (pull collection from a fleet of targets), [`rules`] (recording rules' share of a
-//! compaction job) and [`agent`] (the host agent's overhead,
+//! compaction job), [`insight`] (planted regressions found, false alarms, compare speed) and [`agent`] (the host agent's overhead,
 //! perf events against eBPF).
 //!
 //! Benches report numbers; the tests assert behaviour (`stages`, `query`, `storage`,
@@ -14,6 +14,7 @@
 
 pub mod agent;
 pub mod ingest;
+pub mod insight;
 pub mod query;
 pub mod rules;
 pub mod scrape;

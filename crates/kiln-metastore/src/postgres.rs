@@ -15,7 +15,8 @@ use tokio_postgres::{NoTls, Row};
 use crate::now_ms;
 use crate::{
     BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, MetastoreError,
-    OutboxSample, RuleRecord, CLAIMED, DELIVERED, MIGRATIONS, PENDING,
+    OutboxSample, RegressionRecord, RuleRecord, VersionCheck, CLAIMED, DELIVERED, MIGRATIONS,
+    PENDING,
 };
 
 /// Any 64-bit key no other user of the database is likely to pick: "kilnmeta".
@@ -342,6 +343,109 @@ impl PostgresMetastore {
         add_exports(&transaction, &exports).await?;
         transaction.commit().await?;
         Ok(())
+    }
+
+    pub async fn record_version_check(
+        &self,
+        check: VersionCheck,
+        findings: Vec<RegressionRecord>,
+    ) -> Result<bool, MetastoreError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await?;
+        let inserted = transaction
+            .execute(
+                "INSERT INTO version_checks (tenant, service, profile_type, version_label, new_version, old_version, checked_at_ms, outcome)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+                &[
+                    &check.tenant,
+                    &check.service,
+                    &check.profile_type,
+                    &check.version_label,
+                    &check.new_version,
+                    &check.old_version,
+                    &check.checked_at_ms,
+                    &check.outcome,
+                ],
+            )
+            .await?;
+        if inserted == 0 {
+            return Ok(false);
+        }
+        for finding in &findings {
+            transaction
+                .execute(
+                    "INSERT INTO regressions (tenant, service, profile_type, version_label, new_version, function, detected_at_ms, finding)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+                    &[
+                        &finding.tenant,
+                        &finding.service,
+                        &finding.profile_type,
+                        &finding.version_label,
+                        &finding.new_version,
+                        &finding.function,
+                        &finding.detected_at_ms,
+                        &finding.finding,
+                    ],
+                )
+                .await?;
+        }
+        transaction.commit().await?;
+        Ok(true)
+    }
+
+    pub async fn version_checked(
+        &self,
+        tenant: &str,
+        service: &str,
+        profile_type: &str,
+        version_label: &str,
+        new_version: &str,
+    ) -> Result<bool, MetastoreError> {
+        let client = self.client().await?;
+        Ok(client
+            .query_opt(
+                "SELECT 1 FROM version_checks WHERE tenant = $1 AND service = $2
+                 AND profile_type = $3 AND version_label = $4 AND new_version = $5",
+                &[
+                    &tenant,
+                    &service,
+                    &profile_type,
+                    &version_label,
+                    &new_version,
+                ],
+            )
+            .await?
+            .is_some())
+    }
+
+    pub async fn regressions(
+        &self,
+        tenant: &str,
+        service: Option<String>,
+        since_ms: i64,
+    ) -> Result<Vec<RegressionRecord>, MetastoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT tenant, service, profile_type, version_label, new_version, function, detected_at_ms, finding
+                 FROM regressions WHERE tenant = $1 AND detected_at_ms >= $2 AND ($3::TEXT IS NULL OR service = $3)
+                 ORDER BY detected_at_ms DESC, service, function",
+                &[&tenant, &since_ms, &service],
+            )
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| RegressionRecord {
+                tenant: row.get(0),
+                service: row.get(1),
+                profile_type: row.get(2),
+                version_label: row.get(3),
+                new_version: row.get(4),
+                function: row.get(5),
+                detected_at_ms: row.get(6),
+                finding: row.get(7),
+            })
+            .collect())
     }
 
     pub async fn claim_exports(

@@ -10,7 +10,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::now_ms;
 use crate::{
     BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, MetastoreError,
-    OutboxSample, RuleRecord, CLAIMED, DELIVERED, MIGRATIONS, PENDING,
+    OutboxSample, RegressionRecord, RuleRecord, VersionCheck, CLAIMED, DELIVERED, MIGRATIONS,
+    PENDING,
 };
 
 #[derive(Clone)]
@@ -321,6 +322,107 @@ impl SqliteMetastore {
             add_exports(&transaction, &exports)?;
             transaction.commit()?;
             Ok(())
+        })
+        .await
+    }
+
+    pub async fn record_version_check(
+        &self,
+        check: VersionCheck,
+        findings: Vec<RegressionRecord>,
+    ) -> Result<bool, MetastoreError> {
+        self.with(move |connection| {
+            let transaction = connection.transaction()?;
+            let inserted = transaction.execute(
+                "INSERT INTO version_checks (tenant, service, profile_type, version_label, new_version, old_version, checked_at_ms, outcome)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING",
+                params![
+                    check.tenant,
+                    check.service,
+                    check.profile_type,
+                    check.version_label,
+                    check.new_version,
+                    check.old_version,
+                    check.checked_at_ms,
+                    check.outcome
+                ],
+            )?;
+            if inserted == 0 {
+                return Ok(false);
+            }
+            for finding in &findings {
+                transaction.execute(
+                    "INSERT INTO regressions (tenant, service, profile_type, version_label, new_version, function, detected_at_ms, finding)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING",
+                    params![
+                        finding.tenant,
+                        finding.service,
+                        finding.profile_type,
+                        finding.version_label,
+                        finding.new_version,
+                        finding.function,
+                        finding.detected_at_ms,
+                        finding.finding
+                    ],
+                )?;
+            }
+            transaction.commit()?;
+            Ok(true)
+        })
+        .await
+    }
+
+    pub async fn version_checked(
+        &self,
+        tenant: &str,
+        service: &str,
+        profile_type: &str,
+        version_label: &str,
+        new_version: &str,
+    ) -> Result<bool, MetastoreError> {
+        let key = [tenant, service, profile_type, version_label, new_version].map(str::to_string);
+        self.with(move |connection| {
+            Ok(connection
+                .query_row(
+                    "SELECT 1 FROM version_checks WHERE tenant = ?1 AND service = ?2
+                     AND profile_type = ?3 AND version_label = ?4 AND new_version = ?5",
+                    params![key[0], key[1], key[2], key[3], key[4]],
+                    |_| Ok(()),
+                )
+                .optional()?
+                .is_some())
+        })
+        .await
+    }
+
+    pub async fn regressions(
+        &self,
+        tenant: &str,
+        service: Option<String>,
+        since_ms: i64,
+    ) -> Result<Vec<RegressionRecord>, MetastoreError> {
+        let tenant = tenant.to_string();
+        self.with(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT tenant, service, profile_type, version_label, new_version, function, detected_at_ms, finding
+                 FROM regressions WHERE tenant = ?1 AND detected_at_ms >= ?2 AND (?3 IS NULL OR service = ?3)
+                 ORDER BY detected_at_ms DESC, service, function",
+            )?;
+            let rows = statement
+                .query_map(params![tenant, since_ms, service], |row| {
+                    Ok(RegressionRecord {
+                        tenant: row.get(0)?,
+                        service: row.get(1)?,
+                        profile_type: row.get(2)?,
+                        version_label: row.get(3)?,
+                        new_version: row.get(4)?,
+                        function: row.get(5)?,
+                        detected_at_ms: row.get(6)?,
+                        finding: row.get(7)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
         })
         .await
     }

@@ -6,7 +6,7 @@
 
 use kiln_metastore::{
     BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, Metastore, MetastoreError,
-    OutboxSample, RuleRecord, RuleSample,
+    OutboxSample, RegressionRecord, RuleRecord, RuleSample, VersionCheck,
 };
 
 fn sample(series: &str, step_start_ms: i64, value: i64) -> RuleSample {
@@ -129,7 +129,7 @@ macro_rules! metastore_suite {
                 };
                 let url = fixture.url.clone();
                 let metastore = fixture.metastore.clone();
-                assert_eq!(metastore.schema_version().await.unwrap(), 3);
+                assert_eq!(metastore.schema_version().await.unwrap(), 4);
                 metastore
                     .register_block(
                         block("b1"),
@@ -143,7 +143,7 @@ macro_rules! metastore_suite {
                 // Reopening applies no migration twice and keeps the data.
                 drop(metastore);
                 let metastore = Metastore::open(&url).await.unwrap();
-                assert_eq!(metastore.schema_version().await.unwrap(), 3);
+                assert_eq!(metastore.schema_version().await.unwrap(), 4);
                 assert_eq!(metastore.list_blocks().await.unwrap(), vec![block("b1")]);
 
                 let found = metastore
@@ -637,6 +637,90 @@ macro_rules! metastore_suite {
                     vec![("s".to_string(), 0, 1), ("s".to_string(), 60_000, 2)],
                     "the refused backfill wrote nothing"
                 );
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_version_is_checked_once_and_its_findings_listed_per_tenant_and_service() {
+                let Some(fixture) = super::$backend().await else {
+                    return;
+                };
+                let metastore = fixture.metastore.clone();
+                let check = |tenant: &str, service: &str, version: &str, at: i64| VersionCheck {
+                    tenant: tenant.into(),
+                    service: service.into(),
+                    profile_type: "cpu".into(),
+                    version_label: "version".into(),
+                    new_version: version.into(),
+                    old_version: "1.0".into(),
+                    checked_at_ms: at,
+                    outcome: "1 finding".into(),
+                };
+                let finding =
+                    |tenant: &str, service: &str, version: &str, function: &str, at: i64| {
+                        RegressionRecord {
+                            tenant: tenant.into(),
+                            service: service.into(),
+                            profile_type: "cpu".into(),
+                            version_label: "version".into(),
+                            new_version: version.into(),
+                            function: function.into(),
+                            detected_at_ms: at,
+                            finding: format!("{{\"function\": \"{function}\"}}"),
+                        }
+                    };
+                assert!(!metastore
+                    .version_checked("t1", "api", "cpu", "version", "1.1")
+                    .await
+                    .unwrap());
+                // Two watchers check one version at once: one records it.
+                let (a, b) = tokio::join!(
+                    metastore.record_version_check(
+                        check("t1", "api", "1.1", 100),
+                        vec![finding("t1", "api", "1.1", "parse", 100)]
+                    ),
+                    metastore.record_version_check(
+                        check("t1", "api", "1.1", 101),
+                        vec![finding("t1", "api", "1.1", "other", 101)]
+                    )
+                );
+                assert_eq!(u8::from(a.unwrap()) + u8::from(b.unwrap()), 1);
+                assert!(metastore
+                    .version_checked("t1", "api", "cpu", "version", "1.1")
+                    .await
+                    .unwrap());
+                for (tenant, service, version, function, at) in [
+                    ("t1", "web", "2.0", "render", 200),
+                    ("t2", "api", "1.1", "secret", 300),
+                ] {
+                    assert!(metastore
+                        .record_version_check(
+                            check(tenant, service, version, at),
+                            vec![finding(tenant, service, version, function, at)]
+                        )
+                        .await
+                        .unwrap());
+                }
+                let all = metastore.regressions("t1", None, 0).await.unwrap();
+                let functions: Vec<&str> = all.iter().map(|r| r.function.as_str()).collect();
+                assert_eq!(functions.len(), 2, "{all:?}");
+                assert_eq!(functions[0], "render", "newest first");
+                assert!(functions[1] == "parse" || functions[1] == "other");
+                assert!(all.iter().all(|r| r.tenant == "t1"));
+                let web = metastore
+                    .regressions("t1", Some("web".into()), 0)
+                    .await
+                    .unwrap();
+                assert_eq!(web.len(), 1);
+                assert_eq!(web[0].finding, "{\"function\": \"render\"}");
+                assert!(metastore
+                    .regressions("t1", None, 201)
+                    .await
+                    .unwrap()
+                    .is_empty());
+                // Survives a reopen.
+                drop(metastore);
+                let reopened = Metastore::open(&fixture.url).await.unwrap();
+                assert_eq!(reopened.regressions("t2", None, 0).await.unwrap().len(), 1);
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,6 +44,9 @@ pub struct ServerConfig {
     pub remote_write: Vec<kiln_rules::remote_write::RemoteWriteConfig>,
     /// Step, delay and late-data window of the rules' samples.
     pub rule_export: kiln_rules::ExportSettings,
+    /// The regression watcher: a service's new version compared with the previous one
+    /// (docs/insight.md).
+    pub regressions: kiln_insight::RegressionsConfig,
 }
 
 /// The in-process host agent: what `kiln agent` does, written straight to this server.
@@ -129,6 +132,7 @@ impl Default for ServerConfig {
             recording_rules: Vec::new(),
             remote_write: Vec::new(),
             rule_export: kiln_rules::ExportSettings::default(),
+            regressions: kiln_insight::RegressionsConfig::default(),
         }
     }
 }

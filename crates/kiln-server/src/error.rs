@@ -25,6 +25,8 @@ pub enum ApiError {
     Query(#[from] QueryError),
     #[error(transparent)]
     Rules(#[from] kiln_rules::RulesError),
+    #[error(transparent)]
+    Insight(#[from] kiln_insight::InsightError),
 }
 
 impl ApiError {
@@ -37,6 +39,7 @@ impl ApiError {
             ApiError::Ingest(err) => err.kind(),
             ApiError::Query(err) => err.kind(),
             ApiError::Rules(err) => err.kind(),
+            ApiError::Insight(err) => err.kind(),
         }
     }
 

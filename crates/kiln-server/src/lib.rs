@@ -13,6 +13,7 @@ pub mod config;
 pub mod endpoints;
 pub mod error;
 pub mod ingest;
+pub mod insight;
 pub mod listener;
 pub mod metrics;
 pub mod ops;

@@ -5,7 +5,7 @@ use axum::Router;
 
 use crate::endpoints::{OTLP_GRPC_PATH, OTLP_HTTP_PATH, PROFEFE_PATH, PUSH_PATH, PYROSCOPE_PATHS};
 use crate::state::SharedState;
-use crate::{ingest, ops, otlp, profefe, querier, render, rules};
+use crate::{ingest, insight, ops, otlp, profefe, querier, render, rules};
 
 pub fn router(state: SharedState) -> Router {
     PYROSCOPE_PATHS
@@ -46,6 +46,8 @@ pub fn router(state: SharedState) -> Router {
             "/api/v1/recording-rules/{name}/backfill",
             post(rules::backfill),
         )
+        .route("/api/v1/compare", post(insight::compare))
+        .route("/api/v1/regressions", get(insight::regressions))
         .merge(crate::ui::router())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -42,6 +42,8 @@ pub enum ServerError {
     Agent(#[from] kiln_agent::PerfError),
     #[error("{0}")]
     Rules(#[from] kiln_rules::RulesError),
+    #[error("regressions: {0}")]
+    Insight(#[from] kiln_insight::InsightError),
 }
 
 pub struct Server;
@@ -111,7 +113,10 @@ impl Server {
         rules.sync_file_rules().await?;
         rules.register(&mut registry);
         let (stop_rules, rules_stopped) = tokio::sync::watch::channel(false);
-        let rule_tasks = rules.spawn(rules_stopped)?;
+        let mut rule_tasks = rules.spawn(rules_stopped.clone())?;
+        let insight = kiln_insight::Insight::new(querier.clone(), config.regressions.clone())?;
+        insight.register(&mut registry);
+        rule_tasks.push(insight.spawn(rules_stopped));
         let (stop_compactor, compactor_stopped) = tokio::sync::watch::channel(false);
         let compactor_task = if config.compaction.enabled {
             let mut compaction = config.compaction.clone();
@@ -153,6 +158,7 @@ impl Server {
             ingester,
             querier,
             rules,
+            insight,
             limits,
             metrics: metrics.clone(),
             registry,

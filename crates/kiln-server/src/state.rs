@@ -15,6 +15,8 @@ pub struct AppState {
     pub querier: Querier,
     /// Recording rules: definitions, preview, backfill, and the newest values.
     pub rules: kiln_rules::Rules,
+    /// Comparisons with confidence, and the regression watcher's findings.
+    pub insight: kiln_insight::Insight,
     pub limits: TenantLimits,
     pub metrics: ServerMetrics,
     pub registry: Registry,

@@ -8,6 +8,7 @@ mod compaction;
 mod connections;
 mod duckdb;
 mod formats;
+mod insight;
 mod limits;
 mod otlp;
 mod profefe;

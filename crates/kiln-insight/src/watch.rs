@@ -1,0 +1,535 @@
+//! The regression watcher: after each deploy, compare the new version with the previous
+//! one and record what changed significantly.
+//!
+//! Every `interval_ms`, for each tenant and each service with data in the last
+//! `lookback_ms`, it reads which values of the version labels (`version`,
+//! `service_version`, `service_git_ref` by default; the first one a series has counts)
+//! each profile type's series carry, and when each was first and last seen. The value
+//! first seen last is the new version; of the others, the one seen last is the previous.
+//! Once a profile of the new version past its first `window_ms` is stored, that window is
+//! compared with
+//! the previous version's last `window_ms` ([`crate::compare`], same profile type, the
+//! selectors differing only in the version label) and the significant changes are
+//! recorded with the check, in one metastore transaction. A version is checked once:
+//! the check's row is its key, so several watchers (one per node) record it once, and a
+//! restart does not check it again. Findings go to `/metrics`
+//! (`kiln_regressions_detected_total`) and, when configured, to a webhook as JSON.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_metastore::{RegressionRecord, VersionCheck};
+use kiln_model::labels::{Labels, SERVICE_NAME};
+use kiln_model::time::now_ms;
+use kiln_query::request::label_selector;
+use kiln_query::select::{SelectRequest, TypeFilter};
+use kiln_query::Querier;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+
+use crate::compare::{comparison, side_sums, Side};
+use crate::stats::Method;
+use crate::InsightError;
+
+/// `regressions:` in the config file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegressionsConfig {
+    pub enabled: bool,
+    /// Labels that carry a service's version, in order of preference.
+    pub version_labels: Vec<String>,
+    /// Pause between two looks for new versions.
+    pub interval_ms: u64,
+    /// How far back a look reads series to find versions.
+    pub lookback_ms: i64,
+    /// Length of each side of the comparison; a new version is compared once it has a
+    /// profile past this long after its first.
+    pub window_ms: i64,
+    /// Profiles each side needs; fewer, and the check records a refusal, not findings.
+    pub min_profiles: u64,
+    /// Family-wise error rate of one check.
+    pub alpha: f64,
+    /// Each finding is POSTed here as JSON, when set.
+    pub webhook_url: Option<String>,
+}
+
+impl Default for RegressionsConfig {
+    fn default() -> Self {
+        RegressionsConfig {
+            enabled: true,
+            version_labels: vec![
+                "version".into(),
+                "service_version".into(),
+                "service_git_ref".into(),
+            ],
+            interval_ms: 60_000,
+            lookback_ms: 6 * 3_600_000,
+            window_ms: 15 * 60_000,
+            min_profiles: 12,
+            alpha: Method::default().alpha,
+            webhook_url: None,
+        }
+    }
+}
+
+/// One significant change after a deploy, as the API lists it and the webhook posts it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    pub tenant: String,
+    pub service: String,
+    pub profile_type: String,
+    pub version_label: String,
+    pub old_version: String,
+    pub new_version: String,
+    pub function: String,
+    /// `increase` (a regression) or `decrease`.
+    pub change: String,
+    pub left_share: f64,
+    pub right_share: f64,
+    pub delta_share: f64,
+    pub left_value: i64,
+    pub right_value: i64,
+    pub p_value: f64,
+    pub p_adjusted: f64,
+    pub confidence: f64,
+    /// The windows compared: the old version's, then the new one's (ms, `[from, until)`).
+    pub left: Window,
+    pub right: Window,
+    pub detected_at: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Window {
+    pub from: i64,
+    pub until: i64,
+    pub profiles: u64,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ChangeLabels {
+    change: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: String,
+}
+
+#[derive(Clone, Default)]
+struct WatchMetrics {
+    detected: Family<ChangeLabels, Counter>,
+    checks: Family<OutcomeLabels, Counter>,
+    webhook_failures: Counter,
+}
+
+/// When a version was seen in the lookback.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    profiles: u64,
+    first_nanos: i64,
+    last_nanos: i64,
+}
+
+pub struct Watcher {
+    querier: Querier,
+    config: RegressionsConfig,
+    metrics: WatchMetrics,
+    client: reqwest::Client,
+}
+
+impl Watcher {
+    pub fn new(querier: Querier, config: RegressionsConfig) -> Result<Self, InsightError> {
+        if let Some(url) = &config.webhook_url {
+            let parsed = reqwest::Url::parse(url).map_err(|err| {
+                InsightError::BadRequest(format!("regressions.webhook_url {url:?}: {err}"))
+            })?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err(InsightError::BadRequest(format!(
+                    "regressions.webhook_url {url:?}: expected an http or https URL"
+                )));
+            }
+        }
+        if config.window_ms <= 0 || config.lookback_ms < config.window_ms {
+            return Err(InsightError::BadRequest(format!(
+                "regressions: window_ms ({}) must be positive and at most lookback_ms ({})",
+                config.window_ms, config.lookback_ms
+            )));
+        }
+        if !(config.alpha > 0.0 && config.alpha <= 0.5) || config.min_profiles < 2 {
+            return Err(InsightError::BadRequest(format!(
+                "regressions: alpha must be in (0, 0.5] (is {}) and min_profiles at least 2 (is {})",
+                config.alpha, config.min_profiles
+            )));
+        }
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(InsightError::Client)?;
+        Ok(Watcher {
+            querier,
+            config,
+            metrics: WatchMetrics::default(),
+            client,
+        })
+    }
+
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "kiln_regressions_detected",
+            "Significant changes found by comparing a service's new version with its previous one",
+            self.metrics.detected.clone(),
+        );
+        registry.register(
+            "kiln_regressions_version_checks",
+            "New versions compared with their previous one, by outcome (findings, none, refused)",
+            self.metrics.checks.clone(),
+        );
+        registry.register(
+            "kiln_regressions_webhook_failures",
+            "Findings the webhook did not accept after retries (they stay listed by the API)",
+            self.metrics.webhook_failures.clone(),
+        );
+    }
+
+    /// Looks every `interval_ms` until `stop` turns true.
+    pub fn spawn(
+        self: Arc<Self>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            if !self.config.enabled {
+                return;
+            }
+            let interval = Duration::from_millis(self.config.interval_ms.max(100));
+            loop {
+                if let Err(err) = self.look(now_ms()).await {
+                    tracing::warn!(error = %err, "regression watcher");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(interval) => {}
+                    _ = stop.changed() => return,
+                }
+                if *stop.borrow() {
+                    return;
+                }
+            }
+        })
+    }
+
+    /// One look over every tenant and service; returns the findings recorded.
+    pub async fn look(&self, now_ms: i64) -> Result<Vec<Finding>, InsightError> {
+        let metastore = self.querier.metastore();
+        let from_nanos = (now_ms - self.config.lookback_ms).saturating_mul(1_000_000);
+        let to_nanos = now_ms.saturating_mul(1_000_000);
+        let mut found = Vec::new();
+        for tenant in metastore.tenants().await? {
+            for service in metastore.services(&tenant, from_nanos, to_nanos).await? {
+                match self.look_at(&tenant, &service, now_ms).await {
+                    Ok(findings) => found.extend(findings),
+                    Err(err) => {
+                        tracing::warn!(tenant, service, error = %err, "regression check failed")
+                    }
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Versions of one service in the lookback, per (profile type, version label, value).
+    async fn versions(
+        &self,
+        tenant: &str,
+        service: &str,
+        now_ms: i64,
+    ) -> Result<HashMap<(String, String, String), Seen>, InsightError> {
+        let request = SelectRequest {
+            tenant: tenant.to_string(),
+            types: TypeFilter::Any,
+            selector: label_selector(&format!("{{{SERVICE_NAME}={}}}", quote(service)))?,
+            from_nanos: (now_ms - self.config.lookback_ms).saturating_mul(1_000_000),
+            to_nanos: now_ms.saturating_mul(1_000_000),
+            ..Default::default()
+        };
+        let mut seen: HashMap<(String, String, String), Seen> = HashMap::new();
+        for meta in self.querier.datasets(&request).await? {
+            let dataset = self.querier.load(&meta).await?;
+            let keys: Vec<Option<(String, String, String)>> = dataset
+                .series
+                .iter()
+                .map(|series| {
+                    let labels: Labels = dataset.series_labels(series);
+                    self.config.version_labels.iter().find_map(|name| {
+                        labels
+                            .get(name)
+                            .filter(|value| !value.is_empty())
+                            .map(|value| {
+                                (
+                                    dataset.string(series.profile_type).to_string(),
+                                    name.clone(),
+                                    value.to_string(),
+                                )
+                            })
+                    })
+                })
+                .collect();
+            for profile in &dataset.profiles {
+                if profile.time_nanos < request.from_nanos || profile.time_nanos > request.to_nanos
+                {
+                    continue;
+                }
+                let Some(Some(key)) = keys.get(profile.series as usize) else {
+                    continue;
+                };
+                let entry = seen.entry(key.clone()).or_insert(Seen {
+                    profiles: 0,
+                    first_nanos: profile.time_nanos,
+                    last_nanos: profile.time_nanos,
+                });
+                entry.profiles += 1;
+                entry.first_nanos = entry.first_nanos.min(profile.time_nanos);
+                entry.last_nanos = entry.last_nanos.max(profile.time_nanos);
+            }
+        }
+        Ok(seen)
+    }
+
+    async fn look_at(
+        &self,
+        tenant: &str,
+        service: &str,
+        now_ms: i64,
+    ) -> Result<Vec<Finding>, InsightError> {
+        let seen = self.versions(tenant, service, now_ms).await?;
+        let mut groups: HashMap<(String, String), Vec<(String, Seen)>> = HashMap::new();
+        for ((profile_type, label, value), entry) in seen {
+            groups
+                .entry((profile_type, label))
+                .or_default()
+                .push((value, entry));
+        }
+        let mut found = Vec::new();
+        let mut groups: Vec<_> = groups.into_iter().collect();
+        groups.sort_by(|a, b| a.0.cmp(&b.0));
+        for ((profile_type, label), mut versions) in groups {
+            if versions.len() < 2 {
+                continue;
+            }
+            versions.sort_by(|a, b| {
+                a.1.first_nanos
+                    .cmp(&b.1.first_nanos)
+                    .then_with(|| a.0.cmp(&b.0))
+            });
+            let Some((new_version, new_seen)) = versions.pop() else {
+                continue;
+            };
+            let Some((old_version, old_seen)) = versions.into_iter().max_by(|a, b| {
+                a.1.last_nanos
+                    .cmp(&b.1.last_nanos)
+                    .then_with(|| a.0.cmp(&b.0))
+            }) else {
+                continue;
+            };
+            let new_first_ms = new_seen.first_nanos.div_euclid(1_000_000);
+            // Ready once a profile past the window's end is stored: profiles are
+            // acknowledged in order, so the window's own are all in (a clock test
+            // would check a backfill, or a lagging ingest, half-way).
+            if new_seen.last_nanos.div_euclid(1_000_000) < new_first_ms + self.config.window_ms {
+                continue;
+            }
+            let metastore = self.querier.metastore();
+            if metastore
+                .version_checked(tenant, service, &profile_type, &label, &new_version)
+                .await?
+            {
+                continue;
+            }
+            let old_until_ms = old_seen.last_nanos.div_euclid(1_000_000) + 1;
+            let side = |version: &str, from_ms: i64, until_ms: i64| -> Result<Side, InsightError> {
+                let text = format!(
+                    "{{{SERVICE_NAME}={}, {label}={}}}",
+                    quote(service),
+                    quote(version)
+                );
+                Ok(Side {
+                    selector: label_selector(&text)?,
+                    selector_text: text,
+                    from_ms,
+                    until_ms,
+                })
+            };
+            let left = side(
+                &old_version,
+                old_until_ms - self.config.window_ms,
+                old_until_ms,
+            )?;
+            let right = side(
+                &new_version,
+                new_first_ms,
+                new_first_ms + self.config.window_ms,
+            )?;
+            let (left_sums, right_sums) = futures_util::future::try_join(
+                side_sums(&self.querier, tenant, &profile_type, &left),
+                side_sums(&self.querier, tenant, &profile_type, &right),
+            )
+            .await?;
+            let method = Method {
+                alpha: self.config.alpha,
+                min_profiles: self.config.min_profiles,
+            };
+            let result = comparison(
+                &profile_type,
+                (&left, &left_sums),
+                (&right, &right_sums),
+                &method,
+                0,
+            );
+            let detected_at = now_ms;
+            let findings: Vec<Finding> = result
+                .functions
+                .iter()
+                .filter(|change| change.significant)
+                .map(|change| Finding {
+                    tenant: tenant.to_string(),
+                    service: service.to_string(),
+                    profile_type: profile_type.clone(),
+                    version_label: label.clone(),
+                    old_version: old_version.clone(),
+                    new_version: new_version.clone(),
+                    function: change.name.clone(),
+                    change: if change.delta_share > 0.0 {
+                        "increase"
+                    } else {
+                        "decrease"
+                    }
+                    .into(),
+                    left_share: change.left_share,
+                    right_share: change.right_share,
+                    delta_share: change.delta_share,
+                    left_value: change.left_value,
+                    right_value: change.right_value,
+                    p_value: change.p_value.unwrap_or(1.0),
+                    p_adjusted: change.p_adjusted.unwrap_or(1.0),
+                    confidence: change.confidence.unwrap_or(0.0),
+                    left: Window {
+                        from: left.from_ms,
+                        until: left.until_ms,
+                        profiles: result.left.profiles,
+                    },
+                    right: Window {
+                        from: right.from_ms,
+                        until: right.until_ms,
+                        profiles: result.right.profiles,
+                    },
+                    detected_at,
+                })
+                .collect();
+            let (outcome, outcome_label) = match &result.refused {
+                Some(reason) => (format!("refused: {reason}"), "refused"),
+                None if findings.is_empty() => (
+                    format!(
+                        "no significant change among {} functions",
+                        result.method.tested
+                    ),
+                    "none",
+                ),
+                None => (
+                    format!(
+                        "{} significant changes among {} functions",
+                        findings.len(),
+                        result.method.tested
+                    ),
+                    "findings",
+                ),
+            };
+            let records = findings
+                .iter()
+                .map(|finding| RegressionRecord {
+                    tenant: tenant.to_string(),
+                    service: service.to_string(),
+                    profile_type: profile_type.clone(),
+                    version_label: label.clone(),
+                    new_version: new_version.clone(),
+                    function: finding.function.clone(),
+                    detected_at_ms: detected_at,
+                    finding: serde_json::to_string(finding).unwrap_or_default(),
+                })
+                .collect();
+            let check = VersionCheck {
+                tenant: tenant.to_string(),
+                service: service.to_string(),
+                profile_type: profile_type.clone(),
+                version_label: label.clone(),
+                new_version: new_version.clone(),
+                old_version: old_version.clone(),
+                checked_at_ms: detected_at,
+                outcome: outcome.clone(),
+            };
+            if !metastore.record_version_check(check, records).await? {
+                // Another node checked it first and reports it.
+                continue;
+            }
+            tracing::info!(
+                tenant,
+                service,
+                profile_type,
+                old_version,
+                new_version,
+                outcome,
+                "compared a new version with the previous one"
+            );
+            self.metrics
+                .checks
+                .get_or_create(&OutcomeLabels {
+                    outcome: outcome_label.into(),
+                })
+                .inc();
+            for finding in &findings {
+                self.metrics
+                    .detected
+                    .get_or_create(&ChangeLabels {
+                        change: finding.change.clone(),
+                    })
+                    .inc();
+                self.post(finding).await;
+            }
+            found.extend(findings);
+        }
+        Ok(found)
+    }
+
+    /// Sends one finding to the webhook: three tries, then it is counted as failed (the
+    /// finding stays stored and listed).
+    async fn post(&self, finding: &Finding) {
+        let Some(url) = &self.config.webhook_url else {
+            return;
+        };
+        let body = serde_json::to_vec(finding).unwrap_or_default();
+        for attempt in 0..3u32 {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
+            }
+            let request = self
+                .client
+                .post(url)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.clone());
+            match request.send().await {
+                Ok(response) if response.status().is_success() => return,
+                Ok(response) => {
+                    tracing::warn!(url, status = %response.status(), "regressions webhook refused a finding")
+                }
+                Err(err) => tracing::warn!(url, error = %err, "regressions webhook unreachable"),
+            }
+        }
+        self.metrics.webhook_failures.inc();
+    }
+}
+
+/// A label value as a selector's quoted string.
+fn quote(value: &str) -> String {
+    format!("\"{}\"", value.replace('\\', "\\\\").replace('"', "\\\""))
+}
