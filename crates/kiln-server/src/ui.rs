@@ -26,6 +26,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("../ui/rules.js"),
     ),
     (
+        "regressions.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../ui/regressions.js"),
+    ),
+    (
         "style.css",
         "text/css; charset=utf-8",
         include_str!("../ui/style.css"),
@@ -44,11 +49,13 @@ const ASSETS: &[(&str, &str, &str)] = &[
 
 const INDEX: &str = include_str!("../ui/index.html");
 const RULES: &str = include_str!("../ui/rules.html");
+const REGRESSIONS: &str = include_str!("../ui/regressions.html");
 
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
         .route("/", get(index))
         .route("/rules", get(rules))
+        .route("/regressions", get(regressions))
         .route("/ui/{*path}", get(asset))
 }
 
@@ -59,6 +66,11 @@ async fn index() -> Response {
 /// Recording rules: write, preview, save.
 async fn rules() -> Response {
     page(RULES)
+}
+
+/// What the regression watcher found after deploys.
+async fn regressions() -> Response {
+    page(REGRESSIONS)
 }
 
 fn page(html: &'static str) -> Response {
@@ -89,7 +101,10 @@ async fn asset(Path(path): Path<String>) -> Response {
 
 /// Bytes of the UI as served (the total a first visit downloads, before compression).
 pub fn bundle_bytes() -> usize {
-    INDEX.len() + RULES.len() + ASSETS.iter().map(|(_, _, body)| body.len()).sum::<usize>()
+    INDEX.len()
+        + RULES.len()
+        + REGRESSIONS.len()
+        + ASSETS.iter().map(|(_, _, body)| body.len()).sum::<usize>()
 }
 
 #[cfg(test)]
@@ -98,13 +113,13 @@ mod tests {
 
     #[test]
     fn every_file_the_pages_load_is_served() {
-        for page in [INDEX, RULES] {
+        for (page, at_least) in [(INDEX, 4), (RULES, 4), (REGRESSIONS, 2)] {
             let references: Vec<&str> = page
                 .split("\"/ui/")
                 .skip(1)
                 .filter_map(|rest| rest.split('"').next())
                 .collect();
-            assert!(references.len() >= 4, "{references:?}");
+            assert!(references.len() >= at_least, "{references:?}");
             for path in references {
                 assert!(ASSETS.iter().any(|(name, _, _)| *name == path), "{path}");
             }

@@ -243,11 +243,17 @@ function renderTable() {
   const filter = $('table-filter').value.toLowerCase();
   const total = flame.total || 1;
   const diff = state.mode === 'compare';
-  const headers = diff ? ['function', 'self before', 'self after', 'change (pp)'] : ['function', 'self', 'total', '%'];
+  // With the server's ranking, a fifth column: how sure each change is.
+  const ranked = diff && tableRows.some((row) => row.rank !== undefined);
+  const headers = diff ? ['function', 'self before', 'self after', 'change (pp)', 'confidence'] : ['function', 'self', 'total', '%', ''];
   document.querySelectorAll('#top th').forEach((th, i) => { th.textContent = headers[i]; });
+  document.querySelector('#top th[data-sort="confidence"]').hidden = !ranked;
+  $('top').dataset.testid = diff ? 'compare' : 'top-table';
   const { key, descending } = tableSort;
   const value = (row) => {
     if (key === 'name') return row.name;
+    if (key === 'rank') return row.rank ?? 0;
+    if (key === 'confidence') return row.confidence ?? -1;
     if (key === 'share') return diff ? Math.abs(row.change) : row.self;
     return row[key];
   };
@@ -266,9 +272,14 @@ function renderTable() {
   $('top').tBodies[0].replaceChildren(...rows.map((row) => {
     const tr = document.createElement('tr');
     tr.tabIndex = 0;
-    if (row.name === flame.highlight) tr.className = 'selected';
+    if (row.name === flame.highlight) tr.classList.add('selected');
+    if (row.significant) tr.classList.add('significant');
     const last = diff ? `${row.change > 0 ? '+' : ''}${row.change.toFixed(2)}` : `${((row.self / total) * 100).toFixed(2)} %`;
     const cells = [[row.name, 'name'], [formatValue(row.self, unit()), 'num'], [formatValue(row.total, unit()), 'num'], [last, 'num']];
+    if (ranked) {
+      const confidence = row.confidence === null ? '–' : `${(row.confidence * 100).toFixed(row.confidence > 0.999 ? 3 : 1)} %`;
+      cells.push([row.significant ? `${confidence} ✓` : confidence, 'num']);
+    }
     for (const [text, cls] of cells) {
       const td = document.createElement('td');
       td.className = cls;
@@ -277,6 +288,12 @@ function renderTable() {
     }
     const select = () => {
       flame.setHighlight(flame.highlight === row.name ? null : row.name);
+      // In a comparison, a row is a lead to follow: the flame graph zooms to it.
+      if (diff && flame.highlight === row.name) {
+        flame.zoomToName(row.name);
+        state.focus = row.name;
+        renderBreadcrumbs(flame.path());
+      }
       state.fn = row.name;
       writeUrl(true);
       renderTable();
@@ -378,7 +395,8 @@ async function refresh() {
         right: mergeRequest(toMillis(state.rfrom), toMillis(state.runtil), state.rsel || state.labels),
       })
       : call('SelectMergeStacktraces', mergeRequest(start, end));
-    const [series, graph] = await Promise.all([seriesRequest, graphRequest]);
+    const rankRequest = compare ? compareRanking() : Promise.resolve(null);
+    const [series, graph, ranking] = await Promise.all([seriesRequest, graphRequest, rankRequest]);
     if (mine !== generation) return;
     drawTimeline(series.series || [], start, end, step);
     const flamegraph = graph.flamegraph || { names: [], levels: [], total: 0 };
@@ -388,7 +406,8 @@ async function refresh() {
     document.body.dataset.flameTotal = String(flame.total);
     document.body.dataset.flameNodes = String(flame.nodeCount);
     document.body.dataset.diffSides = compare ? `${flame.leftTotal}:${flame.rightTotal}` : '';
-    tableRows = compare ? diffRows() : flame.functions();
+    tableRows = compare ? (ranking ? rankedRows(ranking) : diffRows()) : flame.functions();
+    $('compare-summary').textContent = compare ? compareSummary(ranking) : '';
     renderTable();
     renderSandwich();
     $('single').hidden = !state.profile;
@@ -408,6 +427,45 @@ async function refresh() {
     status('error', error.message);
     document.body.dataset.ready = String(mine);
   }
+}
+
+/** The server's ranked comparison of the two sides (docs/insight.md); null when it
+ * fails, and the table falls back to the diff's own changes. */
+async function compareRanking() {
+  const side = (labels, from, until) => ({ selector: selector(labels), from: toMillis(from), until: toMillis(until) });
+  try {
+    const response = await fetch('/api/v1/compare', {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({
+        profile_type: state.type,
+        left: side(state.lsel || state.labels, state.lfrom, state.luntil),
+        right: side(state.rsel || state.labels, state.rfrom, state.runtil),
+        limit: 0,
+      }),
+    });
+    if (!response.ok) throw new Error(await response.text());
+    return await response.json();
+  } catch (error) {
+    return { error: error.message };
+  }
+}
+
+function rankedRows(ranking) {
+  if (!ranking.functions) return diffRows();
+  return ranking.functions.map((fn, rank) => ({
+    name: fn.name, rank, self: fn.left_value, total: fn.right_value,
+    change: fn.delta_share * 100, confidence: fn.confidence, significant: fn.significant,
+  }));
+}
+
+function compareSummary(ranking) {
+  if (!ranking) return '';
+  if (ranking.error) return `ranking unavailable: ${ranking.error}`;
+  const sides = `before: ${ranking.left.profiles} profiles, after: ${ranking.right.profiles} profiles.`;
+  if (ranking.refused) return `${sides} ${ranking.refused}.`;
+  const m = ranking.method;
+  return `${sides} ${ranking.significant} of ${m.tested} functions changed significantly (${m.test}, ${m.correction} correction, family-wise α = ${m.alpha}); most important first.`;
 }
 
 /** The biggest changes of a diff, as table rows: self before and after, and the change of
@@ -468,6 +526,7 @@ function halves() {
 function bind() {
   const change = (update) => () => { update(); writeUrl(); refresh(); };
   $('service').addEventListener('change', change(() => { state.service = $('service').value; state.focus = ''; loadSplitLabels(); }));
+  $('service').addEventListener('change', linkRegressions);
   $('type').addEventListener('change', change(() => { state.type = $('type').value; state.focus = ''; }));
   $('labels').addEventListener('change', change(() => { state.labels = $('labels').value; }));
   $('labels').addEventListener('input', () => suggestLabels());
@@ -515,7 +574,7 @@ function bind() {
   $('compare-toggle').addEventListener('click', change(() => {
     if (state.mode === 'compare') { state.mode = ''; tableSort = { key: 'self', descending: true }; return; }
     state.mode = 'compare';
-    tableSort = { key: 'share', descending: true };
+    tableSort = { key: 'rank', descending: false };
     if (!state.lfrom) halves();
   }));
   $('compare-halves').addEventListener('click', change(halves));
@@ -538,8 +597,13 @@ function bind() {
     $('share').title = url;
   });
   window.addEventListener('popstate', () => { readUrl(); refresh(); });
-  if (state.mode === 'compare') tableSort = { key: 'share', descending: true };
+  if (state.mode === 'compare') tableSort = { key: 'rank', descending: false };
   window.addEventListener('resize', () => { if (plot) plot.setSize({ width: $('timeline').clientWidth, height: 180 }); });
+}
+
+/** The regressions page, for the service in view. */
+function linkRegressions() {
+  $('regressions-link').href = state.service ? `/regressions?service=${encodeURIComponent(state.service)}` : '/regressions';
 }
 
 async function main() {
@@ -548,6 +612,7 @@ async function main() {
   syncControls();
   try {
     await loadPickers();
+    linkRegressions();
   } catch (error) {
     status('error', error.message);
     return;

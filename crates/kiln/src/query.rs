@@ -124,6 +124,10 @@ enum QueryCommand {
         right_to: Option<String>,
         #[arg(long, default_value_t = 10)]
         limit: usize,
+        /// Rank every function's change with its statistical confidence (the server's
+        /// `POST /api/v1/compare`, docs/insight.md) instead of by size alone.
+        #[arg(long)]
+        explain: bool,
     },
     /// Label names, or the values of one label.
     Labels {
@@ -194,6 +198,30 @@ impl Client {
                     .and_then(|error| error["message"].as_str().map(str::to_string))
                     .unwrap_or(text);
                 bail!("{method} failed with HTTP {status}: {}", message.trim())
+            }
+            Err(err) => Err(err).with_context(|| format!("cannot reach {url}")),
+        }
+    }
+
+    /// A JSON POST to one of Kiln's own APIs.
+    fn post_json(&self, path: &str, body: &serde_json::Value) -> anyhow::Result<serde_json::Value> {
+        let url = format!("{}{path}", self.url.trim_end_matches('/'));
+        let mut http = self
+            .agent
+            .post(&url)
+            .set("Content-Type", "application/json");
+        if let Some(tenant) = &self.tenant {
+            http = http.set("X-Scope-OrgID", tenant);
+        }
+        let progress = Progress::start(path);
+        let result = http.send_string(&body.to_string());
+        progress.stop();
+        match result {
+            Ok(response) => serde_json::from_reader(response.into_reader())
+                .with_context(|| format!("invalid answer from {path}")),
+            Err(ureq::Error::Status(status, response)) => {
+                let text = response.into_string().unwrap_or_default();
+                bail!("{path} failed with HTTP {status}: {}", text.trim())
             }
             Err(err) => Err(err).with_context(|| format!("cannot reach {url}")),
         }
@@ -393,6 +421,92 @@ fn human_value(value: i64, unit: &str) -> String {
             text.trim_end().to_string()
         }
     }
+}
+
+/// `kiln query diff --explain`: the server's ranked comparison as a table.
+fn explain_diff(
+    client: &Client,
+    left: &Selection,
+    right: &Selection,
+    limit: usize,
+) -> anyhow::Result<ExitCode> {
+    let (profile_type, left_selector) = split_query(&left.query)?;
+    let (right_type, right_selector) = split_query(&right.query)?;
+    if right_type != profile_type {
+        bail!("both sides must have one profile type: {profile_type} and {right_type}");
+    }
+    let side = |selector: String, selection: &Selection| -> anyhow::Result<serde_json::Value> {
+        Ok(serde_json::json!({
+            "selector": selector,
+            "from": millis(&selection.from)?,
+            "until": millis(&selection.to)?,
+        }))
+    };
+    let answer = client.post_json(
+        "/api/v1/compare",
+        &serde_json::json!({
+            "profile_type": profile_type,
+            "left": side(left_selector, left)?,
+            "right": side(right_selector, right)?,
+            "limit": limit,
+        }),
+    )?;
+    if answer["left"]["profiles"] == 0 && answer["right"]["profiles"] == 0 {
+        return no_data(&format!("{} nor {}", left.describe(), right.describe()));
+    }
+    print_explained(&answer)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints a comparison (a refusal is an answer too, said on standard error).
+fn print_explained(answer: &serde_json::Value) -> anyhow::Result<()> {
+    let mut out = String::new();
+    for side in ["left", "right"] {
+        out.push_str(&format!(
+            "{side:<5}  {} profiles, total {}, {:.4} per second\n",
+            answer[side]["profiles"],
+            answer[side]["total"],
+            answer[side]["rate"].as_f64().unwrap_or(0.0)
+        ));
+    }
+    let method = &answer["method"];
+    out.push_str(&format!(
+        "{}, {} correction, alpha {}: {} of {} functions significant\n",
+        method["test"].as_str().unwrap_or(""),
+        method["correction"].as_str().unwrap_or(""),
+        method["alpha"],
+        answer["significant"],
+        method["tested"]
+    ));
+    if let Some(reason) = answer["refused"].as_str() {
+        eprintln!("kiln query: {reason}");
+    }
+    out.push_str(&format!(
+        "{:>4}  {:>9}  {:>9}  {:>9}  {:>10}  {:<11}  function\n",
+        "rank", "left", "right", "change", "confidence", "significant"
+    ));
+    let functions = answer["functions"].as_array().cloned().unwrap_or_default();
+    for (rank, function) in functions.iter().enumerate() {
+        let share = |key: &str| 100.0 * function[key].as_f64().unwrap_or(0.0);
+        let confidence = function["confidence"]
+            .as_f64()
+            .map_or("-".to_string(), |c| format!("{:.4}%", 100.0 * c));
+        out.push_str(&format!(
+            "{:>4}  {:>8.2}%  {:>8.2}%  {:>+7.2}pt  {:>10}  {:<11}  {}\n",
+            rank + 1,
+            share("left_share"),
+            share("right_share"),
+            share("delta_share"),
+            confidence,
+            if function["significant"] == true {
+                "yes"
+            } else {
+                "no"
+            },
+            function["name"].as_str().unwrap_or("")
+        ));
+    }
+    write_output(None, out.as_bytes())
 }
 
 fn percent(part: i64, whole: i64) -> f64 {
@@ -607,12 +721,16 @@ pub fn run(args: QueryArgs) -> anyhow::Result<ExitCode> {
             right_from,
             right_to,
             limit,
+            explain,
         } => {
             let right = Selection {
                 query: right_query.unwrap_or_else(|| left.query.clone()),
                 from: right_from.unwrap_or_else(|| left.from.clone()),
                 to: right_to.unwrap_or_else(|| left.to.clone()),
             };
+            if explain {
+                return explain_diff(&client, &left, &right, limit);
+            }
             let left_stacks = tree_stacks(&client, &left.merge_request(-1)?)?;
             let right_stacks = tree_stacks(&client, &right.merge_request(-1)?)?;
             let (left_total, right_total) = (left_stacks.total(), right_stacks.total());

@@ -18,7 +18,7 @@ const PROFILES: i64 = 20;
 on_every_backend!(compare_ranks_with_confidence_and_the_watcher_finds_a_planted_regression);
 
 /// A receiver of webhook posts: their bodies.
-fn webhook() -> (String, Arc<Mutex<Vec<String>>>) {
+pub fn webhook() -> (String, Arc<Mutex<Vec<String>>>) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
     let bodies = Arc::new(Mutex::new(Vec::new()));
@@ -52,7 +52,7 @@ fn webhook() -> (String, Arc<Mutex<Vec<String>>>) {
 
 /// One profile's folded stacks: three functions whose sizes wobble from profile to
 /// profile, and in `slow` versions a fourth, `slow_path`.
-fn profile(index: i64, slow: bool) -> String {
+pub fn profile(index: i64, slow: bool) -> String {
     // A small deterministic wobble, different for each function.
     let wobble = |salt: i64| (index * 7919 + salt * 104_729) % 23 - 11;
     let mut text = format!(
@@ -67,7 +67,7 @@ fn profile(index: i64, slow: bool) -> String {
     text
 }
 
-fn push(server: &TestServer, tenant: &str, version: &str, start_s: i64, slow: bool) -> i64 {
+pub fn push(server: &TestServer, tenant: &str, version: &str, start_s: i64, slow: bool) -> i64 {
     let mut total = 0;
     for index in 0..PROFILES {
         let from = start_s + index * 10;
@@ -111,7 +111,7 @@ fn side(version: &str, from_s: i64, until_s: i64) -> serde_json::Value {
     })
 }
 
-fn with_watcher(url: String) -> impl FnOnce(&mut ServerConfig) {
+pub fn with_watcher(url: String) -> impl FnOnce(&mut ServerConfig) {
     move |config: &mut ServerConfig| {
         config.regressions.interval_ms = 200;
         config.regressions.window_ms = 120_000;
@@ -159,6 +159,41 @@ fn compare_ranks_with_confidence_and_the_watcher_finds_a_planted_regression(back
     assert!((delta - top["right_share"].as_f64().unwrap()).abs() < 1e-12);
     assert!(delta > 0.08 && delta < 0.12, "{delta}");
     assert_eq!(answer["functions"].as_array().unwrap().len(), 3, "limit");
+
+    // The CLI prints the same ranking.
+    let printed = run_kiln([
+        "query".to_string(),
+        "--url".into(),
+        server.url.clone(),
+        "--tenant".into(),
+        "team-a".into(),
+        "diff".into(),
+        "--explain".into(),
+        "-q".into(),
+        format!("{CPU}{{service_name=\"checkout\", version=\"1.0\"}}"),
+        "--from".into(),
+        (v1_start * 1000).to_string(),
+        "--to".into(),
+        ((v1_start + span) * 1000).to_string(),
+        "--right-query".into(),
+        format!("{CPU}{{service_name=\"checkout\", version=\"1.1\"}}"),
+        "--right-from".into(),
+        (v2_start * 1000).to_string(),
+        "--right-to".into(),
+        ((v2_start + span) * 1000).to_string(),
+    ]);
+    let first = printed
+        .lines()
+        .find(|line| line.trim_start().starts_with("1 "))
+        .unwrap_or_else(|| panic!("no rank 1 in {printed}"));
+    assert!(
+        first.ends_with("slow_path") && first.contains(" yes "),
+        "{printed}"
+    );
+    assert!(
+        printed.contains(&format!("left   {PROFILES} profiles, total {v1_total}")),
+        "{printed}"
+    );
 
     // Equal inputs: nothing significant.
     let same = serde_json::json!({

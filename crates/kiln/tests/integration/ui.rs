@@ -323,3 +323,82 @@ fn the_rules_page_previews_and_saves_a_rule() {
         "{mistake}"
     );
 }
+
+/// The regressions page lists what the watcher found after a deploy; its link opens the
+/// comparison of the two versions, ranked with confidence, and a row focuses the flame
+/// graph on its function.
+#[test]
+fn the_regressions_page_leads_to_a_ranked_comparison() {
+    if !browser_available() {
+        return;
+    }
+    let (hook, _) = crate::insight::webhook();
+    let server = TestServer::start_with(crate::insight::with_watcher(hook));
+    let now_s = kiln_model::time::now_ms() / 1000;
+    crate::insight::push(&server, "anonymous", "1.0", now_s - 1800, false);
+    crate::insight::push(&server, "anonymous", "1.1", now_s - 1500, true);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while server.json("/api/v1/regressions", &[])["regressions"]
+        .as_array()
+        .is_none_or(|found| found.is_empty())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the watcher found nothing"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let results = run_script("insight_test.mjs", &server, &["checkout"]);
+    assert_eq!(
+        results["link"], "/regressions?service=checkout",
+        "{results}"
+    );
+    let listed = results["regressions"].to_string();
+    assert!(
+        listed.contains("slow_path") && listed.contains("1.0 → 1.1"),
+        "{listed}"
+    );
+    assert!(listed.contains("\"increase\""), "{listed}");
+    let summary = results["summary"].as_str().unwrap_or_default();
+    assert!(
+        summary.contains("before: 12 profiles, after: 12 profiles"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("of 4 functions changed significantly"),
+        "{summary}"
+    );
+    assert_eq!(
+        results["header"],
+        serde_json::json!([
+            "function",
+            "self before",
+            "self after",
+            "change (pp)",
+            "confidence"
+        ])
+    );
+    // Most important first: slow_path, significant, with its confidence shown.
+    let first = &results["ranked"][0];
+    assert_eq!(first["cells"][0], "slow_path", "{results}");
+    assert_eq!(first["significant"], true);
+    assert!(
+        first["cells"][4]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("✓"),
+        "{first}"
+    );
+    // The second row, clicked, is selected and the flame graph zoomed to it.
+    let second = results["ranked"][1]["cells"][0]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(results["clicked"], second.as_str(), "{results}");
+    assert_eq!(
+        strings(&results["breadcrumbs"]).last().copied(),
+        Some(second.as_str()),
+        "{results}"
+    );
+    assert_eq!(results["focus"], second.as_str());
+}
