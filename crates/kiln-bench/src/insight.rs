@@ -206,7 +206,8 @@ fn sample_test(
             if se == 0.0 {
                 1.0
             } else {
-                2.0 * distrs::Normal::cdf(-((p2 - p1) / se).abs(), 0.0, 1.0)
+                // The normal tail: Student's t with 10⁷ degrees of freedom.
+                kiln_insight::stats::t_two_sided((p2 - p1) / se, 1e7)
             }
         })
         .collect();
@@ -319,7 +320,7 @@ pub async fn run(args: InsightBenchArgs) -> anyhow::Result<()> {
             &kiln_null,
         ),
         (
-            "naive: by |Δ share| (a change ≥ 1 point reported)".to_string(),
+            "naive: by the size of Δ share (a change ≥ 1 point reported)".to_string(),
             &naive,
             &naive_null,
         ),
@@ -384,10 +385,21 @@ async fn speed_in(
     let (written, _) = write_stream(&stream, templates, data_dir, end_nanos, 2 * hours).await?;
     println!();
     println!(
-        "wrote {written} profiles (one a second, {} h) in {:.1} s",
+        "wrote {written} profiles (one a second, {} h; the corpus's {} in turn) in {:.1} s",
         2 * hours,
+        templates
+            .iter()
+            .map(|template| template.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
         started.elapsed().as_secs_f64()
     );
+    // Samples of the right side: slot i (its second) holds template i mod n.
+    let side_slots = hours as usize * 3_600;
+    let samples: usize = (side_slots..2 * side_slots)
+        .map(|slot| templates[slot % templates.len()].parsed.profile.sample.len())
+        .sum();
+    println!("{samples} samples a side");
     let (mut child, url) = crate::ingest::start_server(data_dir)?;
     let end_ms = end_nanos / 1_000_000;
     let side_ms = hours * 3_600_000;

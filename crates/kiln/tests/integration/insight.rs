@@ -345,3 +345,51 @@ fn compare_ranks_with_confidence_and_the_watcher_finds_a_planted_regression(back
         .metrics()
         .contains("kiln_regressions_detected_total{change=\"increase\"} 1"));
 }
+
+/// `kiln bench insight` reports each ranking's rates and the speed over a side of data
+/// (the figures are docs/benchmarks.md's); with its fixed seed the rates are fixed too.
+#[test]
+fn the_insight_bench_reports_both_rates_for_each_ranking() {
+    let corpus = workspace_root().join("testdata");
+    let output = run_kiln([
+        "bench",
+        "insight",
+        "--corpus",
+        corpus.to_str().unwrap(),
+        "--trials",
+        "20",
+        "--speed-profiles",
+        "3600",
+    ]);
+    let row = |name: &str| -> Vec<String> {
+        let line = output
+            .lines()
+            .find(|line| line.starts_with(&format!("| {name}")))
+            .unwrap_or_else(|| panic!("no {name} row in {output}"));
+        line.split('|')
+            .map(|cell| cell.trim().to_string())
+            .collect()
+    };
+    // "90% (18/20)" → 18.
+    let count = |cell: &str| -> u32 {
+        let inner = cell.rsplit('(').next().unwrap_or_default();
+        inner
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .parse()
+            .unwrap_or(u32::MAX)
+    };
+    let (kiln, naive, per_sample) = (row("Kiln"), row("naive"), row("per-sample"));
+    // Ranked first more often than by size, and no false alarm where both others raise some.
+    assert!(count(&kiln[2]) > count(&naive[2]), "{output}");
+    assert_eq!(count(&kiln[4]), 0, "{output}");
+    assert!(
+        count(&naive[4]) > 0 && count(&per_sample[4]) > 0,
+        "{output}"
+    );
+    assert!(
+        output.contains("| compare, 1 h a side | 3600 + 3600 profiles |"),
+        "{output}"
+    );
+}
