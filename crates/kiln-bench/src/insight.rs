@@ -397,7 +397,13 @@ async fn speed_in(
     // Samples of the right side: slot i (its second) holds template i mod n.
     let side_slots = hours as usize * 3_600;
     let samples: usize = (side_slots..2 * side_slots)
-        .map(|slot| templates[slot % templates.len()].parsed.profile.sample.len())
+        .map(|slot| {
+            templates[slot % templates.len()]
+                .parsed
+                .profile
+                .sample
+                .len()
+        })
         .sum();
     println!("{samples} samples a side");
     let (mut child, url) = crate::ingest::start_server(data_dir)?;

@@ -463,7 +463,7 @@ fn print_explained(answer: &serde_json::Value) -> anyhow::Result<()> {
     let mut out = String::new();
     for side in ["left", "right"] {
         out.push_str(&format!(
-            "{side:<5}  {} profiles, total {}, {:.4} per second\n",
+            "{side:<5}  {} profiles, total {}, {:.1} per second\n",
             answer[side]["profiles"],
             answer[side]["total"],
             answer[side]["rate"].as_f64().unwrap_or(0.0)
