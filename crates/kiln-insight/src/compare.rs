@@ -249,7 +249,8 @@ pub async fn side_sums(
         }
     });
     let in_flight = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
-    let mut results = futures_util::stream::iter(tasks).buffer_unordered(in_flight);
+    // In order, so that floating-point sums, and so p-values, are the same on every run.
+    let mut results = futures_util::stream::iter(tasks).buffered(in_flight);
     let mut side = SideSums::default();
     while let Some(result) = results.next().await {
         side.merge(result?);
@@ -284,9 +285,10 @@ pub fn dataset_sums(dataset: &Dataset, request: &SelectRequest) -> SideSums {
         return side;
     }
     let names = FrameNames::new(dataset);
-    // Location → local function id, resolved the first time a sample needs it.
+    // Stack node → local function id of its leaf, resolved the first time a sample needs
+    // it (through its location, shared by many nodes).
     const UNRESOLVED: u32 = u32::MAX;
-    let mut location_function = vec![UNRESOLVED; dataset.stack_location.len().max(1)];
+    let mut stack_function = vec![UNRESOLVED; dataset.stack_location.len().max(1)];
     let mut location_function_of = HashMap::<u32, u32>::new();
     let mut function_names: Vec<String> = Vec::new();
     let mut function_ids: HashMap<String, u32> = HashMap::new();
@@ -311,7 +313,7 @@ pub fn dataset_sums(dataset: &Dataset, request: &SelectRequest) -> SideSums {
                 continue;
             }
             let stack = dataset.sample_stack[sample] as usize;
-            let function = match location_function.get(stack).copied() {
+            let function = match stack_function.get(stack).copied() {
                 Some(id) if id != UNRESOLVED => id,
                 _ => {
                     let location = dataset.stack_location.get(stack).copied().unwrap_or(0);
@@ -334,7 +336,7 @@ pub fn dataset_sums(dataset: &Dataset, request: &SelectRequest) -> SideSums {
                             id
                         }
                     };
-                    if let Some(slot) = location_function.get_mut(stack) {
+                    if let Some(slot) = stack_function.get_mut(stack) {
                         *slot = id;
                     }
                     id

@@ -6,9 +6,10 @@
 //! `service_version`, `service_git_ref` by default; the first one a series has counts)
 //! each profile type's series carry, and when each was first and last seen. The value
 //! first seen last is the new version; of the others, the one seen last is the previous.
-//! Once a profile of the new version past its first `window_ms` is stored, that window is
-//! compared with
-//! the previous version's last `window_ms` ([`crate::compare`], same profile type, the
+//! Once the new version has `min_profiles` profiles and one past its first `window_ms`
+//! (longer when either version needs more time for `min_profiles`) is stored, that window
+//! is compared with the previous version's last window of the same length
+//! ([`crate::compare`], same profile type, the
 //! selectors differing only in the version label) and the significant changes are
 //! recorded with the check, in one metastore transaction. A version is checked once:
 //! the check's row is its key, so several watchers (one per node) record it once, and a
@@ -67,7 +68,7 @@ impl Default for RegressionsConfig {
                 "service_git_ref".into(),
             ],
             interval_ms: 60_000,
-            lookback_ms: 6 * 3_600_000,
+            lookback_ms: 2 * 3_600_000,
             window_ms: 15 * 60_000,
             min_profiles: 12,
             alpha: Method::default().alpha,
@@ -127,9 +128,10 @@ struct WatchMetrics {
 }
 
 /// When a version was seen in the lookback.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Seen {
-    profiles: u64,
+    /// Profile times in ms, sorted once all are read.
+    times: Vec<i64>,
     first_nanos: i64,
     last_nanos: i64,
 }
@@ -256,7 +258,7 @@ impl Watcher {
         };
         let mut seen: HashMap<(String, String, String), Seen> = HashMap::new();
         for meta in self.querier.datasets(&request).await? {
-            let dataset = self.querier.load(&meta).await?;
+            let dataset = self.querier.load_index(&meta).await?;
             let keys: Vec<Option<(String, String, String)>> = dataset
                 .series
                 .iter()
@@ -285,14 +287,17 @@ impl Watcher {
                     continue;
                 };
                 let entry = seen.entry(key.clone()).or_insert(Seen {
-                    profiles: 0,
+                    times: Vec::new(),
                     first_nanos: profile.time_nanos,
                     last_nanos: profile.time_nanos,
                 });
-                entry.profiles += 1;
+                entry.times.push(profile.time_nanos.div_euclid(1_000_000));
                 entry.first_nanos = entry.first_nanos.min(profile.time_nanos);
                 entry.last_nanos = entry.last_nanos.max(profile.time_nanos);
             }
+        }
+        for entry in seen.values_mut() {
+            entry.times.sort_unstable();
         }
         Ok(seen)
     }
@@ -333,13 +338,11 @@ impl Watcher {
             }) else {
                 continue;
             };
-            let new_first_ms = new_seen.first_nanos.div_euclid(1_000_000);
-            // Ready once a profile past the window's end is stored: profiles are
-            // acknowledged in order, so the window's own are all in (a clock test
-            // would check a backfill, or a lagging ingest, half-way).
-            if new_seen.last_nanos.div_euclid(1_000_000) < new_first_ms + self.config.window_ms {
+            let Some(window) = comparison_window(&new_seen, &old_seen, &self.config) else {
                 continue;
-            }
+            };
+            let new_first_ms = new_seen.first_nanos.div_euclid(1_000_000);
+            let old_until_ms = old_seen.last_nanos.div_euclid(1_000_000) + 1;
             let metastore = self.querier.metastore();
             if metastore
                 .version_checked(tenant, service, &profile_type, &label, &new_version)
@@ -347,7 +350,6 @@ impl Watcher {
             {
                 continue;
             }
-            let old_until_ms = old_seen.last_nanos.div_euclid(1_000_000) + 1;
             let side = |version: &str, from_ms: i64, until_ms: i64| -> Result<Side, InsightError> {
                 let text = format!(
                     "{{{SERVICE_NAME}={}, {label}={}}}",
@@ -361,16 +363,8 @@ impl Watcher {
                     until_ms,
                 })
             };
-            let left = side(
-                &old_version,
-                old_until_ms - self.config.window_ms,
-                old_until_ms,
-            )?;
-            let right = side(
-                &new_version,
-                new_first_ms,
-                new_first_ms + self.config.window_ms,
-            )?;
+            let left = side(&old_version, old_until_ms - window, old_until_ms)?;
+            let right = side(&new_version, new_first_ms, new_first_ms + window)?;
             let (left_sums, right_sums) = futures_util::future::try_join(
                 side_sums(&self.querier, tenant, &profile_type, &left),
                 side_sums(&self.querier, tenant, &profile_type, &right),
@@ -529,7 +523,99 @@ impl Watcher {
     }
 }
 
+/// The length of both sides of a check, once the new version is ready for one: `None`
+/// until it has `min_profiles` profiles and one past the window's end.
+///
+/// The window is `window_ms`, or longer where a version needs it to hold `min_profiles`
+/// (a service that sends a profile a minute), at most `lookback_ms`. Profiles are
+/// acknowledged in order, so once one past the end is stored the window's own are all in:
+/// a check on the clock alone would compare a backfill, or a lagging ingest, half-way.
+fn comparison_window(new: &Seen, old: &Seen, config: &RegressionsConfig) -> Option<i64> {
+    let needed = config.min_profiles.max(1) as usize;
+    if new.times.len() < needed {
+        return None;
+    }
+    let new_first_ms = new.first_nanos.div_euclid(1_000_000);
+    let old_until_ms = old.last_nanos.div_euclid(1_000_000) + 1;
+    let mut window = config
+        .window_ms
+        .max(new.times[needed - 1] - new_first_ms + 1);
+    if old.times.len() >= needed {
+        window = window.max(old_until_ms - old.times[old.times.len() - needed]);
+    }
+    let window = window.min(config.lookback_ms);
+    (new.last_nanos.div_euclid(1_000_000) >= new_first_ms + window).then_some(window)
+}
+
 /// A label value as a selector's quoted string.
 fn quote(value: &str) -> String {
     format!("\"{}\"", value.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A version seen at these times (ms).
+    fn seen(times: &[i64]) -> Seen {
+        Seen {
+            times: times.to_vec(),
+            first_nanos: times[0] * 1_000_000,
+            last_nanos: times[times.len() - 1] * 1_000_000,
+        }
+    }
+
+    fn config(window_ms: i64, min_profiles: u64) -> RegressionsConfig {
+        RegressionsConfig {
+            window_ms,
+            min_profiles,
+            lookback_ms: 3_600_000,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_new_version_is_checked_once_its_window_is_complete() {
+        // A profile every 10 s: 12 in the first 120 s.
+        let old = seen(&(0..30).map(|i| i * 10_000).collect::<Vec<_>>());
+        let every_10s =
+            |count: i64| seen(&(0..count).map(|i| 400_000 + i * 10_000).collect::<Vec<_>>());
+        assert_eq!(
+            comparison_window(&every_10s(12), &old, &config(120_000, 10)),
+            None,
+            "none past the end yet"
+        );
+        assert_eq!(
+            comparison_window(&every_10s(13), &old, &config(120_000, 10)),
+            Some(120_000)
+        );
+        // Too few profiles in all: not checked, whatever the clock.
+        assert_eq!(
+            comparison_window(&every_10s(13), &old, &config(120_000, 20)),
+            None
+        );
+    }
+
+    #[test]
+    fn sparse_versions_get_a_longer_window_of_one_length_for_both() {
+        // A profile a minute: 10 profiles need 9 minutes and a millisecond.
+        let minutely = |start: i64, count: i64| {
+            seen(&(0..count).map(|i| start + i * 60_000).collect::<Vec<_>>())
+        };
+        let old = minutely(0, 20);
+        assert_eq!(
+            comparison_window(&minutely(2_000_000, 10), &old, &config(120_000, 10)),
+            None
+        );
+        assert_eq!(
+            comparison_window(&minutely(2_000_000, 11), &old, &config(120_000, 10)),
+            Some(540_001)
+        );
+        // The old version, sparser still, stretches both sides.
+        let old = seen(&(0..10).map(|i| i * 120_000).collect::<Vec<_>>());
+        assert_eq!(
+            comparison_window(&minutely(2_000_000, 30), &old, &config(120_000, 10)),
+            Some(1_080_001)
+        );
+    }
 }

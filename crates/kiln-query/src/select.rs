@@ -191,6 +191,28 @@ impl Querier {
         Ok(dataset)
     }
 
+    /// A dataset's series and profile rows, for what needs no samples (which versions a
+    /// service runs): the cached dataset when it is there, else decoded without symbols or
+    /// samples, a fraction of the work, and not cached.
+    pub async fn load_index(&self, meta: &DatasetMeta) -> Result<Arc<Dataset>, QueryError> {
+        let key = (meta.object_key.clone(), meta.row_group);
+        if let Some(dataset) = self
+            .cache
+            .lock()
+            .ok()
+            .and_then(|cache| cache.entries.get(&key).map(|(dataset, _)| dataset.clone()))
+        {
+            return Ok(dataset);
+        }
+        let bytes = self.storage.get(&meta.object_key).await?;
+        let row_group = meta.row_group as usize;
+        let dataset = tokio::task::spawn_blocking(move || {
+            decode_dataset(&bytes, row_group, Projection::INDEX)
+        })
+        .await??;
+        Ok(Arc::new(dataset))
+    }
+
     /// Selects and aggregates every matching dataset, in parallel.
     pub async fn select(
         &self,
