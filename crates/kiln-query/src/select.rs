@@ -149,15 +149,15 @@ impl Querier {
             .collect())
     }
 
+    fn cached(&self, key: &(String, u32)) -> Option<Arc<Dataset>> {
+        let cache = self.cache.lock().ok()?;
+        cache.entries.get(key).map(|(dataset, _)| dataset.clone())
+    }
+
     /// Loads a dataset, from the cache when it is there.
     pub async fn load(&self, meta: &DatasetMeta) -> Result<Arc<Dataset>, QueryError> {
         let key = (meta.object_key.clone(), meta.row_group);
-        if let Some(dataset) = self
-            .cache
-            .lock()
-            .ok()
-            .and_then(|cache| cache.entries.get(&key).map(|(dataset, _)| dataset.clone()))
-        {
+        if let Some(dataset) = self.cached(&key) {
             return Ok(dataset);
         }
         let bytes = self.storage.get(&meta.object_key).await?;
@@ -196,12 +196,7 @@ impl Querier {
     /// samples, a fraction of the work, and not cached.
     pub async fn load_index(&self, meta: &DatasetMeta) -> Result<Arc<Dataset>, QueryError> {
         let key = (meta.object_key.clone(), meta.row_group);
-        if let Some(dataset) = self
-            .cache
-            .lock()
-            .ok()
-            .and_then(|cache| cache.entries.get(&key).map(|(dataset, _)| dataset.clone()))
-        {
+        if let Some(dataset) = self.cached(&key) {
             return Ok(dataset);
         }
         let bytes = self.storage.get(&meta.object_key).await?;
