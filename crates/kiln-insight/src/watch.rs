@@ -17,10 +17,13 @@
 //! (`kiln_regressions_detected_total`) and, when configured, to a webhook as JSON.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kiln_metastore::{RegressionRecord, VersionCheck};
+use futures_util::{StreamExt, TryStreamExt};
+
+use kiln_metastore::{DatasetMeta, RegressionRecord, VersionCheck};
 use kiln_model::labels::{Labels, SERVICE_NAME};
 use kiln_model::time::now_ms;
 use kiln_query::request::label_selector;
@@ -125,7 +128,17 @@ struct WatchMetrics {
     detected: Family<ChangeLabels, Counter>,
     checks: Family<OutcomeLabels, Counter>,
     webhook_failures: Counter,
+    datasets_read: Counter,
 }
+
+/// A version: (profile type, version label, value).
+type VersionKey = (String, String, String);
+
+/// A dataset: (object key, row group).
+type DatasetKey = (String, u32);
+
+/// One dataset's profile times (ns) per version.
+type Summary = Vec<(VersionKey, Vec<i64>)>;
 
 /// When a version was seen in the lookback.
 #[derive(Debug, Clone)]
@@ -141,6 +154,9 @@ pub struct Watcher {
     config: RegressionsConfig,
     metrics: WatchMetrics,
     client: reqwest::Client,
+    /// Per dataset (object key, row group): its summary and the last look that used it.
+    summaries: Mutex<HashMap<DatasetKey, (Arc<Summary>, u64)>>,
+    looks: AtomicU64,
 }
 
 impl Watcher {
@@ -176,6 +192,8 @@ impl Watcher {
             config,
             metrics: WatchMetrics::default(),
             client,
+            summaries: Mutex::new(HashMap::new()),
+            looks: AtomicU64::new(0),
         })
     }
 
@@ -189,6 +207,11 @@ impl Watcher {
             "kiln_regressions_version_checks",
             "New versions compared with their previous one, by outcome (findings, none, refused)",
             self.metrics.checks.clone(),
+        );
+        registry.register(
+            "kiln_regressions_datasets_read",
+            "Datasets whose series and profile rows the watcher read (each once while it stays in the lookback)",
+            self.metrics.datasets_read.clone(),
         );
         registry.register(
             "kiln_regressions_webhook_failures",
@@ -227,10 +250,11 @@ impl Watcher {
         let metastore = self.querier.metastore();
         let from_nanos = (now_ms - self.config.lookback_ms).saturating_mul(1_000_000);
         let to_nanos = now_ms.saturating_mul(1_000_000);
+        let look = self.looks.fetch_add(1, Ordering::Relaxed) + 1;
         let mut found = Vec::new();
         for tenant in metastore.tenants().await? {
             for service in metastore.services(&tenant, from_nanos, to_nanos).await? {
-                match self.look_at(&tenant, &service, now_ms).await {
+                match self.look_at(&tenant, &service, now_ms, look).await {
                     Ok(findings) => found.extend(findings),
                     Err(err) => {
                         tracing::warn!(tenant, service, error = %err, "regression check failed")
@@ -238,7 +262,60 @@ impl Watcher {
                 }
             }
         }
+        // Datasets this look did not list were compacted away or left the lookback.
+        if let Ok(mut summaries) = self.summaries.lock() {
+            summaries.retain(|_, (_, used)| *used == look);
+        }
         Ok(found)
+    }
+
+    /// One dataset's profile times per version: read once (datasets never change) and
+    /// kept while a look still lists the dataset.
+    async fn summary(&self, meta: &DatasetMeta, look: u64) -> Result<Arc<Summary>, InsightError> {
+        let key = (meta.object_key.clone(), meta.row_group);
+        if let Ok(mut summaries) = self.summaries.lock() {
+            if let Some((summary, used)) = summaries.get_mut(&key) {
+                *used = look;
+                return Ok(summary.clone());
+            }
+        }
+        let dataset = self.querier.load_index(meta).await?;
+        self.metrics.datasets_read.inc();
+        let keys: Vec<Option<VersionKey>> = dataset
+            .series
+            .iter()
+            .map(|series| {
+                let labels: Labels = dataset.series_labels(series);
+                self.config.version_labels.iter().find_map(|name| {
+                    labels
+                        .get(name)
+                        .filter(|value| !value.is_empty())
+                        .map(|value| {
+                            (
+                                dataset.string(series.profile_type).to_string(),
+                                name.clone(),
+                                value.to_string(),
+                            )
+                        })
+                })
+            })
+            .collect();
+        let mut times: HashMap<&VersionKey, Vec<i64>> = HashMap::new();
+        for profile in &dataset.profiles {
+            if let Some(Some(key)) = keys.get(profile.series as usize) {
+                times.entry(key).or_default().push(profile.time_nanos);
+            }
+        }
+        let summary: Arc<Summary> = Arc::new(
+            times
+                .into_iter()
+                .map(|(key, times)| (key.clone(), times))
+                .collect(),
+        );
+        if let Ok(mut summaries) = self.summaries.lock() {
+            summaries.insert(key, (summary.clone(), look));
+        }
+        Ok(summary)
     }
 
     /// Versions of one service in the lookback, per (profile type, version label, value).
@@ -247,7 +324,8 @@ impl Watcher {
         tenant: &str,
         service: &str,
         now_ms: i64,
-    ) -> Result<HashMap<(String, String, String), Seen>, InsightError> {
+        look: u64,
+    ) -> Result<HashMap<VersionKey, Seen>, InsightError> {
         let request = SelectRequest {
             tenant: tenant.to_string(),
             types: TypeFilter::Any,
@@ -256,44 +334,31 @@ impl Watcher {
             to_nanos: now_ms.saturating_mul(1_000_000),
             ..Default::default()
         };
-        let mut seen: HashMap<(String, String, String), Seen> = HashMap::new();
-        for meta in self.querier.datasets(&request).await? {
-            let dataset = self.querier.load_index(&meta).await?;
-            let keys: Vec<Option<(String, String, String)>> = dataset
-                .series
-                .iter()
-                .map(|series| {
-                    let labels: Labels = dataset.series_labels(series);
-                    self.config.version_labels.iter().find_map(|name| {
-                        labels
-                            .get(name)
-                            .filter(|value| !value.is_empty())
-                            .map(|value| {
-                                (
-                                    dataset.string(series.profile_type).to_string(),
-                                    name.clone(),
-                                    value.to_string(),
-                                )
-                            })
-                    })
-                })
-                .collect();
-            for profile in &dataset.profiles {
-                if profile.time_nanos < request.from_nanos || profile.time_nanos > request.to_nanos
+        let metas = self.querier.datasets(&request).await?;
+        let in_flight = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
+        // Collected first: a closure inside the stream's type would make the spawned
+        // watcher's future not `Send` for every lifetime (a rustc limitation).
+        let reads: Vec<_> = metas.iter().map(|meta| self.summary(meta, look)).collect();
+        let summaries: Vec<Arc<Summary>> = futures_util::stream::iter(reads)
+            .buffered(in_flight)
+            .try_collect()
+            .await?;
+        let mut seen: HashMap<VersionKey, Seen> = HashMap::new();
+        for summary in summaries {
+            for (key, times) in summary.iter() {
+                for time in times
+                    .iter()
+                    .filter(|time| **time >= request.from_nanos && **time <= request.to_nanos)
                 {
-                    continue;
+                    let entry = seen.entry(key.clone()).or_insert(Seen {
+                        times: Vec::new(),
+                        first_nanos: *time,
+                        last_nanos: *time,
+                    });
+                    entry.times.push(time.div_euclid(1_000_000));
+                    entry.first_nanos = entry.first_nanos.min(*time);
+                    entry.last_nanos = entry.last_nanos.max(*time);
                 }
-                let Some(Some(key)) = keys.get(profile.series as usize) else {
-                    continue;
-                };
-                let entry = seen.entry(key.clone()).or_insert(Seen {
-                    times: Vec::new(),
-                    first_nanos: profile.time_nanos,
-                    last_nanos: profile.time_nanos,
-                });
-                entry.times.push(profile.time_nanos.div_euclid(1_000_000));
-                entry.first_nanos = entry.first_nanos.min(profile.time_nanos);
-                entry.last_nanos = entry.last_nanos.max(profile.time_nanos);
             }
         }
         for entry in seen.values_mut() {
@@ -307,8 +372,9 @@ impl Watcher {
         tenant: &str,
         service: &str,
         now_ms: i64,
+        look: u64,
     ) -> Result<Vec<Finding>, InsightError> {
-        let seen = self.versions(tenant, service, now_ms).await?;
+        let seen = self.versions(tenant, service, now_ms, look).await?;
         let mut groups: HashMap<(String, String), Vec<(String, Seen)>> = HashMap::new();
         for ((profile_type, label, value), entry) in seen {
             groups

@@ -118,6 +118,8 @@ pub fn with_watcher(url: String) -> impl FnOnce(&mut ServerConfig) {
         config.regressions.lookback_ms = 3_600_000;
         config.regressions.min_profiles = 10;
         config.regressions.webhook_url = Some(url);
+        // The datasets stay as written, so the watcher's reads can be counted.
+        config.compaction.enabled = false;
     }
 }
 
@@ -305,6 +307,30 @@ fn compare_ranks_with_confidence_and_the_watcher_finds_a_planted_regression(back
     assert!(server
         .metrics()
         .contains("kiln_regressions_detected_total{change=\"increase\"} 1"));
+    // Each dataset is read once while it stays in the lookback: five more looks read none.
+    let datasets_read = |server: &TestServer| -> u64 {
+        let metrics = server.metrics();
+        let line = metrics
+            .lines()
+            .find(|line| line.starts_with("kiln_regressions_datasets_read_total "))
+            .unwrap_or_else(|| panic!("{metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    // (A look may be under way, reading the last segments flushed: wait for one quiet
+    // second. Re-reading every look, it would never come.)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let read = datasets_read(&server);
+        assert!(read > 0);
+        std::thread::sleep(Duration::from_millis(1_000));
+        if datasets_read(&server) == read {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the watcher keeps reading datasets"
+        );
+    }
     let deadline = Instant::now() + Duration::from_secs(30);
     while hooked.lock().unwrap().len() < findings.len() {
         assert!(Instant::now() < deadline, "the webhook got nothing");
