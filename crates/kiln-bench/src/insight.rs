@@ -59,6 +59,12 @@ pub struct InsightBenchArgs {
     /// Profiles a side for the speed measurement (one a second); 0 skips it.
     #[arg(long, default_value_t = 86_400)]
     speed_profiles: usize,
+    /// Services for the regression watcher's look (0 skips it).
+    #[arg(long, default_value_t = 500)]
+    watch_services: usize,
+    /// Level-0 segments (one flush each, every service in each) the watcher finds.
+    #[arg(long, default_value_t = 20)]
+    watch_segments: usize,
 }
 
 /// A service's shape needs this many functions with self time: fewer, and it is a test
@@ -348,10 +354,115 @@ pub async fn run(args: InsightBenchArgs) -> anyhow::Result<()> {
         2 * args.trials,
         started.elapsed().as_secs_f64()
     );
+    if args.watch_services > 0 {
+        watch(&args, &templates).await?;
+    }
     if args.speed_profiles > 0 {
         speed(&args, &templates).await?;
     }
     Ok(())
+}
+
+/// The regression watcher's look over many services with few profiles each, as ingest
+/// leaves them before compaction: every 15 s a segment with one dataset (one profile) per
+/// service; the first half of the segments at version 1.0, the second at 1.1.
+async fn watch(args: &InsightBenchArgs, templates: &[Template]) -> anyhow::Result<()> {
+    let dir = tempfile_dir("kiln-bench-watch")?;
+    let storage =
+        kiln_storage::ObjectStorage::open(&format!("file://{}", dir.join("blocks").display()))?;
+    let metastore = kiln_metastore::Metastore::open(&format!(
+        "sqlite://{}",
+        dir.join("metastore.db").display()
+    ))
+    .await?;
+    let now_ms = kiln_model::time::now_ms();
+    let start_ms = now_ms - 30 * 60_000;
+    for segment in 0..args.watch_segments {
+        let time_nanos = (start_ms + segment as i64 * 15_000) * 1_000_000;
+        let version = if segment < args.watch_segments / 2 {
+            "1.0"
+        } else {
+            "1.1"
+        };
+        let mut datasets = Vec::new();
+        for service in 0..args.watch_services {
+            let name = format!("svc-{service:03}");
+            let labels = kiln_model::labels::Labels::from_pairs([
+                ("service_name", name.clone()),
+                ("version", version.to_string()),
+            ]);
+            let template = &templates[(segment + service) % templates.len()];
+            let id = kiln_ingest::parse::new_profile_id(time_nanos);
+            let mut input = template.parsed.input(1_000);
+            input.id = &id;
+            input.labels = &labels;
+            input.time_nanos = time_nanos;
+            let mut builder = DatasetBuilder::new("anonymous", &name);
+            builder.add_pprof(&input);
+            datasets.push(builder.finish());
+        }
+        let id = ulid::Ulid::new().to_string();
+        let key = format!("blocks/{id}.parquet");
+        let block = kiln_storage::format::encode_block(&datasets)?;
+        let metas = datasets
+            .iter()
+            .enumerate()
+            .map(|(row_group, dataset)| {
+                kiln_ingest::writer::dataset_meta(dataset, &id, &key, row_group as u32)
+            })
+            .collect();
+        let size_bytes = block.len() as u64;
+        storage.put(&key, bytes::Bytes::from(block)).await?;
+        metastore
+            .register_block(
+                kiln_metastore::BlockMeta {
+                    id,
+                    object_key: key,
+                    level: 0,
+                    size_bytes,
+                    created_at_ms: now_ms,
+                    deleted_at_ms: None,
+                },
+                metas,
+            )
+            .await?;
+    }
+    let querier = kiln_query::Querier::new(metastore, storage);
+    let watcher = kiln_insight::Watcher::new(
+        querier,
+        kiln_insight::RegressionsConfig {
+            window_ms: 60_000,
+            min_profiles: 3,
+            lookback_ms: 3_600_000,
+            ..Default::default()
+        },
+    )?;
+    println!();
+    println!(
+        "| regression watcher, {} services × {} segments of one profile each | time | findings |",
+        args.watch_services, args.watch_segments
+    );
+    println!("|---|---|---|");
+    for name in [
+        "first look (reads every dataset, checks every service)",
+        "next look (nothing new)",
+    ] {
+        let started = Instant::now();
+        let found = watcher.look(now_ms).await?;
+        println!(
+            "| {name} | {:.0} ms | {} |",
+            started.elapsed().as_secs_f64() * 1000.0,
+            found.len()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+fn tempfile_dir(prefix: &str) -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
 }
 
 /// `POST /api/v1/compare` over a day a side.

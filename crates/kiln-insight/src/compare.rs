@@ -13,7 +13,7 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use kiln_model::selector::Selector;
 use kiln_query::request::{label_selector, parse_time, profile_type};
-use kiln_query::select::{selectable_labels, SelectRequest, TYPE_LABELS};
+use kiln_query::select::{matching_series, SelectRequest};
 use kiln_query::symbols::FrameNames;
 use kiln_query::Querier;
 use kiln_storage::Dataset;
@@ -261,35 +261,15 @@ pub async fn side_sums(
 /// One dataset's contribution to a side: per matched profile, the self value of each
 /// leaf function (the innermost frame of the sample's leaf location).
 pub fn dataset_sums(dataset: &Dataset, request: &SelectRequest) -> SideSums {
-    let wants_type_labels = request
-        .selector
-        .matchers
-        .iter()
-        .any(|matcher| TYPE_LABELS.contains(&matcher.name.as_str()));
-    let matched: Vec<bool> = dataset
-        .series
-        .iter()
-        .map(|series| {
-            request.types.matches(dataset.string(series.profile_type))
-                && if wants_type_labels {
-                    request
-                        .selector
-                        .matches(&selectable_labels(dataset, series))
-                } else {
-                    request.selector.matches(&dataset.series_labels(series))
-                }
-        })
-        .collect();
+    let matched = matching_series(dataset, request);
     let mut side = SideSums::default();
     if !matched.iter().any(|m| *m) {
         return side;
     }
     let names = FrameNames::new(dataset);
-    // Stack node → local function id of its leaf, resolved the first time a sample needs
-    // it (through its location, shared by many nodes).
+    // Location → local id of its leaf function, resolved the first time a sample needs it.
     const UNRESOLVED: u32 = u32::MAX;
-    let mut stack_function = vec![UNRESOLVED; dataset.stack_location.len().max(1)];
-    let mut location_function_of = HashMap::<u32, u32>::new();
+    let mut location_function = vec![UNRESOLVED; dataset.location_address.len()];
     let mut function_names: Vec<String> = Vec::new();
     let mut function_ids: HashMap<String, u32> = HashMap::new();
     let mut sums: Vec<FunctionSums> = Vec::new();
@@ -313,30 +293,24 @@ pub fn dataset_sums(dataset: &Dataset, request: &SelectRequest) -> SideSums {
                 continue;
             }
             let stack = dataset.sample_stack[sample] as usize;
-            let function = match stack_function.get(stack).copied() {
+            let location = dataset.stack_location.get(stack).copied().unwrap_or(0);
+            let function = match location_function.get(location as usize).copied() {
                 Some(id) if id != UNRESOLVED => id,
                 _ => {
-                    let location = dataset.stack_location.get(stack).copied().unwrap_or(0);
-                    let id = match location_function_of.get(&location) {
-                        Some(id) => *id,
-                        None => {
-                            let mut leaf = String::new();
-                            names.for_each_frame(location, |frame| {
-                                leaf.clear();
-                                leaf.push_str(frame);
-                            });
-                            let next = function_names.len() as u32;
-                            let id = *function_ids.entry(leaf.clone()).or_insert(next);
-                            if id == next {
-                                function_names.push(leaf);
-                                sums.push(FunctionSums::default());
-                                scratch.push(0);
-                            }
-                            location_function_of.insert(location, id);
-                            id
-                        }
-                    };
-                    if let Some(slot) = stack_function.get_mut(stack) {
+                    // The leaf is the innermost frame: the last one emitted.
+                    let mut leaf = String::new();
+                    names.for_each_frame(location, |frame| {
+                        leaf.clear();
+                        leaf.push_str(frame);
+                    });
+                    let next = function_names.len() as u32;
+                    let id = *function_ids.entry(leaf.clone()).or_insert(next);
+                    if id == next {
+                        function_names.push(leaf);
+                        sums.push(FunctionSums::default());
+                        scratch.push(0);
+                    }
+                    if let Some(slot) = location_function.get_mut(location as usize) {
                         *slot = id;
                     }
                     id

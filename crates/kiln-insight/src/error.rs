@@ -18,6 +18,8 @@ pub enum InsightError {
     Task(#[from] tokio::task::JoinError),
     #[error("regressions webhook client: {0}")]
     Client(#[source] reqwest::Error),
+    #[error("the regression watcher's dataset summaries lock was poisoned")]
+    Poisoned,
 }
 
 impl InsightError {
@@ -25,9 +27,10 @@ impl InsightError {
         match self {
             InsightError::BadRequest(_) => ErrorKind::Malformed,
             InsightError::Query(err) => err.kind(),
-            InsightError::Metastore(_) | InsightError::Task(_) | InsightError::Client(_) => {
-                ErrorKind::Internal
-            }
+            InsightError::Metastore(_)
+            | InsightError::Task(_)
+            | InsightError::Client(_)
+            | InsightError::Poisoned => ErrorKind::Internal,
         }
     }
 }

@@ -16,7 +16,7 @@
 //! restart does not check it again. Findings go to `/metrics`
 //! (`kiln_regressions_detected_total`) and, when configured, to a webhook as JSON.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -143,10 +143,18 @@ type Summary = Vec<(VersionKey, Vec<i64>)>;
 /// When a version was seen in the lookback.
 #[derive(Debug, Clone)]
 struct Seen {
-    /// Profile times in ms, sorted once all are read.
+    /// Profile times in ms, sorted.
     times: Vec<i64>,
-    first_nanos: i64,
-    last_nanos: i64,
+}
+
+impl Seen {
+    fn first_ms(&self) -> i64 {
+        self.times.first().copied().unwrap_or(0)
+    }
+
+    fn last_ms(&self) -> i64 {
+        self.times.last().copied().unwrap_or(0)
+    }
 }
 
 pub struct Watcher {
@@ -248,13 +256,30 @@ impl Watcher {
     /// One look over every tenant and service; returns the findings recorded.
     pub async fn look(&self, now_ms: i64) -> Result<Vec<Finding>, InsightError> {
         let metastore = self.querier.metastore();
-        let from_nanos = (now_ms - self.config.lookback_ms).saturating_mul(1_000_000);
-        let to_nanos = now_ms.saturating_mul(1_000_000);
+        let (from_nanos, to_nanos) = (
+            (now_ms - self.config.lookback_ms).saturating_mul(1_000_000),
+            now_ms.saturating_mul(1_000_000),
+        );
         let look = self.looks.fetch_add(1, Ordering::Relaxed) + 1;
         let mut found = Vec::new();
         for tenant in metastore.tenants().await? {
-            for service in metastore.services(&tenant, from_nanos, to_nanos).await? {
-                match self.look_at(&tenant, &service, now_ms, look).await {
+            // One listing per tenant, not one per service.
+            let request = SelectRequest {
+                tenant: tenant.clone(),
+                types: TypeFilter::Any,
+                from_nanos,
+                to_nanos,
+                ..Default::default()
+            };
+            let metas = self.querier.datasets(&request).await?;
+            let summaries = self.summaries_of(&metas, look).await?;
+            let mut services: BTreeMap<&str, Vec<Arc<Summary>>> = BTreeMap::new();
+            for (meta, summary) in metas.iter().zip(summaries) {
+                services.entry(&meta.service).or_default().push(summary);
+            }
+            for (service, summaries) in services {
+                let seen = versions(&summaries, from_nanos, to_nanos);
+                match self.look_at(&tenant, service, now_ms, seen).await {
                     Ok(findings) => found.extend(findings),
                     Err(err) => {
                         tracing::warn!(tenant, service, error = %err, "regression check failed")
@@ -269,102 +294,54 @@ impl Watcher {
         Ok(found)
     }
 
-    /// One dataset's profile times per version: read once (datasets never change) and
-    /// kept while a look still lists the dataset.
-    async fn summary(&self, meta: &DatasetMeta, look: u64) -> Result<Arc<Summary>, InsightError> {
-        let key = (meta.object_key.clone(), meta.row_group);
-        if let Ok(mut summaries) = self.summaries.lock() {
-            if let Some((summary, used)) = summaries.get_mut(&key) {
-                *used = look;
-                return Ok(summary.clone());
-            }
-        }
-        let dataset = self.querier.load_index(meta).await?;
-        self.metrics.datasets_read.inc();
-        let keys: Vec<Option<VersionKey>> = dataset
-            .series
-            .iter()
-            .map(|series| {
-                let labels: Labels = dataset.series_labels(series);
-                self.config.version_labels.iter().find_map(|name| {
-                    labels
-                        .get(name)
-                        .filter(|value| !value.is_empty())
-                        .map(|value| {
-                            (
-                                dataset.string(series.profile_type).to_string(),
-                                name.clone(),
-                                value.to_string(),
-                            )
-                        })
-                })
-            })
-            .collect();
-        let mut times: HashMap<&VersionKey, Vec<i64>> = HashMap::new();
-        for profile in &dataset.profiles {
-            if let Some(Some(key)) = keys.get(profile.series as usize) {
-                times.entry(key).or_default().push(profile.time_nanos);
-            }
-        }
-        let summary: Arc<Summary> = Arc::new(
-            times
-                .into_iter()
-                .map(|(key, times)| (key.clone(), times))
-                .collect(),
-        );
-        if let Ok(mut summaries) = self.summaries.lock() {
-            summaries.insert(key, (summary.clone(), look));
-        }
-        Ok(summary)
-    }
-
-    /// Versions of one service in the lookback, per (profile type, version label, value).
-    async fn versions(
+    /// Each dataset's profile times per version, in `metas`' order: read once (datasets
+    /// never change) and kept while looks still list the dataset. Those not read before
+    /// are read by object, each object fetched once for all its datasets.
+    async fn summaries_of(
         &self,
-        tenant: &str,
-        service: &str,
-        now_ms: i64,
+        metas: &[DatasetMeta],
         look: u64,
-    ) -> Result<HashMap<VersionKey, Seen>, InsightError> {
-        let request = SelectRequest {
-            tenant: tenant.to_string(),
-            types: TypeFilter::Any,
-            selector: label_selector(&format!("{{{SERVICE_NAME}={}}}", quote(service)))?,
-            from_nanos: (now_ms - self.config.lookback_ms).saturating_mul(1_000_000),
-            to_nanos: now_ms.saturating_mul(1_000_000),
-            ..Default::default()
-        };
-        let metas = self.querier.datasets(&request).await?;
-        let in_flight = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
-        // Collected first: a closure inside the stream's type would make the spawned
-        // watcher's future not `Send` for every lifetime (a rustc limitation).
-        let reads: Vec<_> = metas.iter().map(|meta| self.summary(meta, look)).collect();
-        let summaries: Vec<Arc<Summary>> = futures_util::stream::iter(reads)
-            .buffered(in_flight)
-            .try_collect()
-            .await?;
-        let mut seen: HashMap<VersionKey, Seen> = HashMap::new();
-        for summary in summaries {
-            for (key, times) in summary.iter() {
-                for time in times
-                    .iter()
-                    .filter(|time| **time >= request.from_nanos && **time <= request.to_nanos)
-                {
-                    let entry = seen.entry(key.clone()).or_insert(Seen {
-                        times: Vec::new(),
-                        first_nanos: *time,
-                        last_nanos: *time,
-                    });
-                    entry.times.push(time.div_euclid(1_000_000));
-                    entry.first_nanos = entry.first_nanos.min(*time);
-                    entry.last_nanos = entry.last_nanos.max(*time);
+    ) -> Result<Vec<Arc<Summary>>, InsightError> {
+        let key = |meta: &DatasetMeta| (meta.object_key.clone(), meta.row_group);
+        let mut missing: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+        if let Ok(mut summaries) = self.summaries.lock() {
+            for meta in metas {
+                match summaries.get_mut(&key(meta)) {
+                    Some((_, used)) => *used = look,
+                    None => missing
+                        .entry(meta.object_key.as_str())
+                        .or_default()
+                        .push(meta.row_group),
                 }
             }
         }
-        for entry in seen.values_mut() {
-            entry.times.sort_unstable();
+        let in_flight = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
+        // Collected first: a closure inside the stream's type would make the spawned
+        // watcher's future not `Send` for every lifetime (a rustc limitation).
+        let reads: Vec<_> = missing
+            .iter()
+            .map(|(object, row_groups)| self.querier.load_indexes(object, row_groups))
+            .collect();
+        let read: Vec<Vec<Arc<kiln_storage::Dataset>>> = futures_util::stream::iter(reads)
+            .buffered(in_flight)
+            .try_collect()
+            .await?;
+        let mut summaries = self.summaries.lock().map_err(|_| InsightError::Poisoned)?;
+        for ((object, row_groups), datasets) in missing.iter().zip(read) {
+            for (row_group, dataset) in row_groups.iter().zip(datasets) {
+                self.metrics.datasets_read.inc();
+                let summary = Arc::new(summarize(&dataset, &self.config.version_labels));
+                summaries.insert((object.to_string(), *row_group), (summary, look));
+            }
         }
-        Ok(seen)
+        Ok(metas
+            .iter()
+            .filter_map(|meta| {
+                summaries
+                    .get(&key(meta))
+                    .map(|(summary, _)| summary.clone())
+            })
+            .collect())
     }
 
     async fn look_at(
@@ -372,9 +349,8 @@ impl Watcher {
         tenant: &str,
         service: &str,
         now_ms: i64,
-        look: u64,
+        seen: HashMap<VersionKey, Seen>,
     ) -> Result<Vec<Finding>, InsightError> {
-        let seen = self.versions(tenant, service, now_ms, look).await?;
         let mut groups: HashMap<(String, String), Vec<(String, Seen)>> = HashMap::new();
         for ((profile_type, label, value), entry) in seen {
             groups
@@ -390,16 +366,16 @@ impl Watcher {
                 continue;
             }
             versions.sort_by(|a, b| {
-                a.1.first_nanos
-                    .cmp(&b.1.first_nanos)
+                a.1.first_ms()
+                    .cmp(&b.1.first_ms())
                     .then_with(|| a.0.cmp(&b.0))
             });
             let Some((new_version, new_seen)) = versions.pop() else {
                 continue;
             };
             let Some((old_version, old_seen)) = versions.into_iter().max_by(|a, b| {
-                a.1.last_nanos
-                    .cmp(&b.1.last_nanos)
+                a.1.last_ms()
+                    .cmp(&b.1.last_ms())
                     .then_with(|| a.0.cmp(&b.0))
             }) else {
                 continue;
@@ -407,8 +383,8 @@ impl Watcher {
             let Some(window) = comparison_window(&new_seen, &old_seen, &self.config) else {
                 continue;
             };
-            let new_first_ms = new_seen.first_nanos.div_euclid(1_000_000);
-            let old_until_ms = old_seen.last_nanos.div_euclid(1_000_000) + 1;
+            let new_first_ms = new_seen.first_ms();
+            let old_until_ms = old_seen.last_ms() + 1;
             let metastore = self.querier.metastore();
             if metastore
                 .version_checked(tenant, service, &profile_type, &label, &new_version)
@@ -589,6 +565,57 @@ impl Watcher {
     }
 }
 
+/// A dataset's profile times per version: the first of `version_labels` each series has.
+fn summarize(dataset: &kiln_storage::Dataset, version_labels: &[String]) -> Summary {
+    let keys: Vec<Option<VersionKey>> = dataset
+        .series
+        .iter()
+        .map(|series| {
+            let labels: Labels = dataset.series_labels(series);
+            version_labels.iter().find_map(|name| {
+                let value = labels.get(name).filter(|value| !value.is_empty())?;
+                let profile_type = dataset.string(series.profile_type).to_string();
+                Some((profile_type, name.clone(), value.to_string()))
+            })
+        })
+        .collect();
+    let mut times: HashMap<&VersionKey, Vec<i64>> = HashMap::new();
+    for profile in &dataset.profiles {
+        if let Some(Some(key)) = keys.get(profile.series as usize) {
+            times.entry(key).or_default().push(profile.time_nanos);
+        }
+    }
+    times
+        .into_iter()
+        .map(|(key, times)| (key.clone(), times))
+        .collect()
+}
+
+/// One service's versions over `[from, to]` (ns), from its datasets' summaries.
+fn versions(
+    summaries: &[Arc<Summary>],
+    from_nanos: i64,
+    to_nanos: i64,
+) -> HashMap<VersionKey, Seen> {
+    let mut seen: HashMap<VersionKey, Seen> = HashMap::new();
+    for (key, times) in summaries.iter().flat_map(|summary| summary.iter()) {
+        let entry = seen
+            .entry(key.clone())
+            .or_insert_with(|| Seen { times: Vec::new() });
+        entry.times.extend(
+            times
+                .iter()
+                .filter(|time| (from_nanos..=to_nanos).contains(*time))
+                .map(|time| time.div_euclid(1_000_000)),
+        );
+    }
+    seen.retain(|_, entry| !entry.times.is_empty());
+    for entry in seen.values_mut() {
+        entry.times.sort_unstable();
+    }
+    seen
+}
+
 /// The length of both sides of a check, once the new version is ready for one: `None`
 /// until it has `min_profiles` profiles and one past the window's end.
 ///
@@ -601,8 +628,8 @@ fn comparison_window(new: &Seen, old: &Seen, config: &RegressionsConfig) -> Opti
     if new.times.len() < needed {
         return None;
     }
-    let new_first_ms = new.first_nanos.div_euclid(1_000_000);
-    let old_until_ms = old.last_nanos.div_euclid(1_000_000) + 1;
+    let new_first_ms = new.first_ms();
+    let old_until_ms = old.last_ms() + 1;
     let mut window = config
         .window_ms
         .max(new.times[needed - 1] - new_first_ms + 1);
@@ -610,7 +637,7 @@ fn comparison_window(new: &Seen, old: &Seen, config: &RegressionsConfig) -> Opti
         window = window.max(old_until_ms - old.times[old.times.len() - needed]);
     }
     let window = window.min(config.lookback_ms);
-    (new.last_nanos.div_euclid(1_000_000) >= new_first_ms + window).then_some(window)
+    (new.last_ms() >= new_first_ms + window).then_some(window)
 }
 
 /// A label value as a selector's quoted string.
@@ -626,8 +653,6 @@ mod tests {
     fn seen(times: &[i64]) -> Seen {
         Seen {
             times: times.to_vec(),
-            first_nanos: times[0] * 1_000_000,
-            last_nanos: times[times.len() - 1] * 1_000_000,
         }
     }
 

@@ -191,21 +191,35 @@ impl Querier {
         Ok(dataset)
     }
 
-    /// A dataset's series and profile rows, for what needs no samples (which versions a
-    /// service runs): the cached dataset when it is there, else decoded without symbols or
-    /// samples, a fraction of the work, and not cached.
-    pub async fn load_index(&self, meta: &DatasetMeta) -> Result<Arc<Dataset>, QueryError> {
-        let key = (meta.object_key.clone(), meta.row_group);
-        if let Some(dataset) = self.cached(&key) {
-            return Ok(dataset);
+    /// Series and profile rows of datasets of one object, for what needs no samples
+    /// (which versions services run): the cached dataset where it is there, else decoded
+    /// without symbols or samples, a fraction of the work, and not cached. The object is
+    /// fetched once for all of them: a level-0 segment holds one dataset per service, and
+    /// a fetch per dataset would read it once per service.
+    pub async fn load_indexes(
+        &self,
+        object_key: &str,
+        row_groups: &[u32],
+    ) -> Result<Vec<Arc<Dataset>>, QueryError> {
+        let mut loaded = Vec::with_capacity(row_groups.len());
+        let mut bytes = None;
+        for row_group in row_groups {
+            if let Some(dataset) = self.cached(&(object_key.to_string(), *row_group)) {
+                loaded.push(dataset);
+                continue;
+            }
+            if bytes.is_none() {
+                bytes = Some(self.storage.get(object_key).await?);
+            }
+            let object = bytes.clone().unwrap_or_default();
+            let row_group = *row_group as usize;
+            let dataset = tokio::task::spawn_blocking(move || {
+                decode_dataset(&object, row_group, Projection::INDEX)
+            })
+            .await??;
+            loaded.push(Arc::new(dataset));
         }
-        let bytes = self.storage.get(&meta.object_key).await?;
-        let row_group = meta.row_group as usize;
-        let dataset = tokio::task::spawn_blocking(move || {
-            decode_dataset(&bytes, row_group, Projection::INDEX)
-        })
-        .await??;
-        Ok(Arc::new(dataset))
+        Ok(loaded)
     }
 
     /// Selects and aggregates every matching dataset, in parallel.
@@ -241,8 +255,8 @@ impl Querier {
     }
 }
 
-/// Sums the matching samples of one dataset per stack node.
-pub fn aggregate(dataset: Arc<Dataset>, request: &SelectRequest) -> Option<DatasetSelection> {
+/// Which of the dataset's series the request's types and selector match, by series row.
+pub fn matching_series(dataset: &Dataset, request: &SelectRequest) -> Vec<bool> {
     // The derived type labels cost six more strings per series; only build them when the
     // selector names one.
     let wants_type_labels = request
@@ -250,16 +264,31 @@ pub fn aggregate(dataset: Arc<Dataset>, request: &SelectRequest) -> Option<Datas
         .matchers
         .iter()
         .any(|matcher| TYPE_LABELS.contains(&matcher.name.as_str()));
+    dataset
+        .series
+        .iter()
+        .map(|series| {
+            request.types.matches(dataset.string(series.profile_type))
+                && request.selector.matches(&if wants_type_labels {
+                    selectable_labels(dataset, series)
+                } else {
+                    dataset.series_labels(series)
+                })
+        })
+        .collect()
+}
+
+/// Sums the matching samples of one dataset per stack node.
+pub fn aggregate(dataset: Arc<Dataset>, request: &SelectRequest) -> Option<DatasetSelection> {
     let mut types: Vec<(String, u32)> = Vec::new();
     let mut series_type: Vec<Option<usize>> = Vec::with_capacity(dataset.series.len());
-    for series in &dataset.series {
+    for (series, matched) in dataset
+        .series
+        .iter()
+        .zip(matching_series(&dataset, request))
+    {
         let type_id = dataset.string(series.profile_type);
-        let labels = if wants_type_labels {
-            selectable_labels(&dataset, series)
-        } else {
-            dataset.series_labels(series)
-        };
-        if !request.types.matches(type_id) || !request.selector.matches(&labels) {
+        if !matched {
             series_type.push(None);
             continue;
         }

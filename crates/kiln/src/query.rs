@@ -166,21 +166,22 @@ struct Client {
 }
 
 impl Client {
-    /// One unary Connect call; shows a spinner on a terminal while it waits.
-    fn call_raw(&self, method: &str, request: &impl Message) -> anyhow::Result<Vec<u8>> {
-        let url = format!(
-            "{}/querier.v1.QuerierService/{method}",
-            self.url.trim_end_matches('/')
-        );
-        let mut http = self
-            .agent
-            .post(&url)
-            .set("Content-Type", "application/proto");
+    /// One POST to the server (`path` after its URL), with the tenant; shows a spinner
+    /// on a terminal while it waits. `what` names it in errors.
+    fn post(
+        &self,
+        what: &str,
+        path: &str,
+        content_type: &str,
+        body: &[u8],
+    ) -> anyhow::Result<Vec<u8>> {
+        let url = format!("{}{path}", self.url.trim_end_matches('/'));
+        let mut http = self.agent.post(&url).set("Content-Type", content_type);
         if let Some(tenant) = &self.tenant {
             http = http.set("X-Scope-OrgID", tenant);
         }
-        let progress = Progress::start(method);
-        let result = http.send_bytes(&request.encode_to_vec());
+        let progress = Progress::start(what);
+        let result = http.send_bytes(body);
         progress.stop();
         match result {
             Ok(response) => {
@@ -197,34 +198,22 @@ impl Client {
                     .ok()
                     .and_then(|error| error["message"].as_str().map(str::to_string))
                     .unwrap_or(text);
-                bail!("{method} failed with HTTP {status}: {}", message.trim())
+                bail!("{what} failed with HTTP {status}: {}", message.trim())
             }
             Err(err) => Err(err).with_context(|| format!("cannot reach {url}")),
         }
     }
 
+    /// One unary Connect call.
+    fn call_raw(&self, method: &str, request: &impl Message) -> anyhow::Result<Vec<u8>> {
+        let path = format!("/querier.v1.QuerierService/{method}");
+        self.post(method, &path, "application/proto", &request.encode_to_vec())
+    }
+
     /// A JSON POST to one of Kiln's own APIs.
     fn post_json(&self, path: &str, body: &serde_json::Value) -> anyhow::Result<serde_json::Value> {
-        let url = format!("{}{path}", self.url.trim_end_matches('/'));
-        let mut http = self
-            .agent
-            .post(&url)
-            .set("Content-Type", "application/json");
-        if let Some(tenant) = &self.tenant {
-            http = http.set("X-Scope-OrgID", tenant);
-        }
-        let progress = Progress::start(path);
-        let result = http.send_string(&body.to_string());
-        progress.stop();
-        match result {
-            Ok(response) => serde_json::from_reader(response.into_reader())
-                .with_context(|| format!("invalid answer from {path}")),
-            Err(ureq::Error::Status(status, response)) => {
-                let text = response.into_string().unwrap_or_default();
-                bail!("{path} failed with HTTP {status}: {}", text.trim())
-            }
-            Err(err) => Err(err).with_context(|| format!("cannot reach {url}")),
-        }
+        let answer = self.post(path, path, "application/json", body.to_string().as_bytes())?;
+        serde_json::from_slice(&answer).with_context(|| format!("invalid answer from {path}"))
     }
 
     fn call<T: Message + Default>(

@@ -386,6 +386,10 @@ fn the_insight_bench_reports_both_rates_for_each_ranking() {
         "20",
         "--speed-profiles",
         "3600",
+        "--watch-services",
+        "20",
+        "--watch-segments",
+        "6",
     ]);
     let row = |name: &str| -> Vec<String> {
         let line = output
@@ -418,4 +422,9 @@ fn the_insight_bench_reports_both_rates_for_each_ranking() {
         output.contains("| compare, 1 h a side | 3600 + 3600 profiles |"),
         "{output}"
     );
+    assert!(
+        output.contains("| regression watcher, 20 services × 6 segments"),
+        "{output}"
+    );
+    assert!(output.contains("| next look (nothing new) |"), "{output}");
 }
