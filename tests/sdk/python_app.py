@@ -1,8 +1,11 @@
 """A small Python program profiled by the real pyroscope-io SDK, pushing to Kiln.
 
-Usage: python_app.py SERVER_URL SECONDS. It burns CPU in `kiln_python_hot_loop` so the
+Usage: python_app.py SERVER_URL SECONDS. With KILN_TENANT and KILN_TOKEN in the
+environment it sends them as the SDK's `tenant_id` and basic auth (user name = tenant,
+password = token), as a Grafana Cloud-style setup would. It burns CPU in `kiln_python_hot_loop` so the
 test can find that function in the stored flame graph.
 """
+import os
 import sys
 import time
 
@@ -24,6 +27,9 @@ def main():
         server_address=server,
         sample_rate=100,
         tags={"sdk": "python"},
+        tenant_id=os.environ.get("KILN_TENANT", ""),
+        basic_auth_username=os.environ.get("KILN_TENANT", ""),
+        basic_auth_password=os.environ.get("KILN_TOKEN", ""),
     )
     kiln_python_hot_loop(time.time() + seconds)
     pyroscope.shutdown()

@@ -16,6 +16,12 @@ pub enum ErrorKind {
     /// The request contradicts what is stored: a rule that exists, is read-only, or a
     /// range already done.
     Conflict,
+    /// No usable credentials (HTTP 401).
+    Unauthenticated,
+    /// Credentials that do not allow this tenant or this action (HTTP 403).
+    Forbidden,
+    /// Well formed, but more work than the budget allows: narrow it (HTTP 422).
+    OverBudget,
     Internal,
     ShuttingDown,
 }
@@ -30,6 +36,9 @@ impl ErrorKind {
             ErrorKind::Timeout => 408,
             ErrorKind::NotFound => 404,
             ErrorKind::Conflict => 409,
+            ErrorKind::Unauthenticated => 401,
+            ErrorKind::Forbidden => 403,
+            ErrorKind::OverBudget => 422,
             ErrorKind::Internal => 500,
             ErrorKind::ShuttingDown => 503,
         }
@@ -45,6 +54,9 @@ impl ErrorKind {
             ErrorKind::Timeout => "timeout",
             ErrorKind::NotFound => "not_found",
             ErrorKind::Conflict => "conflict",
+            ErrorKind::Unauthenticated => "unauthenticated",
+            ErrorKind::Forbidden => "forbidden",
+            ErrorKind::OverBudget => "over_budget",
             ErrorKind::Internal => "internal",
             ErrorKind::ShuttingDown => "shutting_down",
         }

@@ -47,6 +47,8 @@ pub struct ServerConfig {
     /// The regression watcher: a service's new version compared with the previous one
     /// (docs/insight.md).
     pub regressions: kiln_insight::RegressionsConfig,
+    /// Tokens per tenant and their scopes (docs/security.md); off by default.
+    pub auth: kiln_auth::AuthConfig,
 }
 
 /// The in-process host agent: what `kiln agent` does, written straight to this server.
@@ -133,6 +135,7 @@ impl Default for ServerConfig {
             remote_write: Vec::new(),
             rule_export: kiln_rules::ExportSettings::default(),
             regressions: kiln_insight::RegressionsConfig::default(),
+            auth: kiln_auth::AuthConfig::default(),
         }
     }
 }

@@ -27,6 +27,8 @@ pub enum ApiError {
     Rules(#[from] kiln_rules::RulesError),
     #[error(transparent)]
     Insight(#[from] kiln_insight::InsightError),
+    #[error(transparent)]
+    Auth(#[from] kiln_auth::AuthError),
 }
 
 impl ApiError {
@@ -40,6 +42,7 @@ impl ApiError {
             ApiError::Query(err) => err.kind(),
             ApiError::Rules(err) => err.kind(),
             ApiError::Insight(err) => err.kind(),
+            ApiError::Auth(err) => err.kind(),
         }
     }
 

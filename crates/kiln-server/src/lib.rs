@@ -1,5 +1,6 @@
 //! The HTTP (and gRPC, on the same port) edge of Kiln: transport only.
 //!
+//! [`auth`] lets a request in only with credentials for its tenant and scope.
 //! A handler translates: it takes the tenant ([`tenant::Tenant`]) and the request, hands
 //! them to `kiln-ingest` or `kiln-query`, which decide, and shapes the answer. One file per
 //! protocol family ([`ingest`], [`profefe`], [`otlp`], [`querier`], [`render`], [`ops`]);
@@ -8,6 +9,7 @@
 //! renders it the way the protocol's clients expect. [`listener`] owns connections and
 //! their bounds, [`body`] reading bodies within limits.
 
+pub mod auth;
 pub mod body;
 pub mod config;
 pub mod endpoints;

@@ -23,6 +23,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::auth::ClientAddr;
 use crate::body::DeadlineBody;
 use crate::config::HttpConfig;
 use crate::endpoints::endpoint_of;
@@ -103,7 +104,6 @@ pub(crate) async fn serve(
     let builder = Arc::new(builder);
     let slots = Arc::new(Semaphore::new(config.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
-    let service = TowerToHyperService::new(app);
     tokio::pin!(stop);
     loop {
         let (stream, peer) = tokio::select! {
@@ -126,8 +126,16 @@ pub(crate) async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        // Each request learns its connection's address (for auth's per-address limits).
+        let service = TowerToHyperService::new(tower::ServiceExt::map_request(
+            app.clone(),
+            move |mut request: axum::http::Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(ClientAddr(peer));
+                request
+            },
+        ));
         let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service.clone())
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
             .into_owned();
         let connection = graceful.watch(connection);
         let metrics = metrics.clone();

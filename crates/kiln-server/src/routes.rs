@@ -49,13 +49,19 @@ pub fn router(state: SharedState) -> Router {
         .route("/api/v1/compare", post(insight::compare))
         .route("/api/v1/regressions", get(insight::regressions))
         .merge(crate::ui::router())
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            crate::rpc::shape_errors,
-        ))
+        // Outermost last: errors are shaped for their protocol, then credentials are
+        // checked, then the body's declared size.
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::listener::guard,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::authenticate,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::rpc::shape_errors,
         ))
         .with_state(state)
 }

@@ -14,7 +14,7 @@ use std::convert::Infallible;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::header::CONTENT_TYPE;
+use axum::http::header::{self, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -35,16 +35,20 @@ pub mod code {
     pub const INVALID_ARGUMENT: u32 = 3;
     pub const DEADLINE_EXCEEDED: u32 = 4;
     pub const NOT_FOUND: u32 = 5;
+    pub const PERMISSION_DENIED: u32 = 7;
     pub const RESOURCE_EXHAUSTED: u32 = 8;
     pub const UNIMPLEMENTED: u32 = 12;
     pub const INTERNAL: u32 = 13;
     pub const UNAVAILABLE: u32 = 14;
+    pub const UNAUTHENTICATED: u32 = 16;
 }
 
 /// The gRPC code for an HTTP status.
 pub fn grpc_code(status: StatusCode) -> u32 {
     match status.as_u16() {
-        400 | 413 => code::INVALID_ARGUMENT,
+        400 | 413 | 422 => code::INVALID_ARGUMENT,
+        401 => code::UNAUTHENTICATED,
+        403 => code::PERMISSION_DENIED,
         404 => code::NOT_FOUND,
         408 => code::DEADLINE_EXCEEDED,
         415 => code::UNIMPLEMENTED,
@@ -57,7 +61,9 @@ pub fn grpc_code(status: StatusCode) -> u32 {
 /// The Connect error code for an HTTP status.
 fn connect_code(status: StatusCode) -> &'static str {
     match status.as_u16() {
-        400 | 413 => "invalid_argument",
+        400 | 413 | 422 => "invalid_argument",
+        401 => "unauthenticated",
+        403 => "permission_denied",
         404 => "not_found",
         408 => "deadline_exceeded",
         415 => "unimplemented",
@@ -322,8 +328,18 @@ impl Wire {
     fn render(self, failure: &Failure, text: Response) -> Response {
         let status = failure.status;
         let message = failure.message.as_str();
-        match self {
-            Wire::Text => text,
+        // What the client is told to do next survives the reshaping.
+        let kept: Vec<_> = [header::WWW_AUTHENTICATE, header::RETRY_AFTER]
+            .iter()
+            .flat_map(|name| {
+                text.headers()
+                    .get_all(name)
+                    .iter()
+                    .map(move |value| (name.clone(), value.clone()))
+            })
+            .collect();
+        let mut response = match self {
+            Wire::Text => return text,
             Wire::Profefe => (
                 status,
                 axum::Json(json!({"code": status.as_u16(), "error": message})),
@@ -349,7 +365,11 @@ impl Wire {
                 }),
             )
                 .into_response(),
+        };
+        for (name, value) in kept {
+            response.headers_mut().append(name, value);
         }
+        response
     }
 }
 

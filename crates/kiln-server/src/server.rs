@@ -44,6 +44,13 @@ pub enum ServerError {
     Rules(#[from] kiln_rules::RulesError),
     #[error("regressions: {0}")]
     Insight(#[from] kiln_insight::InsightError),
+    #[error("{0}")]
+    Auth(#[from] kiln_auth::ConfigError),
+    #[error("auth: tenant id {tenant:?}: {source}")]
+    AuthTenant {
+        tenant: String,
+        source: crate::error::TenantError,
+    },
 }
 
 pub struct Server;
@@ -97,6 +104,10 @@ impl Server {
         let metrics = ServerMetrics::default();
         let mut registry = Registry::default();
         metrics.register(&mut registry);
+        let auth = authenticator(&config)?;
+        if let Some(auth) = &auth {
+            auth.register(&mut registry);
+        }
         ingester.metrics().register(&mut registry);
         let querier = Querier::new(metastore.clone(), storage.clone());
         let rules = kiln_rules::Rules::new(
@@ -160,6 +171,7 @@ impl Server {
             rules,
             insight,
             limits,
+            auth,
             metrics: metrics.clone(),
             registry,
             ready: AtomicBool::new(false),
@@ -214,6 +226,30 @@ impl Server {
             task,
         })
     }
+}
+
+/// The token checker, or `None` with auth off, which is only said aloud when the port
+/// is reachable from elsewhere.
+fn authenticator(config: &ServerConfig) -> Result<Option<kiln_auth::Authenticator>, ServerError> {
+    for tenant in config.auth.tenants.keys() {
+        crate::tenant::validate(tenant).map_err(|source| ServerError::AuthTenant {
+            tenant: tenant.clone(),
+            source,
+        })?;
+    }
+    let auth = kiln_auth::Authenticator::from_config(&config.auth)?;
+    let loopback = config
+        .listen
+        .parse::<SocketAddr>()
+        .is_ok_and(|addr| addr.ip().is_loopback())
+        || config.listen.starts_with("localhost:");
+    if auth.is_none() && !loopback {
+        tracing::warn!(
+            listen = %config.listen,
+            "auth is off: anyone who can reach this port can read and write every tenant's profiles (see docs/security.md)"
+        );
+    }
+    Ok(auth)
 }
 
 /// Host and listen address: what identifies this node across its restarts.

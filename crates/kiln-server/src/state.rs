@@ -18,6 +18,8 @@ pub struct AppState {
     /// Comparisons with confidence, and the regression watcher's findings.
     pub insight: kiln_insight::Insight,
     pub limits: TenantLimits,
+    /// Tokens and what they allow; `None` when `auth.enabled` is false.
+    pub auth: Option<kiln_auth::Authenticator>,
     pub metrics: ServerMetrics,
     pub registry: Registry,
     pub ready: AtomicBool,

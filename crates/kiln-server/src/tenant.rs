@@ -19,6 +19,12 @@ pub fn tenant_of(headers: &HeaderMap) -> Result<String, TenantError> {
     if value.is_empty() {
         return Ok(DEFAULT_TENANT.to_string());
     }
+    validate(value)?;
+    Ok(value.to_string())
+}
+
+/// Checks a tenant id against the rules of [`tenant_of`] (for ids from the config too).
+pub fn validate(value: &str) -> Result<(), TenantError> {
     if value.len() > 150 {
         return Err(TenantError::TooLong);
     }
@@ -31,7 +37,7 @@ pub fn tenant_of(headers: &HeaderMap) -> Result<String, TenantError> {
     {
         return Err(TenantError::InvalidCharacter(bad));
     }
-    Ok(value.to_string())
+    Ok(())
 }
 
 /// The request's tenant, as an extractor: a handler that takes a `Tenant` never runs for

@@ -35,6 +35,8 @@ pub struct AgentArgs {
     /// Tenant (sent as X-Scope-OrgID).
     #[arg(long, env = "KILN_TENANT")]
     tenant: Option<String>,
+    #[command(flatten)]
+    auth: crate::client::ClientAuth,
     /// Samples per second on each CPU.
     #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(u64).range(1..=1000))]
     frequency: u64,
@@ -387,8 +389,17 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     );
     let pushing = {
         let (stop, queue) = (stop.clone(), queue.clone());
-        let tenant = args.tenant.clone();
-        std::thread::spawn(move || push_loop(&queue, &stop, &target, tenant.as_deref()))
+        let sender = Sender {
+            tenant: args.tenant.clone(),
+            authorization: args.auth.authorization()?,
+            // A blocking client must be made (and dropped) off the async runtime.
+            http: {
+                let auth = args.auth.clone();
+                tokio::task::spawn_blocking(move || auth.blocking(Duration::from_secs(30)))
+                    .await??
+            },
+        };
+        std::thread::spawn(move || push_loop(&queue, &stop, &target, &sender))
     };
     if !args.metrics_listen.is_empty() {
         let listener = tokio::net::TcpListener::bind(&args.metrics_listen)
@@ -426,23 +437,33 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Who the pushes are from, and how they travel.
+struct Sender {
+    tenant: Option<String>,
+    authorization: Option<String>,
+    http: reqwest::blocking::Client,
+}
+
 /// Sends queued pushes in order; a failure is retried with backoff (the queue's bound
-/// keeps memory flat meanwhile), a refusal (4xx) is logged and dropped.
-fn push_loop(queue: &Queue, stop: &AtomicBool, target: &Target, tenant: Option<&str>) {
-    let agent = ureq::AgentBuilder::new()
-        .timeout(Duration::from_secs(30))
-        .build();
+/// keeps memory flat meanwhile), a refusal (4xx) is logged and dropped. A 401 or 403 is
+/// retried too: a token being rotated must not cost the profiles meanwhile.
+fn push_loop(queue: &Queue, stop: &AtomicBool, target: &Target, sender: &Sender) {
     while let Some(body) = queue.pop(stop) {
         let mut backoff = Duration::from_millis(250);
         loop {
-            let mut request = agent
+            let mut request = sender
+                .http
                 .post(target.url())
-                .set("Content-Type", target.content_type());
-            if let Some(tenant) = tenant {
-                request = request.set("X-Scope-OrgID", tenant);
+                .header("Content-Type", target.content_type())
+                .body(body.clone());
+            if let Some(tenant) = &sender.tenant {
+                request = request.header("X-Scope-OrgID", tenant);
             }
-            match request.send_bytes(&body) {
-                Ok(response) => {
+            if let Some(authorization) = &sender.authorization {
+                request = request.header("Authorization", authorization);
+            }
+            let failure = match request.send() {
+                Ok(response) if response.status().is_success() => {
                     if let Target::Otlp(_) = target {
                         note_partial_success(response, queue);
                     }
@@ -452,35 +473,34 @@ fn push_loop(queue: &Queue, stop: &AtomicBool, target: &Target, tenant: Option<&
                         .fetch_add(body.len() as u64, Ordering::Relaxed);
                     break;
                 }
-                Err(ureq::Error::Status(status, response))
-                    if (400..500).contains(&status) && status != 429 =>
-                {
-                    let text = response.into_string().unwrap_or_default();
-                    tracing::warn!(status, error = %text.trim(), "push refused; dropped");
-                    queue.dropped.fetch_add(1, Ordering::Relaxed);
-                    break;
-                }
-                Err(err) => {
-                    if stop.load(Ordering::Relaxed) {
-                        return;
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    let text = response.text().unwrap_or_default();
+                    if (400..500).contains(&status) && ![401, 403, 429].contains(&status) {
+                        tracing::warn!(status, error = %text.trim(), "push refused; dropped");
+                        queue.dropped.fetch_add(1, Ordering::Relaxed);
+                        break;
                     }
-                    tracing::warn!(error = %err, retry_in = ?backoff, "push failed");
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    format!("HTTP {status}: {}", text.trim())
                 }
+                Err(err) => format!("{:#}", anyhow::Error::new(err)),
+            };
+            if stop.load(Ordering::Relaxed) {
+                return;
             }
+            tracing::warn!(error = %failure, retry_in = ?backoff, "push failed");
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_secs(30));
         }
     }
 }
 
 /// An OTLP receiver may take a request and still refuse some profiles in it.
-fn note_partial_success(response: ureq::Response, queue: &Queue) {
-    let mut body = Vec::new();
-    if std::io::Read::read_to_end(&mut response.into_reader(), &mut body).is_err() {
+fn note_partial_success(response: reqwest::blocking::Response, queue: &Queue) {
+    let Ok(body) = response.bytes() else {
         return;
-    }
-    let Ok(answer) = kiln_ingest::otlp::ExportProfilesServiceResponse::decode(body.as_slice())
-    else {
+    };
+    let Ok(answer) = kiln_ingest::otlp::ExportProfilesServiceResponse::decode(body.as_ref()) else {
         return;
     };
     if let Some(partial) = answer.partial_success {

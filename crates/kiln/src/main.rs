@@ -3,6 +3,7 @@
 
 mod admin;
 mod agent;
+mod client;
 mod query;
 mod rules;
 mod scrape;
@@ -62,11 +63,55 @@ enum Command {
     Scrape(scrape::ScrapeArgs),
     /// Profile every process on this host (perf events) and push to a Kiln server.
     Agent(agent::AgentArgs),
+    /// Tokens for `auth:` (docs/security.md).
+    Auth {
+        #[command(subcommand)]
+        command: AuthCommand,
+    },
     /// Measure a hot path and print its figures.
     Bench {
         #[command(subcommand)]
         bench: kiln_bench::BenchCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum AuthCommand {
+    /// Print a fresh random token and the config line that grants it; only the line's
+    /// hash is needed by the server, so keep the token where the client reads it.
+    NewToken {
+        /// Tenant the token belongs to.
+        #[arg(long)]
+        tenant: String,
+        /// What it may do: read, write and/or admin, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        scopes: Vec<kiln_auth::Scope>,
+        /// A name for logs and errors (the client it is for).
+        #[arg(long)]
+        name: String,
+    },
+}
+
+/// `kiln auth new-token`: the token on the first line (for `| head -1 > file`), then
+/// where its line goes in the config, then the line.
+fn new_token(tenant: &str, scopes: &[kiln_auth::Scope], name: &str) -> anyhow::Result<()> {
+    kiln_server::tenant::validate(tenant).with_context(|| format!("--tenant {tenant:?}"))?;
+    if name.trim().is_empty() || name.contains(['"', '\\', '\n']) {
+        anyhow::bail!("--name must be non-empty and hold no quotes, backslashes or newlines");
+    }
+    let token = kiln_auth::new_token().context("the system's random generator failed")?;
+    let mut scopes = scopes.to_vec();
+    scopes.sort();
+    scopes.dedup();
+    let scopes: Vec<String> = scopes.iter().map(ToString::to_string).collect();
+    println!("{token}");
+    println!("# under auth.tenants.{tenant}.tokens:");
+    println!(
+        "- {{ name: \"{name}\", sha256: \"{}\", scopes: [{}] }}",
+        kiln_auth::sha256_hex(&token),
+        scopes.join(", ")
+    );
+    Ok(())
 }
 
 /// Flags override environment variables, which override the config file.
@@ -186,6 +231,14 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         Command::Admin(args) => runtime.block_on(admin::run(args)),
         Command::Scrape(args) => runtime.block_on(scrape::run(args)),
         Command::Agent(args) => runtime.block_on(agent::run(args)),
+        Command::Auth {
+            command:
+                AuthCommand::NewToken {
+                    tenant,
+                    scopes,
+                    name,
+                },
+        } => new_token(&tenant, &scopes, &name),
     };
     done.map(|()| std::process::ExitCode::SUCCESS)
 }

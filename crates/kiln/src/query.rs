@@ -37,6 +37,8 @@ pub struct ServerAddress {
     /// Tenant (sent as X-Scope-OrgID).
     #[arg(long, env = "KILN_TENANT", global = true)]
     pub tenant: Option<String>,
+    #[command(flatten)]
+    pub auth: crate::client::ClientAuth,
 }
 
 #[derive(Args)]
@@ -162,7 +164,8 @@ enum SeriesFormat {
 struct Client {
     url: String,
     tenant: Option<String>,
-    agent: ureq::Agent,
+    authorization: Option<String>,
+    http: reqwest::blocking::Client,
 }
 
 impl Client {
@@ -176,24 +179,28 @@ impl Client {
         body: &[u8],
     ) -> anyhow::Result<Vec<u8>> {
         let url = format!("{}{path}", self.url.trim_end_matches('/'));
-        let mut http = self.agent.post(&url).set("Content-Type", content_type);
+        let mut http = self
+            .http
+            .post(&url)
+            .header("Content-Type", content_type)
+            .body(body.to_vec());
         if let Some(tenant) = &self.tenant {
-            http = http.set("X-Scope-OrgID", tenant);
+            http = http.header("X-Scope-OrgID", tenant);
+        }
+        if let Some(authorization) = &self.authorization {
+            http = http.header("Authorization", authorization);
         }
         let progress = Progress::start(what);
-        let result = http.send_bytes(body);
+        let result = http.send();
         progress.stop();
         match result {
+            Ok(response) if response.status().is_success() => Ok(response
+                .bytes()
+                .context("cannot read the response")?
+                .to_vec()),
             Ok(response) => {
-                let mut body = Vec::new();
-                response
-                    .into_reader()
-                    .read_to_end(&mut body)
-                    .context("cannot read the response")?;
-                Ok(body)
-            }
-            Err(ureq::Error::Status(status, response)) => {
-                let text = response.into_string().unwrap_or_default();
+                let status = response.status().as_u16();
+                let text = response.text().unwrap_or_default();
                 let message = serde_json::from_str::<serde_json::Value>(&text)
                     .ok()
                     .and_then(|error| error["message"].as_str().map(str::to_string))
@@ -225,8 +232,6 @@ impl Client {
         T::decode(body.as_slice()).with_context(|| format!("invalid {method} response"))
     }
 }
-
-use std::io::Read;
 
 /// A spinner on standard error after half a second, only when it is a terminal.
 struct Progress {
@@ -533,9 +538,8 @@ pub fn run(args: QueryArgs) -> anyhow::Result<ExitCode> {
     let client = Client {
         url: args.server.url,
         tenant: args.server.tenant,
-        agent: ureq::AgentBuilder::new()
-            .timeout(Duration::from_secs(300))
-            .build(),
+        authorization: args.server.auth.authorization()?,
+        http: args.server.auth.blocking(Duration::from_secs(300))?,
     };
     match args.command {
         QueryCommand::Flamegraph {

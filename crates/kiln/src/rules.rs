@@ -36,31 +36,31 @@ pub fn run(args: RulesArgs) -> anyhow::Result<std::process::ExitCode> {
         "{}/api/v1/recording-rules",
         args.server.url.trim_end_matches('/')
     );
-    let agent = ureq::AgentBuilder::new()
-        .timeout(std::time::Duration::from_secs(600))
-        .build();
-    let request = match &args.command {
-        RulesCommand::List => agent.get(&base),
-        RulesCommand::Backfill { rule, from, until } => agent
-            .post(&format!("{base}/{rule}/backfill"))
-            .query("from", from)
-            .query("until", until),
+    let http = args
+        .server
+        .auth
+        .blocking(std::time::Duration::from_secs(600))?;
+    let mut request = match &args.command {
+        RulesCommand::List => http.get(&base),
+        RulesCommand::Backfill { rule, from, until } => http
+            .post(format!("{base}/{rule}/backfill"))
+            .query(&[("from", from), ("until", until)]),
     };
-    let request = match &args.server.tenant {
-        Some(tenant) => request.set("X-Scope-OrgID", tenant),
-        None => request,
-    };
-    let response = match request.call() {
-        Ok(response) => response,
-        Err(ureq::Error::Status(status, response)) => {
-            let text = response.into_string().unwrap_or_default();
-            bail!("HTTP {status}: {}", text.trim())
-        }
-        Err(err) => return Err(err).with_context(|| format!("cannot reach {base}")),
-    };
-    let text = response
-        .into_string()
-        .context("cannot read the server's answer")?;
+    if let Some(tenant) = &args.server.tenant {
+        request = request.header("X-Scope-OrgID", tenant);
+    }
+    if let Some(authorization) = args.server.auth.authorization()? {
+        request = request.header("Authorization", authorization);
+    }
+    let response = request
+        .send()
+        .with_context(|| format!("cannot reach {base}"))?;
+    if !response.status().is_success() {
+        let status = response.status().as_u16();
+        let text = response.text().unwrap_or_default();
+        bail!("HTTP {status}: {}", text.trim())
+    }
+    let text = response.text().context("cannot read the server's answer")?;
     let body: serde_json::Value =
         serde_json::from_str(&text).context("the server's answer is not JSON")?;
     match args.command {

@@ -24,6 +24,8 @@ pub struct ScrapeArgs {
     /// Tenant for jobs that name none (sent as X-Scope-OrgID).
     #[arg(long, env = "KILN_TENANT")]
     tenant: Option<String>,
+    #[command(flatten)]
+    auth: crate::client::ClientAuth,
 }
 
 #[derive(serde::Deserialize)]
@@ -44,10 +46,9 @@ pub async fn run(args: ScrapeArgs) -> anyhow::Result<()> {
         "{}/push.v1.PusherService/Push",
         args.push_url.trim_end_matches('/')
     );
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()?;
-    let manager = ScrapeManager::new(file.scrape_configs, push_sink(client, url, args.tenant))?;
+    let client = args.auth.asynchronous(Duration::from_secs(60))?;
+    let sink = push_sink(client, url, args.tenant, args.auth.authorization()?);
+    let manager = ScrapeManager::new(file.scrape_configs, sink)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let task = manager.spawn(stopped)?;
     tracing::info!(push_url = %args.push_url, "scraping");
@@ -58,9 +59,15 @@ pub async fn run(args: ScrapeArgs) -> anyhow::Result<()> {
 }
 
 /// One Push per profile, with the scraped labels and the profile kind as `__name__`.
-fn push_sink(client: reqwest::Client, url: String, default_tenant: Option<String>) -> Sink {
+fn push_sink(
+    client: reqwest::Client,
+    url: String,
+    default_tenant: Option<String>,
+    authorization: Option<String>,
+) -> Sink {
     Arc::new(move |scraped: ScrapedProfile| {
         let (client, url) = (client.clone(), url.clone());
+        let authorization = authorization.clone();
         let tenant = scraped.tenant.clone().or_else(|| default_tenant.clone());
         Box::pin(async move {
             let mut profile = scraped.profile;
@@ -90,6 +97,9 @@ fn push_sink(client: reqwest::Client, url: String, default_tenant: Option<String
                 .body(request.encode_to_vec());
             if let Some(tenant) = tenant {
                 post = post.header("X-Scope-OrgID", tenant);
+            }
+            if let Some(authorization) = authorization {
+                post = post.header("Authorization", authorization);
             }
             let response = post
                 .send()

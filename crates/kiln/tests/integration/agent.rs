@@ -895,3 +895,46 @@ fn the_agent_speaks_otlp() {
     let pids = server.json("/pyroscope/label-values?label=pid&from=0&until=now", &[]);
     assert!(!pids.as_array().unwrap().is_empty(), "{pids}");
 }
+
+/// With auth on, the agent sends its token (`--token-file`) and its profiles land in the
+/// token's tenant, which it never named.
+#[test]
+fn the_agent_sends_its_token_and_lands_in_the_tokens_tenant() {
+    use crate::auth::{auth_config, bearer, render_query, READER_A, WRITER_A};
+    let dir = tempfile::tempdir().unwrap();
+    let Some(program) = burner(dir.path(), "kiln_auth_burner") else {
+        println!("skipped: the agent tests (no C compiler)");
+        return;
+    };
+    let server = TestServer::start_with(|config| config.auth = auth_config(1000));
+    let token = temp_file(dir.path(), "token", WRITER_A.as_bytes());
+    let Some(agent) = start_agent_with(&server, &["--token-file", token.to_str().unwrap()]) else {
+        return;
+    };
+    assert!(Command::new(&program).arg("3").status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let reader = bearer(READER_A);
+    let mut cpu = 0;
+    while Instant::now() < deadline && cpu < 2_500_000_000 {
+        std::thread::sleep(Duration::from_millis(250));
+        let result = server.json(
+            &render_query("kiln_auth_burner"),
+            &[("Authorization", reader.as_str())],
+        );
+        cpu = crate::pyroscope::ticks(&result);
+    }
+    let metrics = agent_metrics(&agent);
+    stop(agent);
+    assert!(
+        cpu >= 2_500_000_000,
+        "{cpu} ns of the burner's 3 s in team-a"
+    );
+    assert_eq!(
+        metric_value(&metrics, "kiln_agent_reports_dropped_total"),
+        0.0
+    );
+    assert!(
+        !server.metrics().contains("kiln_auth_failures_total"),
+        "the agent was refused"
+    );
+}

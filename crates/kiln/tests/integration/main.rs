@@ -2,6 +2,7 @@
 //! ingest protocol, and the results read back and checked against `go tool pprof`.
 
 mod agent;
+mod auth;
 mod cli;
 mod common;
 mod compaction;

@@ -17,16 +17,23 @@ fn render(server: &TestServer, query: &str) -> serde_json::Value {
     )
 }
 
-#[test]
-fn python_sdk_pushes_cpu_profiles() {
+/// Whether `pyroscope-io` can be imported; says the test skipped when not.
+pub fn python_sdk_installed() -> bool {
     let has_sdk = Command::new("python3")
         .args(["-c", "import pyroscope"])
         .output()
         .is_ok_and(|o| o.status.success());
     if !has_sdk {
-        eprintln!(
+        println!(
             "skipped: the pyroscope-io Python SDK is not installed (scripts/test.sh installs it)"
         );
+    }
+    has_sdk
+}
+
+#[test]
+fn python_sdk_pushes_cpu_profiles() {
+    if !python_sdk_installed() {
         return;
     }
     let server = TestServer::start();

@@ -1,0 +1,179 @@
+//! Authentication at the edge: which scope each endpoint needs ([`access`]), and the
+//! middleware that asks `kiln-auth` and puts the granted tenant on the request as
+//! `X-Scope-OrgID`, so handlers read the tenant the same way with auth on or off.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use kiln_auth::Scope;
+
+use crate::endpoints::endpoint_of;
+use crate::error::ApiError;
+use crate::state::SharedState;
+use crate::tenant::TENANT_HEADER;
+
+/// The address a connection came from, put on each of its requests by the listener.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddr(pub SocketAddr);
+
+/// What an endpoint needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Health and the UI's static files: they hold no tenant's data.
+    Open,
+    /// `/metrics`: open unless `auth.metrics_scope` is set.
+    Metrics,
+    Needs(Scope),
+}
+
+/// The one table of what each endpoint needs. Anything not named is `read` if it only
+/// reads (GET, HEAD) and `admin` otherwise, so an endpoint added later and forgotten here
+/// is closed rather than open.
+pub fn access(method: &Method, path: &str) -> Access {
+    if endpoint_of(method, path).is_some() {
+        return Access::Needs(Scope::Write);
+    }
+    let reads = method == Method::GET || method == Method::HEAD;
+    match path {
+        "/ready" | "/api/openapi.json" => Access::Open,
+        "/metrics" => Access::Metrics,
+        "/" | "/rules" | "/regressions" if reads => Access::Open,
+        path if path.starts_with("/ui/") && reads => Access::Open,
+        // Read-only calls sent as POST: Connect/gRPC queries, comparisons, rule previews.
+        path if path.starts_with("/querier.v1.QuerierService/") => Access::Needs(Scope::Read),
+        "/api/v1/compare" | "/api/v1/recording-rules/preview" => Access::Needs(Scope::Read),
+        _ if reads => Access::Needs(Scope::Read),
+        _ => Access::Needs(Scope::Admin),
+    }
+}
+
+/// Lets a request through only with credentials that allow it, when auth is enabled.
+pub(crate) async fn authenticate(
+    State(state): State<SharedState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let Some(auth) = &state.auth else {
+        return next.run(request).await;
+    };
+    let scope = match access(request.method(), request.uri().path()) {
+        Access::Open => return next.run(request).await,
+        Access::Metrics => match auth.metrics_scope() {
+            None => return next.run(request).await,
+            Some(scope) => scope,
+        },
+        Access::Needs(scope) => scope,
+    };
+    let client = request
+        .extensions()
+        .get::<ClientAddr>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |addr| addr.0.ip());
+    let headers = request.headers();
+    let tenant = headers
+        .get(TENANT_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .map(str::trim)
+        .filter(|value| !value.is_empty());
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes);
+    match auth.check(authorization, tenant, scope, client) {
+        Ok(grant) => {
+            match HeaderValue::from_str(&grant.tenant) {
+                Ok(value) => {
+                    request.headers_mut().insert(TENANT_HEADER, value);
+                }
+                Err(_) => {
+                    // Config validation keeps tenant ids to header-safe characters.
+                    tracing::error!(tenant = %grant.tenant, "a configured tenant id is not a valid header value");
+                }
+            }
+            next.run(request).await
+        }
+        Err(err) => {
+            // The UI asks for a token itself; a Basic challenge would make the browser
+            // pop up its own login dialog first.
+            let from_ui = request.headers().contains_key("x-requested-with");
+            let mut response = ApiError::Auth(err.clone()).into_response();
+            let headers = response.headers_mut();
+            if err.kind() == kiln_model::ErrorKind::Unauthenticated {
+                headers.append(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"kiln\""),
+                );
+                if !from_ui {
+                    headers.append(
+                        header::WWW_AUTHENTICATE,
+                        HeaderValue::from_static("Basic realm=\"kiln\", charset=\"UTF-8\""),
+                    );
+                }
+            }
+            if let Some(seconds) = err.retry_after_secs() {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            }
+            response
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_endpoint_needs_what_it_does() {
+        let needs = |method: Method, path: &str| access(&method, path);
+        assert_eq!(needs(Method::GET, "/ready"), Access::Open);
+        assert_eq!(needs(Method::GET, "/ui/app.js"), Access::Open);
+        assert_eq!(needs(Method::GET, "/"), Access::Open);
+        assert_eq!(needs(Method::GET, "/metrics"), Access::Metrics);
+        for write in [
+            "/ingest",
+            "/pyroscope/ingest",
+            "/push.v1.PusherService/Push",
+            "/api/0/profiles",
+            "/v1development/profiles",
+        ] {
+            assert_eq!(
+                needs(Method::POST, write),
+                Access::Needs(Scope::Write),
+                "{write}"
+            );
+        }
+        for read in [
+            (Method::GET, "/pyroscope/render"),
+            (Method::GET, "/api/0/profiles"),
+            (
+                Method::POST,
+                "/querier.v1.QuerierService/SelectMergeStacktraces",
+            ),
+            (Method::POST, "/api/v1/compare"),
+            (Method::GET, "/api/v1/recording-rules"),
+            (Method::POST, "/api/v1/recording-rules/preview"),
+            (Method::GET, "/api/v1/regressions"),
+        ] {
+            assert_eq!(
+                needs(read.0.clone(), read.1),
+                Access::Needs(Scope::Read),
+                "{read:?}"
+            );
+        }
+        for admin in [
+            (Method::POST, "/api/v1/recording-rules"),
+            (Method::PUT, "/api/v1/recording-rules/x"),
+            (Method::DELETE, "/api/v1/recording-rules/x"),
+            (Method::POST, "/api/v1/recording-rules/x/backfill"),
+            (Method::POST, "/rules"),
+            (Method::DELETE, "/api/v1/anything-new"),
+        ] {
+            assert_eq!(
+                needs(admin.0.clone(), admin.1),
+                Access::Needs(Scope::Admin),
+                "{admin:?}"
+            );
+        }
+    }
+}
