@@ -46,6 +46,8 @@ command -v perf >/dev/null 2>&1 || apt_install linux-perf "perf script"
 { command -v java >/dev/null 2>&1 && command -v jfr >/dev/null 2>&1; } \
   || apt_install openjdk-17-jdk-headless JFR
 [ -x /usr/bin/chromium ] || apt_install chromium "web UI (headless Chromium)"
+# The TLS test makes its own CA and server certificate with the openssl command.
+command -v openssl >/dev/null 2>&1 || apt_install openssl "TLS"
 # Recording rules are remote-written to, and alerted on by, a real Prometheus.
 [ -x /usr/bin/prometheus ] || apt_install prometheus "recording rules (Prometheus)"
 

@@ -170,7 +170,7 @@ fn escape(value: &str) -> String {
 
 /// Where one exporter task delivers.
 pub enum Destination {
-    Remote(RemoteWriter),
+    Remote(Box<RemoteWriter>),
     Local(Arc<Latest>),
 }
 

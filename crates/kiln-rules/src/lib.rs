@@ -112,6 +112,13 @@ pub enum RulesError {
         #[source]
         source: reqwest::Error,
     },
+    #[error("remote write {url}: tls_config: cannot read ca_file {}: {source}", path.display())]
+    CaFile {
+        url: String,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("rule evaluation task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
 }
@@ -137,6 +144,7 @@ impl RulesError {
             RulesError::Stored { .. }
             | RulesError::Metastore(_)
             | RulesError::Client { .. }
+            | RulesError::CaFile { .. }
             | RulesError::Task(_) => ErrorKind::Internal,
         }
     }
@@ -589,15 +597,11 @@ impl Rules {
         };
         tasks.push(tokio::spawn(local.run(stop.clone())));
         for target in &self.config.remote_write {
-            let writer =
-                RemoteWriter::new(target.clone()).map_err(|source| RulesError::Client {
-                    url: target.url.clone(),
-                    source,
-                })?;
+            let writer = RemoteWriter::new(target.clone())?;
             let exporter = Exporter {
                 target: target.url.clone(),
                 node: self.config.node.clone(),
-                destination: Destination::Remote(writer),
+                destination: Destination::Remote(Box::new(writer)),
                 metastore: self.metastore.clone(),
                 settings: self.config.settings.clone(),
                 metrics: self.metrics.clone(),
@@ -726,6 +730,8 @@ mod tests {
             url: url.into(),
             headers: Default::default(),
             basic_auth: None,
+            authorization: None,
+            tls_config: None,
             tenants: tenants.iter().map(|t| t.to_string()).collect(),
         };
         let config = RulesConfig {

@@ -68,6 +68,14 @@ pub struct RemoteWriteConfig {
     pub headers: BTreeMap<String, String>,
     #[serde(default)]
     pub basic_auth: Option<BasicAuth>,
+    /// Prometheus's `authorization`: a token (such as a Kiln or Grafana token) sent as
+    /// `Authorization: <type> <credentials>`.
+    #[serde(default)]
+    pub authorization: Option<Authorization>,
+    /// Prometheus's `tls_config`: the CA to verify an https:// receiver with, besides the
+    /// system's.
+    #[serde(default)]
+    pub tls_config: Option<TlsClientConfig>,
     /// Only these tenants' samples go to this receiver; empty: every tenant's. In a
     /// multi-tenant Kiln, each team's Prometheus should get its own tenant only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -87,6 +95,52 @@ pub struct BasicAuth {
     pub password: String,
 }
 
+/// `credentials` inline, or `credentials_file`, read at every send so that a rotated
+/// token is picked up without a restart.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Authorization {
+    #[serde(default = "bearer", rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub credentials: Option<String>,
+    #[serde(default)]
+    pub credentials_file: Option<std::path::PathBuf>,
+}
+
+fn bearer() -> String {
+    "Bearer".to_string()
+}
+
+impl std::fmt::Debug for Authorization {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Authorization({}, <secret>)", self.kind)
+    }
+}
+
+impl Authorization {
+    fn header(&self) -> Result<String, String> {
+        let credentials = match (&self.credentials, &self.credentials_file) {
+            (Some(credentials), None) => credentials.clone(),
+            (None, Some(path)) => std::fs::read_to_string(path).map_err(|err| {
+                format!("authorization: credentials_file {}: {err}", path.display())
+            })?,
+            _ => {
+                return Err(
+                    "authorization: give one of credentials and credentials_file".to_string(),
+                )
+            }
+        };
+        Ok(format!("{} {}", self.kind, credentials.trim()))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsClientConfig {
+    pub ca_file: std::path::PathBuf,
+}
+
 impl std::fmt::Debug for BasicAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "BasicAuth({}, <secret>)", self.username)
@@ -103,6 +157,11 @@ impl RemoteWriteConfig {
                 "remote_write: url {:?}: use http:// or https://",
                 self.url
             ));
+        }
+        if let Some(authorization) = &self.authorization {
+            authorization
+                .header()
+                .map_err(|err| format!("remote_write {}: {err}", self.url))?;
         }
         for (name, value) in &self.headers {
             reqwest::header::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
@@ -146,11 +205,30 @@ pub struct RemoteWriter {
 }
 
 impl RemoteWriter {
-    pub fn new(config: RemoteWriteConfig) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder()
+    pub fn new(config: RemoteWriteConfig) -> Result<Self, crate::RulesError> {
+        let mut builder = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
-            .connect_timeout(Duration::from_secs(5))
-            .build()?;
+            .connect_timeout(Duration::from_secs(5));
+        if let Some(tls) = &config.tls_config {
+            let pem = std::fs::read(&tls.ca_file).map_err(|source| crate::RulesError::CaFile {
+                url: config.url.clone(),
+                path: tls.ca_file.clone(),
+                source,
+            })?;
+            let certificates = reqwest::Certificate::from_pem_bundle(&pem).map_err(|source| {
+                crate::RulesError::Client {
+                    url: config.url.clone(),
+                    source,
+                }
+            })?;
+            builder = builder.tls_certs_merge(certificates);
+        }
+        let client = builder
+            .build()
+            .map_err(|source| crate::RulesError::Client {
+                url: config.url.clone(),
+                source,
+            })?;
         Ok(RemoteWriter { config, client })
     }
 
@@ -174,6 +252,17 @@ impl RemoteWriter {
         }
         if let Some(auth) = &self.config.basic_auth {
             post = post.basic_auth(&auth.username, Some(&auth.password));
+        }
+        if let Some(authorization) = &self.config.authorization {
+            // A credentials file that went missing is worth retrying: it may be in the
+            // middle of being rotated.
+            let header = authorization
+                .header()
+                .map_err(|reason| SendError::Retryable {
+                    url: url.clone(),
+                    reason,
+                })?;
+            post = post.header("Authorization", header);
         }
         let response = post
             .body(body)
@@ -245,6 +334,8 @@ mod tests {
             url: url.into(),
             headers: [(header.0.to_string(), header.1.to_string())].into(),
             basic_auth: None,
+            authorization: None,
+            tls_config: None,
             tenants: vec![],
         };
         assert!(target("http://p:9090/api/v1/write", ("X-Scope-OrgID", "a"))
@@ -288,5 +379,72 @@ mod tests {
             .expect("snappy block");
         let decoded: WriteRequest = prost::Message::decode(raw.as_slice()).expect("protobuf");
         assert_eq!(decoded, request);
+    }
+
+    /// The token is read from `credentials_file` at each send: a rotated file is used by
+    /// the next request, with no restart.
+    #[tokio::test]
+    async fn the_token_file_is_sent_and_reread_at_every_send() {
+        let dir = tempfile::tempdir().expect("dir");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "kiln_first\n").expect("write");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!(
+            "http://{}/api/v1/write",
+            listener.local_addr().expect("addr")
+        );
+        let received = tokio::spawn(async move {
+            let mut heads = Vec::new();
+            for _ in 0..2 {
+                let (mut stream, _) = listener.accept().await.expect("accept");
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = tokio::io::AsyncReadExt::read(&mut stream, &mut buf)
+                        .await
+                        .expect("read");
+                    assert!(n > 0, "request ended early");
+                    head.extend_from_slice(&buf[..n]);
+                }
+                tokio::io::AsyncWriteExt::write_all(
+                    &mut stream,
+                    b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n",
+                )
+                .await
+                .expect("answer");
+                heads.push(String::from_utf8_lossy(&head).to_lowercase());
+            }
+            heads
+        });
+        let writer = RemoteWriter::new(RemoteWriteConfig {
+            url,
+            headers: Default::default(),
+            basic_auth: None,
+            authorization: Some(Authorization {
+                kind: bearer(),
+                credentials: None,
+                credentials_file: Some(token.clone()),
+            }),
+            tls_config: None,
+            tenants: vec![],
+        })
+        .expect("client");
+        let request = WriteRequest::default();
+        writer.send(&request).await.expect("first send");
+        std::fs::write(&token, "kiln_second").expect("rotate");
+        writer.send(&request).await.expect("second send");
+        let heads = received.await.expect("receiver");
+        assert!(
+            heads[0].contains("authorization: bearer kiln_first\r\n"),
+            "{}",
+            heads[0]
+        );
+        assert!(
+            heads[1].contains("authorization: bearer kiln_second\r\n"),
+            "{}",
+            heads[1]
+        );
     }
 }

@@ -49,6 +49,8 @@ pub struct ServerConfig {
     pub regressions: kiln_insight::RegressionsConfig,
     /// Tokens per tenant and their scopes (docs/security.md); off by default.
     pub auth: kiln_auth::AuthConfig,
+    /// HTTPS (and h2 over TLS) on `listen` instead of cleartext, when set.
+    pub tls: crate::tls::TlsConfig,
 }
 
 /// The in-process host agent: what `kiln agent` does, written straight to this server.
@@ -136,6 +138,7 @@ impl Default for ServerConfig {
             rule_export: kiln_rules::ExportSettings::default(),
             regressions: kiln_insight::RegressionsConfig::default(),
             auth: kiln_auth::AuthConfig::default(),
+            tls: crate::tls::TlsConfig::default(),
         }
     }
 }

@@ -29,6 +29,7 @@ pub mod rules;
 pub mod server;
 pub mod state;
 pub mod tenant;
+pub mod tls;
 pub mod ui;
 
 pub use config::ServerConfig;

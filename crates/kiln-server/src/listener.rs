@@ -30,6 +30,7 @@ use crate::endpoints::endpoint_of;
 use crate::metrics::ServerMetrics;
 use crate::state::SharedState;
 use crate::tenant::tenant_of;
+use crate::tls::Tls;
 
 /// Longest shutdown waits for requests in flight before it closes their connections.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -93,6 +94,7 @@ pub(crate) async fn serve(
     app: Router,
     config: HttpConfig,
     metrics: ServerMetrics,
+    tls: Option<Arc<Tls>>,
     stop: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     let mut builder = Builder::new(TokioExecutor::new());
@@ -102,6 +104,7 @@ pub(crate) async fn serve(
         .header_read_timeout(Duration::from_millis(config.header_read_timeout_ms.max(1)));
     builder.http2().timer(TokioTimer::new());
     let builder = Arc::new(builder);
+    let handshake_timeout = Duration::from_millis(config.header_read_timeout_ms.max(1));
     let slots = Arc::new(Semaphore::new(config.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
     tokio::pin!(stop);
@@ -122,7 +125,10 @@ pub(crate) async fn serve(
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             metrics.connections_refused.inc();
             tracing::debug!(%peer, "connection refused: max_connections open");
-            tokio::spawn(refuse(stream));
+            // A TLS client could not read a cleartext answer: it is just closed.
+            if tls.is_none() {
+                tokio::spawn(refuse(stream));
+            }
             continue;
         };
         let _ = stream.set_nodelay(true);
@@ -134,14 +140,35 @@ pub(crate) async fn serve(
                 request
             },
         ));
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
+        let (builder, tls, watcher) = (builder.clone(), tls.clone(), graceful.watcher());
         let metrics = metrics.clone();
         metrics.connections_open.inc();
         tokio::spawn(async move {
-            if let Err(err) = connection.await {
+            // The handshake happens here, off the accept loop, within the same deadline
+            // as a request's headers.
+            let io: Box<dyn Io> = match tls {
+                None => Box::new(stream),
+                Some(tls) => {
+                    match tokio::time::timeout(handshake_timeout, tls.acceptor.accept(stream)).await
+                    {
+                        Ok(Ok(stream)) => Box::new(stream),
+                        Ok(Err(err)) => {
+                            tracing::debug!(%peer, error = %err, "TLS handshake failed");
+                            metrics.connections_open.dec();
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            metrics.connections_open.dec();
+                            return;
+                        }
+                    }
+                }
+            };
+            let connection = builder
+                .serve_connection_with_upgrades(TokioIo::new(io), service)
+                .into_owned();
+            if let Err(err) = watcher.watch(connection).await {
                 tracing::debug!(%peer, error = %err, "connection ended with an error");
             }
             metrics.connections_open.dec();
@@ -157,6 +184,10 @@ pub(crate) async fn serve(
     }
     Ok(())
 }
+
+/// A connection's byte stream: TCP, or TLS over it.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
 /// Answers a connection over the cap with a 503 and closes it, without waiting on it long.
 async fn refuse(mut stream: tokio::net::TcpStream) {

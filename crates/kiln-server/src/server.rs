@@ -46,6 +46,8 @@ pub enum ServerError {
     Insight(#[from] kiln_insight::InsightError),
     #[error("{0}")]
     Auth(#[from] kiln_auth::ConfigError),
+    #[error("{0}")]
+    Tls(#[from] crate::tls::TlsError),
     #[error("auth: tenant id {tenant:?}: {source}")]
     AuthTenant {
         tenant: String,
@@ -108,6 +110,13 @@ impl Server {
         if let Some(auth) = &auth {
             auth.register(&mut registry);
         }
+        let tls = if config.tls.enabled() {
+            let tls = Arc::new(crate::tls::Tls::load(&config.tls)?);
+            tls.register(&mut registry);
+            Some(tls)
+        } else {
+            None
+        };
         ingester.metrics().register(&mut registry);
         let querier = Querier::new(metastore.clone(), storage.clone());
         let rules = kiln_rules::Rules::new(
@@ -189,15 +198,28 @@ impl Server {
         let app = router(state.clone());
         state.ready.store(true, Ordering::SeqCst);
         metrics.ready.set(1);
-        tracing::info!(%local_addr, "kiln server listening");
+        let reloader = match &tls {
+            Some(tls) => Some(tls.clone().reload_on_sighup()?),
+            None => None,
+        };
+        tracing::info!(%local_addr, tls = tls.is_some(), "kiln server listening");
 
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            let served =
-                crate::listener::serve(listener, app, config.http, metrics.clone(), async move {
+            let served = crate::listener::serve(
+                listener,
+                app,
+                config.http,
+                metrics.clone(),
+                tls,
+                async move {
                     let _ = stopped.await;
-                })
-                .await;
+                },
+            )
+            .await;
+            if let Some(reloader) = reloader {
+                reloader.abort();
+            }
             state.ready.store(false, Ordering::SeqCst);
             // The scrapers and the agent hold ingester handles too: stop them first.
             let _ = stop_scrape.send(true);

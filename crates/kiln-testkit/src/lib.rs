@@ -14,6 +14,7 @@
 pub mod postgres;
 mod process;
 pub mod s3;
+pub mod tls;
 
 /// A free TCP port on loopback (the listener is closed before it is used; good enough
 /// for tests that start their own servers).

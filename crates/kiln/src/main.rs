@@ -120,7 +120,8 @@ struct ServerArgs {
     /// YAML config file.
     #[arg(long, env = "KILN_CONFIG")]
     config: Option<PathBuf>,
-    /// Listen address (HTTP/1.1 and h2c gRPC) [default: 0.0.0.0:4040].
+    /// Listen address (HTTP/1.1 and h2c gRPC, or HTTPS with --tls-cert-file) [default:
+    /// 0.0.0.0:4040].
     #[arg(long, env = "KILN_LISTEN")]
     listen: Option<String>,
     /// Data directory for the embedded object store and metastore [default: ./kiln-data].
@@ -158,6 +159,13 @@ struct ServerArgs {
     /// Run compaction and retention in this process [default: true].
     #[arg(long, env = "KILN_COMPACTION")]
     compaction: Option<bool>,
+    /// Serve HTTPS (and h2 over TLS, for gRPC) with this PEM certificate chain; SIGHUP
+    /// re-reads it and the key.
+    #[arg(long, env = "KILN_TLS_CERT_FILE", requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// The certificate's PEM private key.
+    #[arg(long, env = "KILN_TLS_KEY_FILE", requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
 }
 
 impl ServerArgs {
@@ -195,6 +203,12 @@ impl ServerArgs {
         }
         if let Some(connections) = self.max_connections {
             config.http.max_connections = connections;
+        }
+        if let Some(path) = self.tls_cert_file {
+            config.tls.cert_file = Some(path);
+        }
+        if let Some(path) = self.tls_key_file {
+            config.tls.key_file = Some(path);
         }
         if self.agent {
             config.agent.enabled = true;

@@ -9,7 +9,7 @@ use crate::common::*;
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 
 /// Compiles the burner (tests/agent/burner.c) with frame pointers as `name`.
-fn burner(dir: &Path, name: &str) -> Option<PathBuf> {
+pub(crate) fn burner(dir: &Path, name: &str) -> Option<PathBuf> {
     burner_with(dir, name, "-fno-omit-frame-pointer")
 }
 
@@ -71,7 +71,7 @@ fn start_agent_with(server: &TestServer, extra: &[&str]) -> Option<AgentChild> {
 }
 
 /// The agent sending to `target` (`--push-url URL` or `--otlp-endpoint URL`).
-fn start_agent_to(target: &[&str], extra: &[&str]) -> Option<AgentChild> {
+pub(crate) fn start_agent_to(target: &[&str], extra: &[&str]) -> Option<AgentChild> {
     let metrics = format!("127.0.0.1:{}", free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .arg("agent")
@@ -155,12 +155,12 @@ fn metric_value(text: &str, name: &str) -> f64 {
 }
 
 /// An agent child and where it serves its metrics.
-struct AgentChild {
+pub(crate) struct AgentChild {
     child: Child,
     metrics: String,
 }
 
-fn stop(agent: AgentChild) {
+pub(crate) fn stop(agent: AgentChild) {
     let mut agent = agent.child;
     // SAFETY: kill(2) with a child's pid and SIGINT touches no memory.
     unsafe {

@@ -19,4 +19,5 @@ mod querier;
 mod rules;
 mod scrape;
 mod sdk;
+mod tls;
 mod ui;

@@ -9,7 +9,7 @@ use crate::pyroscope::{ticks, url_escape};
 
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 
-fn request(service: &str, profile: &[u8], id: &str) -> PushRequest {
+pub fn request(service: &str, profile: &[u8], id: &str) -> PushRequest {
     PushRequest {
         series: vec![RawProfileSeries {
             labels: vec![
@@ -42,7 +42,7 @@ fn cpu_total(server: &TestServer, service: &str) -> i64 {
     ))
 }
 
-fn expected_total() -> i64 {
+pub fn expected_total() -> i64 {
     pprof_total(&fixture("profefe-collector_cpu_1.prof"), 1)
 }
 
@@ -107,7 +107,7 @@ fn connect_proto_gzip_and_json() {
     assert_eq!(status, 415);
 }
 
-fn grpc_frame(message: &[u8], compressed: bool) -> Vec<u8> {
+pub fn grpc_frame(message: &[u8], compressed: bool) -> Vec<u8> {
     let payload = if compressed {
         gzip(message)
     } else {
