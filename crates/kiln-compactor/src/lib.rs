@@ -107,6 +107,11 @@ pub struct CompactorConfig {
     pub levels: Vec<LevelPolicy>,
     /// At most this many datasets in one merge, to bound its memory.
     pub max_inputs: usize,
+    /// At most this many profiles in one merge (unless one dataset alone has more): a
+    /// merge holds all its inputs and its output in memory, and a busy service's hour
+    /// window can hold hundreds of thousands of profiles. Past it, the window's datasets
+    /// are merged in several jobs into several blocks.
+    pub max_job_profiles: u64,
     /// Replaced objects are deleted after this long (milliseconds): longer than any query
     /// may take between listing a block and reading it.
     pub grace_ms: i64,
@@ -149,6 +154,7 @@ impl Default for CompactorConfig {
                 },
             ],
             max_inputs: 200,
+            max_job_profiles: 5_000,
             grace_ms: 300_000,
             orphan_age_ms: 3_600_000,
             lease_ms: 600_000,
@@ -379,14 +385,23 @@ impl Compactor {
                 continue;
             }
             datasets.sort_by_key(|(dataset, created)| (*created, dataset.min_time_nanos));
-            for chunk in datasets.chunks(self.config.max_inputs.max(1)) {
+            let datasets: Vec<DatasetMeta> = datasets.into_iter().map(|(d, _)| d).collect();
+            for chunk in chunks(
+                &datasets,
+                self.config.max_inputs,
+                self.config.max_job_profiles,
+            ) {
+                // Merging one dataset alone above level 0 would only rewrite it.
+                if chunk.len() < 2 && level > 0 {
+                    continue;
+                }
                 jobs.push(Job {
                     key: LeaseKey {
                         tenant: tenant.clone(),
                         service: service.clone(),
                         level,
                     },
-                    inputs: chunk.iter().map(|(dataset, _)| dataset.clone()).collect(),
+                    inputs: chunk.to_vec(),
                 });
             }
         }
@@ -557,6 +572,26 @@ impl Compactor {
     }
 }
 
+/// Consecutive runs of `datasets` with at most `max_inputs` datasets and `max_profiles`
+/// profiles each (a dataset over `max_profiles` alone is a run of its own).
+fn chunks(datasets: &[DatasetMeta], max_inputs: usize, max_profiles: u64) -> Vec<&[DatasetMeta]> {
+    let mut runs = Vec::new();
+    let (mut start, mut profiles) = (0, 0u64);
+    for (i, dataset) in datasets.iter().enumerate() {
+        let full = i - start >= max_inputs.max(1)
+            || (i > start && profiles + dataset.profile_count > max_profiles);
+        if full {
+            runs.push(&datasets[start..i]);
+            (start, profiles) = (i, 0);
+        }
+        profiles += dataset.profile_count;
+    }
+    if start < datasets.len() {
+        runs.push(&datasets[start..]);
+    }
+    runs
+}
+
 /// Points: `compaction-merged`, `compaction-uploaded`, `compaction-swapped`,
 /// `garbage-object-deleted` (see [`kiln_model::crash::point`]).
 fn crash_point(point: &str) {
@@ -625,4 +660,46 @@ fn merge_datasets(
     let block = encode_block_as(std::slice::from_ref(&dataset), BlockEncoding::Compacted)
         .map_err(CompactorError::Encode)?;
     Ok((block, meta, exports))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_profiles(counts: &[u64]) -> Vec<DatasetMeta> {
+        counts
+            .iter()
+            .enumerate()
+            .map(|(i, &profile_count)| DatasetMeta {
+                block_id: format!("b{i}"),
+                object_key: format!("blocks/b{i}.parquet"),
+                tenant: "t".into(),
+                service: "s".into(),
+                row_group: 0,
+                min_time_nanos: 0,
+                max_time_nanos: 0,
+                profile_types: Vec::new(),
+                profile_count,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn merges_are_cut_by_inputs_and_by_profiles() {
+        let sizes = |runs: Vec<&[DatasetMeta]>| -> Vec<Vec<u64>> {
+            runs.iter()
+                .map(|run| run.iter().map(|d| d.profile_count).collect())
+                .collect()
+        };
+        let datasets = with_profiles(&[1700, 1700, 1700, 1700, 9000, 10, 10]);
+        assert_eq!(
+            sizes(chunks(&datasets, 200, 5000)),
+            vec![vec![1700, 1700], vec![1700, 1700], vec![9000], vec![10, 10]]
+        );
+        assert_eq!(
+            sizes(chunks(&datasets, 3, u64::MAX)),
+            vec![vec![1700, 1700, 1700], vec![1700, 9000, 10], vec![10]]
+        );
+        assert!(chunks(&[], 3, 10).is_empty());
+    }
 }

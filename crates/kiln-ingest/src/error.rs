@@ -17,6 +17,9 @@ pub enum IngestError {
     UnsupportedFormat(String),
     #[error("{0}")]
     RateLimited(String),
+    /// The server's or the tenant's bound on write requests in flight is reached.
+    #[error("{0}")]
+    Overloaded(String),
     /// The batch this write joined could not be stored; every request of the batch gets
     /// the same error, hence the `Arc`.
     #[error("failed to store the profiles: {0}")]
@@ -51,6 +54,7 @@ impl IngestError {
             IngestError::TooLarge(_) => ErrorKind::TooLarge,
             IngestError::UnsupportedFormat(_) => ErrorKind::UnsupportedFormat,
             IngestError::RateLimited(_) => ErrorKind::RateLimited,
+            IngestError::Overloaded(_) => ErrorKind::Overloaded,
             IngestError::Store(_) | IngestError::Task(_) => ErrorKind::Internal,
             IngestError::ShuttingDown => ErrorKind::ShuttingDown,
         }

@@ -17,6 +17,6 @@ pub mod pyroscope;
 pub mod writer;
 
 pub use error::IngestError;
-pub use limits::{Limits, TenantLimits};
+pub use limits::{InFlight, Limits, TenantLimits};
 pub use parse::ParsedProfile;
 pub use writer::{Ingester, IngesterConfig};

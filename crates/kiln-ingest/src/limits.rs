@@ -1,8 +1,14 @@
 //! Per-tenant limits, with defaults and overrides from the configuration.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use kiln_model::labels::LabelLimits;
 use kiln_model::pprof::ProfileLimits;
@@ -33,6 +39,10 @@ pub struct Limits {
     /// no bound. A profile stamped years ahead would outlive retention and sit at the end
     /// of every "last hour" view, so it is refused unless the skew is plausible.
     pub max_future_skew_ms: u64,
+    /// Bytes of this tenant's write requests held at once (read, waiting for a core,
+    /// parsed, waiting for their commit); past it, 429. 0 means only the server-wide
+    /// bound applies.
+    pub max_inflight_bytes: usize,
 }
 
 impl Default for Limits {
@@ -49,6 +59,7 @@ impl Default for Limits {
             ingestion_burst_bytes: 64 << 20,
             retention_days: 31,
             max_future_skew_ms: 3_600_000,
+            max_inflight_bytes: 32 << 20,
         }
     }
 }
@@ -75,20 +86,165 @@ struct Bucket {
     last: Instant,
 }
 
-/// Default limits, per-tenant overrides, and each tenant's rate-limit bucket.
+/// Default limits, per-tenant overrides, each tenant's rate-limit bucket, and the bytes of
+/// write requests in flight.
+///
+/// In-flight bytes are what keeps memory bounded under overload: a request holds its
+/// share from before its body is read until it is answered, and one that does not fit
+/// is refused at once (429, `Retry-After`) instead of queueing. Queueing is what lets a
+/// server's memory grow with its backlog until the kernel kills it; a refusal costs the
+/// client one retry.
 pub struct TenantLimits {
     defaults: Limits,
     overrides: HashMap<String, Limits>,
     buckets: Mutex<HashMap<String, Bucket>>,
+    global: Arc<Semaphore>,
+    global_limit: usize,
+    tenants: Mutex<HashMap<String, Arc<Semaphore>>>,
+    metrics: LimitMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    limit: &'static str,
+    /// A tenant with its own overrides, or `default` for everyone else.
+    tenant: String,
+}
+
+#[derive(Clone, Default)]
+struct LimitMetrics {
+    inflight: Gauge,
+    limits: Family<LimitLabels, Gauge>,
+}
+
+/// A request's share of the in-flight bounds, given back when it is dropped.
+pub struct InFlight {
+    _global: OwnedSemaphorePermit,
+    _tenant: Option<OwnedSemaphorePermit>,
+    bytes: usize,
+    gauge: Gauge,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gauge.dec_by(self.bytes as i64);
+    }
+}
+
+/// Largest bound a semaphore can hold (tokio's `MAX_PERMITS`, with room to spare).
+const MAX_BOUND: usize = usize::MAX >> 4;
+
+/// `bytes` permits at once, or `None`; a request over the whole bound gets all of it, only
+/// when it is alone.
+fn try_take(
+    semaphore: &Arc<Semaphore>,
+    bytes: usize,
+    bound: usize,
+) -> Option<OwnedSemaphorePermit> {
+    let wanted = u32::try_from(bytes.min(bound)).unwrap_or(u32::MAX);
+    semaphore.clone().try_acquire_many_owned(wanted).ok()
 }
 
 impl TenantLimits {
-    pub fn new(defaults: Limits, overrides: HashMap<String, Limits>) -> Self {
+    /// `global_inflight_bytes` bounds every tenant's write requests together.
+    pub fn new(
+        defaults: Limits,
+        overrides: HashMap<String, Limits>,
+        global_inflight_bytes: usize,
+    ) -> Self {
+        let global_limit = global_inflight_bytes.clamp(1, MAX_BOUND);
+        let metrics = LimitMetrics::default();
+        let set = |limit: &'static str, tenant: &str, value: u64| {
+            metrics
+                .limits
+                .get_or_create(&LimitLabels {
+                    limit,
+                    tenant: tenant.to_string(),
+                })
+                .set(value.min(i64::MAX as u64) as i64);
+        };
+        set("inflight_bytes", "*", global_limit as u64);
+        for (tenant, limits) in std::iter::once(("default", &defaults))
+            .chain(overrides.iter().map(|(t, l)| (t.as_str(), l)))
+        {
+            set(
+                "tenant_inflight_bytes",
+                tenant,
+                limits.max_inflight_bytes as u64,
+            );
+            set(
+                "tenant_ingestion_rate_bytes",
+                tenant,
+                limits.ingestion_rate_bytes,
+            );
+            set(
+                "tenant_ingestion_burst_bytes",
+                tenant,
+                limits.ingestion_burst_bytes,
+            );
+        }
         TenantLimits {
             defaults,
             overrides,
             buckets: Mutex::new(HashMap::new()),
+            global: Arc::new(Semaphore::new(global_limit)),
+            global_limit,
+            tenants: Mutex::new(HashMap::new()),
+            metrics,
         }
+    }
+
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "kiln_ingest_inflight_bytes",
+            "Bytes of write requests held now (read, parsed or waiting for their commit)",
+            self.metrics.inflight.clone(),
+        );
+        registry.register(
+            "kiln_ingest_limit",
+            "Configured ingest limits: in-flight bytes (server-wide, per tenant) and ingestion rate and burst (bytes/s, bytes; 0 = unlimited), per tenant with overrides and `default`",
+            self.metrics.limits.clone(),
+        );
+    }
+
+    /// Takes `bytes` of the server's and the tenant's in-flight bounds, or refuses at
+    /// once. A request larger than a whole bound is let through alone when nothing else
+    /// is in flight, so that the body limit, not this one, decides what is too large.
+    pub fn admit(&self, tenant: &str, bytes: usize) -> Result<InFlight, IngestError> {
+        let bytes = bytes.max(1);
+        let global = try_take(&self.global, bytes, self.global_limit).ok_or_else(|| {
+            IngestError::Overloaded(format!(
+                "server busy: write requests of {} bytes are in flight, and {bytes} more would pass the server-wide limit of {} bytes (http.max_inflight_bytes); retry shortly",
+                self.global_limit.saturating_sub(self.global.available_permits()),
+                self.global_limit
+            ))
+        })?;
+        let limit = self.for_tenant(tenant).max_inflight_bytes;
+        let tenant_permit = if limit == 0 {
+            None
+        } else {
+            let limit = limit.min(MAX_BOUND);
+            let semaphore = self
+                .tenants
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(tenant.to_string())
+                .or_insert_with(|| Arc::new(Semaphore::new(limit)))
+                .clone();
+            Some(try_take(&semaphore, bytes, limit).ok_or_else(|| {
+                IngestError::Overloaded(format!(
+                    "tenant {tenant:?} is busy: its write requests of {} bytes in flight and {bytes} more would pass its limit of {limit} bytes (limits.max_inflight_bytes); retry shortly",
+                    limit.saturating_sub(semaphore.available_permits())
+                ))
+            })?)
+        };
+        self.metrics.inflight.inc_by(bytes as i64);
+        Ok(InFlight {
+            _global: global,
+            _tenant: tenant_permit,
+            bytes,
+            gauge: self.metrics.inflight.clone(),
+        })
     }
 
     pub fn for_tenant(&self, tenant: &str) -> Limits {
@@ -119,8 +275,8 @@ impl TenantLimits {
         bucket.last = now;
         if bucket.tokens < bytes as f64 {
             return Err(IngestError::RateLimited(format!(
-                "tenant {tenant:?} is over its ingestion rate of {} bytes/s",
-                limits.ingestion_rate_bytes
+                "tenant {tenant:?} is over its ingestion rate of {} bytes/s with a burst of {} bytes (limits.ingestion_rate_bytes, limits.ingestion_burst_bytes); retry shortly",
+                limits.ingestion_rate_bytes, burst as u64
             )));
         }
         bucket.tokens -= bytes as f64;
@@ -142,6 +298,7 @@ mod tests {
         let tenants = TenantLimits::new(
             Limits::default(),
             HashMap::from([("small".to_string(), limits)]),
+            1 << 30,
         );
         assert!(tenants.check_rate("small", 1500).is_ok());
         assert!(matches!(
@@ -149,5 +306,34 @@ mod tests {
             Err(IngestError::RateLimited(_))
         ));
         assert!(tenants.check_rate("other", 1 << 30).is_ok());
+    }
+
+    #[test]
+    fn in_flight_bytes_are_bounded_per_tenant_and_in_all() {
+        let small = Limits {
+            max_inflight_bytes: 1000,
+            ..Limits::default()
+        };
+        let tenants = TenantLimits::new(
+            Limits::default(),
+            HashMap::from([("small".to_string(), small)]),
+            3000,
+        );
+        let a = tenants.admit("small", 600).expect("fits");
+        let Err(IngestError::Overloaded(message)) = tenants.admit("small", 600) else {
+            panic!("over the tenant's bound");
+        };
+        assert!(message.contains("limits.max_inflight_bytes"), "{message}");
+        let b = tenants.admit("big", 2000).expect("another tenant fits");
+        let Err(IngestError::Overloaded(message)) = tenants.admit("big", 500) else {
+            panic!("over the server's bound");
+        };
+        assert!(message.contains("http.max_inflight_bytes"), "{message}");
+        drop((a, b));
+        // Given back on drop; a request larger than the whole bound passes alone.
+        let whole = tenants.admit("big", 10_000).expect("alone");
+        assert!(tenants.admit("big", 1).is_err());
+        drop(whole);
+        assert!(tenants.admit("big", 1).is_ok());
     }
 }

@@ -23,6 +23,9 @@ pub struct ParsedProfile {
     pub types: Vec<TypePlan>,
     /// Size of the profile as received, for accounting.
     pub received_bytes: usize,
+    /// Size of the profile decoded (its uncompressed protobuf encoding): what it costs
+    /// in memory while it waits for its flush, whatever the wire format was.
+    pub decoded_bytes: usize,
     /// See [`ProfileContext::sample_labels_per_sample`].
     pub sample_labels_per_sample: bool,
     /// What the client should hear although the write succeeded (a dropped reserved
@@ -199,10 +202,12 @@ pub fn from_pprof(
             "profile id is longer than 256 bytes".into(),
         ));
     }
+    let decoded_bytes = prost::Message::encoded_len(&profile);
     Ok(ParsedProfile {
         id,
         time_nanos,
         duration_nanos,
+        decoded_bytes,
         labels: context.labels,
         profile,
         index,

@@ -30,7 +30,8 @@ pub struct IngesterConfig {
     pub flush_interval: Duration,
     /// Flush early once a batch holds this many received bytes.
     pub flush_bytes: usize,
-    /// Refuse new writes with 429 while this many received bytes wait for a flush.
+    /// Refuse new writes with 429 while profiles of this many decoded bytes wait for, or
+    /// are in, a flush: the bound on the write path's memory under overload.
     pub max_pending_bytes: usize,
     /// Flushes (object writes and registrations) in flight at once.
     pub max_concurrent_flushes: usize,
@@ -42,7 +43,7 @@ impl Default for IngesterConfig {
         IngesterConfig {
             flush_interval: Duration::from_millis(500),
             flush_bytes: 32 << 20,
-            max_pending_bytes: 512 << 20,
+            max_pending_bytes: 64 << 20,
             max_concurrent_flushes: 4,
             max_stack_depth: 1000,
         }
@@ -52,7 +53,10 @@ impl Default for IngesterConfig {
 struct Job {
     tenant: String,
     profiles: Vec<ParsedProfile>,
+    /// Received bytes, which decide when a batch is big enough to flush.
     bytes: usize,
+    /// Decoded bytes, counted in `pending_bytes` until the flush is done.
+    decoded: usize,
     ack: oneshot::Sender<Result<(), IngestError>>,
 }
 
@@ -149,6 +153,24 @@ impl Ingester {
         &self.metrics
     }
 
+    fn full(&self, pending: usize) -> IngestError {
+        IngestError::Overloaded(format!(
+            "server busy: profiles of {pending} decoded bytes are waiting to be written, at the limit of {} (max_pending_bytes); retry shortly",
+            self.config.max_pending_bytes
+        ))
+    }
+
+    /// Refuses at once while the write queue is full: checked before a request's body is
+    /// read and parsed, so that an overloaded server spends nothing on what it would
+    /// refuse after parsing.
+    pub fn check_room(&self) -> Result<(), IngestError> {
+        let pending = self.pending_bytes.load(Ordering::Relaxed);
+        if pending >= self.config.max_pending_bytes {
+            return Err(self.full(pending));
+        }
+        Ok(())
+    }
+
     /// Queues the profiles and waits until they are durable and registered.
     pub async fn write(
         &self,
@@ -159,22 +181,22 @@ impl Ingester {
             return Ok(());
         }
         let bytes: usize = profiles.iter().map(|p| p.received_bytes.max(1)).sum();
-        let before = self.pending_bytes.fetch_add(bytes, Ordering::SeqCst);
-        if before + bytes > self.config.max_pending_bytes && before > 0 {
-            self.pending_bytes.fetch_sub(bytes, Ordering::SeqCst);
-            return Err(IngestError::RateLimited(
-                "ingestion queue is full; retry with backoff".to_string(),
-            ));
+        let decoded: usize = profiles.iter().map(|p| p.decoded_bytes.max(1)).sum();
+        let before = self.pending_bytes.fetch_add(decoded, Ordering::SeqCst);
+        if before + decoded > self.config.max_pending_bytes && before > 0 {
+            self.pending_bytes.fetch_sub(decoded, Ordering::SeqCst);
+            return Err(self.full(before));
         }
         let (ack, acked) = oneshot::channel();
         let job = Job {
             tenant: tenant.to_string(),
             profiles,
             bytes,
+            decoded,
             ack,
         };
         if self.sender.send(job).await.is_err() {
-            self.pending_bytes.fetch_sub(bytes, Ordering::SeqCst);
+            self.pending_bytes.fetch_sub(decoded, Ordering::SeqCst);
             return Err(IngestError::ShuttingDown);
         }
         acked.await.unwrap_or(Err(IngestError::ShuttingDown))
@@ -233,17 +255,17 @@ impl Flusher {
         let started = Instant::now();
         let mut acks = Vec::with_capacity(batch.len());
         let mut work = Vec::with_capacity(batch.len());
-        let mut bytes = 0;
+        let mut decoded = 0;
         for job in batch {
             acks.push(job.ack);
-            bytes += job.bytes;
+            decoded += job.decoded;
             work.push((job.tenant, job.profiles));
         }
         let result = self.write_segment(work).await.map_err(Arc::new);
         self.metrics
             .flush_seconds
             .observe(started.elapsed().as_secs_f64());
-        self.pending_bytes.fetch_sub(bytes, Ordering::SeqCst);
+        self.pending_bytes.fetch_sub(decoded, Ordering::SeqCst);
         if let Err(err) = &result {
             self.metrics.flush_failures.inc();
             tracing::error!(error = %err, requests = acks.len(), "segment flush failed");

@@ -10,6 +10,8 @@ pub enum ErrorKind {
     TooLarge,
     UnsupportedFormat,
     RateLimited,
+    /// Too much is in flight already: come back shortly (HTTP 429).
+    Overloaded,
     /// The client did not send its body in time.
     Timeout,
     NotFound,
@@ -32,7 +34,7 @@ impl ErrorKind {
             ErrorKind::Malformed => 400,
             ErrorKind::TooLarge => 413,
             ErrorKind::UnsupportedFormat => 415,
-            ErrorKind::RateLimited => 429,
+            ErrorKind::RateLimited | ErrorKind::Overloaded => 429,
             ErrorKind::Timeout => 408,
             ErrorKind::NotFound => 404,
             ErrorKind::Conflict => 409,
@@ -51,6 +53,7 @@ impl ErrorKind {
             ErrorKind::TooLarge => "too_large",
             ErrorKind::UnsupportedFormat => "unsupported_format",
             ErrorKind::RateLimited => "rate_limited",
+            ErrorKind::Overloaded => "overloaded",
             ErrorKind::Timeout => "timeout",
             ErrorKind::NotFound => "not_found",
             ErrorKind::Conflict => "conflict",

@@ -117,6 +117,20 @@ pub async fn read_limited(body: Body, limit: usize) -> Result<Bytes, BodyError> 
     }
 }
 
+/// Reads a body the server refuses and throws it away, up to `limit` bytes: answering
+/// before the client has sent it would make the client see a reset connection instead of
+/// the answer (429, say), and it could not reuse the connection either.
+pub async fn discard(body: Body, limit: usize) {
+    let mut body = body;
+    let mut read = 0;
+    while read <= limit {
+        match body.frame().await {
+            Some(Ok(frame)) => read += frame.data_ref().map_or(0, |data| data.len()),
+            _ => return,
+        }
+    }
+}
+
 /// Removes a gzip `Content-Encoding`, bounded by `limit` decompressed bytes.
 pub fn decode_content_encoding(
     headers: &HeaderMap,

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use kiln_compactor::CompactorConfig;
-use kiln_ingest::Limits;
+use kiln_ingest::{IngesterConfig, Limits};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -25,6 +25,9 @@ pub struct ServerConfig {
     pub flush_interval_ms: u64,
     /// Flush a segment early at this many received bytes.
     pub flush_bytes: usize,
+    /// Decoded bytes of profiles waiting for, or in, a flush; past it, writes get 429.
+    /// This bounds the write path's memory when clients send faster than it can store.
+    pub max_pending_bytes: usize,
     /// Default limits for every tenant.
     pub limits: Limits,
     /// Per-tenant overrides of `limits`.
@@ -102,9 +105,16 @@ pub struct HttpConfig {
     /// for the largest body at a slow client's pace; a 16 MiB profile at 1 Mbit/s takes
     /// about two minutes.
     pub body_read_timeout_ms: u64,
-    /// Connections open at once; one more is answered 503 and closed, so that stalled
+    /// Connections open at once; one more is answered 429 and closed, so that stalled
     /// clients cannot exhaust the process's file descriptors.
     pub max_connections: usize,
+    /// Bytes of write requests held at once, all tenants together (each tenant also has
+    /// `limits.max_inflight_bytes`); past it, 429 with `Retry-After`.
+    pub max_inflight_bytes: usize,
+    /// Longest a write request may expect to wait for a core to parse it, in
+    /// milliseconds; one that would wait longer is refused at once with 429, so that an
+    /// overloaded server answers quickly instead of building a backlog.
+    pub max_parse_wait_ms: u64,
 }
 
 impl Default for HttpConfig {
@@ -113,6 +123,8 @@ impl Default for HttpConfig {
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 180_000,
             max_connections: 4096,
+            max_inflight_bytes: 64 << 20,
+            max_parse_wait_ms: 2_000,
         }
     }
 }
@@ -127,6 +139,7 @@ impl Default for ServerConfig {
             metastore: String::new(),
             flush_interval_ms: 500,
             flush_bytes: 32 << 20,
+            max_pending_bytes: IngesterConfig::default().max_pending_bytes,
             limits: Limits::default(),
             tenant_limits: HashMap::new(),
             compaction: CompactorConfig::default(),

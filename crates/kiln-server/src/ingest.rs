@@ -27,7 +27,13 @@ pub(crate) struct IngestBody {
     pub message: Bytes,
     /// Bytes as received, for accounting.
     pub received: usize,
+    /// This request's share of the in-flight bounds, held until it is answered.
+    pub _inflight: (kiln_ingest::InFlight, Option<kiln_ingest::InFlight>),
 }
+
+/// What a body without `Content-Length` (h2, chunked) is admitted as before it is read;
+/// the rest is taken once its size is known.
+const UNDECLARED_BODY_BYTES: usize = 64 << 10;
 
 /// Reads a body within the tenant's size limit, counts it against the tenant's rate, and
 /// opens it: as `rpc` frames it, or as its `Content-Encoding` says.
@@ -39,7 +45,27 @@ pub(crate) async fn read_body(
     rpc: Option<Rpc>,
 ) -> Result<IngestBody, ApiError> {
     let limits = state.limits.for_tenant(tenant);
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<usize>().ok());
+    let admitted = declared.unwrap_or(UNDECLARED_BODY_BYTES);
+    let inflight = match state
+        .ingester
+        .check_room()
+        .and_then(|()| state.limits.admit(tenant, admitted))
+    {
+        Ok(inflight) => inflight,
+        Err(err) => {
+            crate::body::discard(body, limits.max_body_bytes).await;
+            return Err(err.into());
+        }
+    };
     let raw = read_limited(body, limits.max_body_bytes).await?;
+    let more = match raw.len().checked_sub(admitted) {
+        Some(more) if more > 0 => Some(state.limits.admit(tenant, more)?),
+        _ => None,
+    };
     state.limits.check_rate(tenant, raw.len())?;
     let received = raw.len();
     let message = match rpc {
@@ -50,6 +76,7 @@ pub(crate) async fn read_body(
         limits,
         message,
         received,
+        _inflight: (inflight, more),
     })
 }
 

@@ -19,7 +19,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
@@ -39,6 +39,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// so that a client still sending it reads the answer instead of a reset connection.
 const LINGER: Duration = Duration::from_secs(2);
 const LINGER_BYTES: usize = 32 << 20;
+
+/// Connections past the cap being answered at once; more are closed unanswered.
+const MAX_REFUSALS: usize = 256;
 
 /// Refuses a body declared over the tenant's limit before reading a byte of it, and puts a
 /// deadline on reading the rest.
@@ -106,6 +109,7 @@ pub(crate) async fn serve(
     let builder = Arc::new(builder);
     let handshake_timeout = Duration::from_millis(config.header_read_timeout_ms.max(1));
     let slots = Arc::new(Semaphore::new(config.max_connections.max(1)));
+    let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
     let graceful = GracefulShutdown::new();
     tokio::pin!(stop);
     loop {
@@ -125,9 +129,15 @@ pub(crate) async fn serve(
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             metrics.connections_refused.inc();
             tracing::debug!(%peer, "connection refused: max_connections open");
-            // A TLS client could not read a cleartext answer: it is just closed.
+            // A TLS client could not read a cleartext answer: it is just closed. So is
+            // one past the refusals already being answered, which hold sockets too.
             if tls.is_none() {
-                tokio::spawn(refuse(stream));
+                if let Ok(refusing) = refusals.clone().try_acquire_owned() {
+                    tokio::spawn(async move {
+                        refuse(stream).await;
+                        drop(refusing);
+                    });
+                }
             }
             continue;
         };
@@ -189,9 +199,40 @@ pub(crate) async fn serve(
 trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
-/// Answers a connection over the cap with a 503 and closes it, without waiting on it long.
+/// Answers a connection over the cap with a 429 and closes it, without waiting on it long.
+///
+/// What the client sends first is read (up to the end of its request head, 64 KiB or
+/// 100 ms): an HTTP client answered before it has sent its request takes the answer for
+/// a broken connection. After the answer, the rest of its body is read and discarded
+/// for a moment, so that closing does not reset the connection under the answer.
 async fn refuse(mut stream: tokio::net::TcpStream) {
-    let answer = b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-type: text/plain\r\ncontent-length: 45\r\n\r\ntoo many open connections (max_connections)\r\n";
-    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(answer)).await;
+    let mut head = Vec::new();
+    let mut buffer = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_millis(100), async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 64 << 10 {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => head.extend_from_slice(&buffer[..n]),
+            }
+        }
+    })
+    .await;
+    let answer = b"HTTP/1.1 429 Too Many Requests\r\nconnection: close\r\nretry-after: 1\r\ncontent-type: text/plain\r\ncontent-length: 45\r\n\r\ntoo many open connections (max_connections)\r\n";
+    if tokio::time::timeout(Duration::from_secs(1), stream.write_all(answer))
+        .await
+        .is_err()
+    {
+        return;
+    }
     let _ = stream.shutdown().await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let mut drained = 0;
+        while drained < 1 << 20 {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+    })
+    .await;
 }

@@ -51,7 +51,7 @@ impl ServerMetrics {
         );
         registry.register(
             "kiln_http_connections_refused",
-            "Connections answered 503 and closed because max_connections were open",
+            "Connections answered 429 and closed because max_connections were open",
             self.connections_refused.clone(),
         );
         registry.register(

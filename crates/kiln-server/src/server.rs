@@ -99,6 +99,7 @@ impl Server {
             IngesterConfig {
                 flush_interval: Duration::from_millis(config.flush_interval_ms.max(1)),
                 flush_bytes: config.flush_bytes,
+                max_pending_bytes: config.max_pending_bytes,
                 max_stack_depth: config.limits.max_stack_depth,
                 ..IngesterConfig::default()
             },
@@ -154,15 +155,23 @@ impl Server {
             None
         };
         let (stop_scrape, scrape_stopped) = tokio::sync::watch::channel(false);
-        let limits = TenantLimits::new(config.limits, config.tenant_limits.clone());
+        kiln_ingest::cpu::set_max_wait(Duration::from_millis(config.http.max_parse_wait_ms));
+        let limits = TenantLimits::new(
+            config.limits,
+            config.tenant_limits.clone(),
+            config.http.max_inflight_bytes,
+        );
+        limits.register(&mut registry);
         let (targets, scrape_task) = if config.scrape_configs.is_empty() {
             (None, None)
         } else {
             let sink = scrape_sink(
                 ingester.clone(),
+                // Scrapes are paced by their interval, not by requests: no in-flight bound.
                 Arc::new(TenantLimits::new(
                     config.limits,
                     config.tenant_limits.clone(),
+                    usize::MAX,
                 )),
             );
             let manager = ScrapeManager::new(config.scrape_configs.clone(), sink)?;
@@ -354,7 +363,7 @@ async fn start_agent(
                     ..Default::default()
                 };
                 let profile = report.profile;
-                match kiln_ingest::cpu::run_parser(move || {
+                match kiln_ingest::cpu::run_parser_waiting(move || {
                     kiln_ingest::parse::from_pprof(profile, context, 0, &limits)
                 })
                 .await
@@ -393,7 +402,7 @@ fn scrape_sink(ingester: Ingester, limits: Arc<TenantLimits>) -> kiln_scrape::Si
                 ..Default::default()
             };
             let profile = scraped.profile;
-            let parsed = kiln_ingest::cpu::run_parser(move || {
+            let parsed = kiln_ingest::cpu::run_parser_waiting(move || {
                 kiln_ingest::parse::from_pprof(profile, context, 0, &tenant_limits)
             })
             .await

@@ -150,7 +150,7 @@ struct ServerArgs {
     /// means no bound [default: 3600000].
     #[arg(long, env = "KILN_MAX_FUTURE_SKEW_MS")]
     max_future_skew_ms: Option<u64>,
-    /// Client connections open at once; more are answered 503 [default: 4096].
+    /// Client connections open at once; more are answered 429 [default: 4096].
     #[arg(long, env = "KILN_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
     /// Profile this host's processes in-process, as `kiln agent` does [default: false].

@@ -553,3 +553,45 @@ pub fn tree_functions(bytes: &[u8]) -> std::collections::HashMap<String, (i64, i
     }
     functions
 }
+
+/// A `kiln server` child process (for tests that signal it or measure its memory),
+/// killed when dropped.
+pub struct ServerChild(pub std::process::Child);
+
+impl Drop for ServerChild {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl ServerChild {
+    /// `kiln server --listen 127.0.0.1:<port> --data-dir <dir> <args>`, once `ready`
+    /// says it answers (within 30 s).
+    pub fn start(
+        dir: &Path,
+        port: u16,
+        args: &[&std::ffi::OsStr],
+        ready: impl Fn() -> bool,
+    ) -> ServerChild {
+        let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["server", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--data-dir")
+            .arg(dir)
+            .args(args)
+            .env("KILN_LOG_LEVEL", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("kiln server starts");
+        let child = ServerChild(child);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            if ready() {
+                return child;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("the server did not become ready");
+    }
+}

@@ -124,7 +124,7 @@ fn stalled_bodies_and_headers_are_cut_off() {
 }
 
 #[test]
-fn connections_past_the_cap_are_answered_503_and_closed() {
+fn connections_past_the_cap_are_answered_429_and_closed() {
     let server = TestServer::start_with(|config| {
         config.http.max_connections = 16;
         config.http.header_read_timeout_ms = 60_000;
@@ -142,7 +142,7 @@ fn connections_past_the_cap_are_answered_503_and_closed() {
         match stream.read(&mut buffer) {
             Ok(n) if n > 0 => {
                 let answer = String::from_utf8_lossy(&buffer[..n]);
-                assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+                assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
                 refused += 1;
             }
             _ => held.push(stream),
@@ -166,7 +166,7 @@ fn connections_past_the_cap_are_answered_503_and_closed() {
             break;
         }
         // Still full: the server has not yet seen every client go.
-        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
         refused += 1;
         std::thread::sleep(Duration::from_millis(100));
     }

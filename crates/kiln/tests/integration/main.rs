@@ -12,6 +12,7 @@ mod formats;
 mod insight;
 mod limits;
 mod otlp;
+mod overload;
 mod profefe;
 mod push;
 mod pyroscope;

@@ -4,7 +4,7 @@
 //! to it and not to the test process.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kiln_testkit::tls::{certificates, Certificates};
@@ -23,44 +23,25 @@ fn client(ca: Option<&Path>) -> reqwest::blocking::Client {
     builder.build().unwrap()
 }
 
-struct ServerChild(Child);
-
-impl Drop for ServerChild {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn start(dir: &Path, port: u16, certs: &Certificates) -> ServerChild {
-    let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["server", "--listen", &format!("127.0.0.1:{port}")])
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .arg("--tls-cert-file")
-        .arg(&certs.cert)
-        .arg("--tls-key-file")
-        .arg(&certs.key)
-        .args(["--flush-interval-ms", "50", "--retention-days", "0"])
-        .env("KILN_LOG_LEVEL", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("kiln server starts");
-    let child = ServerChild(child);
     let probe = client(Some(&certs.ca));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if probe
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "--tls-cert-file".as_ref(),
+        certs.cert.as_os_str(),
+        "--tls-key-file".as_ref(),
+        certs.key.as_os_str(),
+        "--flush-interval-ms".as_ref(),
+        "50".as_ref(),
+        // The fixture's own time is years old: keep it.
+        "--retention-days".as_ref(),
+        "0".as_ref(),
+    ];
+    ServerChild::start(&dir.join("data"), port, &args, || {
+        probe
             .get(format!("https://localhost:{port}/ready"))
             .send()
             .is_ok_and(|r| r.status() == 200)
-        {
-            return child;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("the TLS server did not become ready");
+    })
 }
 
 fn metric(client: &reqwest::blocking::Client, base: &str, line: &str) -> Option<f64> {
