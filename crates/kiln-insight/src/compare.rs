@@ -238,7 +238,7 @@ pub async fn side_sums(
         to_nanos: side.until_ms.saturating_mul(1_000_000).saturating_sub(1),
         ..Default::default()
     });
-    let metas = querier.datasets(&request).await?;
+    let metas = querier.datasets_within_budget(&request).await?;
     let tasks = metas.into_iter().map(|meta| {
         let request = request.clone();
         async move {

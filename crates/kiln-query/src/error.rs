@@ -7,6 +7,9 @@ pub enum QueryError {
     BadRequest(String),
     #[error("{0}")]
     NotFound(String),
+    /// More than one query may cost ([`crate::budget`]); the message says how to narrow it.
+    #[error("{0}")]
+    OverBudget(String),
     #[error("storage error: {0}")]
     Storage(#[from] kiln_storage::StorageError),
     #[error("metastore error: {0}")]
@@ -20,6 +23,7 @@ impl QueryError {
         match self {
             QueryError::BadRequest(_) => ErrorKind::Malformed,
             QueryError::NotFound(_) => ErrorKind::NotFound,
+            QueryError::OverBudget(_) => ErrorKind::OverBudget,
             _ => ErrorKind::Internal,
         }
     }

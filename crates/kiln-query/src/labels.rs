@@ -38,7 +38,7 @@ async fn visit_series(
         ..Default::default()
     };
     let mut seen: BTreeSet<Vec<(String, String)>> = BTreeSet::new();
-    for meta in querier.datasets(&request).await? {
+    for meta in querier.datasets_within_budget(&request).await? {
         let dataset = querier.load(&meta).await?;
         let mut in_range = vec![false; dataset.series.len()];
         for profile in &dataset.profiles {

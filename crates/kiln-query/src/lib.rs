@@ -13,12 +13,16 @@
 //! [`request`], for every API that asks: querier.v1, the render API, profefe and the CLI.
 //! [`tree`] is the one call tree behind the flame graph and the diff.
 //!
+//! What one query may cost is [`budget`]'s: profiles read (refused before anything is
+//! fetched), time, and a tenant's queries at once.
+//!
 //! The query API (`querier.v1`, [`api`]) has one module per query type, as Pyroscope
 //! does: [`merge`] (flame graph, tree, pprof), [`series`] (time series with exemplars),
 //! [`diff`] (two selections in one flame graph) and [`labels`] (label names and values,
 //! series, profile types, stats).
 
 pub mod api;
+pub mod budget;
 pub mod diff;
 pub mod error;
 pub mod flamebearer;
@@ -32,5 +36,6 @@ pub mod series;
 pub mod symbols;
 pub mod tree;
 
+pub use budget::QueryBudget;
 pub use error::QueryError;
 pub use select::{Querier, SelectRequest};

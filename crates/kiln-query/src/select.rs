@@ -110,6 +110,7 @@ pub struct Querier {
     metastore: Metastore,
     storage: ObjectStorage,
     cache: Arc<Mutex<DatasetCache>>,
+    budget: Arc<crate::budget::Budget>,
 }
 
 impl Querier {
@@ -118,7 +119,34 @@ impl Querier {
             metastore,
             storage,
             cache: Arc::new(Mutex::new(DatasetCache::default())),
+            budget: Arc::new(crate::budget::Budget::new(crate::QueryBudget::default())),
         }
+    }
+
+    /// The same querier with another budget for what clients ask.
+    pub fn with_budget(mut self, budget: crate::QueryBudget) -> Self {
+        self.budget = Arc::new(crate::budget::Budget::new(budget));
+        self
+    }
+
+    /// Runs a client's query in its tenant's turn, within the time budget.
+    pub async fn run<T>(
+        &self,
+        tenant: &str,
+        query: impl std::future::Future<Output = T>,
+    ) -> Result<T, QueryError> {
+        self.budget.run(tenant, query).await
+    }
+
+    /// [`Self::datasets`] for what a client asks: refused at once when reading them would
+    /// pass the budget's profile count.
+    pub async fn datasets_within_budget(
+        &self,
+        request: &SelectRequest,
+    ) -> Result<Vec<DatasetMeta>, QueryError> {
+        let datasets = self.datasets(request).await?;
+        self.budget.check(request, &datasets)?;
+        Ok(datasets)
     }
 
     pub fn metastore(&self) -> &Metastore {
@@ -227,7 +255,7 @@ impl Querier {
         &self,
         request: &SelectRequest,
     ) -> Result<Vec<DatasetSelection>, QueryError> {
-        let metas = self.datasets(request).await?;
+        let metas = self.datasets_within_budget(request).await?;
         let request = Arc::new(request.clone());
         let tasks = metas.into_iter().map(|meta| {
             let request = request.clone();

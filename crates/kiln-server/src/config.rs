@@ -54,6 +54,8 @@ pub struct ServerConfig {
     pub auth: kiln_auth::AuthConfig,
     /// HTTPS (and h2 over TLS) on `listen` instead of cleartext, when set.
     pub tls: crate::tls::TlsConfig,
+    /// What one query may cost: profiles read, time, and a tenant's queries at once.
+    pub query: kiln_query::QueryBudget,
 }
 
 /// The in-process host agent: what `kiln agent` does, written straight to this server.
@@ -152,6 +154,7 @@ impl Default for ServerConfig {
             regressions: kiln_insight::RegressionsConfig::default(),
             auth: kiln_auth::AuthConfig::default(),
             tls: crate::tls::TlsConfig::default(),
+            query: kiln_query::QueryBudget::default(),
         }
     }
 }

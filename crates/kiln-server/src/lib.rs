@@ -11,6 +11,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod budget;
 pub mod config;
 pub mod endpoints;
 pub mod error;

@@ -50,7 +50,11 @@ pub fn router(state: SharedState) -> Router {
         .route("/api/v1/regressions", get(insight::regressions))
         .merge(crate::ui::router())
         // Outermost last: errors are shaped for their protocol, then credentials are
-        // checked, then the body's declared size.
+        // checked, then the body's declared size, then a read's budget.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::budget::limit_reads,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::listener::guard,

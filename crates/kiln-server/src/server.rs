@@ -119,7 +119,7 @@ impl Server {
             None
         };
         ingester.metrics().register(&mut registry);
-        let querier = Querier::new(metastore.clone(), storage.clone());
+        let querier = Querier::new(metastore.clone(), storage.clone()).with_budget(config.query);
         let rules = kiln_rules::Rules::new(
             metastore.clone(),
             querier.clone(),

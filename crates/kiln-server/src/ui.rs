@@ -11,6 +11,11 @@ use axum::Router;
 /// Every file under `/ui/`: (path, content type, bytes).
 const ASSETS: &[(&str, &str, &str)] = &[
     (
+        "api.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../ui/api.js"),
+    ),
+    (
         "app.js",
         "text/javascript; charset=utf-8",
         include_str!("../ui/app.js"),

@@ -2,6 +2,7 @@
 // table, compare two ranges. Every view is a URL: the whole state lives in the query
 // string, so a shared link restores it. It calls the same querier API Grafana uses.
 
+import { apiFetch } from './api.js';
 import { FlameGraph, formatValue, sandwich, toSvg } from './flamegraph.js';
 
 const $ = (id) => document.getElementById(id);
@@ -61,7 +62,7 @@ function range() {
 let generation = 0;
 
 async function call(method, body) {
-  const response = await fetch(`/querier.v1.QuerierService/${method}`, {
+  const response = await apiFetch(`/querier.v1.QuerierService/${method}`, {
     method: 'POST',
     headers: { 'Content-Type': 'application/json' },
     body: JSON.stringify(body),
@@ -434,7 +435,7 @@ async function refresh() {
 async function compareRanking() {
   const side = (labels, from, until) => ({ selector: selector(labels), from: toMillis(from), until: toMillis(until) });
   try {
-    const response = await fetch('/api/v1/compare', {
+    const response = await apiFetch('/api/v1/compare', {
       method: 'POST',
       headers: { 'Content-Type': 'application/json' },
       body: JSON.stringify({

@@ -1,6 +1,8 @@
 // The regressions page: what the version watcher found, newest first, each with a link to
 // the comparison in the explore view.
 
+import { apiFetch } from './api.js';
+
 const $ = (id) => document.getElementById(id);
 
 function status(kind, message) {
@@ -41,7 +43,7 @@ async function load() {
   if (service) query.set('service', service);
   status('loading', 'loading…');
   try {
-    const response = await fetch(`/api/v1/regressions?${query}`);
+    const response = await apiFetch(`/api/v1/regressions?${query}`);
     const text = await response.text();
     if (!response.ok) throw new Error(text.trim() || `HTTP ${response.status}`);
     const findings = JSON.parse(text).regressions || [];

@@ -2,6 +2,8 @@
 // last hour (the server computes it from stored profiles exactly as the exporter will),
 // save it. Rules from the config file are listed read-only.
 
+import { apiFetch } from './api.js';
+
 const $ = (id) => document.getElementById(id);
 const API = '/api/v1/recording-rules';
 let editing = null; // name of the API rule being edited, or null for a new one
@@ -13,7 +15,7 @@ function status(kind, message) {
 }
 
 async function request(method, path, body) {
-  const response = await fetch(path, {
+  const response = await apiFetch(path, {
     method,
     headers: body ? { 'Content-Type': 'application/json' } : {},
     body: body ? JSON.stringify(body) : undefined,
@@ -62,7 +64,7 @@ function fillForm(rule) {
 
 async function loadTypes() {
   const now = Date.now();
-  const answer = await fetch('/querier.v1.QuerierService/ProfileTypes', {
+  const answer = await apiFetch('/querier.v1.QuerierService/ProfileTypes', {
     method: 'POST',
     headers: { 'Content-Type': 'application/json' },
     body: JSON.stringify({ start: String(now - 7 * 86400e3), end: String(now) }),

@@ -390,3 +390,86 @@ fn far_future_profiles_are_refused() {
     );
     assert_eq!(status, 400, "twenty minutes ahead is not");
 }
+
+#[test]
+fn a_query_over_its_budget_is_422_with_how_to_narrow_it_and_other_tenants_go_on() {
+    let server = TestServer::start_with(|config| config.query.max_profiles = 20);
+    // team-a: three services of ten profiles each; team-b: one service of five.
+    for (tenant, services, each) in [("team-a", 3, 10), ("team-b", 1, 5)] {
+        for service in 0..services {
+            for _ in 0..each {
+                let (status, text) = server.post_with(
+                    &format!("/ingest?name=svc{service}.cpu"),
+                    b"main;work 5\n",
+                    &[("X-Scope-OrgID", tenant)],
+                );
+                assert_eq!(status, 200, "{text}");
+            }
+        }
+    }
+    let render = |selector: &str, tenant: &str| {
+        let query = url_escape(&format!(
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds{selector}"
+        ));
+        server.get_with(
+            &format!("/pyroscope/render?query={query}&from=now-1h&until=now%2B1m"),
+            &[("X-Scope-OrgID", tenant)],
+        )
+    };
+    // Other tenants' queries go on while team-a's over-budget queries are refused.
+    let (refused, answered) = std::thread::scope(|scope| {
+        let refusals = scope.spawn(|| {
+            (0..20)
+                .map(|_| render("{service_name=~\"svc.*\"}", "team-a"))
+                .collect::<Vec<_>>()
+        });
+        let others = scope.spawn(|| {
+            (0..20)
+                .map(|_| render("{service_name=\"svc0\"}", "team-b"))
+                .collect::<Vec<_>>()
+        });
+        (refusals.join().unwrap(), others.join().unwrap())
+    });
+    for (status, text) in &refused {
+        assert_eq!(*status, 422, "{text}");
+        assert!(
+            text.contains("would read 30 profiles")
+                && text.contains("query.max_profiles")
+                && text.contains("pin a service in the selector"),
+            "{text}"
+        );
+    }
+    for (status, text) in &answered {
+        assert_eq!(*status, 200, "{text}");
+        let result: serde_json::Value = serde_json::from_str(text).expect("json");
+        assert_eq!(ticks(&result), 5 * 5 * 10_000_000);
+    }
+    // Narrowed as the message says, team-a's query is answered.
+    let (status, text) = render("{service_name=\"svc1\"}", "team-a");
+    assert_eq!(status, 200, "{text}");
+    // querier.v1 clients get the same refusal in Connect's shape.
+    let request = kiln_query::api::SelectMergeStacktracesRequest {
+        profile_type_id: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(),
+        label_selector: "{}".into(),
+        start: 0,
+        end: 0,
+        max_nodes: Some(-1),
+        ..Default::default()
+    };
+    let (status, body) = server.post_bytes(
+        &path("SelectMergeStacktraces"),
+        &prost::Message::encode_to_vec(&request),
+        &[
+            ("Content-Type", "application/proto"),
+            ("X-Scope-OrgID", "team-a"),
+        ],
+    );
+    assert_eq!(status, 422);
+    let error: serde_json::Value = serde_json::from_slice(&body).expect("connect error");
+    assert!(
+        error["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("query.max_profiles")),
+        "{error}"
+    );
+}

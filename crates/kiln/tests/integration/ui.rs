@@ -402,3 +402,42 @@ fn the_regressions_page_leads_to_a_ranked_comparison() {
     );
     assert_eq!(results["focus"], second.as_str());
 }
+
+/// With auth on, the UI asks for a token on 401, keeps it for the tab only, and sends it
+/// on every call.
+#[test]
+fn the_ui_asks_for_a_token_and_keeps_it_for_the_tab() {
+    use crate::auth::{auth_config, bearer, READER_A, WRITER_A};
+    if !browser_available() {
+        return;
+    }
+    let server = TestServer::start_with(|config| config.auth = auth_config(1000));
+    let (status, text) = server.post_with(
+        "/ingest?name=authui.cpu",
+        b"main;work 30\nmain;rest 10\n",
+        &[("Authorization", bearer(WRITER_A).as_str())],
+    );
+    assert_eq!(status, 200, "{text}");
+    let results = run_script("auth_test.mjs", &server, &["authui", READER_A]);
+    assert!(
+        results["asked"]
+            .as_str()
+            .is_some_and(|m| m.contains("authentication required")),
+        "{results}"
+    );
+    assert!(
+        results["askedAgain"]
+            .as_str()
+            .is_some_and(|m| m.contains("invalid token")),
+        "{results}"
+    );
+    assert_eq!(results["total"], 40 * 10_000_000, "{results}");
+    let functions = strings(&results["functions"]);
+    assert!(
+        functions.contains(&"work") && functions.contains(&"rest"),
+        "{functions:?}"
+    );
+    assert_eq!(results["dialogAfter"], 0);
+    assert_eq!(results["dialogAfterReload"], 0, "the tab forgot its token");
+    assert_eq!(results["otherSessionAsked"], true);
+}
