@@ -43,13 +43,52 @@ const LINGER_BYTES: usize = 32 << 20;
 /// Connections past the cap being answered at once; more are closed unanswered.
 const MAX_REFUSALS: usize = 256;
 
+/// Whether a query string percent-decodes to UTF-8 in every part. Decoders replace what
+/// does not (with U+FFFD) and carry on, which would store a name other than the one sent.
+fn query_is_utf8(query: &str) -> bool {
+    let bytes = query.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                    (Some(high), Some(low)) => {
+                        decoded.push((high * 16 + low) as u8);
+                        i += 3;
+                        continue;
+                    }
+                    _ => decoded.push(b'%'),
+                }
+            }
+            b'&' | b'=' => {
+                if std::str::from_utf8(&decoded).is_err() {
+                    return false;
+                }
+                decoded.clear();
+            }
+            byte => decoded.push(byte),
+        }
+        i += 1;
+    }
+    std::str::from_utf8(&decoded).is_ok()
+}
+
 /// Refuses a body declared over the tenant's limit before reading a byte of it, and puts a
-/// deadline on reading the rest.
+/// deadline on reading the rest. A query string that is not UTF-8 is refused here too.
 pub(crate) async fn guard(
     State(state): State<SharedState>,
     request: Request,
     next: Next,
 ) -> Response {
+    if !request.uri().query().is_none_or(query_is_utf8) {
+        return (
+            StatusCode::BAD_REQUEST,
+            "the query string is not valid UTF-8 once percent-decoded\n",
+        )
+            .into_response();
+    }
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -235,4 +274,19 @@ async fn refuse(mut stream: tokio::net::TcpStream) {
         }
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::query_is_utf8;
+
+    #[test]
+    fn query_strings_must_decode_to_utf8() {
+        assert!(query_is_utf8("name=caf%C3%A9.cpu&from=now-1h"));
+        assert!(query_is_utf8("a=100%&b=%zz"));
+        assert!(query_is_utf8("q=%7Bx%3D%22y%22%7D"));
+        assert!(!query_is_utf8("name=bad%FF%FEutf8.cpu"));
+        assert!(!query_is_utf8("a=ok&b=%C3"));
+        assert!(!query_is_utf8("%C3=x"));
+    }
 }

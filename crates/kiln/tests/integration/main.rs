@@ -9,6 +9,7 @@ mod compaction;
 mod connections;
 mod duckdb;
 mod formats;
+mod hygiene;
 mod insight;
 mod limits;
 mod otlp;
