@@ -52,16 +52,14 @@ fn query_is_utf8(query: &str) -> bool {
     while i < bytes.len() {
         let hex = |b: u8| (b as char).to_digit(16);
         match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                    (Some(high), Some(low)) => {
-                        decoded.push((high * 16 + low) as u8);
-                        i += 3;
-                        continue;
-                    }
-                    _ => decoded.push(b'%'),
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(high), Some(low)) => {
+                    decoded.push((high * 16 + low) as u8);
+                    i += 3;
+                    continue;
                 }
-            }
+                _ => decoded.push(b'%'),
+            },
             b'&' | b'=' => {
                 if std::str::from_utf8(&decoded).is_err() {
                     return false;

@@ -8,6 +8,18 @@ use axum::response::{IntoResponse, Response};
 
 use crate::state::SharedState;
 
+/// The OpenAPI 3 description of the endpoints that are not Connect/gRPC (`api/openapi.json`
+/// in this crate, written by hand; the schemathesis test checks the server against it).
+pub const OPENAPI: &str = include_str!("../api/openapi.json");
+
+pub async fn openapi() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        OPENAPI,
+    )
+        .into_response()
+}
+
 pub async fn ready(State(state): State<SharedState>) -> Response {
     if state.ready.load(Ordering::SeqCst) {
         (StatusCode::OK, "ready\n").into_response()

@@ -31,6 +31,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/pyroscope/label-values", get(render::label_values))
         .route("/label-values", get(render::label_values))
         .route("/ready", get(ops::ready))
+        .route("/api/openapi.json", get(ops::openapi))
         .route("/metrics", get(ops::metrics))
         .route("/api/v1/targets", get(ops::scrape_targets))
         .route(

@@ -77,22 +77,50 @@ fn hostile_names_are_refused_or_kept_exactly_and_never_become_paths() {
     let long = "s".repeat(5000);
     // (request target, tenant header, what may come back)
     let cases: Vec<(Vec<u8>, Option<Vec<u8>>, &[u16])> = vec![
-        (b"/ingest?name=..%2F..%2Fetc%2Fpasswd.cpu".to_vec(), None, &[200]),
+        (
+            b"/ingest?name=..%2F..%2Fetc%2Fpasswd.cpu".to_vec(),
+            None,
+            &[200],
+        ),
         (b"/ingest?name=%2Fabs%2Fpath.cpu".to_vec(), None, &[200]),
         (b"/ingest?name=nul%00byte.cpu".to_vec(), None, &[200, 400]),
         (b"/ingest?name=bad%FF%FEutf8.cpu".to_vec(), None, &[400]),
-        (format!("/ingest?name={long}.cpu").into_bytes(), None, &[400]),
+        (
+            format!("/ingest?name={long}.cpu").into_bytes(),
+            None,
+            &[400],
+        ),
         (
             b"/ingest?name=labels.cpu%7Bdir%3D..%2F..%2Fx%7D".to_vec(),
             None,
             &[200],
         ),
-        (b"/ingest?name=t.cpu".to_vec(), Some(b"../evil".to_vec()), &[400]),
+        (
+            b"/ingest?name=t.cpu".to_vec(),
+            Some(b"../evil".to_vec()),
+            &[400],
+        ),
         (b"/ingest?name=t.cpu".to_vec(), Some(b"..".to_vec()), &[400]),
-        (b"/ingest?name=t.cpu".to_vec(), Some(b"a/b".to_vec()), &[400]),
-        (b"/ingest?name=t.cpu".to_vec(), Some(vec![b'x'; 200]), &[400]),
-        (b"/ingest?name=t.cpu".to_vec(), Some(b"caf\xc3\xa9".to_vec()), &[400]),
-        (b"/ingest?name=t.cpu".to_vec(), Some(b"\xff\xfe".to_vec()), &[400]),
+        (
+            b"/ingest?name=t.cpu".to_vec(),
+            Some(b"a/b".to_vec()),
+            &[400],
+        ),
+        (
+            b"/ingest?name=t.cpu".to_vec(),
+            Some(vec![b'x'; 200]),
+            &[400],
+        ),
+        (
+            b"/ingest?name=t.cpu".to_vec(),
+            Some(b"caf\xc3\xa9".to_vec()),
+            &[400],
+        ),
+        (
+            b"/ingest?name=t.cpu".to_vec(),
+            Some(b"\xff\xfe".to_vec()),
+            &[400],
+        ),
         (
             b"/api/0/profiles?service=..%2F..%2Fprofefe&type=cpu".to_vec(),
             None,

@@ -12,6 +12,7 @@ mod formats;
 mod hygiene;
 mod insight;
 mod limits;
+mod openapi;
 mod otlp;
 mod overload;
 mod profefe;
