@@ -71,12 +71,14 @@ fn is_own_name(name: &str) -> bool {
         || ulid_object("blocks/blocks/")
 }
 
+/// A request target, its tenant header, and the statuses it may get.
+type Case = (Vec<u8>, Option<Vec<u8>>, &'static [u16]);
+
 #[test]
 fn hostile_names_are_refused_or_kept_exactly_and_never_become_paths() {
     let server = TestServer::start();
     let long = "s".repeat(5000);
-    // (request target, tenant header, what may come back)
-    let cases: Vec<(Vec<u8>, Option<Vec<u8>>, &[u16])> = vec![
+    let cases: Vec<Case> = vec![
         (
             b"/ingest?name=..%2F..%2Fetc%2Fpasswd.cpu".to_vec(),
             None,
