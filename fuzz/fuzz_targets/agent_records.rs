@@ -3,8 +3,4 @@
 //! register and stack copies, mmap, comm, fork, exit, lost) and a binary's `.eh_frame_hdr`.
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| {
-    let _ = kiln_agent::perf::parse_timed(data);
-    let _ = kiln_agent::perf::parse_record(data);
-    let _ = kiln_agent::unwind::function_starts(0x1000, data);
-});
+fuzz_target!(|data: &[u8]| kiln_fuzz::targets::agent_records(data));

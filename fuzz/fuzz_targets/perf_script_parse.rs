@@ -2,8 +2,4 @@
 //! `perf script` text into a pprof.
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| {
-    if let Ok(profile) = kiln_model::perf_script::parse(data, 16_000) {
-        assert!(kiln_model::pprof::validate(&profile, &Default::default()).is_ok());
-    }
-});
+fuzz_target!(|data: &[u8]| kiln_fuzz::targets::perf_script_parse(data));

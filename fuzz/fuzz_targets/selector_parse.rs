@@ -2,8 +2,4 @@
 //! Prometheus label selectors from query strings.
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| {
-    if let Ok(text) = std::str::from_utf8(data) {
-        let _ = kiln_model::selector::parse(text);
-    }
-});
+fuzz_target!(|data: &[u8]| kiln_fuzz::targets::selector_parse(data));

@@ -201,3 +201,35 @@ fn absolute(path: &std::path::Path) -> PathBuf {
         .map(|cwd| cwd.join(relative))
         .unwrap_or_else(|_| path.to_path_buf())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The README's configuration example is a config the server takes, as written.
+    #[test]
+    fn the_readme_example_is_a_valid_config() {
+        let readme = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+        )
+        .expect("README.md");
+        let block = readme
+            .split("```yaml\n")
+            .find(|block| block.starts_with("listen:"))
+            .and_then(|block| block.split("```").next())
+            .expect("the README's config block");
+        let config: ServerConfig = serde_yaml::from_str(block).expect("valid config");
+        let defaults = ServerConfig::default();
+        assert_eq!(
+            config.limits.max_inflight_bytes,
+            defaults.limits.max_inflight_bytes
+        );
+        assert_eq!(config.http, defaults.http);
+        assert_eq!(config.query, defaults.query);
+        assert_eq!(config.max_pending_bytes, defaults.max_pending_bytes);
+        assert_eq!(
+            config.compaction.max_job_profiles,
+            defaults.compaction.max_job_profiles
+        );
+    }
+}

@@ -67,7 +67,18 @@ impl BlockTail {
             .map(|group| {
                 let mut range: Option<Range<u64>> = None;
                 for column in group.columns() {
-                    let (start, length) = column.byte_range();
+                    // `byte_range()` asserts these are not negative: a corrupt footer
+                    // would panic there instead of being refused.
+                    let start = column
+                        .dictionary_page_offset()
+                        .unwrap_or(column.data_page_offset());
+                    let length = column.compressed_size();
+                    let (Ok(start), Ok(length)) = (u64::try_from(start), u64::try_from(length))
+                    else {
+                        return Err(StorageError::Corrupt(format!(
+                            "column chunk at {start}+{length}: negative offset or size"
+                        )));
+                    };
                     let end = start.checked_add(length).filter(|end| *end <= block_len);
                     let Some(end) = end else {
                         return Err(StorageError::Corrupt(format!(

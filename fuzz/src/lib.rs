@@ -1,0 +1,3 @@
+//! What the fuzz targets run; see [`targets`].
+
+pub mod targets;

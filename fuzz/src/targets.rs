@@ -1,0 +1,258 @@
+//! The fuzz targets' bodies, one function per target: `fuzz_targets/*.rs` call them under
+//! libFuzzer, and `crates/kiln/tests/fuzz_regressions.rs` runs them over the inputs kept in
+//! `fuzz/regressions/<target>/` on every test run (this file is included there by path).
+
+use kiln_storage::format::Projection;
+use kiln_storage::ranged::{decode_partial, BlockTail, PartialBlock};
+
+/// The agent's parsers of bytes it does not control: perf ring records (samples with their
+/// register and stack copies, mmap, comm, fork, exit, lost) and a binary's `.eh_frame_hdr`.
+pub fn agent_records(data: &[u8]) {
+    let _ = kiln_agent::perf::parse_timed(data);
+    let _ = kiln_agent::perf::parse_record(data);
+    let _ = kiln_agent::unwind::function_starts(0x1000, data);
+}
+
+/// Block objects: a corrupt block must be an error, never a panic, whether it is decoded
+/// whole or, as compaction does, from its tail and one dataset's byte range.
+pub fn block_decode(data: &[u8]) {
+    let block = bytes::Bytes::copy_from_slice(data);
+    if let Ok(dataset) = kiln_storage::format::decode_dataset(&block, 0, Projection::ALL) {
+        let _ = dataset.check();
+    }
+    let len = block.len() as u64;
+    let Ok(Ok(tail)) = BlockTail::parse(block.clone(), len) else {
+        return;
+    };
+    for row_group in 0..tail.dataset_count().min(8) {
+        let Ok(range) = tail.dataset_range(row_group) else {
+            continue;
+        };
+        let part = block.slice(range.start as usize..range.end as usize);
+        let (start, bytes) = tail.bytes();
+        let partial = PartialBlock::new(len, vec![(range.start, part), (start, bytes.clone())]);
+        if let Ok(dataset) = decode_partial(partial, row_group, Projection::ALL) {
+            let _ = dataset.check();
+        }
+    }
+}
+
+/// Comparisons as `POST /api/v1/compare` takes them (JSON from any client): parsed,
+/// checked and resolved, and ranked over sums built from the bytes; never a panic.
+pub fn compare_request(data: &[u8]) {
+    if let Ok(request) = serde_json::from_slice::<kiln_insight::CompareRequest>(data) {
+        let _ = request.resolve(1_700_000_000_000_000_000);
+    }
+    // Arbitrary sides: function names and values from the bytes, ranked.
+    let mut sides = [kiln_insight::stats::SideSums::default(), Default::default()];
+    for (index, chunk) in data.chunks(3).enumerate() {
+        let name = format!("f{}", chunk[0] % 8);
+        let value = i64::from(*chunk.get(1).unwrap_or(&0)) - 16;
+        sides[index % 2].add_profile([
+            (name.as_str(), value),
+            ("g", i64::from(*chunk.get(2).unwrap_or(&1))),
+        ]);
+    }
+    let ranking = kiln_insight::stats::rank(&sides[0], &sides[1], &Default::default());
+    for change in &ranking.functions {
+        if let Some(p) = change.p_value {
+            assert!((0.0..=1.0).contains(&p), "{change:?}");
+        }
+    }
+}
+
+/// The server's YAML config file (every section), and the checks run on it at start-up.
+pub fn config_parse(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(config) = serde_yaml::from_str::<kiln_server::ServerConfig>(text) {
+        let _ = kiln_auth::Authenticator::from_config(&config.auth);
+        for tenant in config.auth.tenants.keys() {
+            let _ = kiln_server::tenant::validate(tenant);
+        }
+        for rule in &config.recording_rules {
+            let _ = rule.compile();
+        }
+        for target in &config.remote_write {
+            let _ = target.check();
+        }
+    }
+}
+
+/// Collapsed-stack text, and the pprof it becomes; the pprof must pass validation.
+pub fn folded_parse(data: &[u8]) {
+    if let Ok(stacks) = kiln_model::folded::parse(data, 16_000) {
+        let profile_type = kiln_model::profile_type::default_legacy_type().profile_type;
+        let profile = kiln_model::folded::to_pprof(&stacks, &profile_type);
+        assert!(kiln_model::pprof::validate(&profile, &Default::default()).is_ok());
+    }
+}
+
+/// The `name=app.suffix{k=v}` parameter and profefe's `labels=k=v,k=v`.
+pub fn ingest_name(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = kiln_ingest::pyroscope::parse_name(text);
+        let _ = kiln_ingest::profefe::parse_labels(text);
+    }
+}
+
+/// JFR recordings: chunk headers, metadata, constant pools and events, into pprofs.
+pub fn jfr_parse(data: &[u8]) {
+    let contexts = kiln_model::jfr::Contexts::new();
+    if let Ok(recordings) = kiln_model::jfr::parse(data, 10_000_000, 16_000, &contexts) {
+        for recording in recordings {
+            assert!(kiln_model::pprof::validate(&recording.profile, &Default::default()).is_ok());
+        }
+    }
+}
+
+/// OTLP profiles export requests, protobuf and JSON, through conversion and into a dataset.
+pub fn otlp_decode(data: &[u8]) {
+    // No retention: random times would otherwise stop most inputs before the builder.
+    let limits = kiln_ingest::Limits {
+        retention_days: 0,
+        ..Default::default()
+    };
+    let requests = [
+        kiln_ingest::otlp::decode_proto(data).ok(),
+        kiln_ingest::otlp::decode_json(data).ok(),
+    ];
+    for request in requests.into_iter().flatten() {
+        let Ok(export) = kiln_ingest::otlp::parse_export(request, data.len(), &limits) else {
+            continue;
+        };
+        for parsed in &export.profiles {
+            let mut builder = kiln_storage::DatasetBuilder::new("t", parsed.service());
+            builder.add_pprof(&parsed.input(1000));
+            assert!(builder.finish().check().is_ok());
+        }
+    }
+}
+
+/// `perf script` text into a pprof.
+pub fn perf_script_parse(data: &[u8]) {
+    if let Ok(profile) = kiln_model::perf_script::parse(data, 16_000) {
+        assert!(kiln_model::pprof::validate(&profile, &Default::default()).is_ok());
+    }
+}
+
+/// pprof bytes (gzip or plain) through decode, validation and conversion to series.
+pub fn pprof_decode(data: &[u8]) {
+    // No retention: random times would otherwise stop most inputs before the builder.
+    let limits = kiln_ingest::Limits {
+        retention_days: 0,
+        ..Default::default()
+    };
+    let context = kiln_ingest::parse::ProfileContext::default();
+    if let Ok(parsed) = kiln_ingest::parse::from_pprof_bytes(data, context, &limits) {
+        let mut builder = kiln_storage::DatasetBuilder::new("t", parsed.service());
+        builder.add_pprof(&parsed.input(1000));
+        let dataset = builder.finish();
+        assert!(dataset.check().is_ok());
+    }
+}
+
+/// profefe's `POST /api/0/profiles`: its query parameters (the input's first line) and its
+/// pprof body (the rest).
+pub fn profefe_parse(data: &[u8]) {
+    let limits = kiln_ingest::Limits {
+        retention_days: 0,
+        ..Default::default()
+    };
+    let (query, body) = match data.iter().position(|&b| b == b'\n') {
+        Some(end) => (&data[..end], &data[end + 1..]),
+        None => (data, &[][..]),
+    };
+    let params: std::collections::HashMap<String, String> = String::from_utf8_lossy(query)
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    if let Ok(parsed) = kiln_ingest::profefe::parse_profefe(&params, body, &limits) {
+        let mut builder = kiln_storage::DatasetBuilder::new("t", parsed.service());
+        builder.add_pprof(&parsed.input(1000));
+        assert!(builder.finish().check().is_ok());
+    }
+}
+
+/// Pyroscope PushRequest bodies, protobuf and JSON, and the profiles inside.
+pub fn push_decode(data: &[u8]) {
+    // No retention: random times would otherwise stop most inputs before the builder.
+    let limits = kiln_ingest::Limits {
+        retention_days: 0,
+        ..Default::default()
+    };
+    if let Ok(request) = kiln_ingest::push::decode_proto(data) {
+        let _ = kiln_ingest::push::parse_push(request, &limits);
+    }
+    if let Ok(request) = kiln_ingest::push::decode_json(data) {
+        let _ = kiln_ingest::push::parse_push(request, &limits);
+    }
+}
+
+/// Recording rules as the API takes them (JSON from any client) and as the outbox stores
+/// series: parsed and checked, never a panic.
+pub fn rule_parse(data: &[u8]) {
+    if let Ok(spec) = serde_json::from_slice::<kiln_rules::rule::RuleSpec>(data) {
+        if let Ok(rule) = spec.compile() {
+            let _ = kiln_rules::eval::series_labels(&rule, |_| Some("x"));
+        }
+    }
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = kiln_rules::eval::parse_series_key(text);
+    }
+}
+
+/// What a scrape target or an HTTP SD server may answer: the first half of the input as a
+/// profile, taken twice through the delta state (baseline, then delta against a second
+/// profile from the other half), and the whole input as HTTP SD target groups and as
+/// relabel rules.
+pub fn scrape_response(data: &[u8]) {
+    let (first, second) = data.split_at(data.len() / 2);
+    let mut state = kiln_scrape::delta::DeltaState::default();
+    for half in [first, second] {
+        let Ok(profile) = kiln_model::pprof::decode(half, 1 << 24) else {
+            continue;
+        };
+        if kiln_model::pprof::validate(&profile, &Default::default()).is_err() {
+            continue;
+        }
+        if let kiln_scrape::delta::Delta::Profile(delta) = state.apply(profile) {
+            // A delta is still a valid profile.
+            assert!(kiln_model::pprof::validate(&delta, &Default::default()).is_ok());
+        }
+    }
+    let _ = serde_json::from_slice::<Vec<kiln_scrape::config::StaticConfig>>(data);
+    if let Ok(text) = std::str::from_utf8(data) {
+        if let Ok(rules) = serde_yaml::from_str::<Vec<kiln_scrape::relabel::RelabelConfig>>(text) {
+            let labels = [("__address__".to_string(), "h:1".to_string())]
+                .into_iter()
+                .collect();
+            let _ = kiln_scrape::relabel::relabel(&labels, &rules);
+        }
+    }
+}
+
+/// Prometheus label selectors from query strings.
+pub fn selector_parse(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = kiln_model::selector::parse(text);
+    }
+}
+
+/// speedscope JSON (sampled and evented profiles) into a pprof.
+pub fn speedscope_parse(data: &[u8]) {
+    if let Ok(parsed) = kiln_model::speedscope::parse(data, "cpu", 16_000) {
+        assert!(kiln_model::pprof::validate(&parsed.profile, &Default::default()).is_ok());
+    }
+}
+
+/// Time arguments: now-1h, epochs, RFC 3339.
+pub fn time_parse(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = kiln_model::time::parse_time_nanos(text, 1_800_000_000_000_000_000);
+        let _ = kiln_model::time::parse_duration_nanos(text);
+        let _ = kiln_model::time::parse_epoch_nanos(text);
+    }
+}
