@@ -396,13 +396,9 @@ fn http_service_discovery_adds_and_removes_targets_live() {
     });
 }
 
-/// `kiln scrape` as its own process, pushing to a second Kiln: pull translated into push.
-#[test]
-fn kiln_scrape_pushes_to_a_remote_kiln() {
-    let target = serve(|_| (200, cumulative_heap(1)));
-    let receiver = TestServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("scrape.yaml");
+/// A `kiln scrape` config: one job of tenant team-a scraping `target`'s heap every second.
+fn remote_job(dir: &std::path::Path, target: &str) -> std::path::PathBuf {
+    let config = dir.join("scrape.yaml");
     let memory_only: String = MEMORY_ONLY
         .lines()
         .map(|line| format!("  {line}\n"))
@@ -422,6 +418,16 @@ scrape_configs:
         ),
     )
     .unwrap();
+    config
+}
+
+/// `kiln scrape` as its own process, pushing to a second Kiln: pull translated into push.
+#[test]
+fn kiln_scrape_pushes_to_a_remote_kiln() {
+    let target = serve(|_| (200, cumulative_heap(1)));
+    let receiver = TestServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = remote_job(dir.path(), &target);
     let mut scraper = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["scrape", "--config"])
         .arg(&config)
@@ -495,6 +501,60 @@ scrape_configs:
         &[("Content-Type", "application/json")],
     );
     assert!(!other.contains("remote"), "{other}");
+}
+
+/// With auth on, `kiln scrape` sends its token (`KILN_TOKEN`) and its pushes land in the
+/// job's tenant; without one they are refused, and counted.
+#[test]
+fn kiln_scrape_sends_its_token() {
+    use crate::auth::{auth_config, bearer, READER_A, WRITER_A};
+    let target = serve(|_| (200, cumulative_heap(1)));
+    let receiver = TestServer::start_with(|config| config.auth = auth_config(1000));
+    let dir = tempfile::tempdir().unwrap();
+    let config = remote_job(dir.path(), &target);
+    let scrape = |token: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kiln"));
+        command
+            .args(["scrape", "--config"])
+            .arg(&config)
+            .args(["--push-url", &receiver.url])
+            .env("KILN_LOG_LEVEL", "error")
+            .env_remove("KILN_TOKEN");
+        if let Some(token) = token {
+            command.env("KILN_TOKEN", token);
+        }
+        command.spawn().expect("kiln scrape starts")
+    };
+    let reader = bearer(READER_A);
+    let types = || {
+        let (status, text) = receiver.post_with(
+            "/querier.v1.QuerierService/LabelValues",
+            br#"{"name": "service_name"}"#,
+            &[
+                ("Content-Type", "application/json"),
+                ("Authorization", &reader),
+            ],
+        );
+        assert_eq!(status, 200, "{text}");
+        text
+    };
+    let mut without = scrape(None);
+    wait_until("a refused push", Duration::from_secs(30), || {
+        receiver
+            .metrics()
+            .contains("kiln_auth_failures_total{reason=\"missing\"}")
+    });
+    let _ = without.kill();
+    let _ = without.wait();
+    assert!(!types().contains("remote"));
+    let mut with = scrape(Some(WRITER_A));
+    wait_until(
+        "a pushed profile in team-a",
+        Duration::from_secs(30),
+        || types().contains("remote"),
+    );
+    let _ = with.kill();
+    let _ = with.wait();
 }
 
 /// Targets that answer HTML, garbage, too much, too late or only with credentials: each
