@@ -482,6 +482,7 @@ impl Compactor {
         let object_key = format!("blocks/{id}.parquet");
         let target = (id.clone(), object_key.clone());
         let (block, meta, exports) = tokio::task::spawn_blocking(move || {
+            kiln_model::priority::background_thread();
             merge_datasets(&tenant, &service, &inputs, objects, &target, rules)
         })
         .await??;

@@ -99,9 +99,12 @@ async fn timed<T: Send + 'static>(
     parse: impl FnOnce() -> Result<T, IngestError> + Send + 'static,
 ) -> Result<T, IngestError> {
     let started = Instant::now();
-    let result = tokio::task::spawn_blocking(parse)
-        .await
-        .map_err(IngestError::Task)?;
+    let result = tokio::task::spawn_blocking(move || {
+        kiln_model::priority::background_thread();
+        parse()
+    })
+    .await
+    .map_err(IngestError::Task)?;
     let nanos = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
     // Racing updates lose a sample now and then; the mean stays a mean.
     let mean = PARSE_NANOS.load(Ordering::Relaxed);

@@ -291,6 +291,7 @@ impl Flusher {
         let (block, datasets) = {
             let (block_id, object_key) = (block_id.clone(), object_key.clone());
             tokio::task::spawn_blocking(move || {
+                kiln_model::priority::background_thread();
                 build_segment(work, max_stack_depth, &block_id, &object_key)
             })
             .await

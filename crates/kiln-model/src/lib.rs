@@ -21,6 +21,7 @@ pub mod labels;
 pub mod perf_script;
 pub mod pprof;
 pub mod pprof_json;
+pub mod priority;
 pub mod profile_type;
 pub mod proto_json;
 pub mod relabel;

@@ -14,7 +14,6 @@ mod insight;
 mod limits;
 mod openapi;
 mod otlp;
-mod overload;
 mod profefe;
 mod push;
 mod pyroscope;

@@ -1,7 +1,12 @@
 //! Overload: four times what the server can take, for a minute. Every request gets 200
 //! or 429 (never a 5xx, a reset or a timeout), memory stays bounded, `/ready` stays
 //! quick, and every 200 is stored. The server is a `kiln server` child, so its memory
-//! is its own.
+//! is its own, and this is a test binary of its own: cargo runs test binaries one at a
+//! time, so no other test competes with it for the cores while it measures.
+
+#[path = "integration/common.rs"]
+#[allow(dead_code, unused_imports, unused_macros)]
+mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -10,7 +15,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use crate::pyroscope::{ticks, url_escape};
 
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 /// The documented bound (docs/security.md).
@@ -32,6 +36,22 @@ fn start(dir: &Path, port: u16) -> ServerChild {
             .call()
             .is_ok()
     })
+}
+
+fn url_escape(text: &str) -> String {
+    text.bytes()
+        .map(|byte| {
+            if byte.is_ascii_alphanumeric() || b"-_.~:".contains(&byte) {
+                (byte as char).to_string()
+            } else {
+                format!("%{byte:02X}")
+            }
+        })
+        .collect()
+}
+
+fn ticks(value: &serde_json::Value) -> i64 {
+    value["flamebearer"]["numTicks"].as_i64().unwrap_or(-1)
 }
 
 fn rss_bytes(pid: u32) -> u64 {
