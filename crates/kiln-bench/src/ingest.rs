@@ -67,6 +67,10 @@ pub struct IngestArgs {
     /// protobuf to `/v1development/profiles`.
     #[arg(long, value_enum, default_value_t = Protocol::Pprof)]
     protocol: Protocol,
+    /// The started server's adaptive group commit (`--flush-adaptive`); false waits the
+    /// whole flush interval, as before it existed.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    flush_adaptive: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -246,7 +250,13 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     let url = match &args.url {
         Some(url) => url.trim_end_matches('/').to_string(),
         None => {
-            let (child, url) = start_server(&temp)?;
+            let flags: [std::ffi::OsString; 4] = [
+                "--compaction".into(),
+                "false".into(),
+                "--flush-adaptive".into(),
+                args.flush_adaptive.to_string().into(),
+            ];
+            let (child, url) = start_server_with(&temp, &flags)?;
             server = Some(child);
             url
         }

@@ -4,7 +4,8 @@
 //! [`ParsedProfile`]s, fully decoded and validated before anything is queued, so a request
 //! is accepted or refused whole. The [`Ingester`] batches profiles from many concurrent
 //! requests per flush (group commit): one block object and one metastore transaction per
-//! flush, and every request in it is acknowledged only after both succeed.
+//! flush, and every request in it is acknowledged only after both succeed. Batches are adaptive: an
+//! idle server flushes at once, a busy one gathers what arrives during each flush.
 
 pub mod cpu;
 pub mod error;
@@ -19,4 +20,4 @@ pub mod writer;
 pub use error::IngestError;
 pub use limits::{InFlight, Limits, TenantLimits};
 pub use parse::ParsedProfile;
-pub use writer::{Ingester, IngesterConfig};
+pub use writer::{Arrival, Ingester, IngesterConfig};

@@ -1,13 +1,23 @@
-//! Group commit: requests queue their parsed profiles; a flusher gathers everything that
-//! arrives within `flush_interval` (or until `flush_bytes`), writes it as one block object
-//! with one dataset per (tenant, service), registers the block in the metastore in one
-//! transaction, and only then acknowledges every request in the batch.
+//! Group commit: requests queue their parsed profiles; a flusher gathers a batch, writes
+//! it as one block object with one dataset per (tenant, service), registers the block in
+//! the metastore in one transaction, and only then acknowledges every request in the batch.
+//!
+//! The batch is adaptive. It is flushed as soon as it reaches `flush_bytes`. Otherwise,
+//! while no flush is running, it is flushed when no other write is on its way (no request
+//! admitted by [`Ingester::check_room`] is still being read or parsed), or once it has
+//! waited as long as the last flush took; and at the latest `flush_interval` after its
+//! first profile. An idle server so acks in one segment write, not after a fixed delay.
+//! Under load, what arrives while one flush runs forms the next batch, so batches grow
+//! with the load and the number of blocks does not: this is the classic group commit of
+//! databases, with one flush of small batches at a time (batches of `flush_bytes` may
+//! overlap, up to `max_concurrent_flushes`). With `adaptive: false` every batch waits the
+//! whole interval (fewest blocks, slowest acks).
 //!
 //! A failure anywhere fails every request of that batch with a 5xx; since the metastore
 //! registration is the last step, a failed batch is never visible to readers.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,10 +25,12 @@ use bytes::Bytes;
 use kiln_metastore::{BlockMeta, DatasetMeta, Metastore};
 use kiln_storage::format::encode_block;
 use kiln_storage::{Dataset, DatasetBuilder, ObjectStorage};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 
 use crate::error::StoreError;
 use crate::{IngestError, ParsedProfile};
@@ -28,6 +40,8 @@ pub struct IngesterConfig {
     /// Longest a profile waits for its flush; also the shortest time between flushes
     /// under light load.
     pub flush_interval: Duration,
+    /// Flush before the interval when nothing else is on its way (see the module doc).
+    pub adaptive: bool,
     /// Flush early once a batch holds this many received bytes.
     pub flush_bytes: usize,
     /// Refuse new writes with 429 while profiles of this many decoded bytes wait for, or
@@ -42,6 +56,7 @@ impl Default for IngesterConfig {
     fn default() -> Self {
         IngesterConfig {
             flush_interval: Duration::from_millis(500),
+            adaptive: true,
             flush_bytes: 32 << 20,
             max_pending_bytes: 64 << 20,
             max_concurrent_flushes: 4,
@@ -68,6 +83,15 @@ pub struct WriterMetrics {
     pub segment_bytes: Counter,
     pub profiles_written: Counter,
     pub flush_seconds: Histogram,
+    /// Why each batch was flushed: `size`, `idle`, `interval` or `shutdown`.
+    pub flush_reasons: Family<ReasonLabel, Counter>,
+    /// Requests acknowledged by each flush.
+    pub batch_requests: Histogram,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
 }
 
 impl WriterMetrics {
@@ -78,6 +102,8 @@ impl WriterMetrics {
             segment_bytes: Counter::default(),
             profiles_written: Counter::default(),
             flush_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            flush_reasons: Family::default(),
+            batch_requests: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
         }
     }
 
@@ -108,6 +134,16 @@ impl WriterMetrics {
             prometheus_client::registry::Unit::Seconds,
             self.flush_seconds.clone(),
         );
+        registry.register(
+            "kiln_ingest_flush_reason",
+            "Segment flushes by what started them: size (flush_bytes), idle (nothing else on its way), interval (flush_interval), shutdown",
+            self.flush_reasons.clone(),
+        );
+        registry.register(
+            "kiln_ingest_flush_requests",
+            "Write requests acknowledged by one segment flush",
+            self.batch_requests.clone(),
+        );
     }
 }
 
@@ -117,6 +153,7 @@ impl WriterMetrics {
 pub struct Ingester {
     sender: mpsc::Sender<Job>,
     pending_bytes: Arc<AtomicUsize>,
+    arrivals: Arc<Arrivals>,
     config: IngesterConfig,
     metrics: WriterMetrics,
 }
@@ -129,12 +166,16 @@ impl Ingester {
     ) -> (Ingester, tokio::task::JoinHandle<()>) {
         let (sender, receiver) = mpsc::channel(4096);
         let pending_bytes = Arc::new(AtomicUsize::new(0));
+        let arrivals = Arc::new(Arrivals::default());
         let metrics = WriterMetrics::new();
         let flusher = Flusher {
             storage,
             metastore,
             config,
             pending_bytes: pending_bytes.clone(),
+            arrivals: arrivals.clone(),
+            flushing: AtomicUsize::new(0),
+            last_flush_micros: AtomicU64::new(5_000),
             metrics: metrics.clone(),
         };
         let handle = tokio::spawn(flusher.run(receiver));
@@ -142,6 +183,7 @@ impl Ingester {
             Ingester {
                 sender,
                 pending_bytes,
+                arrivals,
                 config,
                 metrics,
             },
@@ -162,13 +204,17 @@ impl Ingester {
 
     /// Refuses at once while the write queue is full: checked before a request's body is
     /// read and parsed, so that an overloaded server spends nothing on what it would
-    /// refuse after parsing.
-    pub fn check_room(&self) -> Result<(), IngestError> {
+    /// refuse after parsing. The [`Arrival`] it returns tells the flusher a write is on
+    /// its way until it is handed to [`Ingester::write_arrived`] or dropped.
+    pub fn check_room(&self) -> Result<Arrival, IngestError> {
         let pending = self.pending_bytes.load(Ordering::Relaxed);
         if pending >= self.config.max_pending_bytes {
             return Err(self.full(pending));
         }
-        Ok(())
+        self.arrivals.count.fetch_add(1, Ordering::SeqCst);
+        Ok(Arrival {
+            arrivals: self.arrivals.clone(),
+        })
     }
 
     /// Queues the profiles and waits until they are durable and registered.
@@ -176,6 +222,26 @@ impl Ingester {
         &self,
         tenant: &str,
         profiles: Vec<ParsedProfile>,
+    ) -> Result<(), IngestError> {
+        self.queue(tenant, profiles, None).await
+    }
+
+    /// As [`Ingester::write`], for a request admitted by [`Ingester::check_room`]: its
+    /// arrival ends once the profiles are queued, so the flusher need not wait for it.
+    pub async fn write_arrived(
+        &self,
+        tenant: &str,
+        profiles: Vec<ParsedProfile>,
+        arrival: Arrival,
+    ) -> Result<(), IngestError> {
+        self.queue(tenant, profiles, Some(arrival)).await
+    }
+
+    async fn queue(
+        &self,
+        tenant: &str,
+        profiles: Vec<ParsedProfile>,
+        arrival: Option<Arrival>,
     ) -> Result<(), IngestError> {
         if profiles.is_empty() {
             return Ok(());
@@ -199,7 +265,30 @@ impl Ingester {
             self.pending_bytes.fetch_sub(decoded, Ordering::SeqCst);
             return Err(IngestError::ShuttingDown);
         }
+        // Queued before the arrival ends, so a flusher that sees no arrivals left finds
+        // this job in the channel.
+        drop(arrival);
         acked.await.unwrap_or(Err(IngestError::ShuttingDown))
+    }
+}
+
+/// Writes admitted but not yet queued, and a wake-up for the flusher whenever one ends
+/// or a flush finishes.
+#[derive(Default)]
+struct Arrivals {
+    count: AtomicUsize,
+    changed: Notify,
+}
+
+/// A write on its way to the flusher (being read or parsed); see [`Ingester::check_room`].
+pub struct Arrival {
+    arrivals: Arc<Arrivals>,
+}
+
+impl Drop for Arrival {
+    fn drop(&mut self) {
+        self.arrivals.count.fetch_sub(1, Ordering::SeqCst);
+        self.arrivals.changed.notify_one();
     }
 }
 
@@ -208,6 +297,11 @@ struct Flusher {
     metastore: Metastore,
     config: IngesterConfig,
     pending_bytes: Arc<AtomicUsize>,
+    arrivals: Arc<Arrivals>,
+    /// Flushes running now.
+    flushing: AtomicUsize,
+    /// How long the last flush took.
+    last_flush_micros: AtomicU64,
     metrics: WriterMetrics,
 }
 
@@ -220,28 +314,66 @@ impl Flusher {
             let Some(first) = receiver.recv().await else {
                 break;
             };
-            let deadline = tokio::time::Instant::now() + flusher.config.flush_interval;
+            let opened = tokio::time::Instant::now();
+            let deadline = opened + flusher.config.flush_interval;
             let mut batch_bytes = first.bytes;
             let mut batch = vec![first];
-            while batch_bytes < flusher.config.flush_bytes {
-                match tokio::time::timeout_at(deadline, receiver.recv()).await {
-                    Ok(Some(job)) => {
-                        batch_bytes += job.bytes;
-                        batch.push(job);
-                    }
-                    Ok(None) => {
-                        closed = true;
-                        break;
-                    }
-                    Err(_) => break,
+            let reason = loop {
+                while let Ok(job) = receiver.try_recv() {
+                    batch_bytes += job.bytes;
+                    batch.push(job);
                 }
-            }
+                if batch_bytes >= flusher.config.flush_bytes {
+                    break "size";
+                }
+                let mut wake = deadline;
+                if flusher.config.adaptive && flusher.flushing.load(Ordering::SeqCst) == 0 {
+                    if flusher.arrivals.count.load(Ordering::SeqCst) == 0 {
+                        // Arrivals end after their job is queued: take any that just did.
+                        while let Ok(job) = receiver.try_recv() {
+                            batch.push(job);
+                        }
+                        break "idle";
+                    }
+                    // Writes on their way are worth waiting for about as long as one
+                    // flush takes; longer, and the wait costs more than a smaller batch.
+                    let linger = opened + flusher.linger();
+                    if tokio::time::Instant::now() >= linger {
+                        break "busy";
+                    }
+                    wake = wake.min(linger);
+                }
+                tokio::select! {
+                    job = receiver.recv() => match job {
+                        Some(job) => {
+                            batch_bytes += job.bytes;
+                            batch.push(job);
+                        }
+                        None => {
+                            closed = true;
+                            break "shutdown";
+                        }
+                    },
+                    () = flusher.arrivals.changed.notified(), if flusher.config.adaptive => {}
+                    () = tokio::time::sleep_until(wake) => if wake >= deadline {
+                        break "interval";
+                    },
+                }
+            };
+            flusher
+                .metrics
+                .flush_reasons
+                .get_or_create(&ReasonLabel { reason })
+                .inc();
             let Ok(permit) = permits.clone().acquire_owned().await else {
                 break;
             };
+            flusher.flushing.fetch_add(1, Ordering::SeqCst);
             let flusher = flusher.clone();
             tokio::spawn(async move {
                 flusher.flush(batch).await;
+                flusher.flushing.fetch_sub(1, Ordering::SeqCst);
+                flusher.arrivals.changed.notify_one();
                 drop(permit);
             });
         }
@@ -251,7 +383,15 @@ impl Flusher {
             .await;
     }
 
+    /// How long a batch waits for writes still on their way: the last flush's duration,
+    /// within [1 ms, `flush_interval`].
+    fn linger(&self) -> Duration {
+        Duration::from_micros(self.last_flush_micros.load(Ordering::Relaxed))
+            .clamp(Duration::from_millis(1), self.config.flush_interval)
+    }
+
     async fn flush(&self, batch: Vec<Job>) {
+        self.metrics.batch_requests.observe(batch.len() as f64);
         let started = Instant::now();
         let mut acks = Vec::with_capacity(batch.len());
         let mut work = Vec::with_capacity(batch.len());
@@ -262,9 +402,12 @@ impl Flusher {
             work.push((job.tenant, job.profiles));
         }
         let result = self.write_segment(work).await.map_err(Arc::new);
-        self.metrics
-            .flush_seconds
-            .observe(started.elapsed().as_secs_f64());
+        let took = started.elapsed();
+        self.metrics.flush_seconds.observe(took.as_secs_f64());
+        self.last_flush_micros.store(
+            u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         self.pending_bytes.fetch_sub(decoded, Ordering::SeqCst);
         if let Err(err) = &result {
             self.metrics.flush_failures.inc();

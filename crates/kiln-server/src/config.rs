@@ -23,6 +23,9 @@ pub struct ServerConfig {
     pub metastore: String,
     /// Longest a write waits for its segment flush, in milliseconds.
     pub flush_interval_ms: u64,
+    /// Flush as soon as nothing else is on its way (adaptive group commit), rather than
+    /// always waiting `flush_interval_ms`.
+    pub flush_adaptive: bool,
     /// Flush a segment early at this many received bytes.
     pub flush_bytes: usize,
     /// Decoded bytes of profiles waiting for, or in, a flush; past it, writes get 429.
@@ -140,6 +143,7 @@ impl Default for ServerConfig {
             object_store_options: BTreeMap::new(),
             metastore: String::new(),
             flush_interval_ms: 500,
+            flush_adaptive: true,
             flush_bytes: 32 << 20,
             max_pending_bytes: IngesterConfig::default().max_pending_bytes,
             limits: Limits::default(),

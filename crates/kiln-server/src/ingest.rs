@@ -29,6 +29,8 @@ pub(crate) struct IngestBody {
     pub received: usize,
     /// This request's share of the in-flight bounds, held until it is answered.
     pub _inflight: (kiln_ingest::InFlight, Option<kiln_ingest::InFlight>),
+    /// Tells the group commit this write is on its way, until it is queued.
+    pub arrival: kiln_ingest::Arrival,
 }
 
 /// What a body without `Content-Length` (h2, chunked) is admitted as before it is read;
@@ -50,12 +52,12 @@ pub(crate) async fn read_body(
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.trim().parse::<usize>().ok());
     let admitted = declared.unwrap_or(UNDECLARED_BODY_BYTES);
-    let inflight = match state
-        .ingester
-        .check_room()
-        .and_then(|()| state.limits.admit(tenant, admitted))
-    {
-        Ok(inflight) => inflight,
+    let admission = state.ingester.check_room().and_then(|arrival| {
+        let inflight = state.limits.admit(tenant, admitted)?;
+        Ok((arrival, inflight))
+    });
+    let (arrival, inflight) = match admission {
+        Ok(admitted) => admitted,
         Err(err) => {
             crate::body::discard(body, limits.max_body_bytes).await;
             return Err(err.into());
@@ -77,6 +79,7 @@ pub(crate) async fn read_body(
         message,
         received,
         _inflight: (inflight, more),
+        arrival,
     })
 }
 
@@ -87,6 +90,7 @@ pub(crate) async fn write_profiles(
     endpoint: &str,
     tenant: &str,
     profiles: Vec<ParsedProfile>,
+    arrival: kiln_ingest::Arrival,
 ) -> Result<Vec<String>, ApiError> {
     let bytes: usize = profiles.iter().map(|p| p.received_bytes).sum();
     let count = profiles.len();
@@ -96,7 +100,10 @@ pub(crate) async fn write_profiles(
             warnings.push(warning.clone());
         }
     }
-    state.ingester.write(tenant, profiles).await?;
+    state
+        .ingester
+        .write_arrived(tenant, profiles, arrival)
+        .await?;
     state.metrics.accept(endpoint, bytes, count);
     Ok(warnings)
 }
@@ -129,7 +136,7 @@ pub async fn pyroscope(
         &body.limits,
     )
     .await?;
-    let warnings = write_profiles(&state, PYROSCOPE, &tenant, profiles).await?;
+    let warnings = write_profiles(&state, PYROSCOPE, &tenant, profiles, body.arrival).await?;
     Ok(with_warnings(StatusCode::OK.into_response(), &warnings))
 }
 
@@ -149,6 +156,6 @@ pub async fn push(
     };
     let limits = body.limits;
     let profiles = run_parser(move || parse_push(request, &limits)).await?;
-    let warnings = write_profiles(&state, PUSH, &tenant, profiles).await?;
+    let warnings = write_profiles(&state, PUSH, &tenant, profiles, body.arrival).await?;
     Ok(with_warnings(rpc.reply(&PushResponse {}), &warnings))
 }

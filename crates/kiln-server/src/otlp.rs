@@ -46,7 +46,7 @@ pub async fn export(
     let export = run_parser(move || parse_export(request, received, &limits)).await?;
     let rejected_profiles = export.rejected_profiles;
     let error_message = export.error_message();
-    write_profiles(&state, OTLP, &tenant, export.profiles).await?;
+    write_profiles(&state, OTLP, &tenant, export.profiles, body.arrival).await?;
     let partial_success = (rejected_profiles > 0).then_some(ExportProfilesPartialSuccess {
         rejected_profiles,
         error_message,

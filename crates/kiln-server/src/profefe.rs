@@ -53,7 +53,7 @@ pub async fn ingest(
         .first()
         .map(|plan| type_for_profile_name(&plan.profile_type.name))
         .unwrap_or("other");
-    let warnings = write_profiles(&state, PROFEFE, &tenant, vec![profile]).await?;
+    let warnings = write_profiles(&state, PROFEFE, &tenant, vec![profile], body.arrival).await?;
     Ok(with_warnings(
         ok(json!({"id": id, "type": profefe_type})),
         &warnings,

@@ -136,6 +136,10 @@ struct ServerArgs {
     /// Longest a write waits for its segment flush, in milliseconds [default: 500].
     #[arg(long, env = "KILN_FLUSH_INTERVAL_MS")]
     flush_interval_ms: Option<u64>,
+    /// Flush as soon as no other write is on its way, instead of always waiting the
+    /// interval [default: true].
+    #[arg(long, env = "KILN_FLUSH_ADAPTIVE")]
+    flush_adaptive: Option<bool>,
     /// Largest request body, compressed, in bytes [default: 16777216].
     #[arg(long, env = "KILN_MAX_BODY_BYTES")]
     max_body_bytes: Option<usize>,
@@ -188,6 +192,9 @@ impl ServerArgs {
         }
         if let Some(ms) = self.flush_interval_ms {
             config.flush_interval_ms = ms;
+        }
+        if let Some(adaptive) = self.flush_adaptive {
+            config.flush_adaptive = adaptive;
         }
         if let Some(bytes) = self.max_body_bytes {
             config.limits.max_body_bytes = bytes;

@@ -204,7 +204,10 @@ fn a_failed_flush_is_5xx_and_leaves_nothing_visible() {
 
 #[test]
 fn concurrent_requests_share_one_flush() {
-    let server = TestServer::start_with(|config| config.flush_interval_ms = 1000);
+    let server = TestServer::start_with(|config| {
+        config.flush_interval_ms = 1000;
+        config.flush_adaptive = false;
+    });
     let url = server.url.clone();
     let threads: Vec<_> = (0..8)
         .map(|i| {
@@ -233,6 +236,52 @@ fn concurrent_requests_share_one_flush() {
             .len(),
         8
     );
+}
+
+/// The adaptive group commit: an idle server flushes a write at once instead of after
+/// `flush_interval_ms`, and an upload stalled half-way (admitted, so "on its way") holds
+/// other writes back no longer than about one flush, not until the interval.
+#[test]
+fn writes_are_acked_without_waiting_for_the_flush_interval() {
+    let server = TestServer::start_with(|config| config.flush_interval_ms = 5_000);
+    let started = std::time::Instant::now();
+    assert_eq!(
+        server.post("/ingest?name=idle.cpu", b"main;work 1\n").0,
+        200
+    );
+    let idle = started.elapsed();
+    assert!(idle < std::time::Duration::from_millis(2_500), "{idle:?}");
+    assert!(
+        server
+            .metrics()
+            .contains("kiln_ingest_flush_reason_total{reason=\"idle\"} 1\n"),
+        "{}",
+        server.metrics()
+    );
+
+    let address = server.url.trim_start_matches("http://").to_string();
+    let mut stalled = std::net::TcpStream::connect(&address).unwrap();
+    use std::io::Write;
+    stalled
+        .write_all(
+            b"POST /ingest?name=stalled.cpu HTTP/1.1\r\nHost: kiln\r\nContent-Length: 100\r\n\r\nmain;",
+        )
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    assert_eq!(
+        server.post("/ingest?name=busy.cpu", b"main;work 1\n").0,
+        200
+    );
+    let busy = started.elapsed();
+    assert!(busy < std::time::Duration::from_millis(2_500), "{busy:?}");
+    let metrics = server.metrics();
+    assert!(
+        metrics.contains("kiln_ingest_flush_reason_total{reason=\"busy\"} 1\n"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("reason=\"interval\""), "{metrics}");
+    drop(stalled);
 }
 
 #[test]

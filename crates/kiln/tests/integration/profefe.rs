@@ -89,7 +89,10 @@ fn assert_merge_matches_go(
 /// one flush, and so one dataset, where each type keeps only its earliest position.
 #[test]
 fn merged_pprof_keeps_the_sources_default_sample_type() {
-    let server = TestServer::start_with(|config| config.flush_interval_ms = 1_000);
+    let server = TestServer::start_with(|config| {
+        config.flush_interval_ms = 1_000;
+        config.flush_adaptive = false;
+    });
     let uploads: Vec<(&str, Vec<u8>)> = vec![
         (
             "/ingest?name=myapp.cpu&format=pprof",
