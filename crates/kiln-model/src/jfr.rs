@@ -455,8 +455,10 @@ fn read_pools(
             return Ok(());
         }
         // Deltas point backwards from this checkpoint to the previous one.
-        offset = usize::try_from(offset as i64 + delta)
+        offset = i64::try_from(offset)
             .ok()
+            .and_then(|at| at.checked_add(delta))
+            .and_then(|next| usize::try_from(next).ok())
             .filter(|next| *next >= HEADER_BYTES && *next < reader.data.len() && *next != offset)
             .ok_or_else(|| {
                 bad(format!(

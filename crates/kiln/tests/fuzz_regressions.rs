@@ -72,13 +72,12 @@ fn kept_fuzz_inputs_run_clean() {
         for entry in dir {
             let path = entry.expect("entry").path();
             let input = std::fs::read(&path).expect("read input");
-            let outcome = std::panic::catch_unwind(|| target(&input));
-            assert!(
-                outcome.is_ok(),
-                "{name} panicked on {}: {}",
-                path.display(),
-                LAST_PANIC.lock().unwrap_or_else(|p| p.into_inner())
-            );
+            if std::panic::catch_unwind(|| target(&input)).is_err() {
+                // Copied out first, and the default hook back, so this panic is printed.
+                let message = LAST_PANIC.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                drop(std::panic::take_hook());
+                panic!("{name} panicked on {}: {message}", path.display());
+            }
             runs += 1;
         }
     }
