@@ -214,7 +214,7 @@ fn a_go_program_is_scraped_via_static_and_file_discovery() {
 }
 
 /// A one-thread HTTP server answering every request with `respond(request head)`.
-fn serve(respond: impl Fn(&str) -> (u16, Vec<u8>) + Send + 'static) -> String {
+pub(crate) fn serve(respond: impl Fn(&str) -> (u16, Vec<u8>) + Send + 'static) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap().to_string();
     std::thread::spawn(move || {
@@ -243,7 +243,7 @@ fn serve(respond: impl Fn(&str) -> (u16, Vec<u8>) + Send + 'static) -> String {
 
 /// The heap fixture with its alloc_* values multiplied by `factor`, as a cumulative
 /// profile `factor` intervals into a process's life; in-use values stay as they are.
-fn cumulative_heap(factor: i64) -> Vec<u8> {
+pub(crate) fn cumulative_heap(factor: i64) -> Vec<u8> {
     let mut profile =
         kiln_model::pprof::decode(&fixture("profefe-collector_heap_1.prof"), 1 << 30).unwrap();
     let alloc: Vec<usize> = profile
@@ -397,7 +397,7 @@ fn http_service_discovery_adds_and_removes_targets_live() {
 }
 
 /// A `kiln scrape` config: one job of tenant team-a scraping `target`'s heap every second.
-fn remote_job(dir: &std::path::Path, target: &str) -> std::path::PathBuf {
+pub(crate) fn remote_job(dir: &std::path::Path, target: &str) -> std::path::PathBuf {
     let config = dir.join("scrape.yaml");
     let memory_only: String = MEMORY_ONLY
         .lines()

@@ -176,6 +176,38 @@ fn https_and_grpc_over_tls_on_one_port_with_the_certificate_reloaded_on_sighup()
         .to_lowercase()
         .contains("certificate"));
 
+    // kiln scrape pushes over TLS with --ca-file.
+    let target = crate::scrape::serve(|_| (200, crate::scrape::cumulative_heap(1)));
+    let config = crate::scrape::remote_job(dir.path(), &target);
+    let mut scrape = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["scrape", "--config"])
+        .arg(&config)
+        .args(["--push-url", &base, "--ca-file"])
+        .arg(&first.ca)
+        .env("KILN_LOG_LEVEL", "error")
+        .spawn()
+        .expect("kiln scrape starts");
+    let services = || {
+        trusted
+            .post(format!("{base}/querier.v1.QuerierService/LabelValues"))
+            .header("content-type", "application/json")
+            .header("x-scope-orgid", "team-a")
+            .body(r#"{"name": "service_name"}"#)
+            .send()
+            .and_then(|response| response.text())
+            .unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !services().contains("remote") {
+        if Instant::now() > deadline {
+            let _ = scrape.kill();
+            panic!("no profile pushed by kiln scrape over TLS: {}", services());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = scrape.kill();
+    let _ = scrape.wait();
+
     // SIGHUP with a new pair, signed by another CA.
     std::fs::copy(&second.cert, &served.cert).unwrap();
     std::fs::copy(&second.key, &served.key).unwrap();
