@@ -41,6 +41,10 @@ pub struct StagesArgs {
     /// Passes over the corpus.
     #[arg(long, default_value_t = 20)]
     rounds: usize,
+    /// Profiles per dataset (0: the whole corpus in one). One is the many-services regime,
+    /// where each service has a profile or two per flush and per-dataset costs dominate.
+    #[arg(long, default_value_t = 0)]
+    profiles_per_dataset: usize,
 }
 
 #[derive(Args)]
@@ -57,6 +61,21 @@ pub struct IngestArgs {
     /// Distinct services the clients spread over.
     #[arg(long, default_value_t = 20)]
     services: usize,
+    /// Instances per service. Without it each client is an instance of service
+    /// `client % services`; with it the clients take turns over every (service, instance)
+    /// pair, as a shared pool of connections from many small services does.
+    #[arg(long)]
+    instances: Option<usize>,
+    /// Profiles per second in all, spread evenly over the clients (0: each client sends
+    /// its next profile as soon as the last is acknowledged). A fixed rate is the
+    /// many-services regime: each service sends a profile every few seconds.
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
+    /// The started server's compaction (default off: measured on its own by `kiln bench
+    /// storage`). On, the report splits the server's CPU between compaction's merges and
+    /// the rest.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    compaction: bool,
     /// Seconds to run.
     #[arg(long, default_value_t = 20)]
     seconds: u64,
@@ -252,7 +271,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
         None => {
             let flags: [std::ffi::OsString; 4] = [
                 "--compaction".into(),
-                "false".into(),
+                args.compaction.to_string().into(),
                 "--flush-adaptive".into(),
                 args.flush_adaptive.to_string().into(),
             ];
@@ -264,6 +283,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     let cpu_before = server
         .as_ref()
         .and_then(|child| process_cpu_seconds(child.id()));
+    let merge_cpu_before = crate::storage::metric(&url, MERGE_CPU).ok();
     let total_bytes: usize = files.iter().map(|file| file.body.len()).sum();
     let total_pprof_bytes: usize = files.iter().map(|file| file.pprof_bytes).sum();
     let total_otlp_bytes: usize = files
@@ -271,7 +291,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
         .map(|file| file.otlp.first().map_or(0, |(_, proto)| *proto))
         .sum();
     println!(
-        "kiln bench ingest: {} files ({:.1} MB gzip, {:.1} MB pprof{}), {} clients, {} services, {} s, server {}",
+        "kiln bench ingest: {} files ({:.1} MB gzip, {:.1} MB pprof{}), {} clients, {} services{}{}, {} s, compaction {}, server {}",
         files.len(),
         total_bytes as f64 / 1e6,
         total_pprof_bytes as f64 / 1e6,
@@ -281,9 +301,29 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
         },
         args.clients,
         args.services,
+        args.instances
+            .map(|n| format!(" x {n} instances"))
+            .unwrap_or_default(),
+        if args.rate > 0.0 {
+            format!(" at {} profiles/s", args.rate)
+        } else {
+            String::new()
+        },
         args.seconds,
+        if args.url.is_some() {
+            "as configured"
+        } else if args.compaction {
+            "on"
+        } else {
+            "off"
+        },
         url
     );
+    let series = args.instances.map(|instances| services * instances.max(1));
+    // Each client's share of the rate: its n-th send is due at n / per_client seconds,
+    // offset so that the clients do not send in bursts.
+    let per_client = args.rate / args.clients.max(1) as f64;
+    let clients = args.clients.max(1);
 
     let stop = Arc::new(AtomicBool::new(false));
     let sent_bytes = Arc::new(AtomicU64::new(0));
@@ -310,21 +350,44 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
             let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(60)).build();
             let mut local = Vec::new();
             let mut index = client;
+            let mut sent_count = 0u64;
+            let offset = if per_client > 0.0 {
+                client as f64 / per_client / clients as f64
+            } else {
+                0.0
+            };
             while !stop.load(Ordering::Relaxed) {
+                if per_client > 0.0 {
+                    let due = started
+                        + Duration::from_secs_f64(offset + sent_count as f64 / per_client);
+                    let wait = due.saturating_duration_since(Instant::now());
+                    if !wait.is_zero() {
+                        std::thread::sleep(wait.min(Duration::from_millis(200)));
+                        continue;
+                    }
+                }
+                sent_count += 1;
                 let file = &files[index % files.len()];
-                let service = format!("bench-svc-{}", client % services);
+                let (service_index, instance) = match series {
+                    Some(series) => {
+                        let pair = (client + sent_count as usize * clients) % series;
+                        (pair % services, pair / services)
+                    }
+                    None => (client % services, client),
+                };
+                let service = format!("bench-svc-{service_index}");
                 let now = kiln_model::time::now_nanos() / 1_000_000_000;
                 let begin = Instant::now();
                 let (sent, body_bytes) = match protocol {
                     Protocol::Pprof => {
                         let request_url = format!(
-                            "{url}/ingest?name={service}{{instance=i{client}}}&format=pprof&from={}&until={now}",
+                            "{url}/ingest?name={service}{{instance=i{instance}}}&format=pprof&from={}&until={now}",
                             now - 10
                         );
                         (agent.post(&request_url).send_bytes(&file.body), file.body.len())
                     }
                     Protocol::Otlp => {
-                        let (body, proto_bytes) = &file.otlp[client % services];
+                        let (body, proto_bytes) = &file.otlp[service_index];
                         sent_otlp_bytes.fetch_add(*proto_bytes as u64, Ordering::Relaxed);
                         let sent = agent
                             .post(&format!("{url}/v1development/profiles"))
@@ -361,6 +424,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     let cpu_after = server
         .as_ref()
         .and_then(|child| process_cpu_seconds(child.id()));
+    let merge_cpu_after = crate::storage::metric(&url, MERGE_CPU).ok();
     let mut latencies = latencies.lock().map(|l| l.clone()).unwrap_or_default();
     latencies.sort_by(|a, b| a.total_cmp(b));
     let percentile = |p: f64| -> f64 {
@@ -404,6 +468,15 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
             elapsed,
             cpu / elapsed,
         );
+        if let (Some(before), Some(after)) = (merge_cpu_before, merge_cpu_after) {
+            let merge = after - before;
+            println!(
+                "  compaction      {:.1} s ({:.0} %), ingest and the rest {:.1} s",
+                merge,
+                100.0 * merge / cpu.max(f64::EPSILON),
+                cpu - merge
+            );
+        }
         println!(
             "per server core   {:.2} MB/s of pprof ({:.2} MB/s of gzip body)",
             pprof_megabytes / cpu.max(f64::EPSILON),
@@ -424,6 +497,9 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Compaction's merge CPU on the server's `/metrics`.
+const MERGE_CPU: &str = "kiln_compaction_merge_cpu_seconds_total";
 
 /// User plus system CPU seconds of a process, from `/proc/PID/stat` (Linux; clock ticks are
 /// 100 per second there).
@@ -454,9 +530,16 @@ fn stages(args: StagesArgs) -> anyhow::Result<()> {
     let mut encode = Duration::ZERO;
     let mut raw_bytes = 0usize;
     let mut block_bytes = 0usize;
+    let per_dataset = if args.profiles_per_dataset == 0 {
+        files.len()
+    } else {
+        args.profiles_per_dataset
+    };
+    let mut datasets_built = 0usize;
     for _ in 0..args.rounds {
         let mut builder = kiln_storage::DatasetBuilder::new("bench", "bench");
-        for BenchFile { body, .. } in files.iter() {
+        let mut datasets = Vec::new();
+        for (position, BenchFile { body, .. }) in files.iter().enumerate() {
             let started = Instant::now();
             let raw = kiln_model::compress::gunzip_bounded(body, limits.max_decompressed_bytes)?;
             inflate += started.elapsed();
@@ -470,11 +553,18 @@ fn stages(args: StagesArgs) -> anyhow::Result<()> {
             plan += started.elapsed();
             let started = Instant::now();
             builder.add_pprof(&parsed.input(limits.max_stack_depth));
+            if (position + 1) % per_dataset == 0 || position + 1 == files.len() {
+                let full = std::mem::replace(
+                    &mut builder,
+                    kiln_storage::DatasetBuilder::new("bench", "bench"),
+                );
+                datasets.push(full.finish());
+            }
             build += started.elapsed();
         }
+        datasets_built += datasets.len();
         let started = Instant::now();
-        let dataset = builder.finish();
-        let block = kiln_storage::format::encode_block(std::slice::from_ref(&dataset))?;
+        let block = kiln_storage::format::encode_block(&datasets)?;
         encode += started.elapsed();
         block_bytes += block.len();
     }
@@ -508,8 +598,9 @@ fn stages(args: StagesArgs) -> anyhow::Result<()> {
         raw_bytes as f64 / 1e6 / total.as_secs_f64()
     );
     println!(
-        "block size     {:.1} % of the gzip pprof (one dataset per round)",
-        100.0 * block_bytes as f64 / (gzip_bytes * args.rounds) as f64
+        "block size     {:.1} % of the gzip pprof ({} datasets per round)",
+        100.0 * block_bytes as f64 / (gzip_bytes * args.rounds) as f64,
+        datasets_built / args.rounds.max(1)
     );
     Ok(())
 }

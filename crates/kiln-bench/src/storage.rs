@@ -559,7 +559,7 @@ fn query_total(url: &str, stream: Stream, start: i64, end: i64) -> anyhow::Resul
 }
 
 /// One counter's value from the server's `/metrics`.
-fn metric(url: &str, name: &str) -> anyhow::Result<f64> {
+pub(crate) fn metric(url: &str, name: &str) -> anyhow::Result<f64> {
     let text = ureq::get(&format!("{url}/metrics")).call()?.into_string()?;
     Ok(text
         .lines()

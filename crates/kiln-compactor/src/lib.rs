@@ -170,6 +170,8 @@ pub struct CompactorMetrics {
     pub conflicts: Counter,
     pub input_bytes: Counter,
     pub output_bytes: Counter,
+    /// CPU time of merges (decode, merge, encode), on the blocking threads that run them.
+    pub merge_cpu_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     pub expired_datasets: Counter,
     pub deleted_objects: Counter,
 }
@@ -190,6 +192,11 @@ impl CompactorMetrics {
             "kiln_compaction_input_bytes",
             "Bytes of block objects read by compaction",
             self.input_bytes.clone(),
+        );
+        registry.register(
+            "kiln_compaction_merge_cpu_seconds",
+            "CPU time spent merging and encoding compacted blocks",
+            self.merge_cpu_seconds.clone(),
         );
         registry.register(
             "kiln_compaction_output_bytes",
@@ -481,9 +488,13 @@ impl Compactor {
         let id = ulid::Ulid::new().to_string();
         let object_key = format!("blocks/{id}.parquet");
         let target = (id.clone(), object_key.clone());
+        let merge_cpu = self.metrics.merge_cpu_seconds.clone();
         let (block, meta, exports) = tokio::task::spawn_blocking(move || {
             kiln_model::priority::background_thread();
-            merge_datasets(&tenant, &service, &inputs, objects, &target, rules)
+            let before = kiln_model::priority::thread_cpu_seconds();
+            let merged = merge_datasets(&tenant, &service, &inputs, objects, &target, rules);
+            merge_cpu.inc_by(kiln_model::priority::thread_cpu_seconds() - before);
+            merged
         })
         .await??;
         crash_point("compaction-merged");

@@ -13,9 +13,12 @@ use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::column::reader::ColumnReader;
 use parquet::column::writer::ColumnWriter;
 use parquet::data_type::ByteArray;
-use parquet::file::metadata::KeyValue;
+use parquet::file::metadata::page_index::RowGroupPageIndex;
+use parquet::file::metadata::{KeyValue, ParquetMetaData};
+use parquet::file::properties::ReaderProperties;
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
-use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::file::reader::{FileReader, RowGroupReader, SerializedFileReader};
+use parquet::file::serialized_reader::SerializedRowGroupReader;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
 use parquet::schema::types::ColumnPath;
@@ -210,9 +213,11 @@ fn writer_properties(encoding: BlockEncoding) -> Result<WriterProperties, Storag
         // dictionary + zstd (docs/FORMAT.md).
         .set_dictionary_enabled(false);
     let builder = match encoding {
-        BlockEncoding::Segment => {
-            builder.set_compression(Compression::ZSTD(ZstdLevel::try_new(1)?))
-        }
+        // Parquet makes a codec per column chunk, and a zstd codec allocates a compression
+        // and a decompression context each time: with forty columns per dataset, a flush
+        // of one-profile datasets spent a quarter of its CPU creating contexts. Snappy has
+        // no context; segments live seconds before compaction, so their size matters less.
+        BlockEncoding::Segment => builder.set_compression(Compression::SNAPPY),
         BlockEncoding::Compacted => builder
             .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
             // Sample values are small next to the int64 range: split into byte streams,
@@ -376,10 +381,40 @@ pub fn decode_dataset_from<R: parquet::file::reader::ChunkReader + 'static>(
     row_group: usize,
     projection: Projection,
 ) -> Result<Dataset, StorageError> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        decode_dataset_unguarded(reader, row_group, projection)
-    }))
-    .unwrap_or_else(|panic| {
+    guarded(|| decode_dataset_unguarded(reader, row_group, projection))
+}
+
+/// [`decode_dataset_from`] with the block's footer already parsed (a block tail's), so
+/// that it is not parsed again for each dataset.
+pub fn decode_row_group<R: parquet::file::reader::ChunkReader + 'static>(
+    reader: R,
+    metadata: &ParquetMetaData,
+    row_group: usize,
+    projection: Projection,
+) -> Result<Dataset, StorageError> {
+    guarded(|| {
+        check_version(metadata)?;
+        let group = metadata.row_groups().get(row_group).ok_or_else(|| {
+            StorageError::Corrupt(format!(
+                "row group {row_group} out of range ({})",
+                metadata.num_row_groups()
+            ))
+        })?;
+        let reader = SerializedRowGroupReader::new(
+            Arc::new(reader),
+            group,
+            RowGroupPageIndex::new(row_group, None),
+            Arc::new(ReaderProperties::builder().build()),
+        )?;
+        decode_group(&reader, projection)
+    })
+}
+
+/// Runs a decoder, turning a panic inside the parquet crate into a corrupt-block error.
+fn guarded(
+    decode: impl FnOnce() -> Result<Dataset, StorageError>,
+) -> Result<Dataset, StorageError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(decode)).unwrap_or_else(|panic| {
         let message = panic
             .downcast_ref::<String>()
             .map(String::as_str)
@@ -391,14 +426,8 @@ pub fn decode_dataset_from<R: parquet::file::reader::ChunkReader + 'static>(
     })
 }
 
-fn decode_dataset_unguarded<R: parquet::file::reader::ChunkReader + 'static>(
-    block: R,
-    row_group: usize,
-    projection: Projection,
-) -> Result<Dataset, StorageError> {
-    let reader = SerializedFileReader::new(block)?;
-    let version = reader
-        .metadata()
+fn check_version(metadata: &ParquetMetaData) -> Result<(), StorageError> {
+    let version = metadata
         .file_metadata()
         .key_value_metadata()
         .and_then(|kv| kv.iter().find(|kv| kv.key == "kiln.block.version"))
@@ -408,6 +437,16 @@ fn decode_dataset_unguarded<R: parquet::file::reader::ChunkReader + 'static>(
             "unsupported block format version {version:?}"
         )));
     }
+    Ok(())
+}
+
+fn decode_dataset_unguarded<R: parquet::file::reader::ChunkReader + 'static>(
+    block: R,
+    row_group: usize,
+    projection: Projection,
+) -> Result<Dataset, StorageError> {
+    let reader = SerializedFileReader::new(block)?;
+    check_version(reader.metadata())?;
     if row_group >= reader.num_row_groups() {
         return Err(StorageError::Corrupt(format!(
             "row group {row_group} out of range ({})",
@@ -415,6 +454,13 @@ fn decode_dataset_unguarded<R: parquet::file::reader::ChunkReader + 'static>(
         )));
     }
     let group = reader.get_row_group(row_group)?;
+    decode_group(group.as_ref(), projection)
+}
+
+fn decode_group(
+    group: &dyn RowGroupReader,
+    projection: Projection,
+) -> Result<Dataset, StorageError> {
     if group.num_columns() != COLUMN_COUNT {
         return Err(StorageError::Corrupt(format!(
             "block has {} columns, expected {COLUMN_COUNT}",

@@ -11,10 +11,12 @@
 use std::ops::Range;
 
 use bytes::{Buf, Bytes};
-use parquet::file::metadata::ParquetMetaDataReader;
+use std::sync::Arc;
+
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::reader::{ChunkReader, Length};
 
-use crate::format::{decode_dataset_from, Projection};
+use crate::format::{decode_dataset_from, decode_row_group, Projection};
 use crate::{Dataset, ObjectStorage, StorageError};
 
 /// Parquet's trailer: a 4-byte little-endian footer length and the `PAR1` magic.
@@ -31,6 +33,9 @@ pub struct BlockTail {
     block_len: u64,
     /// Byte range of each dataset (row group), in block offsets.
     datasets: Vec<Range<u64>>,
+    /// The parsed footer, kept: a segment's footer describes every service's dataset,
+    /// and parsing it again for each one made compaction quadratic in the services.
+    metadata: Arc<ParquetMetaData>,
 }
 
 impl BlockTail {
@@ -98,6 +103,7 @@ impl BlockTail {
             bytes,
             block_len,
             datasets,
+            metadata: Arc::new(metadata),
         }))
     }
 
@@ -176,6 +182,7 @@ pub async fn read_dataset_bytes(
         PartialBlock {
             block_len: tail.block_len,
             parts: vec![(range.start, part), (tail.start, tail.bytes.clone())],
+            metadata: Some(tail.metadata.clone()),
         },
         fetched,
     ))
@@ -187,7 +194,10 @@ pub fn decode_partial(
     row_group: usize,
     projection: Projection,
 ) -> Result<Dataset, StorageError> {
-    decode_dataset_from(block, row_group, projection)
+    match block.metadata.clone() {
+        Some(metadata) => decode_row_group(block, &metadata, row_group, projection),
+        None => decode_dataset_from(block, row_group, projection),
+    }
 }
 
 /// Some byte ranges of a block, enough for the Parquet reader to decode one dataset. A
@@ -197,12 +207,18 @@ pub struct PartialBlock {
     block_len: u64,
     /// (offset in the block, bytes); may be empty or adjacent.
     parts: Vec<(u64, Bytes)>,
+    /// The block's footer, when its tail was parsed already.
+    metadata: Option<Arc<ParquetMetaData>>,
 }
 
 impl PartialBlock {
     /// A block of `block_len` bytes of which only `parts` (offset, bytes) are at hand.
     pub fn new(block_len: u64, parts: Vec<(u64, Bytes)>) -> Self {
-        PartialBlock { block_len, parts }
+        PartialBlock {
+            block_len,
+            parts,
+            metadata: None,
+        }
     }
 
     /// The bytes from `start` to the end of the part holding it.
@@ -334,10 +350,18 @@ mod tests {
                     ),
                     (tail.start, tail.bytes.clone()),
                 ],
+                metadata: None,
+            };
+            let whole = decode_dataset(&block, index, Projection::ALL).unwrap();
+            // Decoded with the footer parsed again, and with the tail's parsed footer.
+            let with_footer = PartialBlock {
+                metadata: Some(tail.metadata.clone()),
+                ..partial.clone()
             };
             let dataset = decode_partial(partial, index, Projection::ALL).unwrap();
-            let whole = decode_dataset(&block, index, Projection::ALL).unwrap();
             assert_eq!(dataset.service, *service);
+            assert_eq!(dataset, whole);
+            let dataset = decode_partial(with_footer, index, Projection::ALL).unwrap();
             assert_eq!(dataset, whole);
         }
         assert!(tail.dataset_range(services.len()).is_err());
@@ -346,8 +370,14 @@ mod tests {
         let missing = PartialBlock {
             block_len,
             parts: vec![(tail.start, tail.bytes.clone())],
+            metadata: Some(tail.metadata.clone()),
         };
         if range.end <= tail.start {
+            assert!(decode_partial(missing.clone(), 0, Projection::ALL).is_err());
+            let missing = PartialBlock {
+                metadata: None,
+                ..missing
+            };
             assert!(decode_partial(missing, 0, Projection::ALL).is_err());
         }
     }

@@ -148,6 +148,25 @@ fn builder_interns_and_block_round_trips() {
         decode_dataset(&compacted, 1, Projection::ALL).unwrap(),
         other
     );
+    // docs/FORMAT.md: segments snappy (no codec context per column chunk), compacted
+    // blocks zstd.
+    let codecs = |bytes: &Bytes| {
+        use parquet::file::reader::FileReader;
+        let reader = parquet::file::reader::SerializedFileReader::new(bytes.clone()).unwrap();
+        let metadata = reader.metadata();
+        metadata
+            .row_groups()
+            .iter()
+            .flat_map(|group| group.columns().iter().map(|column| column.compression()))
+            .collect::<Vec<_>>()
+    };
+    assert!(!codecs(&block).is_empty());
+    assert!(codecs(&block)
+        .iter()
+        .all(|codec| *codec == parquet::basic::Compression::SNAPPY));
+    assert!(codecs(&compacted)
+        .iter()
+        .all(|codec| matches!(codec, parquet::basic::Compression::ZSTD(_))));
     let index_only = decode_dataset(&block, 0, Projection::INDEX).unwrap();
     assert!(index_only.sample_value.is_empty());
     assert_eq!(index_only.profiles, dataset.profiles);
