@@ -490,6 +490,13 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
             );
         }
     }
+    if let Some(child) = &server {
+        // VmHWM: the peak over the server's life, startup and the run alike.
+        println!(
+            "server peak RSS   {:.0} MiB",
+            kiln_agent::procs::status_kib(child.id(), "VmHWM:") as f64 / 1024.0
+        );
+    }
     if let Some(mut child) = server {
         let _ = child.kill();
         let _ = child.wait();

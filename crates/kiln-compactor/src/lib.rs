@@ -425,6 +425,9 @@ impl Compactor {
             return Ok(false);
         }
         let result = self.merge_and_swap(&job).await;
+        // The job's inputs, merged dataset and block are freed by now: hand the memory
+        // back before the next job, instead of when the allocator gets round to it.
+        kiln_model::priority::release_memory();
         self.metastore
             .release_lease(job.key.clone(), &self.owner)
             .await?;
@@ -457,23 +460,23 @@ impl Compactor {
         Ok(tail)
     }
 
+    /// Runs merge work on a blocking thread at background priority, its CPU counted.
+    async fn background<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> Result<T, CompactorError> + Send + 'static,
+    ) -> Result<T, CompactorError> {
+        let merge_cpu = self.metrics.merge_cpu_seconds.clone();
+        tokio::task::spawn_blocking(move || {
+            kiln_model::priority::background_thread();
+            let before = kiln_model::priority::thread_cpu_seconds();
+            let done = work();
+            merge_cpu.inc_by(kiln_model::priority::thread_cpu_seconds() - before);
+            done
+        })
+        .await?
+    }
+
     async fn merge_and_swap(&self, job: &Job) -> Result<(), CompactorError> {
-        // Each input dataset is read by its own byte range: a segment holds many services'
-        // datasets, and this job needs only one of them.
-        let mut objects: Vec<PartialBlock> = Vec::with_capacity(job.inputs.len());
-        for input in &job.inputs {
-            let tail = self.block_tail(&input.object_key).await?;
-            let (partial, fetched) = kiln_storage::ranged::read_dataset_bytes(
-                &self.storage,
-                &input.object_key,
-                &tail,
-                input.row_group as usize,
-            )
-            .await?;
-            self.metrics.input_bytes.inc_by(fetched);
-            objects.push(partial);
-        }
-        let inputs = job.inputs.clone();
         let (tenant, service) = (job.key.tenant.clone(), job.key.service.clone());
         // Rules are read after the lease is held: a rule saved before this point counts
         // these inputs, one saved later starts with the next job.
@@ -484,19 +487,40 @@ impl Compactor {
             }
             _ => None,
         };
+        // Each input dataset is read by its own byte range (a segment holds many services'
+        // datasets, and this job needs only one of them), and merged before the next is
+        // fetched: a job holds one input's bytes at a time, not all of them.
+        let mut merge = Merge::new(&tenant, &service, rules);
+        for input in &job.inputs {
+            let tail = self.block_tail(&input.object_key).await?;
+            let (partial, fetched) = kiln_storage::ranged::read_dataset_bytes(
+                &self.storage,
+                &input.object_key,
+                &tail,
+                input.row_group as usize,
+            )
+            .await?;
+            self.metrics.input_bytes.inc_by(fetched);
+            let input = input.clone();
+            merge = self
+                .background(move || {
+                    let mut merge = merge;
+                    merge.add(&input, partial)?;
+                    Ok(merge)
+                })
+                .await?;
+        }
         // The block is named first, so its index entry is complete when built.
         let id = ulid::Ulid::new().to_string();
         let object_key = format!("blocks/{id}.parquet");
         let target = (id.clone(), object_key.clone());
-        let merge_cpu = self.metrics.merge_cpu_seconds.clone();
-        let (block, meta, exports) = tokio::task::spawn_blocking(move || {
-            kiln_model::priority::background_thread();
-            let before = kiln_model::priority::thread_cpu_seconds();
-            let merged = merge_datasets(&tenant, &service, &inputs, objects, &target, rules);
-            merge_cpu.inc_by(kiln_model::priority::thread_cpu_seconds() - before);
-            merged
-        })
-        .await??;
+        let (block, meta, exports) = self
+            .background(move || {
+                let finished = merge.finish(&target);
+                kiln_model::priority::release_memory();
+                finished
+            })
+            .await?;
         crash_point("compaction-merged");
         let size_bytes = block.len() as u64;
         self.storage.put(&object_key, Bytes::from(block)).await?;
@@ -614,19 +638,29 @@ fn poisoned<T>(_: std::sync::PoisonError<T>) -> CompactorError {
     CompactorError::Poisoned
 }
 
-/// Decodes the inputs (each from the byte ranges fetched for it, in the same order) and
-/// merges them into one dataset, encoded as a one-dataset block.
-fn merge_datasets(
-    tenant: &str,
-    service: &str,
-    inputs: &[DatasetMeta],
-    objects: Vec<PartialBlock>,
-    (block_id, object_key): &(String, String),
+/// One compaction's merge, fed its inputs one at a time (each decoded from the byte
+/// ranges fetched for it) and encoded at the end as a one-dataset block.
+struct Merge {
+    tenant: String,
+    service: String,
+    builder: DatasetBuilder,
+    exports: Exports,
     rules: Option<(RuleHook, Vec<RuleRecord>)>,
-) -> Result<(Vec<u8>, DatasetMeta, Exports), CompactorError> {
-    let mut builder = DatasetBuilder::new(tenant, service);
-    let mut exports = Exports::default();
-    for (input, partial) in inputs.iter().zip(objects) {
+}
+
+impl Merge {
+    fn new(tenant: &str, service: &str, rules: Option<(RuleHook, Vec<RuleRecord>)>) -> Self {
+        Merge {
+            tenant: tenant.to_string(),
+            service: service.to_string(),
+            builder: DatasetBuilder::new(tenant, service),
+            exports: Exports::default(),
+            rules,
+        }
+    }
+
+    /// Decodes one input dataset, checks it belongs here, and merges it in.
+    fn add(&mut self, input: &DatasetMeta, partial: PartialBlock) -> Result<(), CompactorError> {
         let name = format!("{}#{}", input.object_key, input.row_group);
         let dataset: Dataset = kiln_storage::ranged::decode_partial(
             partial,
@@ -640,38 +674,46 @@ fn merge_datasets(
         dataset
             .check()
             .map_err(|err| CompactorError::Corrupt(name.clone(), err))?;
-        if dataset.tenant != tenant || dataset.service != service {
+        if dataset.tenant != self.tenant || dataset.service != self.service {
             return Err(CompactorError::Corrupt(
                 name,
                 format!(
-                    "holds {}/{}, not {tenant}/{service}",
-                    dataset.tenant, dataset.service
+                    "holds {}/{}, not {}/{}",
+                    dataset.tenant, dataset.service, self.tenant, self.service
                 ),
             ));
         }
-        if let Some((hook, rules)) = &rules {
+        if let Some((hook, rules)) = &self.rules {
             let found = hook(rules, &dataset);
-            exports.targets = found.targets;
-            exports.samples.extend(found.samples);
+            self.exports.targets = found.targets;
+            self.exports.samples.extend(found.samples);
         }
-        builder.add_dataset(&dataset);
+        self.builder.add_dataset(&dataset);
+        Ok(())
     }
-    let dataset = builder.finish();
-    let (profile_types, profile_count) = dataset.summary();
-    let meta = DatasetMeta {
-        block_id: block_id.clone(),
-        object_key: object_key.clone(),
-        tenant: tenant.to_string(),
-        service: service.to_string(),
-        row_group: 0,
-        min_time_nanos: dataset.min_time_nanos,
-        max_time_nanos: dataset.max_time_nanos,
-        profile_types,
-        profile_count,
-    };
-    let block = encode_block_as(std::slice::from_ref(&dataset), BlockEncoding::Compacted)
-        .map_err(CompactorError::Encode)?;
-    Ok((block, meta, exports))
+
+    /// The merged block, its metastore entry, and the rules' exports.
+    fn finish(
+        self,
+        (block_id, object_key): &(String, String),
+    ) -> Result<(Vec<u8>, DatasetMeta, Exports), CompactorError> {
+        let dataset = self.builder.finish();
+        let (profile_types, profile_count) = dataset.summary();
+        let meta = DatasetMeta {
+            block_id: block_id.clone(),
+            object_key: object_key.clone(),
+            tenant: self.tenant,
+            service: self.service,
+            row_group: 0,
+            min_time_nanos: dataset.min_time_nanos,
+            max_time_nanos: dataset.max_time_nanos,
+            profile_types,
+            profile_count,
+        };
+        let block = encode_block_as(std::slice::from_ref(&dataset), BlockEncoding::Compacted)
+            .map_err(CompactorError::Encode)?;
+        Ok((block, meta, self.exports))
+    }
 }
 
 #[cfg(test)]

@@ -43,3 +43,20 @@ pub fn thread_cpu_seconds() -> f64 {
     }
     0.0
 }
+
+static RELEASE_MEMORY: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Installs how to hand freed memory back to the system: the binary owns the allocator,
+/// the libraries that free large amounts at once only know when.
+pub fn set_memory_release(release: fn()) {
+    let _ = RELEASE_MEMORY.set(release);
+}
+
+/// Called after a large background job (a compaction) freed its memory: an allocator
+/// keeps freed pages for a while before returning them, and without this the peak RSS
+/// under load was a compaction's transient memory on top of ingest's.
+pub fn release_memory() {
+    if let Some(release) = RELEASE_MEMORY.get() {
+        release();
+    }
+}

@@ -53,7 +53,10 @@ struct LocationKey {
 
 struct PendingProfile {
     row: ProfileRow,
-    samples: HashMap<(u32, u32), i64>,
+    /// (stack, label set) and value, in arrival order with repeats: sorted and summed once
+    /// at [`DatasetBuilder::finish`]. A vector costs 16 bytes a sample where a map cost
+    /// 20 to 40, and a compaction holds every sample of its job here.
+    samples: Vec<((u32, u32), i64)>,
 }
 
 /// Rows stored once each: interning a row returns the id of its first occurrence. The
@@ -492,18 +495,16 @@ impl DatasetBuilder {
                                 type_index: plan.value_index as u32,
                                 sample_count: 0,
                             },
-                            samples: HashMap::with_capacity(profile.sample.len()),
+                            samples: Vec::with_capacity(profile.sample.len()),
                         });
                         let pending = self.profiles.len() - 1;
                         pending_index[group][type_position] = Some(pending);
                         pending
                     }
                 };
-                let slot = self.profiles[pending]
+                self.profiles[pending]
                     .samples
-                    .entry((node, label_set))
-                    .or_insert(0);
-                *slot = slot.saturating_add(value);
+                    .push(((node, label_set), value));
             }
         }
     }
@@ -609,16 +610,17 @@ impl DatasetBuilder {
         let offsets = dataset.profile_sample_offsets();
         for (index, profile) in dataset.profiles.iter().enumerate() {
             let range = offsets[index] as usize..offsets[index + 1] as usize;
-            let mut samples = HashMap::with_capacity(range.len());
-            for sample in range {
-                let slot = samples
-                    .entry((
-                        stacks[dataset.sample_stack[sample] as usize],
-                        sample_sets[sample],
-                    ))
-                    .or_insert(0i64);
-                *slot = slot.saturating_add(dataset.sample_value[sample]);
-            }
+            let samples = range
+                .map(|sample| {
+                    (
+                        (
+                            stacks[dataset.sample_stack[sample] as usize],
+                            sample_sets[sample],
+                        ),
+                        dataset.sample_value[sample],
+                    )
+                })
+                .collect();
             self.profiles.push(PendingProfile {
                 row: ProfileRow {
                     series: series[profile.series as usize],
@@ -669,8 +671,15 @@ impl DatasetBuilder {
             ))
         });
         for pending in profiles {
-            let mut samples: Vec<((u32, u32), i64)> = pending.samples.into_iter().collect();
+            let mut samples = pending.samples;
             samples.sort_unstable_by_key(|(key, _)| *key);
+            samples.dedup_by(|(key, value), (kept_key, kept)| {
+                let same = key == kept_key;
+                if same {
+                    *kept = kept.saturating_add(*value);
+                }
+                same
+            });
             let mut row = pending.row;
             row.sample_count = samples.len() as u32;
             dataset.min_time_nanos = dataset.min_time_nanos.min(row.time_nanos);

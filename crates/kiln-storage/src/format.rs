@@ -136,64 +136,67 @@ fn i64s(values: impl Iterator<Item = i64>) -> Column {
     Column::I64(values.collect())
 }
 
-fn dataset_columns(dataset: &Dataset) -> Vec<Column> {
+/// Column `index` of a dataset, in schema order; `None` past the last. Made one at a time,
+/// so that encoding holds one column's copy of a dataset, not all of them.
+fn dataset_column(dataset: &Dataset, index: usize) -> Option<Column> {
     let bytes = |value: &str| ByteArray::from(value.as_bytes().to_vec());
-    vec![
-        Column::Bytes(vec![bytes(&dataset.tenant)]),
-        Column::Bytes(vec![bytes(&dataset.service)]),
-        Column::I64(vec![dataset.min_time_nanos]),
-        Column::I64(vec![dataset.max_time_nanos]),
-        Column::Bytes(dataset.strings.iter().map(|s| bytes(s)).collect()),
-        i64s(dataset.mappings.iter().map(|m| m.memory_start as i64)),
-        i64s(dataset.mappings.iter().map(|m| m.memory_limit as i64)),
-        i64s(dataset.mappings.iter().map(|m| m.file_offset as i64)),
-        i32s(dataset.mappings.iter().map(|m| m.filename)),
-        i32s(dataset.mappings.iter().map(|m| m.build_id)),
-        i32s(dataset.mappings.iter().map(|m| m.flags)),
-        i32s(dataset.functions.iter().map(|f| f.name)),
-        i32s(dataset.functions.iter().map(|f| f.system_name)),
-        i32s(dataset.functions.iter().map(|f| f.filename)),
-        i64s(dataset.functions.iter().map(|f| f.start_line)),
-        i32s(dataset.location_mapping.iter().copied()),
-        i64s(dataset.location_address.iter().map(|a| *a as i64)),
-        i32s(dataset.location_line_count.iter().copied()),
-        i32s(dataset.line_function.iter().copied()),
-        i64s(dataset.line_number.iter().copied()),
-        i32s(dataset.stack_parent.iter().copied()),
-        i32s(dataset.stack_location.iter().copied()),
-        i32s(dataset.series.iter().map(|s| s.profile_type)),
-        i32s(dataset.series.iter().map(|s| s.labels.len() as u32)),
-        i32s(
+    Some(match index {
+        0 => Column::Bytes(vec![bytes(&dataset.tenant)]),
+        1 => Column::Bytes(vec![bytes(&dataset.service)]),
+        2 => Column::I64(vec![dataset.min_time_nanos]),
+        3 => Column::I64(vec![dataset.max_time_nanos]),
+        4 => Column::Bytes(dataset.strings.iter().map(|s| bytes(s)).collect()),
+        5 => i64s(dataset.mappings.iter().map(|m| m.memory_start as i64)),
+        6 => i64s(dataset.mappings.iter().map(|m| m.memory_limit as i64)),
+        7 => i64s(dataset.mappings.iter().map(|m| m.file_offset as i64)),
+        8 => i32s(dataset.mappings.iter().map(|m| m.filename)),
+        9 => i32s(dataset.mappings.iter().map(|m| m.build_id)),
+        10 => i32s(dataset.mappings.iter().map(|m| m.flags)),
+        11 => i32s(dataset.functions.iter().map(|f| f.name)),
+        12 => i32s(dataset.functions.iter().map(|f| f.system_name)),
+        13 => i32s(dataset.functions.iter().map(|f| f.filename)),
+        14 => i64s(dataset.functions.iter().map(|f| f.start_line)),
+        15 => i32s(dataset.location_mapping.iter().copied()),
+        16 => i64s(dataset.location_address.iter().map(|a| *a as i64)),
+        17 => i32s(dataset.location_line_count.iter().copied()),
+        18 => i32s(dataset.line_function.iter().copied()),
+        19 => i64s(dataset.line_number.iter().copied()),
+        20 => i32s(dataset.stack_parent.iter().copied()),
+        21 => i32s(dataset.stack_location.iter().copied()),
+        22 => i32s(dataset.series.iter().map(|s| s.profile_type)),
+        23 => i32s(dataset.series.iter().map(|s| s.labels.len() as u32)),
+        24 => i32s(
             dataset
                 .series
                 .iter()
                 .flat_map(|s| s.labels.iter().map(|l| l.0)),
         ),
-        i32s(
+        25 => i32s(
             dataset
                 .series
                 .iter()
                 .flat_map(|s| s.labels.iter().map(|l| l.1)),
         ),
-        Column::Bytes(
+        26 => Column::Bytes(
             dataset
                 .profiles
                 .iter()
                 .map(|p| ByteArray::from(p.id.clone()))
                 .collect(),
         ),
-        i32s(dataset.profiles.iter().map(|p| p.series)),
-        i64s(dataset.profiles.iter().map(|p| p.time_nanos)),
-        i64s(dataset.profiles.iter().map(|p| p.duration_nanos)),
-        i64s(dataset.profiles.iter().map(|p| p.period)),
-        i32s(dataset.profiles.iter().map(|p| p.type_index)),
-        i32s(dataset.profiles.iter().map(|p| p.sample_count)),
-        i32s(dataset.sample_stack.iter().copied()),
-        i64s(dataset.sample_value.iter().copied()),
-        i32s(dataset.sample_label_sample.iter().copied()),
-        i32s(dataset.sample_label_name.iter().copied()),
-        i32s(dataset.sample_label_value.iter().copied()),
-    ]
+        27 => i32s(dataset.profiles.iter().map(|p| p.series)),
+        28 => i64s(dataset.profiles.iter().map(|p| p.time_nanos)),
+        29 => i64s(dataset.profiles.iter().map(|p| p.duration_nanos)),
+        30 => i64s(dataset.profiles.iter().map(|p| p.period)),
+        31 => i32s(dataset.profiles.iter().map(|p| p.type_index)),
+        32 => i32s(dataset.profiles.iter().map(|p| p.sample_count)),
+        33 => i32s(dataset.sample_stack.iter().copied()),
+        34 => i64s(dataset.sample_value.iter().copied()),
+        35 => i32s(dataset.sample_label_sample.iter().copied()),
+        36 => i32s(dataset.sample_label_name.iter().copied()),
+        37 => i32s(dataset.sample_label_value.iter().copied()),
+        _ => return None,
+    })
 }
 
 /// What a block is written for: the write path wants cheap encoding (segments live
@@ -252,11 +255,10 @@ pub fn encode_block_as(
     let properties = Arc::new(writer_properties(encoding)?);
     let mut writer = SerializedFileWriter::new(Vec::new(), schema, properties)?;
     for dataset in datasets {
-        let columns = dataset_columns(dataset);
         let mut row_group = writer.next_row_group()?;
         let mut index = 0;
         while let Some(mut column_writer) = row_group.next_column()? {
-            let column = columns.get(index).ok_or_else(|| {
+            let column = dataset_column(dataset, index).ok_or_else(|| {
                 StorageError::Corrupt("schema has more columns than the codec".into())
             })?;
             let top_level = index < columns::STRINGS.start;
@@ -275,7 +277,7 @@ pub fn encode_block_as(
             } else {
                 (Some(definition.as_slice()), Some(repetition.as_slice()))
             };
-            match (column_writer.untyped(), column) {
+            match (column_writer.untyped(), &column) {
                 (ColumnWriter::Int32ColumnWriter(writer), Column::I32(values)) => {
                     writer.write_batch(values, def, rep)?;
                 }

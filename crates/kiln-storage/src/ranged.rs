@@ -129,7 +129,9 @@ impl BlockTail {
 
     /// Memory held, for a cache's budget.
     pub fn size_bytes(&self) -> usize {
-        self.bytes.len() + self.datasets.len() * std::mem::size_of::<Range<u64>>()
+        self.bytes.len()
+            + self.datasets.len() * std::mem::size_of::<Range<u64>>()
+            + self.metadata.memory_size()
     }
 }
 
@@ -178,14 +180,30 @@ pub async fn read_dataset_bytes(
         let fetched = bytes.len() as u64;
         (bytes, fetched)
     };
-    Ok((
-        PartialBlock {
-            block_len: tail.block_len,
-            parts: vec![(range.start, part), (tail.start, tail.bytes.clone())],
-            metadata: Some(tail.metadata.clone()),
-        },
-        fetched,
-    ))
+    Ok((dataset_parts(tail, range, part), fetched))
+}
+
+/// The parts to decode a dataset from: its bytes before the tail (`before_tail`, fetched)
+/// and the tail. When the dataset runs on into the tail, its bytes are joined into one
+/// part: the Parquet reader streams a page header from one offset and cannot cross from
+/// one part into the next.
+fn dataset_parts(tail: &BlockTail, range: Range<u64>, before_tail: Bytes) -> PartialBlock {
+    let mut parts = Vec::with_capacity(2);
+    if range.start < tail.start && range.end > tail.start {
+        let overlap = (range.end - tail.start).min(tail.bytes.len() as u64) as usize;
+        let mut joined = Vec::with_capacity(before_tail.len() + overlap);
+        joined.extend_from_slice(&before_tail);
+        joined.extend_from_slice(&tail.bytes[..overlap]);
+        parts.push((range.start, Bytes::from(joined)));
+    } else {
+        parts.push((range.start, before_tail));
+    }
+    parts.push((tail.start, tail.bytes.clone()));
+    PartialBlock {
+        block_len: tail.block_len,
+        parts,
+        metadata: Some(tail.metadata.clone()),
+    }
 }
 
 /// Decodes dataset `row_group` from the parts [`read_dataset_bytes`] fetched.
@@ -379,6 +397,35 @@ mod tests {
                 ..missing
             };
             assert!(decode_partial(missing, 0, Projection::ALL).is_err());
+        }
+    }
+
+    /// Wherever the fetched tail begins, even inside a dataset (a segment with one big
+    /// dataset and a 64 KiB tail), the dataset decodes: its bytes are joined across the cut.
+    #[test]
+    fn a_dataset_cut_by_the_tail_decodes_at_every_cut() {
+        let services = ["a", "b"];
+        let block = block_of(&services);
+        let block_len = block.len() as u64;
+        let exact = BlockTail::parse(block.slice(block.len() - 16..), block_len)
+            .unwrap()
+            .unwrap_err();
+        let whole_tail = BlockTail::parse(block.slice(block.len() - exact as usize..), block_len)
+            .unwrap()
+            .unwrap();
+        for index in 0..services.len() {
+            let range = whole_tail.dataset_range(index).unwrap();
+            let whole = decode_dataset(&block, index, Projection::ALL).unwrap();
+            for cut in range.start..=range.end {
+                let tail = BlockTail::parse(block.slice(cut as usize..), block_len)
+                    .unwrap()
+                    .unwrap();
+                let before = block.slice(range.start as usize..cut as usize);
+                let partial = dataset_parts(&tail, range.clone(), before);
+                let dataset = decode_partial(partial, index, Projection::ALL)
+                    .unwrap_or_else(|err| panic!("dataset {index} cut at {cut}: {err}"));
+                assert_eq!(dataset, whole, "dataset {index} cut at {cut}");
+            }
         }
     }
 

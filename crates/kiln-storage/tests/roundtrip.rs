@@ -124,6 +124,11 @@ fn builder_interns_and_block_round_trips() {
     assert_eq!(dataset.profiles.len(), 8);
     let total: i64 = dataset.sample_value.iter().sum();
     assert_eq!(total, 2 * (1 + 2 + 3 + 10 + 20 + 5 + 30));
+    // The two unlabelled main;work samples are one row per profile, their values summed:
+    // per id, cpu {main;work 30, main 5 with span_id}, samples {main;work 3} and the two
+    // region=eu rows; the zero-valued sample is dropped.
+    assert_eq!(dataset.sample_value.len(), 2 * 5);
+    assert!(dataset.sample_value.contains(&30) && dataset.sample_value.contains(&3));
     // The span_id sample keeps its label per sample.
     assert_eq!(dataset.sample_label_sample.len(), 2);
     assert_eq!(
