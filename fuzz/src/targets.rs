@@ -118,6 +118,23 @@ pub fn otlp_decode(data: &[u8]) {
         kiln_ingest::otlp::decode_proto(data).ok(),
         kiln_ingest::otlp::decode_json(data).ok(),
     ];
+    // The server reads binary requests with the flat reader: it must refuse what prost
+    // refuses and make the same pprofs of the rest.
+    let flat = kiln_ingest::otlp::parse_export_proto(data, data.len(), &limits);
+    let derived = requests[0]
+        .clone()
+        .map(|request| kiln_ingest::otlp::parse_export(request, data.len(), &limits));
+    match (&flat, &derived) {
+        (Ok(flat), Some(Ok(derived))) => {
+            assert_eq!(flat.rejected_profiles, derived.rejected_profiles);
+            assert_eq!(flat.profiles.len(), derived.profiles.len());
+            for (a, b) in flat.profiles.iter().zip(&derived.profiles) {
+                assert!(a.profile == b.profile && a.labels == b.labels);
+            }
+        }
+        (Err(_), None | Some(Err(_))) => {}
+        _ => panic!("the flat OTLP reader and prost disagree"),
+    }
     for request in requests.into_iter().flatten() {
         let Ok(export) = kiln_ingest::otlp::parse_export(request, data.len(), &limits) else {
             continue;

@@ -45,6 +45,11 @@ pub struct StagesArgs {
     /// where each service has a profile or two per flush and per-dataset costs dominate.
     #[arg(long, default_value_t = 0)]
     profiles_per_dataset: usize,
+    /// The wire format parsed: `otlp` sends each file as the OTLP request
+    /// `request_from_pprof` makes of it, and `decode` then covers reading the request and
+    /// converting it to pprofs (`parse_export_proto`, validation included).
+    #[arg(long, value_enum, default_value_t = Protocol::Pprof)]
+    protocol: Protocol,
 }
 
 #[derive(Args)]
@@ -219,7 +224,9 @@ pub(crate) fn corpus_pprofs(
 
 /// Starts `kiln server` as a child process on `data_dir` and waits until it is ready;
 /// returns the child and its URL. A child, so that its CPU time and memory can be told
-/// from the load generator's, which shares the machine. Compaction is off: it is measured
+/// from the load generator's, which shares the machine. `KILN_BENCH_SERVER` names another
+/// `kiln` binary to start instead, so that two builds are compared under the same load
+/// generator. Compaction is off: it is measured
 /// on its own, and here it would compete for the cores.
 pub fn start_server(data_dir: &std::path::Path) -> anyhow::Result<(std::process::Child, String)> {
     start_server_with(data_dir, &["--compaction".into(), "false".into()])
@@ -233,14 +240,18 @@ pub fn start_server_with(
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
-    let mut child = std::process::Command::new(std::env::current_exe()?)
+    let binary = match std::env::var_os("KILN_BENCH_SERVER") {
+        Some(binary) => std::path::PathBuf::from(binary),
+        None => std::env::current_exe()?,
+    };
+    let mut child = std::process::Command::new(&binary)
         .args(["server", "--listen", &format!("127.0.0.1:{port}")])
         .args(flags)
         .arg("--data-dir")
         .arg(data_dir)
         .env("KILN_LOG_LEVEL", "warn")
         .spawn()
-        .context("cannot start the server")?;
+        .with_context(|| format!("cannot start the server {}", binary.display()))?;
     let url = format!("http://127.0.0.1:{port}");
     let agent = ureq::AgentBuilder::new()
         .timeout(Duration::from_secs(1))
@@ -330,7 +341,8 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     let sent_pprof_bytes = Arc::new(AtomicU64::new(0));
     let sent_profiles = Arc::new(AtomicU64::new(0));
     let sent_otlp_bytes = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
+    // Refusals by HTTP status (0: no response).
+    let errors = Arc::new(Mutex::new(std::collections::BTreeMap::<u16, u64>::new()));
     let latencies = Arc::new(Mutex::new(Vec::<f64>::new()));
     let started = Instant::now();
     let mut threads = Vec::new();
@@ -387,8 +399,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
                         (agent.post(&request_url).send_bytes(&file.body), file.body.len())
                     }
                     Protocol::Otlp => {
-                        let (body, proto_bytes) = &file.otlp[service_index];
-                        sent_otlp_bytes.fetch_add(*proto_bytes as u64, Ordering::Relaxed);
+                        let (body, _) = &file.otlp[service_index];
                         let sent = agent
                             .post(&format!("{url}/v1development/profiles"))
                             .set("Content-Type", "application/x-protobuf")
@@ -399,13 +410,35 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
                 };
                 match sent {
                     Ok(_) => {
+                        if protocol == Protocol::Otlp {
+                            let proto_bytes = file.otlp[service_index].1;
+                            sent_otlp_bytes.fetch_add(proto_bytes as u64, Ordering::Relaxed);
+                        }
                         local.push(begin.elapsed().as_secs_f64());
                         sent_bytes.fetch_add(body_bytes as u64, Ordering::Relaxed);
                         sent_pprof_bytes.fetch_add(file.pprof_bytes as u64, Ordering::Relaxed);
                         sent_profiles.fetch_add(1, Ordering::Relaxed);
                     }
-                    Err(_) => {
-                        errors.fetch_add(1, Ordering::Relaxed);
+                    Err(err) => {
+                        // A refused client waits as told, as SDKs and agents do: without
+                        // it, 1,000 clients retrying at once spend the cores they share
+                        // with the server on refusals, and the run measures that storm.
+                        let (status, retry_after) = match &err {
+                            ureq::Error::Status(status, response) => (
+                                *status,
+                                response
+                                    .header("Retry-After")
+                                    .and_then(|seconds| seconds.trim().parse::<f64>().ok()),
+                            ),
+                            ureq::Error::Transport(_) => (0, None),
+                        };
+                        if status == 429 {
+                            let wait = retry_after.unwrap_or(1.0).clamp(0.0, 5.0);
+                            std::thread::sleep(Duration::from_secs_f64(wait));
+                        }
+                        if let Ok(mut errors) = errors.lock() {
+                            *errors.entry(status).or_insert(0u64) += 1;
+                        }
                     }
                 }
                 index += 1;
@@ -459,7 +492,22 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     );
     println!("ack latency p50   {:.1} ms", percentile(0.5));
     println!("ack latency p99   {:.1} ms", percentile(0.99));
-    println!("errors            {}", errors.load(Ordering::Relaxed));
+    let errors = errors.lock().map(|e| e.clone()).unwrap_or_default();
+    let by_status: Vec<String> = errors
+        .iter()
+        .map(|(status, count)| match status {
+            0 => format!("{count} without a response"),
+            status => format!("{count} × {status}"),
+        })
+        .collect();
+    println!(
+        "errors            {}{}",
+        errors.values().sum::<u64>(),
+        match by_status.is_empty() {
+            true => String::new(),
+            false => format!("  ({})", by_status.join(", ")),
+        }
+    );
     if let (Some(before), Some(after)) = (cpu_before, cpu_after) {
         let cpu = after - before;
         println!(
@@ -523,7 +571,10 @@ pub(crate) fn process_cpu_seconds(pid: u32) -> Option<f64> {
 /// Times each stage of the write path over the corpus on one thread: inflate, protobuf
 /// decode, validation and series planning, dataset building (interning), block encoding.
 fn stages(args: StagesArgs) -> anyhow::Result<()> {
-    let files = load_corpus(&args.corpus, 0)?;
+    let mut files = load_corpus(&args.corpus, 0)?;
+    if args.protocol == Protocol::Otlp {
+        add_otlp_bodies(&mut files, 1)?;
+    }
     let gzip_bytes: usize = files.iter().map(|file| file.body.len()).sum();
     // Corpus files carry their recording times, years old: no retention here.
     let limits = kiln_ingest::Limits {
@@ -546,20 +597,45 @@ fn stages(args: StagesArgs) -> anyhow::Result<()> {
     for _ in 0..args.rounds {
         let mut builder = kiln_storage::DatasetBuilder::new("bench", "bench");
         let mut datasets = Vec::new();
-        for (position, BenchFile { body, .. }) in files.iter().enumerate() {
+        for (position, file) in files.iter().enumerate() {
+            raw_bytes += file.pprof_bytes;
+            let parsed = match args.protocol {
+                Protocol::Pprof => {
+                    let started = Instant::now();
+                    let raw = kiln_model::compress::gunzip_bounded(
+                        &file.body,
+                        limits.max_decompressed_bytes,
+                    )?;
+                    inflate += started.elapsed();
+                    let started = Instant::now();
+                    let profile = kiln_model::pprof::decode(&raw, limits.max_decompressed_bytes)?;
+                    decode += started.elapsed();
+                    let started = Instant::now();
+                    let parsed = kiln_ingest::parse::from_pprof(
+                        profile,
+                        Default::default(),
+                        file.body.len(),
+                        &limits,
+                    )?;
+                    plan += started.elapsed();
+                    vec![parsed]
+                }
+                Protocol::Otlp => {
+                    let (body, _) = &file.otlp[0];
+                    let started = Instant::now();
+                    let raw =
+                        kiln_model::compress::gunzip_bounded(body, limits.max_decompressed_bytes)?;
+                    inflate += started.elapsed();
+                    let started = Instant::now();
+                    let export = kiln_ingest::otlp::parse_export_proto(&raw, body.len(), &limits)?;
+                    decode += started.elapsed();
+                    export.profiles
+                }
+            };
             let started = Instant::now();
-            let raw = kiln_model::compress::gunzip_bounded(body, limits.max_decompressed_bytes)?;
-            inflate += started.elapsed();
-            raw_bytes += raw.len();
-            let started = Instant::now();
-            let profile = kiln_model::pprof::decode(&raw, limits.max_decompressed_bytes)?;
-            decode += started.elapsed();
-            let started = Instant::now();
-            let parsed =
-                kiln_ingest::parse::from_pprof(profile, Default::default(), body.len(), &limits)?;
-            plan += started.elapsed();
-            let started = Instant::now();
-            builder.add_pprof(&parsed.input(limits.max_stack_depth));
+            for parsed in &parsed {
+                builder.add_pprof(&parsed.input(limits.max_stack_depth));
+            }
             if (position + 1) % per_dataset == 0 || position + 1 == files.len() {
                 let full = std::mem::replace(
                     &mut builder,
@@ -578,8 +654,12 @@ fn stages(args: StagesArgs) -> anyhow::Result<()> {
     let megabytes = (gzip_bytes * args.rounds) as f64 / 1e6;
     let total = inflate + decode + plan + build + encode;
     println!(
-        "kiln bench stages: {} files, {:.2} MB gzip ({:.2} MB raw) x {} rounds, one thread",
+        "kiln bench stages: {} files as {}, {:.2} MB gzip pprof ({:.2} MB raw) x {} rounds, one thread",
         files.len(),
+        match args.protocol {
+            Protocol::Pprof => "pprof",
+            Protocol::Otlp => "OTLP",
+        },
         gzip_bytes as f64 / 1e6,
         raw_bytes as f64 / 1e6 / args.rounds as f64,
         args.rounds

@@ -248,6 +248,14 @@ impl Samples {
         }
     }
 
+    /// Room for `samples` more samples holding `location_ids` location ids and `values`
+    /// values in all, for a converter that knows its sizes up front.
+    pub fn reserve(&mut self, samples: usize, location_ids: usize, values: usize) {
+        self.ends.reserve(samples);
+        self.location_ids.reserve(location_ids);
+        self.values.reserve(values);
+    }
+
     pub fn push(&mut self, location_id: &[u64], value: &[i64], label: &[Label]) {
         self.location_ids.extend_from_slice(location_id);
         self.values.extend_from_slice(value);

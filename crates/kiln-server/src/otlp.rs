@@ -12,7 +12,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use kiln_ingest::cpu::run_parser;
 use kiln_ingest::otlp::{
-    decode_json, decode_proto, parse_export, ExportProfilesPartialSuccess,
+    decode_json, parse_export, parse_export_proto, ExportProfilesPartialSuccess,
     ExportProfilesServiceResponse,
 };
 
@@ -32,18 +32,19 @@ pub async fn export(
 ) -> Result<Response, ApiError> {
     let rpc = Rpc::of(&headers, Family::Otlp)?;
     let body = read_body(&state, &tenant, &headers, body, Some(rpc)).await?;
-    let request = if rpc.is_json() {
-        decode_json(&body.message)?
-    } else {
-        decode_proto(&body.message)?
-    };
     // gRPC counts the frame as received, OTLP/HTTP the decoded body.
     let received = match rpc.encoding {
         Encoding::Grpc => body.received,
         _ => body.message.len(),
     };
     let limits = body.limits;
-    let export = run_parser(move || parse_export(request, received, &limits)).await?;
+    let message = body.message;
+    let json = rpc.is_json();
+    let export = run_parser(move || match json {
+        true => parse_export(decode_json(&message)?, received, &limits),
+        false => parse_export_proto(&message, received, &limits),
+    })
+    .await?;
     let rejected_profiles = export.rejected_profiles;
     let error_message = export.error_message();
     write_profiles(&state, OTLP, &tenant, export.profiles, body.arrival).await?;

@@ -7,21 +7,22 @@
 //! dictionary inside each profile) differ in wire types where they overlap, so they fail
 //! to decode and are refused with a message naming the supported version.
 //!
-//! Each OTLP profile becomes one pprof per second of its samples' timestamps (samples
-//! without timestamps go to the profile's own time), holding only the symbols its samples
-//! reach, and then takes the same path as every pprof upload. Every request stands alone:
-//! nothing is remembered between requests, so nothing can be missing from an earlier one.
+//! Binary requests are read by [`wire`] into flat tables borrowing the body; OTLP/JSON
+//! decodes into the messages below and is viewed the same way. [`convert`] turns the
+//! profiles into pprofs (the sample types of one source merged back into one pprof),
+//! holding only the symbols their samples reach, which then take the same path as every
+//! pprof upload. Every request stands alone: nothing is remembered between requests, so
+//! nothing can be missing from an earlier one.
 
-use std::collections::BTreeMap;
+mod convert;
+pub mod wire;
 
 use foldhash::{HashMap, HashMapExt};
 
-use kiln_model::labels::{sanitize_label_name, Labels, SERVICE_NAME};
-use kiln_model::pprof::{self, Profile, ValueType};
+use kiln_model::pprof::{Profile, ValueType};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
 
-use crate::parse::{from_pprof, ProfileContext};
 use crate::{IngestError, Limits, ParsedProfile};
 
 /// The OTLP release whose profiles schema this module implements.
@@ -432,462 +433,35 @@ impl Export {
     }
 }
 
-/// Converts every profile of a request. A profile that fails is counted and explained;
-/// when every profile fails the request is refused as a whole (400).
+/// Converts every profile of a binary request, read straight from its bytes
+/// ([`wire::decode`]).
+pub fn parse_export_proto(
+    body: &[u8],
+    received_bytes: usize,
+    limits: &Limits,
+) -> Result<Export, IngestError> {
+    let request = wire::decode(body).map_err(|err| {
+        IngestError::BadRequest(format!(
+            "invalid OTLP profiles request (Kiln reads OTLP {OTLP_VERSION} profiles v1development): {err}"
+        ))
+    })?;
+    convert::convert(&request, received_bytes, limits)
+}
+
+/// Converts every profile of a decoded request (OTLP/JSON). A profile that fails is
+/// counted and explained; when every profile fails the request is refused as a whole
+/// (400).
 pub fn parse_export(
     request: ExportProfilesServiceRequest,
     received_bytes: usize,
     limits: &Limits,
 ) -> Result<Export, IngestError> {
-    let dictionary = request.dictionary.unwrap_or_default();
-    let total: usize = request
-        .resource_profiles
-        .iter()
-        .flat_map(|resource| &resource.scope_profiles)
-        .map(|scope| scope.profiles.len())
-        .sum();
-    let mut export = Export::default();
-    for resource in &request.resource_profiles {
-        // Kept as text: a bad resource attribute refuses each of the resource's profiles.
-        let resource_labels = match resource.resource.as_ref() {
-            Some(resource) => {
-                attributes_labels(&dictionary, &resource.attributes).map_err(|err| err.to_string())
-            }
-            None => Ok(Vec::new()),
-        };
-        for scope in &resource.scope_profiles {
-            for profile in &scope.profiles {
-                let converted = resource_labels.clone().map_err(bad).and_then(|mut labels| {
-                    if let Some(scope) = &scope.scope {
-                        labels.extend(attributes_labels(&dictionary, &scope.attributes)?);
-                    }
-                    let share = received_bytes / total.max(1);
-                    convert_profile(&dictionary, labels, profile, share, limits)
-                });
-                match converted {
-                    Ok(profiles) => export.profiles.extend(profiles),
-                    Err(err) => {
-                        export.rejected_profiles += 1;
-                        export.errors.push(err.to_string());
-                    }
-                }
-            }
-        }
-    }
-    if export.profiles.is_empty() && export.rejected_profiles > 0 {
-        return Err(IngestError::BadRequest(format!(
-            "every profile of the request was refused: {}",
-            export.error_message()
-        )));
-    }
-    Ok(export)
-}
-
-fn bad(message: impl Into<String>) -> IngestError {
-    IngestError::BadRequest(message.into())
-}
-
-/// Looks up `index` in one of the dictionary's tables, naming the table when it is out
-/// of range.
-fn entry<'a, T>(table: &'a [T], index: i32, what: &str) -> Result<&'a T, IngestError> {
-    usize::try_from(index)
-        .ok()
-        .and_then(|position| table.get(position))
-        .ok_or_else(|| {
-            bad(format!(
-                "{what} index {index} is out of range (the dictionary's table has {} entries)",
-                table.len()
-            ))
-        })
-}
-
-fn dictionary_string(dictionary: &ProfilesDictionary, index: i32) -> Result<&str, IngestError> {
-    entry(&dictionary.string_table, index, "string").map(String::as_str)
-}
-
-/// An attribute value as label text.
-fn value_text(dictionary: &ProfilesDictionary, value: &AnyValue) -> Result<String, IngestError> {
-    Ok(match &value.value {
-        None => String::new(),
-        Some(Value::StringValue(text)) => text.clone(),
-        Some(Value::BoolValue(value)) => value.to_string(),
-        Some(Value::IntValue(value)) => value.to_string(),
-        Some(Value::DoubleValue(value)) => value.to_string(),
-        Some(Value::BytesValue(bytes)) => hex(bytes),
-        Some(Value::StringValueStrindex(index)) => dictionary_string(dictionary, *index)?.into(),
-        Some(Value::ArrayValue(array)) => {
-            let items = array
-                .values
-                .iter()
-                .map(|item| value_text(dictionary, item))
-                .collect::<Result<Vec<_>, _>>()?;
-            format!("[{}]", items.join(","))
-        }
-        Some(Value::KvlistValue(list)) => {
-            let items = list
-                .values
-                .iter()
-                .map(|pair| {
-                    let key = key_text(dictionary, pair)?;
-                    let value = match &pair.value {
-                        Some(value) => value_text(dictionary, value)?,
-                        None => String::new(),
-                    };
-                    Ok(format!("{key}={value}"))
-                })
-                .collect::<Result<Vec<_>, IngestError>>()?;
-            format!("{{{}}}", items.join(","))
-        }
-    })
-}
-
-fn key_text<'a>(
-    dictionary: &'a ProfilesDictionary,
-    pair: &'a KeyValue,
-) -> Result<&'a str, IngestError> {
-    if pair.key.is_empty() && pair.key_strindex != 0 {
-        return dictionary_string(dictionary, pair.key_strindex);
-    }
-    Ok(&pair.key)
-}
-
-/// Resource and scope attributes as series labels; `service.name` is `service_name`.
-fn attributes_labels(
-    dictionary: &ProfilesDictionary,
-    attributes: &[KeyValue],
-) -> Result<Vec<(String, String)>, IngestError> {
-    let mut labels = Vec::with_capacity(attributes.len());
-    for pair in attributes {
-        let key = key_text(dictionary, pair)?;
-        if key.is_empty() {
-            continue;
-        }
-        let value = match &pair.value {
-            Some(value) => value_text(dictionary, value)?,
-            None => String::new(),
-        };
-        labels.push((label_name(key), value));
-    }
-    Ok(labels)
-}
-
-fn label_name(key: &str) -> String {
-    if key == "service.name" {
-        return SERVICE_NAME.to_string();
-    }
-    sanitize_label_name(key)
+    let view = wire::Request::from_message(&request).map_err(IngestError::BadRequest)?;
+    convert::convert(&view, received_bytes, limits)
 }
 
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-/// Builds a pprof holding only what a profile's samples reach, interning each dictionary
-/// entry once.
-struct PprofBuilder<'a> {
-    dictionary: &'a ProfilesDictionary,
-    profile: Profile,
-    strings: HashMap<i32, i64>,
-    text_strings: pprof::StringInterner,
-    mappings: HashMap<i32, u64>,
-    functions: HashMap<i32, u64>,
-    locations: HashMap<i32, u64>,
-}
-
-impl<'a> PprofBuilder<'a> {
-    fn new(dictionary: &'a ProfilesDictionary) -> Self {
-        let mut builder = PprofBuilder {
-            dictionary,
-            profile: Profile::default(),
-            strings: HashMap::new(),
-            text_strings: Default::default(),
-            mappings: HashMap::new(),
-            functions: HashMap::new(),
-            locations: HashMap::new(),
-        };
-        builder.text("");
-        builder
-    }
-
-    /// A pprof string index for text that may not be in the dictionary.
-    fn text(&mut self, value: &str) -> i64 {
-        self.text_strings
-            .intern(&mut self.profile.string_table, value)
-    }
-
-    fn string(&mut self, index: i32) -> Result<i64, IngestError> {
-        if let Some(pprof_index) = self.strings.get(&index) {
-            return Ok(*pprof_index);
-        }
-        let value = dictionary_string(self.dictionary, index)?;
-        let pprof_index = self.text(value);
-        self.strings.insert(index, pprof_index);
-        Ok(pprof_index)
-    }
-
-    fn mapping(&mut self, index: i32) -> Result<u64, IngestError> {
-        if index == 0 {
-            return Ok(0); // mapping_table[0] is the "no mapping" entry
-        }
-        if let Some(id) = self.mappings.get(&index) {
-            return Ok(*id);
-        }
-        let mapping = entry(&self.dictionary.mapping_table, index, "mapping")?;
-        let mut build_id = 0;
-        for attribute in &mapping.attribute_indices {
-            let attribute = entry(&self.dictionary.attribute_table, *attribute, "attribute")?;
-            let key = dictionary_string(self.dictionary, attribute.key_strindex)?;
-            if key.starts_with("process.executable.build_id") && build_id == 0 {
-                let value = match &attribute.value {
-                    Some(value) => value_text(self.dictionary, value)?,
-                    None => String::new(),
-                };
-                build_id = self.text(&value);
-            }
-        }
-        let id = self.profile.mapping.len() as u64 + 1;
-        let filename = self.string(mapping.filename_strindex)?;
-        self.profile.mapping.push(pprof::Mapping {
-            id,
-            memory_start: mapping.memory_start,
-            memory_limit: mapping.memory_limit,
-            file_offset: mapping.file_offset,
-            filename,
-            build_id,
-            ..Default::default()
-        });
-        self.mappings.insert(index, id);
-        Ok(id)
-    }
-
-    fn function(&mut self, index: i32) -> Result<u64, IngestError> {
-        if let Some(id) = self.functions.get(&index) {
-            return Ok(*id);
-        }
-        let function = entry(&self.dictionary.function_table, index, "function")?;
-        let id = self.profile.function.len() as u64 + 1;
-        let name = self.string(function.name_strindex)?;
-        let system_name = self.string(function.system_name_strindex)?;
-        let filename = self.string(function.filename_strindex)?;
-        self.profile.function.push(pprof::Function {
-            id,
-            name,
-            system_name,
-            filename,
-            start_line: function.start_line,
-        });
-        self.functions.insert(index, id);
-        Ok(id)
-    }
-
-    fn location(&mut self, index: i32) -> Result<u64, IngestError> {
-        if let Some(id) = self.locations.get(&index) {
-            return Ok(*id);
-        }
-        let location = entry(&self.dictionary.location_table, index, "location")?;
-        let mapping_id = self.mapping(location.mapping_index)?;
-        let mut lines = Vec::with_capacity(location.lines.len());
-        for line in &location.lines {
-            // function_table[0] is the "unknown function" entry: such a frame keeps its
-            // address and mapping and is shown as module+0xoffset until symbolized.
-            if line.function_index == 0 {
-                continue;
-            }
-            lines.push(pprof::Line {
-                function_id: self.function(line.function_index)?,
-                line: line.line,
-                column: line.column,
-            });
-        }
-        let id = self.profile.location.len() as u64 + 1;
-        self.profile.location.push(pprof::Location {
-            id,
-            mapping_id,
-            address: location.address,
-            line: lines,
-            is_folded: false,
-        });
-        self.locations.insert(index, id);
-        Ok(id)
-    }
-
-    /// Appends the pprof location ids of a stack, leaf first as both formats store them.
-    fn stack(&mut self, index: i32, location_ids: &mut Vec<u64>) -> Result<(), IngestError> {
-        let stack = entry(&self.dictionary.stack_table, index, "stack")?;
-        for location in &stack.location_indices {
-            location_ids.push(self.location(*location)?);
-        }
-        Ok(())
-    }
-}
-
-/// Samples of one profile grouped by the second their timestamps fall in (`None`: the
-/// samples without timestamps, at the profile's own time).
-type Buckets = BTreeMap<Option<i64>, Vec<(usize, i64)>>;
-
-const SECOND: i64 = 1_000_000_000;
-
-fn bucket_samples(profile: &OtlpProfile) -> Result<Buckets, IngestError> {
-    let mut buckets = Buckets::new();
-    for (position, sample) in profile.samples.iter().enumerate() {
-        let timestamps = &sample.timestamps_unix_nano;
-        if timestamps.is_empty() {
-            let value = sample
-                .values
-                .iter()
-                .fold(0i64, |sum, v| sum.saturating_add(*v));
-            buckets.entry(None).or_default().push((position, value));
-            continue;
-        }
-        if !sample.values.is_empty() && sample.values.len() != timestamps.len() {
-            return Err(bad(format!(
-                "sample {position} has {} values and {} timestamps; they must pair up",
-                sample.values.len(),
-                timestamps.len()
-            )));
-        }
-        for (at, timestamp) in timestamps.iter().enumerate() {
-            let timestamp = i64::try_from(*timestamp)
-                .map_err(|_| bad(format!("sample {position} has a timestamp past 2262")))?;
-            let value = sample.values.get(at).copied().unwrap_or(1);
-            let second = timestamp - timestamp.rem_euclid(SECOND);
-            buckets
-                .entry(Some(second))
-                .or_default()
-                .push((position, value));
-        }
-    }
-    Ok(buckets)
-}
-
-fn convert_profile(
-    dictionary: &ProfilesDictionary,
-    mut labels: Vec<(String, String)>,
-    profile: &OtlpProfile,
-    received_bytes: usize,
-    limits: &Limits,
-) -> Result<Vec<ParsedProfile>, IngestError> {
-    let sample_type = profile
-        .sample_type
-        .ok_or_else(|| bad("profile has no sample_type"))?;
-    for attribute in &profile.attribute_indices {
-        let attribute = entry(&dictionary.attribute_table, *attribute, "attribute")?;
-        let key = dictionary_string(dictionary, attribute.key_strindex)?;
-        let value = match &attribute.value {
-            Some(value) => value_text(dictionary, value)?,
-            None => String::new(),
-        };
-        labels.push((label_name(key), value));
-    }
-    let mut series_labels = Labels::new();
-    for (name, value) in labels {
-        if !name.is_empty() {
-            series_labels.set(name, value);
-        }
-    }
-
-    // The symbol tables every bucket shares, then each bucket's samples.
-    let mut builder = PprofBuilder::new(dictionary);
-    builder.profile.sample_type = vec![ValueType {
-        r#type: builder.string(sample_type.type_strindex)?,
-        unit: builder.string(sample_type.unit_strindex)?,
-    }];
-    if let Some(period_type) = profile.period_type {
-        builder.profile.period_type = Some(ValueType {
-            r#type: builder.string(period_type.type_strindex)?,
-            unit: builder.string(period_type.unit_strindex)?,
-        });
-    }
-    builder.profile.period = profile.period;
-    // Each sample's location ids and labels, as ranges of two flat vectors; samples that
-    // share a stack share its range.
-    let mut location_ids: Vec<u64> = Vec::new();
-    let mut stack_ranges: HashMap<i32, (usize, usize)> = HashMap::new();
-    let mut stacks = Vec::with_capacity(profile.samples.len());
-    let mut labels_flat: Vec<pprof::Label> = Vec::new();
-    let mut sample_labels = Vec::with_capacity(profile.samples.len());
-    for sample in &profile.samples {
-        let range = match stack_ranges.get(&sample.stack_index) {
-            Some(range) => *range,
-            None => {
-                let start = location_ids.len();
-                builder.stack(sample.stack_index, &mut location_ids)?;
-                stack_ranges.insert(sample.stack_index, (start, location_ids.len()));
-                (start, location_ids.len())
-            }
-        };
-        stacks.push(range);
-        let labels_start = labels_flat.len();
-        let pprof_labels = &mut labels_flat;
-        for attribute in &sample.attribute_indices {
-            let attribute = entry(&dictionary.attribute_table, *attribute, "attribute")?;
-            let key = sanitize_label_name(dictionary_string(dictionary, attribute.key_strindex)?);
-            let value = match &attribute.value {
-                Some(value) => value_text(dictionary, value)?,
-                None => String::new(),
-            };
-            pprof_labels.push(pprof::Label {
-                key: builder.text(&key),
-                str: builder.text(&value),
-                ..Default::default()
-            });
-        }
-        if sample.link_index != 0 {
-            let link = entry(&dictionary.link_table, sample.link_index, "link")?;
-            for (key, id) in [("trace_id", &link.trace_id), ("span_id", &link.span_id)] {
-                if id.iter().any(|byte| *byte != 0) {
-                    pprof_labels.push(pprof::Label {
-                        key: builder.text(key),
-                        str: builder.text(&hex(id)),
-                        ..Default::default()
-                    });
-                }
-            }
-        }
-        sample_labels.push((labels_start, labels_flat.len()));
-    }
-    let mut tables = Some(builder.profile);
-
-    let buckets = bucket_samples(profile)?;
-    let profile_id = (!profile.profile_id.is_empty()).then(|| hex(&profile.profile_id));
-    let split = buckets.len() > 1;
-    let mut parsed = Vec::with_capacity(buckets.len());
-    let last = buckets.len().saturating_sub(1);
-    for (bucket, (second, samples)) in buckets.into_iter().enumerate() {
-        // Every bucket but the last gets a copy of the tables; the last takes them.
-        let mut pprof = match (bucket == last, &mut tables) {
-            (true, tables) => tables.take().unwrap_or_default(),
-            (false, Some(tables)) => tables.clone(),
-            (false, None) => Profile::default(),
-        };
-        for (position, value) in samples {
-            let (stack_start, stack_end) = stacks[position];
-            let (labels_start, labels_end) = sample_labels[position];
-            pprof.sample.push(
-                &location_ids[stack_start..stack_end],
-                &[value],
-                &labels_flat[labels_start..labels_end],
-            );
-        }
-        let (time_nanos, duration_nanos) = match second {
-            Some(second) => (second, SECOND),
-            None => (profile.time_unix_nano as i64, profile.duration_nano as i64),
-        };
-        let id = profile_id.as_ref().map(|id| match (split, second) {
-            (true, Some(second)) => format!("{id}-{}", second / SECOND),
-            _ => id.clone(),
-        });
-        let context = ProfileContext {
-            labels: series_labels.clone(),
-            time_nanos: (time_nanos > 0).then_some(time_nanos),
-            duration_nanos: Some(duration_nanos.max(0)),
-            id,
-            sample_labels_per_sample: true,
-            ..Default::default()
-        };
-        parsed.push(from_pprof(pprof, context, received_bytes, limits)?);
-    }
-    Ok(parsed)
 }
 
 /// The OTLP form of a pprof: one OTLP profile per sample type, sharing one dictionary,
