@@ -588,6 +588,7 @@ fn stages(args: StagesArgs) -> anyhow::Result<()> {
     let mut encode = Duration::ZERO;
     let mut raw_bytes = 0usize;
     let mut block_bytes = 0usize;
+    let mut held_bytes = 0usize;
     let per_dataset = if args.profiles_per_dataset == 0 {
         files.len()
     } else {
@@ -632,6 +633,7 @@ fn stages(args: StagesArgs) -> anyhow::Result<()> {
                     export.profiles
                 }
             };
+            held_bytes += parsed.iter().map(|p| p.decoded_bytes).sum::<usize>();
             let started = Instant::now();
             for parsed in &parsed {
                 builder.add_pprof(&parsed.input(limits.max_stack_depth));
@@ -683,6 +685,11 @@ fn stages(args: StagesArgs) -> anyhow::Result<()> {
         total.as_secs_f64() * 1000.0,
         megabytes / total.as_secs_f64(),
         raw_bytes as f64 / 1e6 / total.as_secs_f64()
+    );
+    println!(
+        "decoded        {:.2} MB held in memory per round while waiting for a flush ({:.1}× the pprof)",
+        held_bytes as f64 / 1e6 / args.rounds as f64,
+        held_bytes as f64 / raw_bytes.max(1) as f64
     );
     println!(
         "block size     {:.1} % of the gzip pprof ({} datasets per round)",

@@ -23,8 +23,9 @@ pub struct ParsedProfile {
     pub types: Vec<TypePlan>,
     /// Size of the profile as received, for accounting.
     pub received_bytes: usize,
-    /// Size of the profile decoded (its uncompressed protobuf encoding): what it costs
-    /// in memory while it waits for its flush, whatever the wire format was.
+    /// The memory the decoded profile holds ([`Profile::heap_bytes`] and its index):
+    /// what it costs while it waits for its flush, whatever the wire format was. (It was
+    /// the size of its protobuf encoding, which understated the memory about fourfold.)
     pub decoded_bytes: usize,
     /// See [`ProfileContext::sample_labels_per_sample`].
     pub sample_labels_per_sample: bool,
@@ -202,7 +203,7 @@ pub fn from_pprof(
             "profile id is longer than 256 bytes".into(),
         ));
     }
-    let decoded_bytes = prost::Message::encoded_len(&profile);
+    let decoded_bytes = profile.heap_bytes() + index.heap_bytes();
     Ok(ParsedProfile {
         id,
         time_nanos,

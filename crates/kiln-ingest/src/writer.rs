@@ -44,8 +44,8 @@ pub struct IngesterConfig {
     pub adaptive: bool,
     /// Flush early once a batch holds this many received bytes.
     pub flush_bytes: usize,
-    /// Refuse new writes with 429 while profiles of this many decoded bytes wait for, or
-    /// are in, a flush: the bound on the write path's memory under overload.
+    /// Refuse new writes with 429 while decoded profiles holding this much memory wait
+    /// for, or are in, a flush: the bound on the write path's memory under overload.
     pub max_pending_bytes: usize,
     /// Flushes (object writes and registrations) in flight at once.
     pub max_concurrent_flushes: usize,
@@ -58,7 +58,11 @@ impl Default for IngesterConfig {
             flush_interval: Duration::from_millis(500),
             adaptive: true,
             flush_bytes: 32 << 20,
-            max_pending_bytes: 64 << 20,
+            // Counted as the decoded profiles' heap ([`ParsedProfile::decoded_bytes`]),
+            // about what the old 64 MiB of protobuf encoding held; smaller, the batches
+            // under load shrink and the throughput with them (docs/benchmarks.md, "Memory
+            // of the write path").
+            max_pending_bytes: 384 << 20,
             max_concurrent_flushes: 4,
             max_stack_depth: 1000,
         }

@@ -28,7 +28,7 @@ pub struct ServerConfig {
     pub flush_adaptive: bool,
     /// Flush a segment early at this many received bytes.
     pub flush_bytes: usize,
-    /// Decoded bytes of profiles waiting for, or in, a flush; past it, writes get 429.
+    /// Memory of decoded profiles waiting for, or in, a flush; past it, writes get 429.
     /// This bounds the write path's memory when clients send faster than it can store.
     pub max_pending_bytes: usize,
     /// Default limits for every tenant.

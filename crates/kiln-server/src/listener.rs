@@ -128,6 +128,13 @@ pub(crate) async fn guard(
         .await
 }
 
+/// The most an HTTP/1 connection's read buffer grows to (hyper's default is about
+/// 400 KiB). hyper grows it while a body arrives faster than it is read, and a body chunk
+/// handed on keeps its buffer alive; with 1,000 keep-alive clients sending 100 KB bodies,
+/// read buffers held 150 MB of the server's heap (heaptrack, docs/benchmarks.md). Larger
+/// bodies just take more reads.
+const READ_BUFFER_BYTES: usize = 64 << 10;
+
 /// Serves `app` on `listener` until `stop` resolves, then lets requests in flight finish.
 pub(crate) async fn serve(
     listener: TcpListener,
@@ -140,6 +147,7 @@ pub(crate) async fn serve(
     let mut builder = Builder::new(TokioExecutor::new());
     builder
         .http1()
+        .max_buf_size(READ_BUFFER_BYTES)
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_millis(config.header_read_timeout_ms.max(1)));
     builder.http2().timer(TokioTimer::new());
