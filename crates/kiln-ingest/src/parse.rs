@@ -293,4 +293,42 @@ mod tests {
         let (seconds, _) = parsed.get_timestamp().unwrap().to_unix();
         assert_eq!(seconds, 1_700_000_000);
     }
+
+    /// `max_pending_bytes` bounds memory only if a profile is counted by what it holds:
+    /// every id, value and sample end of the decoded columns, the symbol tables and the
+    /// strings, which together far exceed the protobuf encoding.
+    #[test]
+    fn decoded_bytes_count_the_heap_not_the_encoding() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+        let bytes = std::fs::read(dir.join("profefe-collector_heap_1.prof")).expect("fixture");
+        let raw = kiln_model::compress::maybe_gunzip(&bytes, 1 << 30).expect("gunzip");
+        let profile = pprof::decode(&raw, 1 << 30).expect("decodes");
+        let (samples, frames) = (
+            profile.sample.len(),
+            profile
+                .sample
+                .iter()
+                .map(|s| s.location_id.len())
+                .sum::<usize>(),
+        );
+        let values = samples * profile.sample_type.len();
+        let string_bytes: usize = profile.string_table.iter().map(<[u8]>::len).sum();
+        let context = ProfileContext {
+            time_nanos: Some(kiln_model::time::now_nanos()),
+            ..Default::default()
+        };
+        let parsed = from_pprof(profile, context, bytes.len(), &Limits::default()).expect("valid");
+        let floor = 8 * (frames + values) + string_bytes;
+        assert!(
+            parsed.decoded_bytes >= floor,
+            "{} bytes counted, under the {floor} its ids, values and strings alone hold",
+            parsed.decoded_bytes
+        );
+        assert!(
+            parsed.decoded_bytes > 2 * raw.len(),
+            "{} bytes counted for {} bytes of pprof",
+            parsed.decoded_bytes,
+            raw.len()
+        );
+    }
 }
