@@ -114,15 +114,11 @@ pub fn otlp_decode(data: &[u8]) {
         retention_days: 0,
         ..Default::default()
     };
-    let requests = [
-        kiln_ingest::otlp::decode_proto(data).ok(),
-        kiln_ingest::otlp::decode_json(data).ok(),
-    ];
     // The server reads binary requests with the flat reader: it must refuse what prost
     // refuses and make the same pprofs of the rest.
     let flat = kiln_ingest::otlp::parse_export_proto(data, data.len(), &limits);
-    let derived = requests[0]
-        .clone()
+    let derived = kiln_ingest::otlp::decode_proto(data)
+        .ok()
         .map(|request| kiln_ingest::otlp::parse_export(request, data.len(), &limits));
     match (&flat, &derived) {
         (Ok(flat), Some(Ok(derived))) => {
@@ -135,10 +131,11 @@ pub fn otlp_decode(data: &[u8]) {
         (Err(_), None | Some(Err(_))) => {}
         _ => panic!("the flat OTLP reader and prost disagree"),
     }
-    for request in requests.into_iter().flatten() {
-        let Ok(export) = kiln_ingest::otlp::parse_export(request, data.len(), &limits) else {
-            continue;
-        };
+    // What the server accepts, over both encodings, builds a consistent dataset.
+    let json = kiln_ingest::otlp::decode_json(data)
+        .ok()
+        .and_then(|request| kiln_ingest::otlp::parse_export(request, data.len(), &limits).ok());
+    for export in [flat.ok(), json].into_iter().flatten() {
         for parsed in &export.profiles {
             let mut builder = kiln_storage::DatasetBuilder::new("t", parsed.service());
             builder.add_pprof(&parsed.input(1000));

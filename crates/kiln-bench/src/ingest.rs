@@ -226,8 +226,8 @@ pub(crate) fn corpus_pprofs(
 /// returns the child and its URL. A child, so that its CPU time and memory can be told
 /// from the load generator's, which shares the machine. `KILN_BENCH_SERVER` names another
 /// `kiln` binary to start instead, so that two builds are compared under the same load
-/// generator. Compaction is off: it is measured
-/// on its own, and here it would compete for the cores.
+/// generator. Compaction is off: it is measured on its own, and here it would compete for
+/// the cores.
 pub fn start_server(data_dir: &std::path::Path) -> anyhow::Result<(std::process::Child, String)> {
     start_server_with(data_dir, &["--compaction".into(), "false".into()])
 }
@@ -390,30 +390,28 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
                 let service = format!("bench-svc-{service_index}");
                 let now = kiln_model::time::now_nanos() / 1_000_000_000;
                 let begin = Instant::now();
-                let (sent, body_bytes) = match protocol {
+                let (sent, body_bytes, otlp_bytes) = match protocol {
                     Protocol::Pprof => {
                         let request_url = format!(
                             "{url}/ingest?name={service}{{instance=i{instance}}}&format=pprof&from={}&until={now}",
                             now - 10
                         );
-                        (agent.post(&request_url).send_bytes(&file.body), file.body.len())
+                        let sent = agent.post(&request_url).send_bytes(&file.body);
+                        (sent, file.body.len(), 0)
                     }
                     Protocol::Otlp => {
-                        let (body, _) = &file.otlp[service_index];
+                        let (body, proto_bytes) = &file.otlp[service_index];
                         let sent = agent
                             .post(&format!("{url}/v1development/profiles"))
                             .set("Content-Type", "application/x-protobuf")
                             .set("Content-Encoding", "gzip")
                             .send_bytes(body);
-                        (sent, body.len())
+                        (sent, body.len(), *proto_bytes)
                     }
                 };
                 match sent {
                     Ok(_) => {
-                        if protocol == Protocol::Otlp {
-                            let proto_bytes = file.otlp[service_index].1;
-                            sent_otlp_bytes.fetch_add(proto_bytes as u64, Ordering::Relaxed);
-                        }
+                        sent_otlp_bytes.fetch_add(otlp_bytes as u64, Ordering::Relaxed);
                         local.push(begin.elapsed().as_secs_f64());
                         sent_bytes.fetch_add(body_bytes as u64, Ordering::Relaxed);
                         sent_pprof_bytes.fetch_add(file.pprof_bytes as u64, Ordering::Relaxed);

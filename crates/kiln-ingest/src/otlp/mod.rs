@@ -389,13 +389,17 @@ impl<'de> Deserialize<'de> for AnyValue {
     }
 }
 
-/// Decodes a binary `ExportProfilesServiceRequest`.
+/// Decodes a binary `ExportProfilesServiceRequest` with prost's derived decoder: the
+/// reference that tests and the fuzz target hold the server's flat reader
+/// ([`parse_export_proto`]) to.
 pub fn decode_proto(body: &[u8]) -> Result<ExportProfilesServiceRequest, IngestError> {
-    <ExportProfilesServiceRequest as prost::Message>::decode(body).map_err(|err| {
-        IngestError::BadRequest(format!(
-            "invalid OTLP profiles request (Kiln reads OTLP {OTLP_VERSION} profiles v1development): {err}"
-        ))
-    })
+    <ExportProfilesServiceRequest as prost::Message>::decode(body).map_err(invalid_request)
+}
+
+fn invalid_request(err: impl std::fmt::Display) -> IngestError {
+    IngestError::BadRequest(format!(
+        "invalid OTLP profiles request (Kiln reads OTLP {OTLP_VERSION} profiles v1development): {err}"
+    ))
 }
 
 /// Decodes an OTLP/JSON `ExportProfilesServiceRequest`.
@@ -440,11 +444,7 @@ pub fn parse_export_proto(
     received_bytes: usize,
     limits: &Limits,
 ) -> Result<Export, IngestError> {
-    let request = wire::decode(body).map_err(|err| {
-        IngestError::BadRequest(format!(
-            "invalid OTLP profiles request (Kiln reads OTLP {OTLP_VERSION} profiles v1development): {err}"
-        ))
-    })?;
+    let request = wire::decode(body).map_err(invalid_request)?;
     convert::convert(&request, received_bytes, limits)
 }
 

@@ -77,7 +77,6 @@ pub struct LocationView {
 pub struct AttributeView {
     pub key_strindex: i32,
     pub value: Option<AnyValue>,
-    pub unit_strindex: i32,
 }
 
 #[derive(Default, Debug)]
@@ -314,7 +313,6 @@ impl<'a> Request<'a> {
                 .map(|attribute| AttributeView {
                     key_strindex: attribute.key_strindex,
                     value: attribute.value.clone(),
-                    unit_strindex: attribute.unit_strindex,
                 })
                 .collect();
             for stack in &dictionary.stack_table {
@@ -529,7 +527,10 @@ fn attribute(mut buf: &[u8]) -> Result<AttributeView, WireError> {
                     .merge(message)
                     .map_err(|err| err.to_string())?;
             }
-            3 => attribute.unit_strindex = varint(&mut buf, wire, "unit_strindex")? as i32,
+            // Read to refuse what prost refuses; a unit does not change a label.
+            3 => {
+                varint(&mut buf, wire, "unit_strindex")?;
+            }
             _ => skip(&mut buf, wire, field)?,
         }
     }
