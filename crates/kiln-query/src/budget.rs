@@ -30,6 +30,10 @@ pub struct QueryBudget {
     pub timeout_ms: u64,
     /// Queries of one tenant running at once; more wait for their turn.
     pub max_concurrent_per_tenant: usize,
+    /// Memory the decoded-dataset cache may hold, in bytes (0: no cache). Compacted
+    /// blocks read for a long range are small (stack sums, no samples), so the default
+    /// holds a month of a busy service's flame graph (docs/benchmarks.md).
+    pub cache_bytes: u64,
 }
 
 impl Default for QueryBudget {
@@ -39,6 +43,7 @@ impl Default for QueryBudget {
             max_profiles: 5_000_000,
             timeout_ms: 60_000,
             max_concurrent_per_tenant: 8,
+            cache_bytes: 256 << 20,
         }
     }
 }

@@ -41,8 +41,31 @@ pub async fn merged_tree(
     max_nodes: usize,
 ) -> Result<FlameTree, QueryError> {
     let type_id = exact_type(request)?;
-    let selections = querier.select(request).await?;
-    Ok(tree_from_selections(&selections, type_id, max_nodes))
+    // Each dataset is folded into the tree as it comes and dropped: a month of blocks is
+    // never in memory at once.
+    let mut tree = FlameTree::default();
+    let request = SelectRequest {
+        values_only: true,
+        ..request.clone()
+    };
+    querier
+        .select_each(&request, |selection| {
+            add_to_tree(&mut tree, &selection, type_id)
+        })
+        .await?;
+    tree.compute_totals();
+    Ok(if max_nodes == 0 {
+        tree
+    } else {
+        tree.truncate(max_nodes)
+    })
+}
+
+/// Adds a selection's values of `type_id` to a tree; totals are left to compute once.
+pub fn add_to_tree(tree: &mut FlameTree, selection: &DatasetSelection, type_id: &str) {
+    if let Some(local) = selection.types.iter().position(|(id, _)| id == type_id) {
+        tree.add_selection(selection, local);
+    }
 }
 
 /// [`merged_tree`] over selections already made.

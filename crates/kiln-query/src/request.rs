@@ -246,6 +246,8 @@ impl<'a> Selection<'a> {
                 })
                 .unwrap_or_default(),
             span_ids: None,
+            per_sample: false,
+            values_only: false,
         })
     }
 }

@@ -48,6 +48,27 @@ pub struct SelectRequest {
     pub call_site: Vec<String>,
     /// When set, only samples whose `span_id` label is one of these.
     pub span_ids: Option<Vec<String>>,
+    /// The caller reads the samples themselves (span exemplars), not only their sums per
+    /// stack and per profile: stack sums cannot stand in for them.
+    pub per_sample: bool,
+    /// The caller reads only the values per stack (a flame graph), not the profiles behind
+    /// them, so summed datasets are read without their profile rows.
+    pub values_only: bool,
+}
+
+impl SelectRequest {
+    /// Whether a dataset's stack sums answer this request for a dataset spanning
+    /// `min_nanos..=max_nanos`: the range covers it whole, and nothing selects single
+    /// profiles or samples. A call site could filter the sums by stack, but not the
+    /// per-profile totals, so it reads the samples.
+    pub fn summable(&self, min_nanos: i64, max_nanos: i64) -> bool {
+        !self.per_sample
+            && self.profile_ids.is_none()
+            && self.span_ids.is_none()
+            && self.call_site.is_empty()
+            && self.from_nanos <= min_nanos
+            && max_nanos <= self.to_nanos
+    }
 }
 
 /// Labels Pyroscope derives from the profile type id
@@ -92,17 +113,69 @@ pub struct SelectedProfile {
 }
 
 /// Decoded datasets kept in memory by (object key, row group). Blocks never change once
-/// written, so entries never go stale; the oldest go first when the cache is full.
-#[derive(Default)]
+/// written, so entries never go stale; the oldest go first when the cache is full. An
+/// entry keeps the projection it was decoded with, and serves what that covers: a
+/// summed one ([`Projection::SUMMED`], [`Projection::VALUES`]) only summable requests.
 struct DatasetCache {
-    entries: HashMap<(String, u32), (Arc<Dataset>, usize)>,
+    entries: HashMap<(String, u32), CacheEntry>,
     order: std::collections::VecDeque<(String, u32)>,
     bytes: usize,
+    /// Decoded datasets are 10-100x their compressed size, so a count limit alone could
+    /// hold gigabytes: a week of one busy service decodes to ~1.3 GB with its samples.
+    capacity: usize,
 }
 
-/// Memory the cache may hold. Decoded datasets are 10-100x their compressed size, so a
-/// count limit alone could hold gigabytes; a week of one busy service decodes to ~1.3 GB.
-const CACHE_BYTES: usize = 1 << 30;
+struct CacheEntry {
+    dataset: Arc<Dataset>,
+    bytes: usize,
+    projection: Projection,
+}
+
+impl DatasetCache {
+    fn new(capacity: u64) -> Self {
+        DatasetCache {
+            entries: HashMap::new(),
+            order: Default::default(),
+            bytes: 0,
+            capacity: usize::try_from(capacity).unwrap_or(usize::MAX),
+        }
+    }
+
+    fn insert(&mut self, key: (String, u32), dataset: &Arc<Dataset>, projection: Projection) {
+        let size = dataset.heap_bytes();
+        if size > self.capacity {
+            return;
+        }
+        match self.entries.get(&key) {
+            // Another query cached it meanwhile, or as much of it.
+            Some(entry) if entry.projection.covers(&projection) => return,
+            Some(_) => {
+                if let Some(entry) = self.entries.remove(&key) {
+                    self.bytes -= entry.bytes;
+                }
+            }
+            None => {}
+        }
+        while self.bytes + size > self.capacity {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(evicted) = self.entries.remove(&oldest) {
+                self.bytes -= evicted.bytes;
+            }
+        }
+        self.bytes += size;
+        self.entries.insert(
+            key.clone(),
+            CacheEntry {
+                dataset: dataset.clone(),
+                bytes: size,
+                projection,
+            },
+        );
+        self.order.push_back(key);
+    }
+}
 
 /// Stateless query front: everything it knows comes from the metastore and object store.
 #[derive(Clone)]
@@ -118,13 +191,16 @@ impl Querier {
         Querier {
             metastore,
             storage,
-            cache: Arc::new(Mutex::new(DatasetCache::default())),
+            cache: Arc::new(Mutex::new(DatasetCache::new(
+                crate::QueryBudget::default().cache_bytes,
+            ))),
             budget: Arc::new(crate::budget::Budget::new(crate::QueryBudget::default())),
         }
     }
 
     /// The same querier with another budget for what clients ask.
     pub fn with_budget(mut self, budget: crate::QueryBudget) -> Self {
+        self.cache = Arc::new(Mutex::new(DatasetCache::new(budget.cache_bytes)));
         self.budget = Arc::new(crate::budget::Budget::new(budget));
         self
     }
@@ -177,21 +253,53 @@ impl Querier {
             .collect())
     }
 
-    fn cached(&self, key: &(String, u32)) -> Option<Arc<Dataset>> {
+    /// The cached dataset, when there is one holding what `projection` reads.
+    fn cached(&self, key: &(String, u32), projection: &Projection) -> Option<Arc<Dataset>> {
         let cache = self.cache.lock().ok()?;
-        cache.entries.get(key).map(|(dataset, _)| dataset.clone())
+        cache
+            .entries
+            .get(key)
+            .filter(|entry| entry.projection.covers(projection))
+            .map(|entry| entry.dataset.clone())
     }
 
-    /// Loads a dataset, from the cache when it is there.
+    /// Loads a dataset with every table, from the cache when it is there.
     pub async fn load(&self, meta: &DatasetMeta) -> Result<Arc<Dataset>, QueryError> {
+        self.load_as(meta, Projection::ALL).await
+    }
+
+    /// Loads what `request` needs of a dataset: its stack sums instead of its samples
+    /// when they answer the request ([`SelectRequest::summable`]), else every table.
+    pub async fn load_for(
+        &self,
+        meta: &DatasetMeta,
+        request: &SelectRequest,
+    ) -> Result<Arc<Dataset>, QueryError> {
+        if request.summable(meta.min_time_nanos, meta.max_time_nanos) {
+            let projection = if request.values_only {
+                Projection::VALUES
+            } else {
+                Projection::SUMMED
+            };
+            self.load_as(meta, projection).await
+        } else {
+            self.load(meta).await
+        }
+    }
+
+    async fn load_as(
+        &self,
+        meta: &DatasetMeta,
+        projection: Projection,
+    ) -> Result<Arc<Dataset>, QueryError> {
         let key = (meta.object_key.clone(), meta.row_group);
-        if let Some(dataset) = self.cached(&key) {
+        if let Some(dataset) = self.cached(&key, &projection) {
             return Ok(dataset);
         }
         let bytes = self.storage.get(&meta.object_key).await?;
         let row_group = meta.row_group as usize;
         let dataset = tokio::task::spawn_blocking(move || -> Result<Dataset, QueryError> {
-            let dataset = decode_dataset(&bytes, row_group, Projection::ALL)?;
+            let dataset = decode_dataset(&bytes, row_group, projection)?;
             dataset
                 .check()
                 .map_err(kiln_storage::StorageError::Corrupt)?;
@@ -200,21 +308,7 @@ impl Querier {
         .await??;
         let dataset = Arc::new(dataset);
         if let Ok(mut cache) = self.cache.lock() {
-            let size = dataset.heap_bytes();
-            // Another query may have cached it meanwhile; nothing to evict for it then.
-            if size <= CACHE_BYTES && !cache.entries.contains_key(&key) {
-                while cache.bytes + size > CACHE_BYTES {
-                    let Some(oldest) = cache.order.pop_front() else {
-                        break;
-                    };
-                    if let Some((_, evicted)) = cache.entries.remove(&oldest) {
-                        cache.bytes -= evicted;
-                    }
-                }
-                cache.bytes += size;
-                cache.entries.insert(key.clone(), (dataset.clone(), size));
-                cache.order.push_back(key);
-            }
+            cache.insert(key, &dataset, projection);
         }
         Ok(dataset)
     }
@@ -232,7 +326,9 @@ impl Querier {
         let mut loaded = Vec::with_capacity(row_groups.len());
         let mut bytes = None;
         for row_group in row_groups {
-            if let Some(dataset) = self.cached(&(object_key.to_string(), *row_group)) {
+            if let Some(dataset) =
+                self.cached(&(object_key.to_string(), *row_group), &Projection::INDEX)
+            {
                 loaded.push(dataset);
                 continue;
             }
@@ -255,12 +351,33 @@ impl Querier {
         &self,
         request: &SelectRequest,
     ) -> Result<Vec<DatasetSelection>, QueryError> {
+        let mut selections = Vec::new();
+        self.select_each(request, |selection| selections.push(selection))
+            .await?;
+        Ok(selections)
+    }
+
+    /// Selects and aggregates every matching dataset, in parallel, handing each selection
+    /// to `each` in dataset order as it is ready. A caller that folds each one into its
+    /// result and drops it holds a few datasets at a time, not the whole range.
+    pub async fn select_each(
+        &self,
+        request: &SelectRequest,
+        mut each: impl FnMut(DatasetSelection),
+    ) -> Result<(), QueryError> {
         let metas = self.datasets_within_budget(request).await?;
         let request = Arc::new(request.clone());
         let tasks = metas.into_iter().map(|meta| {
             let request = request.clone();
             async move {
-                let dataset = self.load(&meta).await?;
+                let mut dataset = self.load_for(&meta, &request).await?;
+                // The metastore's range said the sums would do; the dataset's own did not.
+                if (dataset.samples_omitted
+                    && !request.summable(dataset.min_time_nanos, dataset.max_time_nanos))
+                    || (dataset.profiles_omitted && !request.values_only)
+                {
+                    dataset = self.load(&meta).await?;
+                }
                 tokio::task::spawn_blocking(move || aggregate(dataset, &request))
                     .await
                     .map_err(QueryError::Task)
@@ -269,17 +386,13 @@ impl Querier {
         // A few datasets in flight per core: all cores stay busy, while decoding buffers
         // of a week of blocks are not all alive at once.
         let in_flight = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
-        let results: Vec<_> = futures_util::stream::iter(tasks)
-            .buffered(in_flight)
-            .collect()
-            .await;
-        let mut selections = Vec::new();
-        for result in results {
+        let mut results = futures_util::stream::iter(tasks).buffered(in_flight);
+        while let Some(result) = results.next().await {
             if let Some(selection) = result? {
-                selections.push(selection);
+                each(selection);
             }
         }
-        Ok(selections)
+        Ok(())
     }
 }
 
@@ -332,6 +445,14 @@ pub fn aggregate(dataset: Arc<Dataset>, request: &SelectRequest) -> Option<Datas
     if types.is_empty() {
         return None;
     }
+    if !dataset.stack_sum_series.is_empty()
+        && request.summable(dataset.min_time_nanos, dataset.max_time_nanos)
+    {
+        return aggregate_sums(dataset, types, &series_type);
+    }
+    if dataset.samples_omitted || dataset.profiles_omitted {
+        return None;
+    }
     let stack_count = dataset.stack_parent.len();
     let stack_selected = call_site_mask(&dataset, &request.call_site);
     let sample_selected = span_mask(&dataset, request.span_ids.as_deref());
@@ -375,6 +496,63 @@ pub fn aggregate(dataset: Arc<Dataset>, request: &SelectRequest) -> Option<Datas
     }
     if profiles.is_empty() {
         return None;
+    }
+    Some(DatasetSelection {
+        dataset,
+        types,
+        values,
+        profiles,
+    })
+}
+
+/// [`aggregate`] from the stack sums, for a request that covers the whole dataset: the
+/// profiles' totals are stored, and each series' values per stack are summed already.
+fn aggregate_sums(
+    dataset: Arc<Dataset>,
+    mut types: Vec<(String, u32)>,
+    series_type: &[Option<usize>],
+) -> Option<DatasetSelection> {
+    let mut profiles = Vec::new();
+    for (row, profile) in dataset.profiles.iter().enumerate() {
+        let Some(local_type) = series_type.get(profile.series as usize).copied().flatten() else {
+            continue;
+        };
+        let type_entry = &mut types[local_type];
+        type_entry.1 = type_entry.1.min(profile.type_index);
+        profiles.push(SelectedProfile {
+            row,
+            time_nanos: profile.time_nanos,
+            local_type,
+            total: profile.total,
+        });
+    }
+    // Without its profile rows (read for a flame graph), a dataset is selected when a
+    // matched series has sums.
+    let matched = !profiles.is_empty()
+        || (dataset.profiles_omitted
+            && dataset.stack_sum_series.iter().any(|series| {
+                series_type
+                    .get(*series as usize)
+                    .copied()
+                    .flatten()
+                    .is_some()
+            }));
+    if !matched {
+        return None;
+    }
+    let mut values = vec![vec![0i64; dataset.stack_parent.len()]; types.len()];
+    for ((series, stack), value) in dataset
+        .stack_sum_series
+        .iter()
+        .zip(&dataset.stack_sum_stack)
+        .zip(&dataset.stack_sum_value)
+    {
+        let Some(local_type) = series_type.get(*series as usize).copied().flatten() else {
+            continue;
+        };
+        if let Some(slot) = values[local_type].get_mut(*stack as usize) {
+            *slot = slot.saturating_add(*value);
+        }
     }
     Some(DatasetSelection {
         dataset,

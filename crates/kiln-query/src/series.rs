@@ -42,24 +42,52 @@ pub async fn select_series(
     request: &SelectRequest,
     options: &SeriesOptions,
 ) -> Result<Vec<Series>, QueryError> {
-    if options.step_ms <= 0 {
-        return Err(QueryError::BadRequest("step must be positive".to_string()));
-    }
-    let selections = querier.select(request).await?;
-    series_from_selections(&selections, options)
+    let mut builder = SeriesBuilder::new(options)?;
+    let request = SelectRequest {
+        per_sample: request.per_sample || options.span_exemplars,
+        ..request.clone()
+    };
+    querier
+        .select_each(&request, |selection| builder.add(&selection))
+        .await?;
+    Ok(builder.finish())
 }
 
-/// [`select_series`] over selections already made, so that one selection can feed a
-/// flame graph and its timelines.
+/// [`select_series`] over selections already made.
 pub fn series_from_selections(
     selections: &[DatasetSelection],
     options: &SeriesOptions,
 ) -> Result<Vec<Series>, QueryError> {
-    if options.step_ms <= 0 {
-        return Err(QueryError::BadRequest("step must be positive".to_string()));
-    }
-    let mut series: BTreeMap<Vec<LabelPair>, BTreeMap<i64, Bucket>> = BTreeMap::new();
+    let mut builder = SeriesBuilder::new(options)?;
     for selection in selections {
+        builder.add(selection);
+    }
+    Ok(builder.finish())
+}
+
+/// Series built one selection at a time, so that a caller can fold each selection into
+/// its flame graph and its timelines and drop it.
+pub struct SeriesBuilder<'a> {
+    options: &'a SeriesOptions,
+    series: BTreeMap<Vec<LabelPair>, BTreeMap<i64, Bucket>>,
+}
+
+impl<'a> SeriesBuilder<'a> {
+    pub fn new(options: &'a SeriesOptions) -> Result<Self, QueryError> {
+        if options.step_ms <= 0 {
+            return Err(QueryError::BadRequest("step must be positive".to_string()));
+        }
+        Ok(SeriesBuilder {
+            options,
+            series: BTreeMap::new(),
+        })
+    }
+
+    /// Adds one dataset's selected profiles. Span exemplars need the selection's samples:
+    /// select with [`SelectRequest::per_sample`] for them.
+    pub fn add(&mut self, selection: &DatasetSelection) {
+        let options = self.options;
+        let series = &mut self.series;
         let dataset = &selection.dataset;
         let offsets = if options.span_exemplars {
             dataset.profile_sample_offsets()
@@ -123,40 +151,45 @@ pub fn series_from_selections(
             }
         }
     }
-    let mut result: Vec<(i64, Series)> = series
-        .into_iter()
-        .map(|(labels, buckets)| {
-            let mut sum = 0i64;
-            let points = buckets
-                .into_iter()
-                .map(|(timestamp, mut bucket)| {
-                    sum = sum.saturating_add(bucket.sum);
-                    bucket.exemplars.sort_by(|a, b| {
-                        b.value.cmp(&a.value).then(a.profile_id.cmp(&b.profile_id))
-                    });
-                    bucket.exemplars.truncate(EXEMPLARS_PER_POINT);
-                    let value = if options.average {
-                        bucket.sum as f64 / bucket.count.max(1) as f64
-                    } else {
-                        bucket.sum as f64
-                    };
-                    Point {
-                        value,
-                        timestamp,
-                        exemplars: bucket.exemplars,
-                    }
-                })
-                .collect();
-            (sum, Series { labels, points })
-        })
-        .collect();
-    if let Some(limit) = options.limit {
-        // Largest first; ties by labels, for a stable answer.
-        result.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.labels.cmp(&b.1.labels)));
-        result.truncate(limit);
-        result.sort_by(|a, b| a.1.labels.cmp(&b.1.labels));
+
+    pub fn finish(self) -> Vec<Series> {
+        let options = self.options;
+        let mut result: Vec<(i64, Series)> = self
+            .series
+            .into_iter()
+            .map(|(labels, buckets)| {
+                let mut sum = 0i64;
+                let points = buckets
+                    .into_iter()
+                    .map(|(timestamp, mut bucket)| {
+                        sum = sum.saturating_add(bucket.sum);
+                        bucket.exemplars.sort_by(|a, b| {
+                            b.value.cmp(&a.value).then(a.profile_id.cmp(&b.profile_id))
+                        });
+                        bucket.exemplars.truncate(EXEMPLARS_PER_POINT);
+                        let value = if options.average {
+                            bucket.sum as f64 / bucket.count.max(1) as f64
+                        } else {
+                            bucket.sum as f64
+                        };
+                        Point {
+                            value,
+                            timestamp,
+                            exemplars: bucket.exemplars,
+                        }
+                    })
+                    .collect();
+                (sum, Series { labels, points })
+            })
+            .collect();
+        if let Some(limit) = options.limit {
+            // Largest first; ties by labels, for a stable answer.
+            result.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.labels.cmp(&b.1.labels)));
+            result.truncate(limit);
+            result.sort_by(|a, b| a.1.labels.cmp(&b.1.labels));
+        }
+        result.into_iter().map(|(_, series)| series).collect()
     }
-    Ok(result.into_iter().map(|(_, series)| series).collect())
 }
 
 /// The value of each span in one profile: its samples' values summed by `span_id` label.

@@ -334,9 +334,7 @@ impl FlameTree {
 pub fn build_tree(selections: &[DatasetSelection], type_id: &str) -> FlameTree {
     let mut tree = FlameTree::default();
     for selection in selections {
-        if let Some(local) = selection.types.iter().position(|(id, _)| id == type_id) {
-            tree.add_selection(selection, local);
-        }
+        crate::merge::add_to_tree(&mut tree, selection, type_id);
     }
     tree.compute_totals();
     tree

@@ -11,17 +11,18 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kiln_model::selector::Selector;
 use kiln_model::time::now_nanos;
+use kiln_query::api::Series;
 use kiln_query::diff::flame_graph_diff;
 use kiln_query::flamebearer::{
     auto_step_seconds, flamebearer, metadata_for, timeline, Flamebearer, RenderDiffResponse,
     RenderResponse, Timeline,
 };
 use kiln_query::labels::{self as label_queries, SeriesQuery};
-use kiln_query::merge::{tree_from_selections, DEFAULT_MAX_NODES};
+use kiln_query::merge::{add_to_tree, DEFAULT_MAX_NODES};
 use kiln_query::request::{legacy_series_selectors, ordered, render_query, time_or};
-use kiln_query::select::DatasetSelection;
 use kiln_query::select::{SelectRequest, TypeFilter};
-use kiln_query::series::{series_from_selections, SeriesOptions};
+use kiln_query::series::{SeriesBuilder, SeriesOptions};
+use kiln_query::tree::FlameTree;
 use kiln_query::QueryError;
 
 use crate::error::ApiError;
@@ -111,18 +112,9 @@ fn max_nodes(params: &Params) -> Result<usize, QueryError> {
 
 /// Timelines of the selection's totals, one per value of each series' `group_by` labels
 /// (one with no labels when `group_by` is empty).
-fn timelines(
-    selections: &[DatasetSelection],
-    selection: &Selection,
-    group_by: &[String],
-) -> Result<BTreeMap<String, Timeline>, QueryError> {
+fn timelines(series: Vec<Series>, selection: &Selection) -> BTreeMap<String, Timeline> {
     let step = selection.step_seconds();
-    let options = SeriesOptions {
-        step_ms: step * 1000,
-        group_by: group_by.to_vec(),
-        ..Default::default()
-    };
-    Ok(series_from_selections(selections, &options)?
+    series
         .into_iter()
         .map(|series| {
             let key = series
@@ -141,15 +133,12 @@ fn timelines(
                 timeline(&points, selection.from_nanos, selection.to_nanos, step),
             )
         })
-        .collect())
+        .collect()
 }
 
 /// The selection's total over time: the one ungrouped timeline, or an empty one.
-fn total_timeline(
-    selections: &[DatasetSelection],
-    selection: &Selection,
-) -> Result<Timeline, QueryError> {
-    Ok(timelines(selections, selection, &[])?
+fn total_timeline(series: Vec<Series>, selection: &Selection) -> Timeline {
+    timelines(series, selection)
         .into_values()
         .next()
         .unwrap_or_else(|| {
@@ -159,7 +148,18 @@ fn total_timeline(
                 selection.to_nanos,
                 selection.step_seconds(),
             )
-        }))
+        })
+}
+
+impl Selection {
+    /// Series options of this selection's timelines, grouped by `group_by`.
+    fn series_options(&self, group_by: Vec<String>) -> SeriesOptions {
+        SeriesOptions {
+            step_ms: self.step_seconds() * 1000,
+            group_by,
+            ..Default::default()
+        }
+    }
 }
 
 /// `GET /pyroscope/render?query=…&from=…&until=…&max-nodes=…&groupBy=…`; with
@@ -171,9 +171,8 @@ pub async fn render(
     Query(params): Query<Params>,
 ) -> Result<Response, ApiError> {
     let selection = selection(&params, "")?;
-    // One selection feeds the flame graph and every timeline.
-    let selections = state.querier.select(&selection.request(&tenant)).await?;
     if params.get("format").map(String::as_str) == Some("pprof") {
+        let selections = state.querier.select(&selection.request(&tenant)).await?;
         let types = kiln_query::profiles::ordered_types(&selections);
         let profile = kiln_query::pprof_export::merged_pprof(&selections, &types);
         return Ok((
@@ -188,23 +187,54 @@ pub async fn render(
         )
             .into_response());
     }
-    let tree = tree_from_selections(&selections, &selection.type_id, max_nodes(&params)?);
-    let groups = match params.get("groupBy").filter(|label| !label.is_empty()) {
-        Some(label) => Some(timelines(
-            &selections,
-            &selection,
-            std::slice::from_ref(label),
-        )?),
-        None => None,
+    let max_nodes = max_nodes(&params)?;
+    let group_by = params.get("groupBy").filter(|label| !label.is_empty());
+    let (tree, timeline, groups) = fold(&state, &selection, &tenant, group_by).await?;
+    let tree = if max_nodes == 0 {
+        tree
+    } else {
+        tree.truncate(max_nodes)
     };
     Ok(Json(RenderResponse {
         version: 1,
         flamebearer: flamebearer(&tree),
         metadata: metadata_for(&selection.type_id),
-        timeline: total_timeline(&selections, &selection)?,
+        timeline,
         groups,
     })
     .into_response())
+}
+
+/// The selection's flame tree (uncut), its timeline and, with `group_by`, one timeline
+/// per value of that label: one selection feeds them all, each dataset folded into every
+/// one as it comes and then dropped.
+async fn fold(
+    state: &SharedState,
+    selection: &Selection,
+    tenant: &str,
+    group_by: Option<&String>,
+) -> Result<(FlameTree, Timeline, Option<BTreeMap<String, Timeline>>), QueryError> {
+    let total_options = selection.series_options(Vec::new());
+    let group_options = group_by.map(|label| selection.series_options(vec![label.clone()]));
+    let mut tree = FlameTree::default();
+    let mut total = SeriesBuilder::new(&total_options)?;
+    let mut groups = group_options.as_ref().map(SeriesBuilder::new).transpose()?;
+    state
+        .querier
+        .select_each(&selection.request(tenant), |selected| {
+            add_to_tree(&mut tree, &selected, &selection.type_id);
+            total.add(&selected);
+            if let Some(groups) = &mut groups {
+                groups.add(&selected);
+            }
+        })
+        .await?;
+    tree.compute_totals();
+    Ok((
+        tree,
+        total_timeline(total.finish(), selection),
+        groups.map(|groups| timelines(groups.finish(), selection)),
+    ))
 }
 
 /// `GET /pyroscope/render-diff?leftQuery=…&leftFrom=…&leftUntil=…&rightQuery=…&…`.
@@ -222,13 +252,9 @@ pub async fn render_diff(
         ))
         .into());
     }
-    let left_selections = state.querier.select(&left.request(&tenant)).await?;
-    let right_selections = state.querier.select(&right.request(&tenant)).await?;
-    let diff = flame_graph_diff(
-        &tree_from_selections(&left_selections, &left.type_id, 0),
-        &tree_from_selections(&right_selections, &right.type_id, 0),
-        max_nodes(&params)?,
-    );
+    let (left_tree, left_timeline, _) = fold(&state, &left, &tenant, None).await?;
+    let (right_tree, right_timeline, _) = fold(&state, &right, &tenant, None).await?;
+    let diff = flame_graph_diff(&left_tree, &right_tree, max_nodes(&params)?);
     let mut metadata = metadata_for(&left.type_id);
     metadata.format = "double";
     Ok(Json(RenderDiffResponse {
@@ -242,8 +268,8 @@ pub async fn render_diff(
         metadata,
         left_ticks: diff.left_ticks,
         right_ticks: diff.right_ticks,
-        left_timeline: total_timeline(&left_selections, &left)?,
-        right_timeline: total_timeline(&right_selections, &right)?,
+        left_timeline,
+        right_timeline,
     }))
 }
 

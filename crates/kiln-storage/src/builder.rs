@@ -494,6 +494,7 @@ impl DatasetBuilder {
                                 period: profile.period,
                                 type_index: plan.value_index as u32,
                                 sample_count: 0,
+                                total: 0,
                             },
                             samples: Vec::with_capacity(profile.sample.len()),
                         });
@@ -684,6 +685,9 @@ impl DatasetBuilder {
             row.sample_count = samples.len() as u32;
             dataset.min_time_nanos = dataset.min_time_nanos.min(row.time_nanos);
             dataset.max_time_nanos = dataset.max_time_nanos.max(row.time_nanos);
+            row.total = samples
+                .iter()
+                .fold(0i64, |total, (_, value)| total.saturating_add(*value));
             for ((stack, label_set), value) in samples {
                 if label_set != 0 {
                     let sample = dataset.sample_stack.len() as u32;

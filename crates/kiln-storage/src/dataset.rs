@@ -41,6 +41,8 @@ pub struct ProfileRow {
     /// Position of this sample type in the profile as it was received.
     pub type_index: u32,
     pub sample_count: u32,
+    /// The sum of its samples' values (saturating), so a time series needs no samples.
+    pub total: i64,
 }
 
 /// All profiles of one (tenant, service), with each symbol stored once.
@@ -72,6 +74,21 @@ pub struct Dataset {
     pub sample_label_sample: Vec<u32>,
     pub sample_label_name: Vec<u32>,
     pub sample_label_value: Vec<u32>,
+    /// Per series, the summed value of each stack node over all the dataset's profiles
+    /// (the series' flame graph, pre-merged), sorted by (series, stack), zero sums left
+    /// out. Compaction writes them ([`Dataset::sum_stacks`]): a query that covers the
+    /// whole dataset then reads a few rows per stack instead of every sample, which is
+    /// what makes a month of blocks cheap to merge. Empty in segments and in blocks of
+    /// format 1.
+    pub stack_sum_series: Vec<u32>,
+    pub stack_sum_stack: Vec<u32>,
+    pub stack_sum_value: Vec<i64>,
+    /// The samples were not decoded (a projection left them out): the sample tables are
+    /// empty although the profiles own samples.
+    pub samples_omitted: bool,
+    /// The profile rows were not decoded either (a summed dataset read for a flame
+    /// graph): the stack sums are all there is.
+    pub profiles_omitted: bool,
 }
 
 impl Dataset {
@@ -134,6 +151,61 @@ impl Dataset {
             + vec(&self.sample_label_sample)
             + vec(&self.sample_label_name)
             + vec(&self.sample_label_value)
+            + vec(&self.stack_sum_series)
+            + vec(&self.stack_sum_stack)
+            + vec(&self.stack_sum_value)
+    }
+
+    /// Fills the stack sums from the samples. Profiles are grouped by series (they are
+    /// sorted so already, but nothing relies on it); each series is summed into a dense
+    /// per-stack slot, and only the slots it touched are read back and cleared, so the
+    /// cost is the samples plus each series' distinct stacks, never series x stacks.
+    pub fn sum_stacks(&mut self) {
+        self.stack_sum_series.clear();
+        self.stack_sum_stack.clear();
+        self.stack_sum_value.clear();
+        if self.samples_omitted {
+            return;
+        }
+        let offsets = self.profile_sample_offsets();
+        let mut rows: Vec<usize> = (0..self.profiles.len()).collect();
+        rows.sort_by_key(|row| self.profiles[*row].series);
+        let mut slots = vec![0i64; self.stack_parent.len()];
+        let mut used = vec![false; self.stack_parent.len()];
+        let mut touched: Vec<u32> = Vec::new();
+        let mut start = 0;
+        while start < rows.len() {
+            let series = self.profiles[rows[start]].series;
+            let mut end = start;
+            while end < rows.len() && self.profiles[rows[end]].series == series {
+                let row = rows[end];
+                for sample in offsets[row] as usize..offsets[row + 1] as usize {
+                    let Some(stack) = self.sample_stack.get(sample).copied() else {
+                        continue;
+                    };
+                    let Some(slot) = slots.get_mut(stack as usize) else {
+                        continue;
+                    };
+                    *slot = slot.saturating_add(self.sample_value[sample]);
+                    if !used[stack as usize] {
+                        used[stack as usize] = true;
+                        touched.push(stack);
+                    }
+                }
+                end += 1;
+            }
+            touched.sort_unstable();
+            for stack in touched.drain(..) {
+                let value = std::mem::take(&mut slots[stack as usize]);
+                used[stack as usize] = false;
+                if value != 0 {
+                    self.stack_sum_series.push(series);
+                    self.stack_sum_stack.push(stack);
+                    self.stack_sum_value.push(value);
+                }
+            }
+            start = end;
+        }
     }
 
     /// The profile type ids present, sorted, and the number of distinct profiles: what
@@ -222,10 +294,22 @@ impl Dataset {
             in_range(profile.series, self.series.len(), "profile series")?;
             samples += profile.sample_count as u64;
         }
-        if samples != self.sample_stack.len() as u64
+        let expected_samples = if self.samples_omitted { 0 } else { samples };
+        if expected_samples != self.sample_stack.len() as u64
             || self.sample_value.len() != self.sample_stack.len()
         {
             return Err("sample columns do not match profile sample counts".into());
+        }
+        let sums = self.stack_sum_series.len();
+        if self.stack_sum_stack.len() != sums || self.stack_sum_value.len() != sums {
+            return Err("stack sum columns differ in length".into());
+        }
+        for (series, stack) in self.stack_sum_series.iter().zip(&self.stack_sum_stack) {
+            in_range(*series, self.series.len(), "stack sum series")?;
+            in_range(*stack, self.stack_parent.len(), "stack sum stack")?;
+            if *stack == 0 {
+                return Err("stack sum refers to the root stack node".into());
+            }
         }
         for stack in &self.sample_stack {
             in_range(*stack, self.stack_parent.len(), "sample stack")?;

@@ -26,12 +26,18 @@ use parquet::schema::types::ColumnPath;
 use crate::dataset::{Dataset, FunctionRow, MappingRow, ProfileRow, SeriesRow};
 use crate::StorageError;
 
-/// Version of the layout below, stored in the footer as `kiln.block.version`.
-pub const FORMAT_VERSION: &str = "1";
+/// Version of the layout below, stored in the footer as `kiln.block.version`. Version 2
+/// appended `profile_totals` and `stack_sums`; blocks of version 1 still read, without
+/// them (totals are then summed from the samples).
+pub const FORMAT_VERSION: &str = "2";
 
-/// The Parquet schema of a block. Leaf order is the column order the codec relies on.
-pub const SCHEMA: &str = "
-message kiln_dataset {
+/// Columns of a version 1 block: the first [`V1_COLUMN_COUNT`] of [`SCHEMA`].
+pub const V1_COLUMN_COUNT: usize = 38;
+
+/// The tables of a version 1 block, in column order.
+macro_rules! v1_tables {
+    () => {
+        "
   required binary tenant (STRING);
   required binary service (STRING);
   required int64 min_time_nanos;
@@ -90,11 +96,34 @@ message kiln_dataset {
     required int32 name;
     required int32 value;
   }
+"
+    };
 }
-";
+
+/// The tables version 2 appended.
+macro_rules! v2_tables {
+    () => {
+        "  repeated group profile_totals {
+    required int64 value;
+  }
+  repeated group stack_sums {
+    required int32 series;
+    required int32 stack;
+    required int64 value;
+  }
+"
+    };
+}
+
+/// The Parquet schema of a block. Leaf order is the column order the codec relies on.
+pub const SCHEMA: &str = concat!("message kiln_dataset {", v1_tables!(), v2_tables!(), "}");
+
+/// The schema of a version 1 block, which readers still take.
+#[cfg(test)]
+const SCHEMA_V1: &str = concat!("message kiln_dataset {", v1_tables!(), "}");
 
 /// Number of leaf columns in [`SCHEMA`].
-pub const COLUMN_COUNT: usize = 38;
+pub const COLUMN_COUNT: usize = 42;
 
 /// Column ranges of each table, to read only what a query needs.
 pub mod columns {
@@ -110,6 +139,8 @@ pub mod columns {
     pub const PROFILES: Range<usize> = 26..33;
     pub const SAMPLES: Range<usize> = 33..35;
     pub const SAMPLE_LABELS: Range<usize> = 35..38;
+    pub const PROFILE_TOTALS: Range<usize> = 38..39;
+    pub const STACK_SUMS: Range<usize> = 39..42;
 }
 
 enum Column {
@@ -195,6 +226,10 @@ fn dataset_column(dataset: &Dataset, index: usize) -> Option<Column> {
         35 => i32s(dataset.sample_label_sample.iter().copied()),
         36 => i32s(dataset.sample_label_name.iter().copied()),
         37 => i32s(dataset.sample_label_value.iter().copied()),
+        38 => i64s(dataset.profiles.iter().map(|p| p.total)),
+        39 => i32s(dataset.stack_sum_series.iter().copied()),
+        40 => i32s(dataset.stack_sum_stack.iter().copied()),
+        41 => i64s(dataset.stack_sum_value.iter().copied()),
         _ => return None,
     })
 }
@@ -207,7 +242,10 @@ pub enum BlockEncoding {
     Compacted,
 }
 
-fn writer_properties(encoding: BlockEncoding) -> Result<WriterProperties, StorageError> {
+fn writer_properties(
+    encoding: BlockEncoding,
+    version: &str,
+) -> Result<WriterProperties, StorageError> {
     let column = |table: &str, field: &str| ColumnPath::new(vec![table.into(), field.into()]);
     let builder = WriterProperties::builder()
         .set_writer_version(WriterVersion::PARQUET_1_0)
@@ -226,6 +264,9 @@ fn writer_properties(encoding: BlockEncoding) -> Result<WriterProperties, Storag
             // Sample values are small next to the int64 range: split into byte streams,
             // the high bytes are runs of zeros that zstd all but erases.
             .set_column_encoding(column("samples", "value"), Encoding::BYTE_STREAM_SPLIT)
+            .set_column_encoding(column("stack_sums", "value"), Encoding::BYTE_STREAM_SPLIT)
+            // Sorted within each series: small deltas.
+            .set_column_encoding(column("stack_sums", "stack"), Encoding::DELTA_BINARY_PACKED)
             // Global sample indices only grow: their deltas pack into a few bits.
             .set_column_encoding(
                 column("sample_labels", "sample"),
@@ -236,7 +277,7 @@ fn writer_properties(encoding: BlockEncoding) -> Result<WriterProperties, Storag
         .set_created_by(format!("kiln {}", env!("CARGO_PKG_VERSION")))
         .set_key_value_metadata(Some(vec![KeyValue::new(
             "kiln.block.version".to_string(),
-            FORMAT_VERSION.to_string(),
+            version.to_string(),
         )]))
         .build())
 }
@@ -251,8 +292,19 @@ pub fn encode_block_as(
     datasets: &[Dataset],
     encoding: BlockEncoding,
 ) -> Result<Vec<u8>, StorageError> {
-    let schema = Arc::new(parse_message_type(SCHEMA)?);
-    let properties = Arc::new(writer_properties(encoding)?);
+    encode_version(datasets, encoding, SCHEMA, FORMAT_VERSION)
+}
+
+/// Encodes with a schema and the version it is: the current one, or in tests an older one
+/// whose columns are a prefix of the current ones.
+fn encode_version(
+    datasets: &[Dataset],
+    encoding: BlockEncoding,
+    schema: &str,
+    version: &str,
+) -> Result<Vec<u8>, StorageError> {
+    let schema = Arc::new(parse_message_type(schema)?);
+    let properties = Arc::new(writer_properties(encoding, version)?);
     let mut writer = SerializedFileWriter::new(Vec::new(), schema, properties)?;
     for dataset in datasets {
         let mut row_group = writer.next_row_group()?;
@@ -325,37 +377,86 @@ fn read_column(reader: ColumnReader, top_level: bool) -> Result<Column, StorageE
 }
 
 /// Which tables to decode; the rest are left empty.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Projection {
     pub symbols: bool,
-    pub samples: bool,
+    pub samples: Samples,
     pub sample_labels: bool,
+    /// The profile rows (and their totals) even where stack sums stand in for the
+    /// samples; without them a summed dataset gives a flame graph but no time series.
+    pub profiles_when_summed: bool,
+}
+
+/// When to decode the samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Samples {
+    Skip,
+    Read,
+    /// Only when the dataset has no stack sums: they stand in for the samples of a merge
+    /// over the whole dataset, at a fraction of the size.
+    UnlessSummed,
 }
 
 impl Projection {
     pub const ALL: Projection = Projection {
         symbols: true,
-        samples: true,
+        samples: Samples::Read,
         sample_labels: true,
+        profiles_when_summed: true,
     };
     /// Series and profile rows only: enough to list profiles and match labels.
     pub const INDEX: Projection = Projection {
         symbols: false,
-        samples: false,
+        samples: Samples::Skip,
         sample_labels: false,
+        profiles_when_summed: true,
+    };
+    /// What a merge over the whole dataset needs: symbols, profile rows and the stack
+    /// sums, or the samples where there are no sums.
+    pub const SUMMED: Projection = Projection {
+        symbols: true,
+        samples: Samples::UnlessSummed,
+        sample_labels: false,
+        profiles_when_summed: true,
+    };
+    /// What a flame graph over the whole dataset needs: [`Projection::SUMMED`] without
+    /// the profile rows where there are sums. A busy service's hour holds thousands of
+    /// rows, more memory than its symbols; a flame graph reads none of them.
+    pub const VALUES: Projection = Projection {
+        symbols: true,
+        samples: Samples::UnlessSummed,
+        sample_labels: false,
+        profiles_when_summed: false,
     };
 
+    /// Whether a dataset decoded with `self` holds everything `other` would read.
+    pub fn covers(&self, other: &Projection) -> bool {
+        let samples = matches!(
+            (self.samples, other.samples),
+            (Samples::Read, _)
+                | (_, Samples::Skip)
+                | (Samples::UnlessSummed, Samples::UnlessSummed)
+        );
+        (self.symbols || !other.symbols)
+            && samples
+            && (self.sample_labels || !other.sample_labels)
+            && (self.profiles_when_summed || !other.profiles_when_summed)
+    }
+
+    /// Whether a column is read before the samples are decided on.
     fn wants(&self, column: usize) -> bool {
         use columns::*;
-        if HEADER.contains(&column)
-            || STRINGS.contains(&column)
-            || SERIES.contains(&column)
-            || PROFILES.contains(&column)
-        {
+        if HEADER.contains(&column) || STRINGS.contains(&column) || SERIES.contains(&column) {
             return true;
         }
-        if SAMPLES.contains(&column) {
-            return self.samples;
+        if SAMPLES.contains(&column)
+            || PROFILES.contains(&column)
+            || PROFILE_TOTALS.contains(&column)
+        {
+            return false;
+        }
+        if STACK_SUMS.contains(&column) {
+            return self.samples != Samples::Skip;
         }
         if SAMPLE_LABELS.contains(&column) {
             return self.sample_labels;
@@ -395,7 +496,7 @@ pub fn decode_row_group<R: parquet::file::reader::ChunkReader + 'static>(
     projection: Projection,
 ) -> Result<Dataset, StorageError> {
     guarded(|| {
-        check_version(metadata)?;
+        let column_count = check_version(metadata)?;
         let group = metadata.row_groups().get(row_group).ok_or_else(|| {
             StorageError::Corrupt(format!(
                 "row group {row_group} out of range ({})",
@@ -408,7 +509,7 @@ pub fn decode_row_group<R: parquet::file::reader::ChunkReader + 'static>(
             RowGroupPageIndex::new(row_group, None),
             Arc::new(ReaderProperties::builder().build()),
         )?;
-        decode_group(&reader, projection)
+        decode_group(&reader, projection, column_count)
     })
 }
 
@@ -428,18 +529,21 @@ fn guarded(
     })
 }
 
-fn check_version(metadata: &ParquetMetaData) -> Result<(), StorageError> {
+/// The number of columns the block's format version has, or an error for a version this
+/// reader does not know.
+fn check_version(metadata: &ParquetMetaData) -> Result<usize, StorageError> {
     let version = metadata
         .file_metadata()
         .key_value_metadata()
         .and_then(|kv| kv.iter().find(|kv| kv.key == "kiln.block.version"))
         .and_then(|kv| kv.value.clone());
-    if version.as_deref() != Some(FORMAT_VERSION) {
-        return Err(StorageError::Corrupt(format!(
+    match version.as_deref() {
+        Some(FORMAT_VERSION) => Ok(COLUMN_COUNT),
+        Some("1") => Ok(V1_COLUMN_COUNT),
+        _ => Err(StorageError::Corrupt(format!(
             "unsupported block format version {version:?}"
-        )));
+        ))),
     }
-    Ok(())
 }
 
 fn decode_dataset_unguarded<R: parquet::file::reader::ChunkReader + 'static>(
@@ -448,7 +552,7 @@ fn decode_dataset_unguarded<R: parquet::file::reader::ChunkReader + 'static>(
     projection: Projection,
 ) -> Result<Dataset, StorageError> {
     let reader = SerializedFileReader::new(block)?;
-    check_version(reader.metadata())?;
+    let column_count = check_version(reader.metadata())?;
     if row_group >= reader.num_row_groups() {
         return Err(StorageError::Corrupt(format!(
             "row group {row_group} out of range ({})",
@@ -456,29 +560,54 @@ fn decode_dataset_unguarded<R: parquet::file::reader::ChunkReader + 'static>(
         )));
     }
     let group = reader.get_row_group(row_group)?;
-    decode_group(group.as_ref(), projection)
+    decode_group(group.as_ref(), projection, column_count)
 }
 
+/// Decodes the projected columns of a block with `column_count` columns (its version's).
 fn decode_group(
     group: &dyn RowGroupReader,
     projection: Projection,
+    column_count: usize,
 ) -> Result<Dataset, StorageError> {
-    if group.num_columns() != COLUMN_COUNT {
+    if group.num_columns() != column_count {
         return Err(StorageError::Corrupt(format!(
-            "block has {} columns, expected {COLUMN_COUNT}",
+            "block has {} columns, expected {column_count}",
             group.num_columns()
         )));
     }
-    let mut columns: Vec<Option<Column>> = Vec::with_capacity(COLUMN_COUNT);
-    for index in 0..COLUMN_COUNT {
-        if !projection.wants(index) {
-            columns.push(None);
-            continue;
-        }
+    let read = |index: usize| -> Result<Option<Column>, StorageError> {
         let column = group.get_column_reader(index)?;
-        columns.push(Some(read_column(column, index < columns::STRINGS.start)?));
+        Ok(Some(read_column(column, index < columns::STRINGS.start)?))
+    };
+    let mut decoded: Vec<Option<Column>> = (0..COLUMN_COUNT).map(|_| None).collect();
+    for (index, slot) in decoded.iter_mut().enumerate().take(column_count) {
+        if projection.wants(index) {
+            *slot = read(index)?;
+        }
     }
-    assemble(columns)
+    let summed = decoded[columns::STACK_SUMS.start]
+        .as_ref()
+        .is_some_and(|column| column.len() > 0);
+    let samples = match projection.samples {
+        Samples::Read => true,
+        Samples::Skip => false,
+        Samples::UnlessSummed => !summed,
+    };
+    let profiles = samples || !summed || projection.profiles_when_summed;
+    let mut late: Vec<usize> = Vec::new();
+    if profiles {
+        late.extend(columns::PROFILES);
+        late.extend(columns::PROFILE_TOTALS.filter(|index| *index < column_count));
+    }
+    if samples {
+        late.extend(columns::SAMPLES);
+    }
+    for index in late {
+        decoded[index] = read(index)?;
+    }
+    let mut dataset = assemble(decoded, column_count == COLUMN_COUNT, samples)?;
+    dataset.profiles_omitted = !profiles;
+    Ok(dataset)
 }
 
 struct Decoded(Vec<Option<Column>>);
@@ -527,7 +656,13 @@ fn text(value: &ByteArray) -> String {
     String::from_utf8_lossy(value.data()).into_owned()
 }
 
-fn assemble(columns: Vec<Option<Column>>) -> Result<Dataset, StorageError> {
+/// Builds the dataset from its decoded columns. `has_totals`: the block is of a version
+/// that stores profile totals (otherwise they are summed from the samples, when read).
+fn assemble(
+    columns: Vec<Option<Column>>,
+    has_totals: bool,
+    samples_read: bool,
+) -> Result<Dataset, StorageError> {
     let mut c = Decoded(columns);
     let mut dataset = Dataset {
         tenant: c.text(0)?,
@@ -630,6 +765,7 @@ fn assemble(columns: Vec<Option<Column>>) -> Result<Dataset, StorageError> {
             period: periods[i],
             type_index: type_indexes[i],
             sample_count: sample_counts[i],
+            total: 0,
         })
         .collect();
     dataset.sample_stack = c.u32s(33)?;
@@ -637,6 +773,29 @@ fn assemble(columns: Vec<Option<Column>>) -> Result<Dataset, StorageError> {
     dataset.sample_label_sample = c.u32s(35)?;
     dataset.sample_label_name = c.u32s(36)?;
     dataset.sample_label_value = c.u32s(37)?;
+    dataset.samples_omitted = !samples_read;
+    if has_totals {
+        let totals = c.i64s(38)?;
+        same_lengths(&[totals.len(), dataset.profiles.len()], "profile totals")?;
+        for (profile, total) in dataset.profiles.iter_mut().zip(totals) {
+            profile.total = total;
+        }
+    } else if samples_read {
+        let mut start = 0usize;
+        for profile in &mut dataset.profiles {
+            let end = start.saturating_add(profile.sample_count as usize);
+            profile.total = dataset
+                .sample_value
+                .get(start..end)
+                .unwrap_or_default()
+                .iter()
+                .fold(0i64, |total, value| total.saturating_add(*value));
+            start = end;
+        }
+    }
+    dataset.stack_sum_series = c.u32s(39)?;
+    dataset.stack_sum_stack = c.u32s(40)?;
+    dataset.stack_sum_value = c.i64s(41)?;
     Ok(dataset)
 }
 
@@ -647,4 +806,72 @@ fn same_lengths(lengths: &[usize], table: &str) -> Result<(), StorageError> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DatasetBuilder;
+
+    /// Two instances' CPU profiles of two stacks each, a sample label on one sample.
+    fn dataset() -> Dataset {
+        let mut builder = DatasetBuilder::new("t", "svc");
+        for (index, instance) in ["a", "b", "a"].iter().enumerate() {
+            crate::testing::add_cpu_profile(
+                &mut builder,
+                &format!("p{index}"),
+                &[("service_name", "svc"), ("instance", *instance)],
+                1_000 + index as i64,
+                &[
+                    (&["work", "main"], 10 + index as i64, &[("span_id", "s1")]),
+                    (&["idle", "main"], 5, &[]),
+                ],
+            );
+        }
+        builder.finish()
+    }
+
+    #[test]
+    fn version_1_blocks_still_read_and_sum_their_totals() {
+        let mut dataset = dataset();
+        assert!(dataset.profiles.iter().all(|p| p.total != 0));
+        let block = Bytes::from(
+            encode_version(
+                std::slice::from_ref(&dataset),
+                BlockEncoding::Compacted,
+                SCHEMA_V1,
+                "1",
+            )
+            .expect("encodes"),
+        );
+        // The totals are summed from the samples, as version 2 stores them.
+        assert_eq!(
+            decode_dataset(&block, 0, Projection::ALL).expect("decodes"),
+            dataset
+        );
+        // No sums in version 1: a summed read falls back to the samples.
+        let summed = decode_dataset(&block, 0, Projection::SUMMED).expect("decodes");
+        assert!(!summed.samples_omitted);
+        assert_eq!(summed.sample_value, dataset.sample_value);
+        // Written today, the same dataset carries its sums and skips its samples.
+        dataset.sum_stacks();
+        let block = Bytes::from(
+            encode_block_as(std::slice::from_ref(&dataset), BlockEncoding::Compacted)
+                .expect("encodes"),
+        );
+        let summed = decode_dataset(&block, 0, Projection::SUMMED).expect("decodes");
+        assert!(summed.samples_omitted);
+        assert!(summed.sample_value.is_empty());
+        summed.check().expect("a summed dataset passes its checks");
+        // Instance a: work 10 + 12, idle 5 + 5; instance b: work 11, idle 5. One row per
+        // (series, stack), the label sets of the samples merged.
+        let mut sums = summed.stack_sum_value.clone();
+        sums.sort_unstable();
+        assert_eq!(sums, [5, 10, 11, 22]);
+        assert!(summed.stack_sum_series.windows(2).all(|w| w[0] <= w[1]));
+        // An unknown version is refused.
+        let future =
+            encode_version(&[dataset], BlockEncoding::Segment, SCHEMA, "3").expect("encodes");
+        assert!(decode_dataset(&Bytes::from(future), 0, Projection::ALL).is_err());
+    }
 }

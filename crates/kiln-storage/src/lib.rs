@@ -15,6 +15,8 @@ pub mod error;
 pub mod format;
 pub mod objects;
 pub mod ranged;
+#[cfg(test)]
+mod testing;
 
 pub use builder::DatasetBuilder;
 pub use dataset::{Dataset, ProfileRow, SeriesRow};

@@ -286,52 +286,22 @@ impl ChunkReader for PartialBlock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::builder::{PprofInput, TypePlan};
     use crate::format::{decode_dataset, encode_block};
     use crate::DatasetBuilder;
-    use kiln_model::build::{Frame, ProfileBuilder};
-    use kiln_model::{Labels, ProfileType};
 
     /// A block of one small CPU dataset per service, `main;<service>` with 10 ns.
     fn block_of(services: &[&str]) -> Bytes {
         let datasets: Vec<Dataset> = services
             .iter()
             .map(|service| {
-                let mut profile = ProfileBuilder::new(&[("cpu", "nanoseconds")], None, 0);
-                let stack: Vec<u64> = [*service, "main"]
-                    .iter()
-                    .map(|function| {
-                        profile.location(&Frame {
-                            function,
-                            file: "main.c",
-                            line: 1,
-                            module: "",
-                            address: 0,
-                        })
-                    })
-                    .collect();
-                profile.add(&stack, &[10], &[]);
-                let profile = profile.finish(1_000, 10);
-                let index = kiln_model::pprof::validate(&profile, &Default::default()).unwrap();
-                let types = [TypePlan {
-                    value_index: 0,
-                    profile_type: ProfileType::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds")
-                        .unwrap(),
-                    scale: None,
-                }];
-                let labels = Labels::from_pairs([("service_name", *service)]);
                 let mut builder = DatasetBuilder::new("t", service);
-                builder.add_pprof(&PprofInput {
-                    profile: &profile,
-                    index: &index,
-                    id: service,
-                    time_nanos: 1_000,
-                    duration_nanos: 10,
-                    labels: &labels,
-                    types: &types,
-                    max_stack_depth: 100,
-                    sample_labels_per_sample: false,
-                });
+                crate::testing::add_cpu_profile(
+                    &mut builder,
+                    service,
+                    &[("service_name", service)],
+                    1_000,
+                    &[(&[service, "main"], 10, &[])],
+                );
                 builder.finish()
             })
             .collect();

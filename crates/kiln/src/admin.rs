@@ -147,11 +147,12 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                     rfc3339(dataset.max_time_nanos)
                 );
                 println!(
-                    "  series {}  profiles {}  samples {}  sample labels {}",
+                    "  series {}  profiles {}  samples {}  sample labels {}  stack sums {}",
                     dataset.series.len(),
                     dataset.profiles.len(),
                     dataset.sample_value.len(),
-                    dataset.sample_label_sample.len()
+                    dataset.sample_label_sample.len(),
+                    dataset.stack_sum_value.len()
                 );
                 println!(
                     "  strings {}  mappings {}  functions {}  locations {}  stack nodes {}",

@@ -13,7 +13,9 @@ use kiln_model::pprof::Profile;
 use kiln_query::pprof_export::merged_pprof;
 use kiln_query::select::{aggregate, DatasetSelection, SelectRequest, TypeFilter};
 use kiln_query::tree::{build_tree, FlameTree};
-use kiln_storage::format::{decode_dataset, encode_block, Projection};
+use kiln_storage::format::{
+    decode_dataset, encode_block, encode_block_as, BlockEncoding, Projection,
+};
 use kiln_storage::{Dataset, DatasetBuilder};
 
 const FIXTURES: [&str; 5] = [
@@ -303,4 +305,110 @@ fn compacting_any_split_changes_nothing_and_stores_each_symbol_once() {
     assert_eq!(doubled.profiles.len(), 2 * reference_dataset.profiles.len());
     let total = |dataset: &Dataset| -> i64 { dataset.sample_value.iter().sum() };
     assert_eq!(total(&doubled), 2 * total(&reference_dataset));
+}
+
+/// A compacted block as compaction writes it (stack sums, zstd), read back as a long-range
+/// merge reads it: summed, without its samples.
+fn summed_round_trip(mut dataset: Dataset) -> Dataset {
+    dataset.sum_stacks();
+    let block = encode_block_as(&[dataset], BlockEncoding::Compacted).expect("encodes");
+    let dataset =
+        decode_dataset(&bytes::Bytes::from(block), 0, Projection::SUMMED).expect("decodes");
+    dataset.check().expect("consistent");
+    dataset
+}
+
+#[test]
+fn stack_sums_merge_to_what_the_samples_merge_to() {
+    let profiles = profiles();
+    let whole: Vec<Vec<usize>> = vec![(0..profiles.len()).collect()];
+    let reference = selections(&profiles, &whole);
+    let type_ids: Vec<String> = reference[0]
+        .types
+        .iter()
+        .map(|(id, _)| id.clone())
+        .collect();
+    let reference_totals: Vec<(i64, i64)> = reference[0]
+        .profiles
+        .iter()
+        .map(|p| (p.time_nanos, p.total))
+        .collect();
+    let mut rng = Rng(0x5eed_5eed_0bad_cafe);
+    for case in 0..12 {
+        let group_count = 1 + rng.below(5);
+        let mut groups = vec![Vec::new(); group_count];
+        for index in 0..profiles.len() {
+            groups[rng.below(group_count)].push(index);
+        }
+        let summed: Vec<Dataset> = datasets(&profiles, &groups)
+            .into_iter()
+            .map(summed_round_trip)
+            .collect();
+        for dataset in &summed {
+            // The samples were never decoded: only the sums can have answered.
+            assert!(dataset.samples_omitted, "case {case}");
+            assert!(dataset.sample_value.is_empty(), "case {case}");
+            assert!(!dataset.stack_sum_value.is_empty(), "case {case}");
+        }
+        let split = select(summed);
+        for id in &type_ids {
+            assert_eq!(
+                tree_paths(&build_tree(&split, id)),
+                tree_paths(&build_tree(&reference, id)),
+                "case {case}: flame tree of {id}"
+            );
+            assert_eq!(
+                pprof_functions(&merged_pprof(&split, std::slice::from_ref(id))),
+                pprof_functions(&merged_pprof(&reference, std::slice::from_ref(id))),
+                "case {case}: merged pprof of {id}"
+            );
+        }
+        let mut totals: Vec<(i64, i64)> = split
+            .iter()
+            .flat_map(|s| s.profiles.iter().map(|p| (p.time_nanos, p.total)))
+            .collect();
+        totals.sort_unstable();
+        let mut expected = reference_totals.clone();
+        expected.sort_unstable();
+        assert_eq!(totals, expected, "case {case}: profile totals");
+    }
+}
+
+#[test]
+fn a_range_that_cuts_a_summed_dataset_reads_its_samples() {
+    let profiles = profiles();
+    let whole: Vec<Vec<usize>> = vec![(0..profiles.len()).collect()];
+    let mut dataset = datasets(&profiles, &whole).remove(0);
+    dataset.sum_stacks();
+    let block = bytes::Bytes::from(
+        encode_block_as(std::slice::from_ref(&dataset), BlockEncoding::Compacted).expect("encodes"),
+    );
+    let full = decode_dataset(&block, 0, Projection::ALL).expect("decodes");
+    assert_eq!(full, dataset, "a compacted block round-trips with its sums");
+    // Half the range: the sums cover profiles outside it, so they must not answer.
+    let middle = dataset.min_time_nanos + (dataset.max_time_nanos - dataset.min_time_nanos) / 2;
+    let request = SelectRequest {
+        tenant: "t".into(),
+        types: TypeFilter::Any,
+        from_nanos: i64::MIN,
+        to_nanos: middle,
+        ..Default::default()
+    };
+    assert!(!request.summable(dataset.min_time_nanos, dataset.max_time_nanos));
+    let half = aggregate(Arc::new(full), &request).expect("selects");
+    let expected: i64 = dataset
+        .profiles
+        .iter()
+        .filter(|p| p.time_nanos <= middle)
+        .map(|p| p.total)
+        .sum();
+    let got: i64 = half.profiles.iter().map(|p| p.total).sum();
+    assert_eq!(got, expected);
+    let everything: i64 = dataset.profiles.iter().map(|p| p.total).sum();
+    assert!(got < everything, "the cut leaves profiles out");
+    let tree_total: i64 = half.values.iter().flatten().sum();
+    assert_eq!(
+        tree_total, expected,
+        "the values come from the samples in range"
+    );
 }

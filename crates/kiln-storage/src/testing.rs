@@ -1,0 +1,55 @@
+//! Small CPU profiles for this crate's unit tests.
+
+use kiln_model::build::{Frame, ProfileBuilder};
+use kiln_model::{Labels, ProfileType};
+
+use crate::builder::{PprofInput, TypePlan};
+use crate::DatasetBuilder;
+
+/// One stack of a test profile: frames innermost first, its value and sample labels.
+pub(crate) type TestSample<'a> = (&'a [&'a str], i64, &'a [(&'a str, &'a str)]);
+
+/// Adds one CPU profile of `samples` (frames in `main.c`, line 1) with these series labels.
+pub(crate) fn add_cpu_profile(
+    builder: &mut DatasetBuilder,
+    id: &str,
+    labels: &[(&str, &str)],
+    time_nanos: i64,
+    samples: &[TestSample<'_>],
+) {
+    let mut profile = ProfileBuilder::new(&[("cpu", "nanoseconds")], None, 0);
+    for (frames, value, sample_labels) in samples {
+        let stack: Vec<u64> = frames
+            .iter()
+            .map(|function| {
+                profile.location(&Frame {
+                    function,
+                    file: "main.c",
+                    line: 1,
+                    module: "",
+                    address: 0,
+                })
+            })
+            .collect();
+        profile.add(&stack, &[*value], sample_labels);
+    }
+    let profile = profile.finish(time_nanos, 10);
+    let index = kiln_model::pprof::validate(&profile, &Default::default()).expect("valid");
+    let types = [TypePlan {
+        value_index: 0,
+        profile_type: ProfileType::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds")
+            .expect("profile type"),
+        scale: None,
+    }];
+    builder.add_pprof(&PprofInput {
+        profile: &profile,
+        index: &index,
+        id,
+        time_nanos,
+        duration_nanos: 10,
+        labels: &Labels::from_pairs(labels.iter().copied()),
+        types: &types,
+        max_stack_depth: 100,
+        sample_labels_per_sample: true,
+    });
+}
