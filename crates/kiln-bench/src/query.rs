@@ -36,6 +36,10 @@ pub struct QueryBenchArgs {
     pub(crate) days: i64,
     #[arg(long, default_value_t = 10)]
     pub(crate) instances: usize,
+    /// Services, each with `--instances` instances (`bench-service-N` past the first);
+    /// with more than one, a flame graph of every service over all the data is timed too.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) services: usize,
     /// Seconds between two profiles of one instance.
     #[arg(long, default_value_t = 10)]
     pub(crate) interval: i64,
@@ -128,7 +132,16 @@ pub(crate) fn load_templates(args: &QueryBenchArgs) -> anyhow::Result<Vec<Templa
     Ok(group)
 }
 
-/// Writes one block per hour (in parallel on every core) and registers each.
+/// The name of service `index` of the stream: the first is [`SERVICE`].
+fn service_name(index: usize) -> String {
+    if index == 0 {
+        SERVICE.to_string()
+    } else {
+        format!("{SERVICE}-{index}")
+    }
+}
+
+/// Writes one block per service and hour (in parallel on every core) and registers each.
 pub(crate) async fn write_stream(
     args: &QueryBenchArgs,
     templates: &[Template],
@@ -144,34 +157,45 @@ pub(crate) async fn write_stream(
     .await?;
     let start_nanos = end_nanos - hours * HOUR_NANOS;
     let interval_nanos = args.interval * 1_000_000_000;
-    let instance_labels: Vec<Labels> = (0..args.instances)
-        .map(|instance| {
-            Labels::from_pairs([
-                ("service_name", SERVICE.to_string()),
-                ("instance", format!("instance-{instance:02}")),
-            ])
+    let services: Vec<String> = (0..args.services.max(1)).map(service_name).collect();
+    let instance_labels: Vec<Vec<Labels>> = services
+        .iter()
+        .map(|service| {
+            (0..args.instances)
+                .map(|instance| {
+                    Labels::from_pairs([
+                        ("service_name", service.clone()),
+                        ("instance", format!("instance-{instance:02}")),
+                    ])
+                })
+                .collect()
         })
         .collect();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut profiles = 0usize;
     let mut bytes_written = 0u64;
-    for chunk_start in (0..hours).step_by(cores) {
-        let chunk: Vec<i64> = (chunk_start..(chunk_start + cores as i64).min(hours)).collect();
+    // One block per service and hour, as compaction leaves them.
+    let units: Vec<(i64, usize)> = (0..hours)
+        .flat_map(|hour| (0..services.len()).map(move |service| (hour, service)))
+        .collect();
+    for chunk in units.chunks(cores) {
         let blocks: Vec<anyhow::Result<(Vec<u8>, kiln_metastore::DatasetMeta, usize)>> =
             std::thread::scope(|scope| {
                 let handles: Vec<_> = chunk
                     .iter()
-                    .map(|hour| {
-                        let instance_labels = &instance_labels;
+                    .map(|(hour, service)| {
+                        let instance_labels = &instance_labels[*service];
+                        let name = &services[*service];
                         scope.spawn(move || -> anyhow::Result<_> {
                             let hour_start = start_nanos + hour * HOUR_NANOS;
-                            let mut builder = DatasetBuilder::new("anonymous", SERVICE);
+                            let mut builder = DatasetBuilder::new("anonymous", name);
                             let mut count = 0usize;
                             let mut time = hour_start;
                             while time < hour_start + HOUR_NANOS {
                                 let slot = ((time - start_nanos) / interval_nanos) as usize;
                                 for (instance, labels) in instance_labels.iter().enumerate() {
-                                    let template = &templates[(slot + instance) % templates.len()];
+                                    let template =
+                                        &templates[(slot + instance + service) % templates.len()];
                                     let id = new_profile_id(time);
                                     let mut input = template.parsed.input(1_000);
                                     input.id = &id;
@@ -359,7 +383,7 @@ async fn run_in(
         write_stream(args, templates, data_dir, end_nanos, args.days * 24).await?;
     println!(
         "wrote {profiles} profiles in {} hourly blocks, {:.1} MB, in {:.1} s",
-        args.days * 24,
+        args.days * 24 * args.services.max(1) as i64,
         bytes as f64 / 1e6,
         started.elapsed().as_secs_f64()
     );
@@ -398,6 +422,29 @@ async fn run_in(
             cold * 1000.0,
             warm * 1000.0,
             peak.map_or("n/a".to_string(), |mb| format!("{mb:.0} MB"))
+        );
+    }
+    if args.services > 1 {
+        // Every service over all the data: the query that spans the most blocks.
+        let request = api::SelectMergeStacktracesRequest {
+            profile_type_id: CPU.to_string(),
+            label_selector: "{service_name=~\".*\"}".to_string(),
+            start: end_ms - args.days * 24 * 3_600_000 + 1,
+            end: end_ms,
+            ..Default::default()
+        };
+        let (cold, warm, peak, response) = measure(&server, || {
+            server.call::<api::SelectMergeStacktracesResponse>("SelectMergeStacktraces", &request)
+        })?;
+        let count = (args.days * 86_400 / args.interval) as usize * args.instances * args.services;
+        println!(
+            "| flame graph, {} services, {} d | {count} | {:.0} ms | {:.0} ms | {} | {} |",
+            args.services,
+            args.days,
+            cold * 1000.0,
+            warm * 1000.0,
+            peak.map_or("n/a".to_string(), |mb| format!("{mb:.0} MB")),
+            response.flamegraph.map_or(0, |graph| graph.total)
         );
     }
     let series_request = api::SelectSeriesRequest {
