@@ -243,6 +243,9 @@ pub async fn run(args: InsightBenchArgs) -> anyhow::Result<()> {
         skip_go: true,
         go: None,
         stack_sums: true,
+        ingest_rate: 0.0,
+        ingest_clients: 64,
+        ingest_seconds: 60,
     };
     let templates = load_templates(&query_args)?;
     let shapes = shapes(&cpu_templates(&args.corpus, usize::MAX)?);
@@ -493,6 +496,9 @@ async fn speed_in(
         skip_go: true,
         go: None,
         stack_sums: true,
+        ingest_rate: 0.0,
+        ingest_clients: 64,
+        ingest_seconds: 60,
     };
     let now = kiln_model::time::now_nanos();
     let end_nanos = now - now.rem_euclid(HOUR_NANOS);

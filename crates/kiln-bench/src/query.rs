@@ -56,6 +56,16 @@ pub struct QueryBenchArgs {
     /// the samples (the same data, for an A/B of the sums and a check of their totals).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub(crate) stack_sums: bool,
+    /// After the table: profiles per second pushed by `kiln bench ingest` (a child
+    /// process, `--ingest-clients` clients) for `--ingest-seconds`, while the 24 h flame
+    /// graph is asked again and again, on a server with compaction on: queries under
+    /// write load. 0 skips it.
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) ingest_rate: f64,
+    #[arg(long, default_value_t = 64)]
+    pub(crate) ingest_clients: usize,
+    #[arg(long, default_value_t = 60)]
+    pub(crate) ingest_seconds: u64,
 }
 
 pub(crate) struct Template {
@@ -130,6 +140,105 @@ pub(crate) fn load_templates(args: &QueryBenchArgs) -> anyhow::Result<Vec<Templa
         bail!("no {CPU} profiles in {}", args.corpus.display());
     };
     Ok(group)
+}
+
+/// Two 24 h flame graphs, asked in turn every 250 ms while `kiln bench ingest` pushes
+/// `--ingest-rate` profiles per second into the same server (compaction on): the stream's
+/// service up to the last full hour (compacted blocks; its total must not move), and every
+/// service up to now (the fresh segments too, whose samples are read). Prints the ingest
+/// bench's report and each query's latencies.
+fn query_while_ingesting(
+    args: &QueryBenchArgs,
+    data_dir: &Path,
+    end_ms: i64,
+) -> anyhow::Result<()> {
+    let (child, url) =
+        crate::ingest::start_server_with(data_dir, &["--compaction".into(), "true".into()])?;
+    let server = Server { child, url };
+    let request = api::SelectMergeStacktracesRequest {
+        profile_type_id: CPU.to_string(),
+        label_selector: format!("{{service_name=\"{SERVICE}\"}}"),
+        start: end_ms - 24 * 3_600_000 + 1,
+        end: end_ms,
+        ..Default::default()
+    };
+    let expected = server
+        .call::<api::SelectMergeStacktracesResponse>("SelectMergeStacktraces", &request)?
+        .flamegraph
+        .map_or(0, |graph| graph.total);
+    println!();
+    println!(
+        "24 h flame graph while ingesting {} profiles/s from {} clients for {} s (compaction on):",
+        args.ingest_rate, args.ingest_clients, args.ingest_seconds
+    );
+    let mut ingest = std::process::Command::new(std::env::current_exe()?)
+        .args(["bench", "ingest", "--url", &server.url])
+        .arg("--corpus")
+        .arg(&args.corpus)
+        .args(["--rate", &args.ingest_rate.to_string()])
+        .args(["--clients", &args.ingest_clients.to_string()])
+        .args(["--seconds", &args.ingest_seconds.to_string()])
+        .spawn()
+        .context("cannot start kiln bench ingest")?;
+    // Let the load settle before the first query.
+    std::thread::sleep(Duration::from_secs(3));
+    let mut latencies = [Vec::new(), Vec::new()];
+    let cpu_before = crate::ingest::process_cpu_seconds(server.child.id());
+    let started = Instant::now();
+    while ingest.try_wait()?.is_none() {
+        let begin = Instant::now();
+        let response = server
+            .call::<api::SelectMergeStacktracesResponse>("SelectMergeStacktraces", &request)?;
+        latencies[0].push(begin.elapsed().as_secs_f64());
+        let total = response.flamegraph.map_or(0, |graph| graph.total);
+        if total != expected {
+            bail!("the 24 h flame graph changed under ingest: {total}, expected {expected}");
+        }
+        std::thread::sleep(Duration::from_millis(125));
+        let now_ms = kiln_model::time::now_nanos() / 1_000_000;
+        let everything = api::SelectMergeStacktracesRequest {
+            label_selector: "{service_name=~\".*\"}".to_string(),
+            start: now_ms - 24 * 3_600_000,
+            end: now_ms,
+            ..request.clone()
+        };
+        let begin = Instant::now();
+        server
+            .call::<api::SelectMergeStacktracesResponse>("SelectMergeStacktraces", &everything)?;
+        latencies[1].push(begin.elapsed().as_secs_f64());
+        std::thread::sleep(Duration::from_millis(125));
+    }
+    let cpu = crate::ingest::process_cpu_seconds(server.child.id())
+        .zip(cpu_before)
+        .map(|(after, before)| after - before);
+    println!(
+        "server {:.2} cores meanwhile; peak RSS {}",
+        cpu.unwrap_or(0.0) / started.elapsed().as_secs_f64(),
+        server
+            .peak_rss_mb()
+            .map_or("n/a".to_string(), |mb| format!("{mb:.0} MB"))
+    );
+    for (name, mut latencies) in [
+        "24 h of the stream's service, to the last full hour",
+        "24 h of every service, to now",
+    ]
+    .into_iter()
+    .zip(latencies)
+    {
+        if latencies.is_empty() {
+            bail!("the ingest ended before the first query");
+        }
+        latencies.sort_by(|a, b| a.total_cmp(b));
+        let at = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize] * 1000.0;
+        println!(
+            "{name}: {} queries, p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+            latencies.len(),
+            at(0.5),
+            at(0.99),
+            at(1.0),
+        );
+    }
+    Ok(())
 }
 
 /// The name of service `index` of the stream: the first is [`SERVICE`].
@@ -478,6 +587,9 @@ async fn run_in(
         response.series.len()
     );
     drop(server);
+    if args.ingest_rate > 0.0 {
+        query_while_ingesting(args, data_dir, end_ms)?;
+    }
 
     if args.skip_go {
         return Ok(());

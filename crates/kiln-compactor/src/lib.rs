@@ -38,7 +38,7 @@ use kiln_metastore::{
     BlockMeta, DatasetMeta, Exports, LeaseKey, Metastore, MetastoreError, RuleRecord,
 };
 use kiln_storage::format::{encode_block_as, BlockEncoding, Projection};
-use kiln_storage::ranged::{BlockTail, PartialBlock};
+use kiln_storage::ranged::{BlockTail, PartialBlock, TailCache};
 use kiln_storage::{Dataset, DatasetBuilder, ObjectStorage, StorageError};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
@@ -251,37 +251,6 @@ pub struct Compactor {
 /// Memory for cached block tails; beyond it the oldest go (and are fetched again if needed).
 const TAIL_CACHE_BYTES: usize = 64 << 20;
 
-/// Block tails by object key, oldest evicted first, within [`TAIL_CACHE_BYTES`].
-#[derive(Default)]
-struct TailCache {
-    tails: HashMap<String, Arc<BlockTail>>,
-    order: std::collections::VecDeque<String>,
-    bytes: usize,
-}
-
-impl TailCache {
-    fn get(&self, key: &str) -> Option<Arc<BlockTail>> {
-        self.tails.get(key).cloned()
-    }
-
-    fn insert(&mut self, key: &str, tail: Arc<BlockTail>) {
-        if self.tails.contains_key(key) {
-            return;
-        }
-        self.bytes += tail.size_bytes();
-        self.tails.insert(key.to_string(), tail);
-        self.order.push_back(key.to_string());
-        while self.bytes > TAIL_CACHE_BYTES {
-            let Some(oldest) = self.order.pop_front() else {
-                break;
-            };
-            if let Some(tail) = self.tails.remove(&oldest) {
-                self.bytes -= tail.size_bytes();
-            }
-        }
-    }
-}
-
 /// Prefixes under which Kiln writes objects: the orphan sweep looks only there.
 pub const OBJECT_PREFIXES: [&str; 2] = ["segments", "blocks"];
 
@@ -303,7 +272,7 @@ impl Compactor {
             owner: format!("compactor-{}", ulid::Ulid::new()),
             metrics: CompactorMetrics::default(),
             last_sweep_ms: Default::default(),
-            tails: Default::default(),
+            tails: Arc::new(std::sync::Mutex::new(TailCache::new(TAIL_CACHE_BYTES))),
         }
     }
 

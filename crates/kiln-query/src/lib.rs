@@ -28,6 +28,7 @@ pub mod error;
 pub mod flamebearer;
 pub mod labels;
 pub mod merge;
+pub mod metrics;
 pub mod pprof_export;
 pub mod profiles;
 pub mod request;

@@ -121,6 +121,7 @@ impl Server {
         };
         ingester.metrics().register(&mut registry);
         let querier = Querier::new(metastore.clone(), storage.clone()).with_budget(config.query);
+        querier.metrics().register(&mut registry);
         let rules = kiln_rules::Rules::new(
             metastore.clone(),
             querier.clone(),

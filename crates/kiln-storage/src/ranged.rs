@@ -135,6 +135,48 @@ impl BlockTail {
     }
 }
 
+/// Block tails by object key, oldest evicted first, within a memory budget. A segment's
+/// tail locates every service's dataset in it: the compactor's jobs for the services of
+/// a segment, and the queries reading several of its datasets, fetch and parse it once.
+pub struct TailCache {
+    tails: std::collections::HashMap<String, Arc<BlockTail>>,
+    order: std::collections::VecDeque<String>,
+    bytes: usize,
+    capacity: usize,
+}
+
+impl TailCache {
+    pub fn new(capacity: usize) -> Self {
+        TailCache {
+            tails: Default::default(),
+            order: Default::default(),
+            bytes: 0,
+            capacity,
+        }
+    }
+
+    pub fn get(&self, key: &str) -> Option<Arc<BlockTail>> {
+        self.tails.get(key).cloned()
+    }
+
+    pub fn insert(&mut self, key: &str, tail: Arc<BlockTail>) {
+        if self.tails.contains_key(key) {
+            return;
+        }
+        self.bytes += tail.size_bytes();
+        self.tails.insert(key.to_string(), tail);
+        self.order.push_back(key.to_string());
+        while self.bytes > self.capacity {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(tail) = self.tails.remove(&oldest) {
+                self.bytes -= tail.size_bytes();
+            }
+        }
+    }
+}
+
 /// Fetches a block's tail: one suffix read, or two when the footer is larger than a guess.
 /// Returns the tail and the bytes fetched.
 pub async fn read_tail(

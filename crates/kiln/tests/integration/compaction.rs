@@ -110,6 +110,19 @@ fn compaction_reads_each_segment_about_once(backend: Backend) {
     }
 }
 
+/// Datasets the server aggregated from their stack sums since it started.
+fn summed_datasets(server: &TestServer) -> f64 {
+    server
+        .metrics()
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(r#"kiln_query_datasets_aggregated_total{source="stack_sums"} "#)?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
 /// Every answer a client could ask of this data, in canonical form.
 fn answers(server: &TestServer, start: i64, end: i64) -> Vec<String> {
     let mut out = Vec::new();
@@ -250,6 +263,8 @@ fn compaction_changes_no_answer_and_leaves_one_block_per_service(backend: Backen
     }
     let (start, end) = ((base - 10) * 1000, (base + 600) * 1000);
     let before = answers(&server, start, end);
+    // Segments carry no stack sums: every answer came from the samples.
+    assert_eq!(summed_datasets(&server), 0.0);
     let (runtime, store) = server.open_metastore();
     let segments_before = runtime.block_on(store.datasets_at_level(0)).unwrap().len();
     assert!(segments_before >= 6, "{segments_before} level-0 datasets");
@@ -277,6 +292,11 @@ fn compaction_changes_no_answer_and_leaves_one_block_per_service(backend: Backen
     for (before, after) in before.iter().zip(&after) {
         assert_eq!(before, after);
     }
+    // The compacted blocks answered the whole-range queries from their stack sums.
+    assert!(
+        summed_datasets(&server) > 0.0,
+        "no answer used the stack sums"
+    );
     // And they still are after a restart.
     let server = server.restart_with(no_compaction);
     assert_eq!(answers(&server, start, end), before);
