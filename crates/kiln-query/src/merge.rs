@@ -5,7 +5,7 @@ use kiln_model::pprof::Profile;
 
 use crate::api::{FlameGraph, Level};
 use crate::flamebearer::flamebearer;
-use crate::pprof_export::merged_pprof;
+use crate::pprof_export::PprofMerge;
 use crate::select::{DatasetSelection, Querier, SelectRequest, TypeFilter};
 use crate::tree::{build_tree, FlameTree};
 use crate::QueryError;
@@ -88,8 +88,12 @@ pub async fn merged_profile(
     request: &SelectRequest,
 ) -> Result<Profile, QueryError> {
     let type_id = exact_type(request)?;
-    let selections = querier.select(request).await?;
-    Ok(merged_pprof(&selections, &[type_id.to_string()]))
+    // Folded as each dataset comes, as the flame graph is: a month is never held at once.
+    let mut merge = PprofMerge::new(&[type_id.to_string()]);
+    querier
+        .select_each(request, |selection| merge.add(&selection))
+        .await?;
+    Ok(merge.finish())
 }
 
 /// The API's flame graph: the flamebearer layout, levels wrapped as messages.

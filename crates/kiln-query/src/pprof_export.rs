@@ -32,25 +32,19 @@ impl Writer {
 /// measured quantity over a plain count, then the type that came latest in any source.
 /// Set explicitly, because the merged order follows the earliest position of each type,
 /// and mixing sources (a Go CPU profile with folded stacks holding only `cpu`, merged
-/// into one dataset by compaction) can put `samples` last.
-fn default_type(selections: &[DatasetSelection], type_ids: &[String]) -> Option<usize> {
+/// into one dataset by compaction) can put `samples` last. `latest[i]`: the latest position
+/// type `i` had in any source.
+fn default_type(type_ids: &[String], latest: &[Option<u32>]) -> Option<usize> {
     if type_ids.len() < 2 {
         return None;
     }
-    let latest = |id: &String| {
-        selections
-            .iter()
-            .flat_map(|selection| &selection.types)
-            .filter(|(local_id, _)| local_id == id)
-            .map(|(_, position)| *position)
-            .max()
-    };
     type_ids
         .iter()
+        .zip(latest)
         .enumerate()
-        .filter_map(|(index, id)| {
+        .filter_map(|(index, (id, latest))| {
             let measured = ProfileType::parse(id).ok()?.sample_unit != "count";
-            Some((measured, latest(id)?, index))
+            Some((measured, (*latest)?, index))
         })
         .max()
         .map(|(_, _, index)| index)
@@ -59,44 +53,73 @@ fn default_type(selections: &[DatasetSelection], type_ids: &[String]) -> Option<
 /// Merges the given types (in this order) of all selections into one pprof. Its time and
 /// duration span the merged profiles (a single profile keeps its own).
 pub fn merged_pprof(selections: &[DatasetSelection], type_ids: &[String]) -> Profile {
-    let mut writer = Writer::default();
-    writer.string("");
-    let mut period_type = None;
-    for type_id in type_ids {
-        let Ok(profile_type) = ProfileType::parse(type_id) else {
-            continue;
-        };
-        let sample_type = ValueType {
-            r#type: writer.string(&profile_type.sample_type),
-            unit: writer.string(&profile_type.sample_unit),
-        };
-        writer.profile.sample_type.push(sample_type);
-        if period_type.is_none() {
-            period_type = Some(ValueType {
-                r#type: writer.string(&profile_type.period_type),
-                unit: writer.string(&profile_type.period_unit),
-            });
+    let mut merge = PprofMerge::new(type_ids);
+    for selection in selections {
+        merge.add(selection);
+    }
+    merge.finish()
+}
+
+/// [`merged_pprof`] one selection at a time, so that each can be dropped once added.
+pub struct PprofMerge {
+    writer: Writer,
+    type_ids: Vec<String>,
+    latest: Vec<Option<u32>>,
+    /// Earliest start and latest end of the merged profiles.
+    span: Option<(i64, i64)>,
+}
+
+impl PprofMerge {
+    pub fn new(type_ids: &[String]) -> Self {
+        let mut writer = Writer::default();
+        writer.string("");
+        let mut period_type = None;
+        for type_id in type_ids {
+            let Ok(profile_type) = ProfileType::parse(type_id) else {
+                continue;
+            };
+            let sample_type = ValueType {
+                r#type: writer.string(&profile_type.sample_type),
+                unit: writer.string(&profile_type.sample_unit),
+            };
+            writer.profile.sample_type.push(sample_type);
+            if period_type.is_none() {
+                period_type = Some(ValueType {
+                    r#type: writer.string(&profile_type.period_type),
+                    unit: writer.string(&profile_type.period_unit),
+                });
+            }
+        }
+        writer.profile.period_type = period_type;
+        PprofMerge {
+            writer,
+            type_ids: type_ids.to_vec(),
+            latest: vec![None; type_ids.len()],
+            span: None,
         }
     }
-    writer.profile.period_type = period_type;
-    if let Some(default) = default_type(selections, type_ids) {
-        writer.profile.default_sample_type = writer.profile.sample_type[default].r#type;
-    }
-    let rows = selections
-        .iter()
-        .flat_map(|s| s.profiles.iter().map(|p| &s.dataset.profiles[p.row]));
-    let start = rows.clone().map(|row| row.time_nanos).min().unwrap_or(0);
-    let end = rows
-        .map(|row| row.time_nanos.saturating_add(row.duration_nanos))
-        .max()
-        .unwrap_or(0);
-    writer.profile.time_nanos = start;
-    writer.profile.duration_nanos = end.saturating_sub(start).max(0);
 
-    for selection in selections {
+    pub fn add(&mut self, selection: &DatasetSelection) {
+        let writer = &mut self.writer;
         let dataset = &selection.dataset;
+        for profile in &selection.profiles {
+            let row = &dataset.profiles[profile.row];
+            let end = row.time_nanos.saturating_add(row.duration_nanos);
+            self.span = Some(match self.span {
+                Some((start, last)) => (start.min(row.time_nanos), last.max(end)),
+                None => (row.time_nanos, end),
+            });
+        }
+        for (id, latest) in self.type_ids.iter().zip(&mut self.latest) {
+            for (local_id, position) in &selection.types {
+                if local_id == id {
+                    *latest = Some(latest.map_or(*position, |seen| seen.max(*position)));
+                }
+            }
+        }
         // Output type position -> local type of this dataset.
-        let local: Vec<Option<usize>> = type_ids
+        let local: Vec<Option<usize>> = self
+            .type_ids
             .iter()
             .map(|id| {
                 selection
@@ -106,7 +129,7 @@ pub fn merged_pprof(selections: &[DatasetSelection], type_ids: &[String]) -> Pro
             })
             .collect();
         if local.iter().all(Option::is_none) {
-            continue;
+            return;
         }
         if writer.profile.period == 0 {
             if let Some(first) = selection.profiles.first() {
@@ -131,7 +154,7 @@ pub fn merged_pprof(selections: &[DatasetSelection], type_ids: &[String]) -> Pro
                 let location = dataset.stack_location[current] as usize;
                 if location_ids[location] == 0 {
                     location_ids[location] = export_location(
-                        &mut writer,
+                        writer,
                         dataset,
                         location,
                         &line_offsets,
@@ -159,7 +182,18 @@ pub fn merged_pprof(selections: &[DatasetSelection], type_ids: &[String]) -> Pro
             }
         }
     }
-    writer.profile
+
+    pub fn finish(mut self) -> Profile {
+        if let Some(default) = default_type(&self.type_ids, &self.latest)
+            .and_then(|default| self.writer.profile.sample_type.get(default))
+        {
+            self.writer.profile.default_sample_type = default.r#type;
+        }
+        let (start, end) = self.span.unwrap_or((0, 0));
+        self.writer.profile.time_nanos = start;
+        self.writer.profile.duration_nanos = end.saturating_sub(start).max(0);
+        self.writer.profile
+    }
 }
 
 fn export_location(
