@@ -233,20 +233,7 @@ struct Tally {
 }
 
 pub async fn run(args: InsightBenchArgs) -> anyhow::Result<()> {
-    let query_args = QueryBenchArgs {
-        corpus: args.corpus.clone(),
-        days: 2,
-        instances: 1,
-        services: 1,
-        interval: 1,
-        max_file_bytes: 200_000,
-        skip_go: true,
-        go: None,
-        stack_sums: true,
-        ingest_rate: 0.0,
-        ingest_clients: 64,
-        ingest_seconds: 60,
-    };
+    let query_args = QueryBenchArgs::one_instance(args.corpus.clone(), 2);
     let templates = load_templates(&query_args)?;
     let shapes = shapes(&cpu_templates(&args.corpus, usize::MAX)?);
     if shapes.is_empty() {
@@ -486,20 +473,7 @@ async fn speed_in(
 ) -> anyhow::Result<()> {
     // Two sides of `speed_profiles` seconds each, in whole hours.
     let hours = ((args.speed_profiles as i64 + 3_599) / 3_600).max(1);
-    let stream = QueryBenchArgs {
-        corpus: args.corpus.clone(),
-        days: 1,
-        instances: 1,
-        services: 1,
-        interval: 1,
-        max_file_bytes: 200_000,
-        skip_go: true,
-        go: None,
-        stack_sums: true,
-        ingest_rate: 0.0,
-        ingest_clients: 64,
-        ingest_seconds: 60,
-    };
+    let stream = QueryBenchArgs::one_instance(args.corpus.clone(), 1);
     let now = kiln_model::time::now_nanos();
     let end_nanos = now - now.rem_euclid(HOUR_NANOS);
     let started = Instant::now();

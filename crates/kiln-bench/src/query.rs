@@ -68,6 +68,27 @@ pub struct QueryBenchArgs {
     pub(crate) ingest_seconds: u64,
 }
 
+impl QueryBenchArgs {
+    /// One instance of one service sending a profile every second for `days`, every other
+    /// option at its default: the stream other benches write with [`write_stream`].
+    pub(crate) fn one_instance(corpus: PathBuf, days: i64) -> Self {
+        QueryBenchArgs {
+            corpus,
+            days,
+            instances: 1,
+            services: 1,
+            interval: 1,
+            max_file_bytes: 200_000,
+            skip_go: true,
+            go: None,
+            stack_sums: true,
+            ingest_rate: 0.0,
+            ingest_clients: 64,
+            ingest_seconds: 60,
+        }
+    }
+}
+
 pub(crate) struct Template {
     pub(crate) name: String,
     bytes: Vec<u8>,

@@ -67,8 +67,6 @@ pub enum CompactorError {
     Encode(#[source] StorageError),
     #[error("compaction task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
-    #[error("the block tail cache lock was poisoned")]
-    Poisoned,
 }
 
 /// When a level's datasets of one (tenant, service) are merged into the next level.
@@ -416,16 +414,8 @@ impl Compactor {
 
     /// The tail of a block, from the cache or fetched (and counted as input).
     async fn block_tail(&self, key: &str) -> Result<Arc<BlockTail>, CompactorError> {
-        if let Some(tail) = self.tails.lock().map_err(poisoned)?.get(key) {
-            return Ok(tail);
-        }
-        let (tail, fetched) = kiln_storage::ranged::read_tail(&self.storage, key).await?;
+        let (tail, fetched) = TailCache::get_or_read(&self.tails, &self.storage, key).await?;
         self.metrics.input_bytes.inc_by(fetched);
-        let tail = Arc::new(tail);
-        self.tails
-            .lock()
-            .map_err(poisoned)?
-            .insert(key, tail.clone());
         Ok(tail)
     }
 
@@ -601,10 +591,6 @@ fn chunks(datasets: &[DatasetMeta], max_inputs: usize, max_profiles: u64) -> Vec
 /// `garbage-object-deleted` (see [`kiln_model::crash::point`]).
 fn crash_point(point: &str) {
     kiln_model::crash::point(point);
-}
-
-fn poisoned<T>(_: std::sync::PoisonError<T>) -> CompactorError {
-    CompactorError::Poisoned
 }
 
 /// One compaction's merge, fed its inputs one at a time (each decoded from the byte

@@ -6,8 +6,8 @@ use kiln_model::pprof::Profile;
 use crate::api::{FlameGraph, Level};
 use crate::flamebearer::flamebearer;
 use crate::pprof_export::PprofMerge;
-use crate::select::{DatasetSelection, Querier, SelectRequest, TypeFilter};
-use crate::tree::{build_tree, FlameTree};
+use crate::select::{Querier, SelectRequest, TypeFilter};
+use crate::tree::FlameTree;
 use crate::QueryError;
 
 /// Nodes kept when the client names no `max_nodes`, as Pyroscope's default.
@@ -50,31 +50,15 @@ pub async fn merged_tree(
     };
     querier
         .select_each(&request, |selection| {
-            add_to_tree(&mut tree, &selection, type_id)
+            tree.add_selection(&selection, type_id)
         })
         .await?;
     tree.compute_totals();
-    Ok(if max_nodes == 0 {
-        tree
-    } else {
-        tree.truncate(max_nodes)
-    })
+    Ok(cut(tree, max_nodes))
 }
 
-/// Adds a selection's values of `type_id` to a tree; totals are left to compute once.
-pub fn add_to_tree(tree: &mut FlameTree, selection: &DatasetSelection, type_id: &str) {
-    if let Some(local) = selection.types.iter().position(|(id, _)| id == type_id) {
-        tree.add_selection(selection, local);
-    }
-}
-
-/// [`merged_tree`] over selections already made.
-pub fn tree_from_selections(
-    selections: &[DatasetSelection],
-    type_id: &str,
-    max_nodes: usize,
-) -> FlameTree {
-    let tree = build_tree(selections, type_id);
+/// The tree cut to `max_nodes` (0 keeps every node).
+pub fn cut(tree: FlameTree, max_nodes: usize) -> FlameTree {
     if max_nodes == 0 {
         tree
     } else {

@@ -9,7 +9,7 @@ use kiln_metastore::{DatasetMeta, DatasetQuery, Metastore};
 use kiln_model::labels::{Labels, SERVICE_NAME};
 use kiln_model::selector::Selector;
 use kiln_storage::format::{decode_dataset, Projection};
-use kiln_storage::ranged::{BlockTail, TailCache};
+use kiln_storage::ranged::TailCache;
 use kiln_storage::{Dataset, ObjectStorage};
 
 use crate::QueryError;
@@ -320,7 +320,8 @@ impl Querier {
         // twenty services read each segment twenty times). A compacted block holds one
         // dataset, read whole in one request. Keys are specified in docs/FORMAT.md.
         let dataset = if meta.object_key.starts_with("segments/") {
-            let tail = self.segment_tail(&meta.object_key).await?;
+            let (tail, _) =
+                TailCache::get_or_read(&self.tails, &self.storage, &meta.object_key).await?;
             let (partial, _) = kiln_storage::ranged::read_dataset_bytes(
                 &self.storage,
                 &meta.object_key,
@@ -346,18 +347,6 @@ impl Querier {
             cache.insert(key, &dataset, projection);
         }
         Ok(dataset)
-    }
-
-    async fn segment_tail(&self, key: &str) -> Result<Arc<BlockTail>, QueryError> {
-        if let Some(tail) = self.tails.lock().ok().and_then(|tails| tails.get(key)) {
-            return Ok(tail);
-        }
-        let (tail, _) = kiln_storage::ranged::read_tail(&self.storage, key).await?;
-        let tail = Arc::new(tail);
-        if let Ok(mut tails) = self.tails.lock() {
-            tails.insert(key, tail.clone());
-        }
-        Ok(tail)
     }
 
     /// Series and profile rows of datasets of one object, for what needs no samples

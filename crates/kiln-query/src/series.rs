@@ -53,18 +53,6 @@ pub async fn select_series(
     Ok(builder.finish())
 }
 
-/// [`select_series`] over selections already made.
-pub fn series_from_selections(
-    selections: &[DatasetSelection],
-    options: &SeriesOptions,
-) -> Result<Vec<Series>, QueryError> {
-    let mut builder = SeriesBuilder::new(options)?;
-    for selection in selections {
-        builder.add(selection);
-    }
-    Ok(builder.finish())
-}
-
 /// Series built one selection at a time, so that a caller can fold each selection into
 /// its flame graph and its timelines and drop it.
 pub struct SeriesBuilder<'a> {

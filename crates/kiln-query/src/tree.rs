@@ -288,12 +288,17 @@ impl<V: Weight> Tree<V> {
 }
 
 impl FlameTree {
-    /// Adds one dataset's values of local type `local_type`. Each stack node is resolved to
-    /// a tree node once, from its parent's tree node, so names are looked up once per
-    /// distinct stack prefix rather than once per sample.
-    pub fn add_selection(&mut self, selection: &DatasetSelection, local_type: usize) {
+    /// Adds one dataset's values of `type_id` (totals are left to compute once). Each
+    /// stack node is resolved to a tree node once, from its parent's tree node, so names
+    /// are looked up once per distinct stack prefix rather than once per sample.
+    pub fn add_selection(&mut self, selection: &DatasetSelection, type_id: &str) {
         let dataset = &selection.dataset;
-        let Some(values) = selection.values.get(local_type) else {
+        let Some(values) = selection
+            .types
+            .iter()
+            .position(|(id, _)| id == type_id)
+            .and_then(|local| selection.values.get(local))
+        else {
             return;
         };
         let names = FrameNames::new(dataset);
@@ -334,7 +339,7 @@ impl FlameTree {
 pub fn build_tree(selections: &[DatasetSelection], type_id: &str) -> FlameTree {
     let mut tree = FlameTree::default();
     for selection in selections {
-        crate::merge::add_to_tree(&mut tree, selection, type_id);
+        tree.add_selection(selection, type_id);
     }
     tree.compute_totals();
     tree

@@ -18,7 +18,7 @@ use kiln_query::flamebearer::{
     RenderResponse, Timeline,
 };
 use kiln_query::labels::{self as label_queries, SeriesQuery};
-use kiln_query::merge::{add_to_tree, DEFAULT_MAX_NODES};
+use kiln_query::merge::{cut, DEFAULT_MAX_NODES};
 use kiln_query::request::{legacy_series_selectors, ordered, render_query, time_or};
 use kiln_query::select::{SelectRequest, TypeFilter};
 use kiln_query::series::{SeriesBuilder, SeriesOptions};
@@ -190,11 +190,7 @@ pub async fn render(
     let max_nodes = max_nodes(&params)?;
     let group_by = params.get("groupBy").filter(|label| !label.is_empty());
     let (tree, timeline, groups) = fold(&state, &selection, &tenant, group_by).await?;
-    let tree = if max_nodes == 0 {
-        tree
-    } else {
-        tree.truncate(max_nodes)
-    };
+    let tree = cut(tree, max_nodes);
     Ok(Json(RenderResponse {
         version: 1,
         flamebearer: flamebearer(&tree),
@@ -222,7 +218,7 @@ async fn fold(
     state
         .querier
         .select_each(&selection.request(tenant), |selected| {
-            add_to_tree(&mut tree, &selected, &selection.type_id);
+            tree.add_selection(&selected, &selection.type_id);
             total.add(&selected);
             if let Some(groups) = &mut groups {
                 groups.add(&selected);

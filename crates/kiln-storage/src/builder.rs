@@ -685,10 +685,10 @@ impl DatasetBuilder {
             row.sample_count = samples.len() as u32;
             dataset.min_time_nanos = dataset.min_time_nanos.min(row.time_nanos);
             dataset.max_time_nanos = dataset.max_time_nanos.max(row.time_nanos);
-            row.total = samples
-                .iter()
-                .fold(0i64, |total, (_, value)| total.saturating_add(*value));
+            // A merged input's row carries its old total: summed afresh here.
+            row.total = 0;
             for ((stack, label_set), value) in samples {
+                row.total = row.total.saturating_add(value);
                 if label_set != 0 {
                     let sample = dataset.sample_stack.len() as u32;
                     for (name, value) in &self.label_sets.rows[label_set as usize] {

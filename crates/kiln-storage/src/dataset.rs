@@ -159,7 +159,9 @@ impl Dataset {
     /// Fills the stack sums from the samples. Profiles are grouped by series (they are
     /// sorted so already, but nothing relies on it); each series is summed into a dense
     /// per-stack slot, and only the slots it touched are read back and cleared, so the
-    /// cost is the samples plus each series' distinct stacks, never series x stacks.
+    /// cost is the samples plus each series' distinct stacks, never series x stacks. Ids
+    /// must be in range: a dataset a [`crate::DatasetBuilder`] made, or one that passed
+    /// [`Dataset::check`].
     pub fn sum_stacks(&mut self) {
         self.stack_sum_series.clear();
         self.stack_sum_stack.clear();
@@ -173,38 +175,30 @@ impl Dataset {
         let mut slots = vec![0i64; self.stack_parent.len()];
         let mut used = vec![false; self.stack_parent.len()];
         let mut touched: Vec<u32> = Vec::new();
-        let mut start = 0;
-        while start < rows.len() {
-            let series = self.profiles[rows[start]].series;
-            let mut end = start;
-            while end < rows.len() && self.profiles[rows[end]].series == series {
-                let row = rows[end];
-                for sample in offsets[row] as usize..offsets[row + 1] as usize {
-                    let Some(stack) = self.sample_stack.get(sample).copied() else {
-                        continue;
-                    };
-                    let Some(slot) = slots.get_mut(stack as usize) else {
-                        continue;
-                    };
-                    *slot = slot.saturating_add(self.sample_value[sample]);
-                    if !used[stack as usize] {
-                        used[stack as usize] = true;
-                        touched.push(stack);
-                    }
+        for group in rows.chunk_by(|a, b| self.profiles[*a].series == self.profiles[*b].series) {
+            let samples = group
+                .iter()
+                .flat_map(|row| offsets[*row] as usize..offsets[row + 1] as usize);
+            for sample in samples {
+                // A checked dataset's stacks are in range.
+                let stack = self.sample_stack[sample];
+                let slot = &mut slots[stack as usize];
+                *slot = slot.saturating_add(self.sample_value[sample]);
+                if !std::mem::replace(&mut used[stack as usize], true) {
+                    touched.push(stack);
                 }
-                end += 1;
             }
             touched.sort_unstable();
+            let series = self.profiles[group[0]].series;
             for stack in touched.drain(..) {
-                let value = std::mem::take(&mut slots[stack as usize]);
                 used[stack as usize] = false;
+                let value = std::mem::take(&mut slots[stack as usize]);
                 if value != 0 {
                     self.stack_sum_series.push(series);
                     self.stack_sum_stack.push(stack);
                     self.stack_sum_value.push(value);
                 }
             }
-            start = end;
         }
     }
 

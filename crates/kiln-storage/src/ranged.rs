@@ -159,6 +159,28 @@ impl TailCache {
         self.tails.get(key).cloned()
     }
 
+    /// The tail of object `key`, from `cache` or fetched and kept there, with the bytes
+    /// fetched (0 when cached). The cache holds only whole entries, so a lock poisoned by
+    /// a panic elsewhere still guards a consistent map and is used as is.
+    pub async fn get_or_read(
+        cache: &std::sync::Mutex<TailCache>,
+        storage: &ObjectStorage,
+        key: &str,
+    ) -> Result<(Arc<BlockTail>, u64), StorageError> {
+        let lock = || {
+            cache
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        };
+        if let Some(tail) = lock().get(key) {
+            return Ok((tail, 0));
+        }
+        let (tail, fetched) = read_tail(storage, key).await?;
+        let tail = Arc::new(tail);
+        lock().insert(key, tail.clone());
+        Ok((tail, fetched))
+    }
+
     pub fn insert(&mut self, key: &str, tail: Arc<BlockTail>) {
         if self.tails.contains_key(key) {
             return;

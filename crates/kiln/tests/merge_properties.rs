@@ -13,9 +13,7 @@ use kiln_model::pprof::Profile;
 use kiln_query::pprof_export::merged_pprof;
 use kiln_query::select::{aggregate, DatasetSelection, SelectRequest, TypeFilter};
 use kiln_query::tree::{build_tree, FlameTree};
-use kiln_storage::format::{
-    decode_dataset, encode_block, encode_block_as, BlockEncoding, Projection,
-};
+use kiln_storage::format::{decode_dataset, encode_block_as, BlockEncoding, Projection};
 use kiln_storage::{Dataset, DatasetBuilder};
 
 const FIXTURES: [&str; 5] = [
@@ -94,10 +92,35 @@ fn datasets(profiles: &[ParsedProfile], groups: &[Vec<usize>]) -> Vec<Dataset> {
 }
 
 fn round_trip(dataset: Dataset) -> Dataset {
-    let block = encode_block(&[dataset]).expect("encodes");
-    let dataset = decode_dataset(&bytes::Bytes::from(block), 0, Projection::ALL).expect("decodes");
+    round_trip_as(dataset, BlockEncoding::Segment, Projection::ALL)
+}
+
+fn round_trip_as(dataset: Dataset, encoding: BlockEncoding, projection: Projection) -> Dataset {
+    let block = encode_block_as(&[dataset], encoding).expect("encodes");
+    let dataset = decode_dataset(&bytes::Bytes::from(block), 0, projection).expect("decodes");
     dataset.check().expect("consistent");
     dataset
+}
+
+/// Both selections merge to the same flame tree and pprof for each type.
+fn assert_same_merges(
+    split: &[DatasetSelection],
+    reference: &[DatasetSelection],
+    type_ids: &[String],
+    case: &str,
+) {
+    for id in type_ids {
+        assert_eq!(
+            tree_paths(&build_tree(split, id)),
+            tree_paths(&build_tree(reference, id)),
+            "{case}: flame tree of {id}"
+        );
+        assert_eq!(
+            pprof_functions(&merged_pprof(split, std::slice::from_ref(id))),
+            pprof_functions(&merged_pprof(reference, std::slice::from_ref(id))),
+            "{case}: merged pprof of {id}"
+        );
+    }
 }
 
 fn select(datasets: Vec<Dataset>) -> Vec<DatasetSelection> {
@@ -279,19 +302,21 @@ fn compacting_any_split_changes_nothing_and_stores_each_symbol_once() {
             ]
         };
         assert_eq!(sizes(&merged), sizes(&reference_dataset), "case {case}");
+        // Each profile keeps its total through the merge (summed afresh, not carried).
+        let totals = |d: &Dataset| {
+            let mut totals: Vec<(i64, i64)> =
+                d.profiles.iter().map(|p| (p.time_nanos, p.total)).collect();
+            totals.sort_unstable();
+            totals
+        };
+        assert_eq!(totals(&merged), totals(&reference_dataset), "case {case}");
         let merged_selection = select(vec![merged]);
-        for id in &type_ids {
-            assert_eq!(
-                tree_paths(&build_tree(&merged_selection, id)),
-                tree_paths(&build_tree(&reference, id)),
-                "case {case}: {id}"
-            );
-            assert_eq!(
-                pprof_functions(&merged_pprof(&merged_selection, std::slice::from_ref(id))),
-                pprof_functions(&merged_pprof(&reference, std::slice::from_ref(id))),
-                "case {case}: {id}"
-            );
-        }
+        assert_same_merges(
+            &merged_selection,
+            &reference,
+            &type_ids,
+            &format!("case {case}"),
+        );
     }
     // Merging a dataset with itself doubles every value and keeps every table.
     let mut builder = DatasetBuilder::new("t", "svc");
@@ -311,11 +336,7 @@ fn compacting_any_split_changes_nothing_and_stores_each_symbol_once() {
 /// merge reads it: summed, without its samples.
 fn summed_round_trip(mut dataset: Dataset) -> Dataset {
     dataset.sum_stacks();
-    let block = encode_block_as(&[dataset], BlockEncoding::Compacted).expect("encodes");
-    let dataset =
-        decode_dataset(&bytes::Bytes::from(block), 0, Projection::SUMMED).expect("decodes");
-    dataset.check().expect("consistent");
-    dataset
+    round_trip_as(dataset, BlockEncoding::Compacted, Projection::SUMMED)
 }
 
 #[test]
@@ -351,18 +372,7 @@ fn stack_sums_merge_to_what_the_samples_merge_to() {
             assert!(!dataset.stack_sum_value.is_empty(), "case {case}");
         }
         let split = select(summed);
-        for id in &type_ids {
-            assert_eq!(
-                tree_paths(&build_tree(&split, id)),
-                tree_paths(&build_tree(&reference, id)),
-                "case {case}: flame tree of {id}"
-            );
-            assert_eq!(
-                pprof_functions(&merged_pprof(&split, std::slice::from_ref(id))),
-                pprof_functions(&merged_pprof(&reference, std::slice::from_ref(id))),
-                "case {case}: merged pprof of {id}"
-            );
-        }
+        assert_same_merges(&split, &reference, &type_ids, &format!("case {case}"));
         let mut totals: Vec<(i64, i64)> = split
             .iter()
             .flat_map(|s| s.profiles.iter().map(|p| (p.time_nanos, p.total)))
