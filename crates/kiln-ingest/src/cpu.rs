@@ -22,9 +22,8 @@ use tokio::sync::Semaphore;
 
 use crate::IngestError;
 
-static CORES: LazyLock<usize> =
-    LazyLock::new(|| std::thread::available_parallelism().map_or(2, |cores| cores.get()));
-static PARSE_PERMITS: LazyLock<Semaphore> = LazyLock::new(|| Semaphore::new(*CORES));
+static PARSE_PERMITS: LazyLock<Semaphore> =
+    LazyLock::new(|| Semaphore::new(kiln_model::priority::cores()));
 /// Requests waiting for a permit now.
 static WAITING: AtomicUsize = AtomicUsize::new(0);
 /// Recent parse time, in nanoseconds (an exponentially weighted mean, weight 1/16).
@@ -67,7 +66,8 @@ pub async fn run_parser<T: Send + 'static>(
     let max = Duration::from_millis(MAX_WAIT_MS.load(Ordering::Relaxed));
     let waiting = WAITING.load(Ordering::Relaxed);
     let expected = Duration::from_nanos(
-        PARSE_NANOS.load(Ordering::Relaxed) * (waiting as u64 + 1) / *CORES as u64,
+        PARSE_NANOS.load(Ordering::Relaxed) * (waiting as u64 + 1)
+            / kiln_model::priority::cores() as u64,
     );
     if waiting > 0 && expected > max {
         return Err(busy(waiting, expected, max));

@@ -503,11 +503,7 @@ fn build_segment(
         }
     }
     let groups: Vec<((String, String), Vec<&ParsedProfile>)> = groups.into_iter().collect();
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .min(groups.len())
-        .max(1);
+    let threads = kiln_model::priority::cores().min(groups.len()).max(1);
     // Deal datasets to threads largest first, so one big service does not leave the
     // other threads idle.
     let mut order: Vec<usize> = (0..groups.len()).collect();

@@ -248,7 +248,7 @@ pub async fn side_sums(
             )
         }
     });
-    let in_flight = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
+    let in_flight = 2 * kiln_model::priority::cores();
     // In order, so that floating-point sums, and so p-values, are the same on every run.
     let mut results = futures_util::stream::iter(tasks).buffered(in_flight);
     let mut side = SideSums::default();

@@ -315,7 +315,7 @@ impl Watcher {
                 }
             }
         }
-        let in_flight = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
+        let in_flight = 2 * kiln_model::priority::cores();
         // Collected first: a closure inside the stream's type would make the spawned
         // watcher's future not `Send` for every lifetime (a rustc limitation).
         let reads: Vec<_> = missing

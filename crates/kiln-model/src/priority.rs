@@ -8,6 +8,16 @@
 //! lowered once and stays low; the blocking pool's threads only do background work.
 
 use std::cell::Cell;
+use std::sync::LazyLock;
+
+static CORES: LazyLock<usize> =
+    LazyLock::new(|| std::thread::available_parallelism().map_or(2, |cores| cores.get()));
+
+/// The cores this process may use, read once: `available_parallelism` reads the cgroup's
+/// CPU quota from `/sys` on every call, and a flush asked at 2 % of a quiet server's CPU.
+pub fn cores() -> usize {
+    *CORES
+}
 
 thread_local! {
     static LOWERED: Cell<bool> = const { Cell::new(false) };

@@ -421,7 +421,7 @@ impl Querier {
         });
         // A few datasets in flight per core: all cores stay busy, while decoding buffers
         // of a week of blocks are not all alive at once.
-        let in_flight = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
+        let in_flight = 2 * kiln_model::priority::cores();
         let mut results = futures_util::stream::iter(tasks).buffered(in_flight);
         while let Some(result) = results.next().await {
             if let Some(selection) = result? {

@@ -3,44 +3,11 @@
 
 mod admin;
 mod agent;
+mod allocator;
 mod client;
 mod query;
 mod rules;
 mod scrape;
-
-/// Ingest allocates many small objects per profile on several threads; mimalloc measured
-/// faster than the system allocator there. Its v2 line, not v3: v3 held freed pages long
-/// enough that the server's peak RSS was 1.2–1.3 GiB where v2's was 0.8 GiB, at the same
-/// CPU with compaction on (docs/benchmarks.md, "Memory and the allocator").
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Transparent huge pages cost more than they give here: the allocator returns freed
-/// memory and faults it back in as ingest load moves, and with THP every fault zeroes 2 MiB.
-/// Under `kiln bench ingest` a third of the server's CPU went to `clear_page_erms` until
-/// THP was turned off for the process (docs/benchmarks.md). Children inherit the setting.
-#[cfg(target_os = "linux")]
-fn disable_transparent_huge_pages() {
-    // SAFETY: PR_SET_THP_DISABLE takes plain integer arguments and touches no memory of ours.
-    let result = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-    if result != 0 {
-        tracing::debug!("could not disable transparent huge pages");
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn disable_transparent_huge_pages() {}
-
-/// A compaction frees tens of MB at once on a background thread: returning them right
-/// away keeps that memory from stacking on top of ingest's until the allocator's own
-/// purge gets round to it (docs/benchmarks.md, "Memory and the allocator").
-fn release_allocator_memory() {
-    extern "C" {
-        fn mi_collect(force: bool);
-    }
-    // SAFETY: mi_collect takes a flag and only walks the allocator's own structures.
-    unsafe { mi_collect(true) }
-}
 
 use std::path::PathBuf;
 
@@ -251,8 +218,14 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         // Colour codes only where a person reads them, not in a log file or a pipe.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    disable_transparent_huge_pages();
-    kiln_model::priority::set_memory_release(release_allocator_memory);
+    allocator::disable_transparent_huge_pages();
+    kiln_model::priority::set_memory_release(allocator::release_memory);
+    if matches!(
+        cli.command,
+        Command::Server(_) | Command::Scrape(_) | Command::Agent(_)
+    ) {
+        allocator::follow_process_size();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
