@@ -11,7 +11,11 @@
 //! with the load and the number of blocks does not: this is the classic group commit of
 //! databases, with one flush of small batches at a time (batches of `flush_bytes` may
 //! overlap, up to `max_concurrent_flushes`). With `adaptive: false` every batch waits the
-//! whole interval (fewest blocks, slowest acks).
+//! whole interval (fewest blocks, slowest acks). `min_gap` (`flush_min_gap_ms`, default
+//! none) holds an adaptive flush until that long after the previous one started: a fleet
+//! of services each sending rarely then shares segments, so level 0 holds fewer, larger
+//! datasets for compaction and fresh queries, for up to that much more ack latency. Off by
+//! default because closed-loop clients pay it on every write (docs/benchmarks.md).
 //!
 //! A failure anywhere fails every request of that batch with a 5xx; since the metastore
 //! registration is the last step, a failed batch is never visible to readers.
@@ -50,6 +54,8 @@ pub struct IngesterConfig {
     /// Flushes (object writes and registrations) in flight at once.
     pub max_concurrent_flushes: usize,
     pub max_stack_depth: usize,
+    /// An adaptive flush starts at least this long after the previous one started.
+    pub min_gap: Duration,
 }
 
 impl Default for IngesterConfig {
@@ -65,6 +71,7 @@ impl Default for IngesterConfig {
             max_pending_bytes: 384 << 20,
             max_concurrent_flushes: 4,
             max_stack_depth: 1000,
+            min_gap: Duration::ZERO,
         }
     }
 }
@@ -314,6 +321,7 @@ impl Flusher {
         let flusher = Arc::new(self);
         let permits = Arc::new(Semaphore::new(flusher.config.max_concurrent_flushes.max(1)));
         let mut closed = false;
+        let mut last_started: Option<tokio::time::Instant> = None;
         while !closed {
             let Some(first) = receiver.recv().await else {
                 break;
@@ -331,7 +339,13 @@ impl Flusher {
                     break "size";
                 }
                 let mut wake = deadline;
-                if flusher.config.adaptive && flusher.flushing.load(Ordering::SeqCst) == 0 {
+                let earliest = last_started.map_or(opened, |at| at + flusher.config.min_gap);
+                if flusher.config.adaptive
+                    && flusher.flushing.load(Ordering::SeqCst) == 0
+                    && tokio::time::Instant::now() < earliest
+                {
+                    wake = wake.min(earliest);
+                } else if flusher.config.adaptive && flusher.flushing.load(Ordering::SeqCst) == 0 {
                     if flusher.arrivals.count.load(Ordering::SeqCst) == 0 {
                         // Arrivals end after their job is queued: take any that just did.
                         while let Ok(job) = receiver.try_recv() {
@@ -373,6 +387,7 @@ impl Flusher {
                 break;
             };
             flusher.flushing.fetch_add(1, Ordering::SeqCst);
+            last_started = Some(tokio::time::Instant::now());
             let flusher = flusher.clone();
             tokio::spawn(async move {
                 flusher.flush(batch).await;

@@ -26,6 +26,8 @@ pub struct ServerConfig {
     /// Flush as soon as nothing else is on its way (adaptive group commit), rather than
     /// always waiting `flush_interval_ms`.
     pub flush_adaptive: bool,
+    /// The shortest time between the starts of two adaptive flushes, in milliseconds.
+    pub flush_min_gap_ms: u64,
     /// Flush a segment early at this many received bytes.
     pub flush_bytes: usize,
     /// Memory of decoded profiles waiting for, or in, a flush; past it, writes get 429.
@@ -144,6 +146,7 @@ impl Default for ServerConfig {
             metastore: String::new(),
             flush_interval_ms: 500,
             flush_adaptive: true,
+            flush_min_gap_ms: 0,
             flush_bytes: 32 << 20,
             max_pending_bytes: IngesterConfig::default().max_pending_bytes,
             limits: Limits::default(),

@@ -99,6 +99,7 @@ impl Server {
             IngesterConfig {
                 flush_interval: Duration::from_millis(config.flush_interval_ms.max(1)),
                 adaptive: config.flush_adaptive,
+                min_gap: Duration::from_millis(config.flush_min_gap_ms),
                 flush_bytes: config.flush_bytes,
                 max_pending_bytes: config.max_pending_bytes,
                 max_stack_depth: config.limits.max_stack_depth,

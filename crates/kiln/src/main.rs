@@ -120,6 +120,10 @@ struct ServerArgs {
     /// interval [default: true].
     #[arg(long, env = "KILN_FLUSH_ADAPTIVE")]
     flush_adaptive: Option<bool>,
+    /// Shortest time between the starts of two adaptive flushes, in milliseconds
+    /// [default: 0].
+    #[arg(long, env = "KILN_FLUSH_MIN_GAP_MS")]
+    flush_min_gap_ms: Option<u64>,
     /// Largest request body, compressed, in bytes [default: 16777216].
     #[arg(long, env = "KILN_MAX_BODY_BYTES")]
     max_body_bytes: Option<usize>,
@@ -175,6 +179,9 @@ impl ServerArgs {
         }
         if let Some(adaptive) = self.flush_adaptive {
             config.flush_adaptive = adaptive;
+        }
+        if let Some(ms) = self.flush_min_gap_ms {
+            config.flush_min_gap_ms = ms;
         }
         if let Some(bytes) = self.max_body_bytes {
             config.limits.max_body_bytes = bytes;

@@ -202,19 +202,16 @@ fn a_failed_flush_is_5xx_and_leaves_nothing_visible() {
     );
 }
 
-#[test]
-fn concurrent_requests_share_one_flush() {
-    let server = TestServer::start_with(|config| {
-        config.flush_interval_ms = 1000;
-        config.flush_adaptive = false;
-    });
-    let url = server.url.clone();
-    let threads: Vec<_> = (0..8)
+/// Writes of `count` services (`{prefix}{i}`), each from its own thread, the i-th
+/// `i * spacing_ms` after the first; every one must be acknowledged.
+fn write_from_threads(server: &TestServer, prefix: &str, count: u64, spacing_ms: u64) {
+    let threads: Vec<_> = (0..count)
         .map(|i| {
-            let url = url.clone();
+            let url = format!("{}/ingest?name={prefix}{i}.cpu", server.url);
             std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(spacing_ms * i));
                 TestServer::agent()
-                    .post(&format!("{url}/ingest?name=svc{i}.cpu"))
+                    .post(&url)
                     .send_bytes(b"main;work 1\n")
                     .map(|r| r.status())
                     .unwrap_or(0)
@@ -224,6 +221,15 @@ fn concurrent_requests_share_one_flush() {
     for thread in threads {
         assert_eq!(thread.join().unwrap(), 200);
     }
+}
+
+#[test]
+fn concurrent_requests_share_one_flush() {
+    let server = TestServer::start_with(|config| {
+        config.flush_interval_ms = 1000;
+        config.flush_adaptive = false;
+    });
+    write_from_threads(&server, "svc", 8, 0);
     let metrics = server.metrics();
     assert!(
         metrics.contains("kiln_ingest_flushes_total 1\n"),
@@ -235,6 +241,31 @@ fn concurrent_requests_share_one_flush() {
             .unwrap()
             .len(),
         8
+    );
+}
+
+/// `flush_min_gap_ms`: writes that come within the gap after a flush started wait for its
+/// end and share one flush, though each alone would find the server idle.
+#[test]
+fn writes_within_the_minimum_gap_share_one_flush() {
+    let server = TestServer::start_with(|config| {
+        config.flush_interval_ms = 5_000;
+        config.flush_min_gap_ms = 1_000;
+    });
+    let started = std::time::Instant::now();
+    assert_eq!(
+        server.post("/ingest?name=first.cpu", b"main;work 1\n").0,
+        200
+    );
+    let first = started.elapsed();
+    assert!(first < std::time::Duration::from_millis(900), "{first:?}");
+    write_from_threads(&server, "later", 4, 50);
+    let all = started.elapsed();
+    assert!(all >= std::time::Duration::from_millis(950), "{all:?}");
+    let metrics = server.metrics();
+    assert!(
+        metrics.contains("kiln_ingest_flushes_total 2\n"),
+        "one flush for the first write, one for the four within the gap: {metrics}"
     );
 }
 
