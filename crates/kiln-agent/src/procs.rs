@@ -60,6 +60,9 @@ pub struct Process {
     pub env: Vec<(String, String)>,
     /// Changes with every new mapping, so what was built from the mappings is rebuilt.
     pub generation: u64,
+    /// The process was seen in a mount namespace other than the agent's (a container):
+    /// a path as the host sees it names another file, or none.
+    pub foreign_mounts: bool,
     /// Files of mappings that samples hit, held open (see [`ProcessTable::pin`]):
     /// (mapping start, file, or none when it could not be opened).
     pub pinned: Vec<(u64, Option<Arc<File>>)>,
@@ -78,6 +81,7 @@ impl Process {
             read_proc: false,
             env: Vec::new(),
             generation: 0,
+            foreign_mounts: false,
             pinned: Vec::new(),
         }
     }
@@ -98,21 +102,24 @@ impl Process {
         self.generation += 1;
     }
 
-    /// The file a mapping's bytes can be read from now: through `/proc/PID/root` while the
-    /// process lives (it may be in another mount namespace), `/proc/PID/map_files` for a
-    /// deleted executable, else the path as it is.
+    /// The file a mapping's bytes can be read from now: the one pinned while the process
+    /// lived, else through `/proc/PID/root` (it may be in another mount namespace),
+    /// `/proc/PID/map_files` for a deleted executable, else the path as it is, unless the
+    /// process had mounts of its own.
+    ///
+    /// The pinned file comes first even while the process seems alive: it dies before
+    /// the agent reads its exit record, and a report in between would otherwise find
+    /// `/proc/PID` gone and read the host's file at that path.
     pub fn readable_path(&self, mapping: &Mapping) -> Option<PathBuf> {
         if !mapping.is_file() {
             return None;
         }
-        if self.exited {
-            let pinned = self
-                .pinned
-                .iter()
-                .find(|(start, _)| *start == mapping.start);
-            if let Some((_, Some(file))) = pinned {
-                return Some(PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())));
-            }
+        let pinned = self
+            .pinned
+            .iter()
+            .find(|(start, _)| *start == mapping.start);
+        if let Some((_, Some(file))) = pinned {
+            return Some(PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())));
         }
         let proc_dir = PathBuf::from(format!("/proc/{}", self.pid));
         // `/proc/PID/maps` marks a deleted file; a path from an MMAP2 record is as it was.
@@ -128,7 +135,7 @@ impl Process {
             }
         }
         let path = PathBuf::from(path);
-        (!deleted && path.exists()).then_some(path)
+        (!deleted && !self.foreign_mounts && path.exists()).then_some(path)
     }
 
     /// The mapped file itself, through `/proc/PID/map_files`, while the process lives: for
@@ -394,6 +401,12 @@ fn read_proc(root: &std::path::Path, process: &mut Process, env_allowlist: &[Str
             .unwrap_or_default()
             .to_string();
     }
+    if let (Ok(own), Ok(agents)) = (
+        std::fs::read_link(dir.join("ns/mnt")),
+        std::fs::read_link(root.join("self/ns/mnt")),
+    ) {
+        process.foreign_mounts = own != agents;
+    }
     if let Ok(maps) = std::fs::read_to_string(dir.join("maps")) {
         for mapping in parse_maps(&maps) {
             if process.mapping(mapping.start).is_none() {
@@ -508,5 +521,39 @@ mod tests {
             "/bin/p"
         );
         assert_eq!(table.instance(child).unwrap().comm, "parent");
+    }
+
+    /// A container's process that died a moment ago, its exit record not read yet: its
+    /// `/proc/PID` is gone, and the host has another file at the mapping's path.
+    #[test]
+    fn a_dead_containers_file_is_the_pinned_one_never_the_hosts() {
+        let dir = tempfile::tempdir().unwrap();
+        let hosts = dir.path().join("app");
+        std::fs::write(&hosts, b"the host's file").unwrap();
+        let own = dir.path().join("own");
+        std::fs::write(&own, b"the container's file").unwrap();
+        // No pid reaches 2^31 (the kernel's limit is 2^22): this one has no /proc entry.
+        let mut process = Process::new(3_000_000_000, 1);
+        let mapping = Mapping {
+            start: 0x1000,
+            end: 0x2000,
+            pgoff: 0,
+            path: hosts.to_string_lossy().into_owned(),
+            build_id: None,
+        };
+        process.add_mapping(mapping.clone());
+        // Mounts of its own, nothing pinned: no file at all rather than the host's.
+        process.foreign_mounts = true;
+        assert_eq!(process.readable_path(&mapping), None);
+        // Same mounts as the agent: the path as it is.
+        process.foreign_mounts = false;
+        assert_eq!(process.readable_path(&mapping), Some(hosts.clone()));
+        // Pinned while it lived: that file, though the process is not known to have exited.
+        process.foreign_mounts = true;
+        let pinned = Arc::new(File::open(&own).unwrap());
+        process.pinned.push((mapping.start, Some(pinned)));
+        assert!(!process.exited);
+        let path = process.readable_path(&mapping).unwrap();
+        assert_eq!(std::fs::read(path).unwrap(), b"the container's file");
     }
 }
