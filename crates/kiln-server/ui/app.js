@@ -376,9 +376,13 @@ function renderSandwich() {
 
 async function refresh() {
   const mine = ++generation;
+  // `requested` and `ready` let a test wait until the latest refresh has drawn: an input's
+  // own change event on blur can start one more than the test asked for.
+  document.body.dataset.requested = String(mine);
   syncControls();
   if (!state.service || !state.type) {
     status('empty', `No profiles yet. Push some to ${location.origin} (Pyroscope SDKs, OTLP, pprof to /ingest) and reload.`);
+    document.body.dataset.ready = String(mine);
     return;
   }
   const [start, end] = range();
