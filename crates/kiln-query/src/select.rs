@@ -685,8 +685,11 @@ mod tests {
 
     /// A dataset of about `bytes` bytes on the heap.
     fn dataset_of(bytes: usize) -> Arc<Dataset> {
+        // One string: its bytes and one end offset.
+        let mut strings = kiln_storage::Strings::with_capacity(1, bytes - 8);
+        strings.push(&"x".repeat(bytes - 8));
         let dataset = Dataset {
-            strings: vec!["x".repeat(bytes - 24)],
+            strings,
             ..Default::default()
         };
         assert_eq!(dataset.heap_bytes(), bytes);

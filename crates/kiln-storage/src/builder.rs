@@ -12,6 +12,7 @@ use kiln_model::pprof::{Profile, Validated};
 use kiln_model::ProfileType;
 
 use crate::dataset::{Dataset, FunctionRow, MappingRow, ProfileRow, SeriesRow};
+use crate::strings::Strings;
 
 /// Per-sample labels that stay with the sample instead of splitting the series: they are
 /// unique per request and would otherwise explode the series count.
@@ -116,9 +117,9 @@ struct ProfileSymbols {
 pub struct DatasetBuilder {
     tenant: String,
     service: String,
-    strings: Vec<String>,
+    strings: Strings,
     /// Ids of `strings`, probed by bytes so that a pprof string already interned needs no
-    /// UTF-8 check; one allocation per distinct string, the `String` itself.
+    /// UTF-8 check.
     string_ids: HashTable<u32>,
     string_hasher: foldhash::fast::RandomState,
     mappings: Table<MappingRow>,
@@ -145,7 +146,7 @@ impl DatasetBuilder {
         let mut builder = DatasetBuilder {
             tenant: tenant.to_string(),
             service: service.to_string(),
-            strings: Vec::new(),
+            strings: Strings::new(),
             string_ids: HashTable::new(),
             string_hasher: Default::default(),
             mappings: Table::new(),
@@ -173,7 +174,7 @@ impl DatasetBuilder {
         if let Some(id) = self.find_string(hash, value.as_bytes()) {
             return id;
         }
-        self.insert_string(hash, value.to_string())
+        self.insert_string(hash, value)
     }
 
     /// Keys are valid UTF-8, so invalid bytes always miss and are interned in their lossy
@@ -184,7 +185,7 @@ impl DatasetBuilder {
             return id;
         }
         match std::str::from_utf8(value) {
-            Ok(text) => self.insert_string(hash, text.to_string()),
+            Ok(text) => self.insert_string(hash, text),
             Err(_) => self.intern(&String::from_utf8_lossy(value)),
         }
     }
@@ -197,7 +198,7 @@ impl DatasetBuilder {
     }
 
     /// Adds a string `find_string` missed; `hash` is that of its bytes.
-    fn insert_string(&mut self, hash: u64, value: String) -> u32 {
+    fn insert_string(&mut self, hash: u64, value: &str) -> u32 {
         let id = self.strings.len() as u32;
         self.strings.push(value);
         let strings = &self.strings;

@@ -3,6 +3,8 @@
 
 use kiln_model::labels::Labels;
 
+use crate::strings::Strings;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct MappingRow {
     pub memory_start: u64,
@@ -57,7 +59,7 @@ pub struct Dataset {
     pub service: String,
     pub min_time_nanos: i64,
     pub max_time_nanos: i64,
-    pub strings: Vec<String>,
+    pub strings: Strings,
     pub mappings: Vec<MappingRow>,
     pub functions: Vec<FunctionRow>,
     pub location_mapping: Vec<u32>,
@@ -110,10 +112,7 @@ impl Dataset {
     }
 
     pub fn string(&self, id: u32) -> &str {
-        self.strings
-            .get(id as usize)
-            .map(String::as_str)
-            .unwrap_or("")
+        self.strings.get(id as usize).unwrap_or("")
     }
 
     pub fn series_labels(&self, series: &SeriesRow) -> Labels {
@@ -130,7 +129,7 @@ impl Dataset {
         fn vec<T>(v: &[T]) -> usize {
             std::mem::size_of_val(v)
         }
-        self.strings.iter().map(|s| s.len() + 24).sum::<usize>()
+        self.strings.heap_bytes()
             + vec(&self.mappings)
             + vec(&self.functions)
             + vec(&self.location_mapping)

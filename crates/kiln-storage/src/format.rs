@@ -24,6 +24,7 @@ use parquet::schema::parser::parse_message_type;
 use parquet::schema::types::ColumnPath;
 
 use crate::dataset::{Dataset, FunctionRow, MappingRow, ProfileRow, SeriesRow};
+use crate::strings::Strings;
 use crate::StorageError;
 
 /// Version of the layout below, stored in the footer as `kiln.block.version`. Version 2
@@ -176,7 +177,22 @@ fn dataset_column(dataset: &Dataset, index: usize) -> Option<Column> {
         1 => Column::Bytes(vec![bytes(&dataset.service)]),
         2 => Column::I64(vec![dataset.min_time_nanos]),
         3 => Column::I64(vec![dataset.max_time_nanos]),
-        4 => Column::Bytes(dataset.strings.iter().map(|s| bytes(s)).collect()),
+        4 => {
+            // One copy of the whole table, each value a slice of it: no allocation per
+            // string.
+            let (text, ends) = dataset.strings.as_parts();
+            let buffer = Bytes::copy_from_slice(text.as_bytes());
+            let mut start = 0;
+            Column::Bytes(
+                ends.iter()
+                    .map(|&end| {
+                        let value = ByteArray::from(buffer.slice(start..end));
+                        start = end;
+                        value
+                    })
+                    .collect(),
+            )
+        }
         5 => i64s(dataset.mappings.iter().map(|m| m.memory_start as i64)),
         6 => i64s(dataset.mappings.iter().map(|m| m.memory_limit as i64)),
         7 => i64s(dataset.mappings.iter().map(|m| m.file_offset as i64)),
@@ -656,6 +672,16 @@ fn text(value: &ByteArray) -> String {
     String::from_utf8_lossy(value.data()).into_owned()
 }
 
+/// The string table, copied once into one buffer (see [`Strings`]).
+fn strings(values: &[ByteArray]) -> Strings {
+    let bytes = values.iter().map(|value| value.len()).sum();
+    let mut strings = Strings::with_capacity(values.len(), bytes);
+    for value in values {
+        strings.push(&String::from_utf8_lossy(value.data()));
+    }
+    strings
+}
+
 /// Builds the dataset from its decoded columns. `has_totals`: the block is of a version
 /// that stores profile totals (otherwise they are summed from the samples, when read).
 fn assemble(
@@ -669,7 +695,7 @@ fn assemble(
         service: c.text(1)?,
         min_time_nanos: c.single_i64(2)?,
         max_time_nanos: c.single_i64(3)?,
-        strings: c.bytes(4)?.iter().map(text).collect(),
+        strings: strings(&c.bytes(4)?),
         ..Default::default()
     };
     let (starts, limits, offsets) = (c.i64s(5)?, c.i64s(6)?, c.i64s(7)?);

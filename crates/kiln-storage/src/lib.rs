@@ -15,6 +15,7 @@ pub mod error;
 pub mod format;
 pub mod objects;
 pub mod ranged;
+pub mod strings;
 #[cfg(test)]
 mod testing;
 
@@ -22,3 +23,4 @@ pub use builder::DatasetBuilder;
 pub use dataset::{Dataset, ProfileRow, SeriesRow};
 pub use error::StorageError;
 pub use objects::ObjectStorage;
+pub use strings::Strings;
