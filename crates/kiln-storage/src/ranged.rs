@@ -117,6 +117,11 @@ impl BlockTail {
         })
     }
 
+    /// The parsed footer, for [`crate::format::decode_row_group`].
+    pub fn metadata(&self) -> &ParquetMetaData {
+        &self.metadata
+    }
+
     /// How many datasets the block holds.
     pub fn dataset_count(&self) -> usize {
         self.datasets.len()
