@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 use kiln_model::selector::Selector;
-use kiln_query::request::{label_selector, parse_time, profile_type};
+use kiln_query::request::{label_selector, profile_type};
 use kiln_query::select::{matching_series, SelectRequest};
 use kiln_query::symbols::FrameNames;
 use kiln_query::Querier;
@@ -22,23 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::stats::{rank, FunctionChange, FunctionSums, Method, SideSums};
 use crate::InsightError;
 
-/// A time as the API takes it: epoch milliseconds, or text the query APIs accept
-/// (`now-1h`, RFC 3339).
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(untagged)]
-pub enum Time {
-    Millis(i64),
-    Text(String),
-}
-
-impl Time {
-    fn millis(&self, name: &str, now_nanos: i64) -> Result<i64, InsightError> {
-        match self {
-            Time::Millis(ms) => Ok(*ms),
-            Time::Text(text) => Ok(parse_time(name, text, now_nanos)?.div_euclid(1_000_000)),
-        }
-    }
-}
+pub use kiln_query::request::Time;
 
 /// One side: a selector and a time range `[from, until)`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]

@@ -19,21 +19,28 @@
 //! The query API (`querier.v1`, [`api`]) has one module per query type, as Pyroscope
 //! does: [`merge`] (flame graph, tree, pprof), [`series`] (time series with exemplars),
 //! [`diff`] (two selections in one flame graph) and [`labels`] (label names and values,
-//! series, profile types, stats).
+//! series, profile types, stats). Kiln's own views add [`overview`] (every service at
+//! once), [`heatmap`] (individual profiles by time and value, and a rectangle of them)
+//! and [`lines`] (a function's self and total per source line, with [`source`] text
+//! where the operator configured where the code is).
 
 pub mod api;
 pub mod budget;
 pub mod diff;
 pub mod error;
 pub mod flamebearer;
+pub mod heatmap;
 pub mod labels;
+pub mod lines;
 pub mod merge;
 pub mod metrics;
+pub mod overview;
 pub mod pprof_export;
 pub mod profiles;
 pub mod request;
 pub mod select;
 pub mod series;
+pub mod source;
 pub mod symbols;
 pub mod tree;
 

@@ -47,6 +47,57 @@ pub fn ordered(
     Ok((from, to))
 }
 
+/// A time as Kiln's JSON APIs take it: epoch milliseconds, or text the query APIs accept
+/// (`now-1h`, RFC 3339).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(untagged)]
+pub enum Time {
+    Millis(i64),
+    Text(String),
+}
+
+impl Time {
+    /// Epoch milliseconds; errors name the parameter `name`.
+    pub fn millis(&self, name: &str, now_nanos: i64) -> Result<i64, QueryError> {
+        match self {
+            Time::Millis(ms) => Ok(*ms),
+            Time::Text(text) => Ok(parse_time(name, text, now_nanos)?.div_euclid(1_000_000)),
+        }
+    }
+}
+
+/// What Kiln's JSON APIs select (a profile type, a selector, `[from, until]`) for
+/// `tenant`, under the same rules as querier.v1's selections; an empty type selects every
+/// type.
+pub fn json_selection(
+    tenant: &str,
+    profile_type_id: &str,
+    selector: &str,
+    from: &Time,
+    until: &Time,
+    now: i64,
+) -> Result<SelectRequest, QueryError> {
+    let from_ms = from.millis("from", now)?;
+    let until_ms = until.millis("until", now)?;
+    if until_ms < from_ms {
+        return Err(QueryError::BadRequest(format!(
+            "until ({until_ms}) is before from ({from_ms})"
+        )));
+    }
+    Ok(SelectRequest {
+        tenant: tenant.to_string(),
+        types: if profile_type_id.is_empty() {
+            TypeFilter::Any
+        } else {
+            profile_type(profile_type_id)?
+        },
+        selector: label_selector(selector)?,
+        from_nanos: from_ms.saturating_mul(1_000_000),
+        to_nanos: until_ms.saturating_mul(1_000_000),
+        ..SelectRequest::default()
+    })
+}
+
 /// querier.v1's `[start, end]` in milliseconds, as nanoseconds. A start of 0 is the epoch,
 /// as everywhere else in Kiln (`/pyroscope/render?from=0`, `kiln query --from 0`); an end
 /// of 0 is an absent end (proto3 cannot tell them apart), and means now.
@@ -248,6 +299,7 @@ impl<'a> Selection<'a> {
             span_ids: None,
             per_sample: false,
             values_only: false,
+            value_range: None,
         })
     }
 }

@@ -54,6 +54,9 @@ pub struct SelectRequest {
     /// The caller reads only the values per stack (a flame graph), not the profiles behind
     /// them, so summed datasets are read without their profile rows.
     pub values_only: bool,
+    /// When set, only profiles whose stored total lies in `min..max` (a heatmap's
+    /// rectangle: the values of whole profiles, whatever else filters their samples).
+    pub value_range: Option<(i64, i64)>,
 }
 
 impl SelectRequest {
@@ -66,6 +69,7 @@ impl SelectRequest {
             && self.profile_ids.is_none()
             && self.span_ids.is_none()
             && self.call_site.is_empty()
+            && self.value_range.is_none()
             && self.from_nanos <= min_nanos
             && max_nanos <= self.to_nanos
     }
@@ -531,6 +535,11 @@ pub fn aggregate(dataset: Arc<Dataset>, request: &SelectRequest) -> Option<Datas
         }
         if let Some(ids) = &request.profile_ids {
             if !ids.contains(&profile.id) {
+                continue;
+            }
+        }
+        if let Some((min, max)) = request.value_range {
+            if profile.total < min || profile.total >= max {
                 continue;
             }
         }

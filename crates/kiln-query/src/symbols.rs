@@ -47,6 +47,47 @@ impl<'a> FrameNames<'a> {
         }
     }
 
+    /// Calls `emit` with each frame of `location` that has a function, outermost first:
+    /// its name (as [`Self::for_each_frame`] gives it), its file and its line (0 when the
+    /// profile did not say).
+    pub fn for_each_line(&self, location: u32, mut emit: impl FnMut(&str, &str, i64)) {
+        let location = location as usize;
+        let (Some(start), Some(end)) = (
+            self.line_offsets.get(location),
+            self.line_offsets.get(location + 1),
+        ) else {
+            return;
+        };
+        for line in (*start..*end).rev() {
+            let function = self.dataset.line_function[line as usize] as usize;
+            let Some(function) = self.dataset.functions.get(function) else {
+                continue;
+            };
+            let mut name = self.dataset.string(function.name);
+            if name.is_empty() {
+                name = self.dataset.string(function.system_name);
+            }
+            let number = self
+                .dataset
+                .line_number
+                .get(line as usize)
+                .copied()
+                .unwrap_or(0);
+            emit(name, self.dataset.string(function.filename), number);
+        }
+    }
+
+    /// The innermost frame's name of `location`: the function a sample's self value
+    /// belongs to.
+    pub fn leaf(&self, location: u32) -> String {
+        let mut leaf = String::new();
+        self.for_each_frame(location, |name| {
+            leaf.clear();
+            leaf.push_str(name);
+        });
+        leaf
+    }
+
     /// `module+0xoffset` for a frame without symbols, so it can be symbolized later.
     fn unsymbolized(&self, location: usize) -> String {
         let address = self

@@ -44,7 +44,11 @@ pub fn access(method: &Method, path: &str) -> Access {
         path if path.starts_with("/ui/") && reads => Access::Open,
         // Read-only calls sent as POST: Connect/gRPC queries, comparisons, rule previews.
         path if path.starts_with("/querier.v1.QuerierService/") => Access::Needs(Scope::Read),
-        "/api/v1/compare" | "/api/v1/recording-rules/preview" => Access::Needs(Scope::Read),
+        "/api/v1/compare"
+        | "/api/v1/recording-rules/preview"
+        | "/api/v1/heatmap"
+        | "/api/v1/heatmap/flamegraph"
+        | "/api/v1/lines" => Access::Needs(Scope::Read),
         _ if reads => Access::Needs(Scope::Read),
         _ => Access::Needs(Scope::Admin),
     }
@@ -151,6 +155,10 @@ mod tests {
                 "/querier.v1.QuerierService/SelectMergeStacktraces",
             ),
             (Method::POST, "/api/v1/compare"),
+            (Method::GET, "/api/v1/overview"),
+            (Method::POST, "/api/v1/heatmap"),
+            (Method::POST, "/api/v1/heatmap/flamegraph"),
+            (Method::POST, "/api/v1/lines"),
             (Method::GET, "/api/v1/recording-rules"),
             (Method::POST, "/api/v1/recording-rules/preview"),
             (Method::GET, "/api/v1/regressions"),

@@ -61,6 +61,9 @@ pub struct ServerConfig {
     pub tls: crate::tls::TlsConfig,
     /// What one query may cost: profiles read, time, and a tenant's queries at once.
     pub query: kiln_query::QueryBudget,
+    /// Where source files are, for a function's lines in the UI; none by default, and
+    /// then no source text is shown.
+    pub source: kiln_query::source::SourceConfig,
 }
 
 /// The in-process host agent: what `kiln agent` does, written straight to this server.
@@ -162,6 +165,7 @@ impl Default for ServerConfig {
             auth: kiln_auth::AuthConfig::default(),
             tls: crate::tls::TlsConfig::default(),
             query: kiln_query::QueryBudget::default(),
+            source: kiln_query::source::SourceConfig::default(),
         }
     }
 }

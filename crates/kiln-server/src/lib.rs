@@ -15,6 +15,7 @@ pub mod budget;
 pub mod config;
 pub mod endpoints;
 pub mod error;
+pub mod explore;
 pub mod ingest;
 pub mod insight;
 pub mod listener;

@@ -5,7 +5,7 @@ use axum::Router;
 
 use crate::endpoints::{OTLP_GRPC_PATH, OTLP_HTTP_PATH, PROFEFE_PATH, PUSH_PATH, PYROSCOPE_PATHS};
 use crate::state::SharedState;
-use crate::{ingest, insight, ops, otlp, profefe, querier, render, rules};
+use crate::{explore, ingest, insight, ops, otlp, profefe, querier, render, rules};
 
 pub fn router(state: SharedState) -> Router {
     PYROSCOPE_PATHS
@@ -49,6 +49,13 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/api/v1/compare", post(insight::compare))
         .route("/api/v1/regressions", get(insight::regressions))
+        .route("/api/v1/overview", get(explore::overview))
+        .route("/api/v1/heatmap", post(explore::heatmap))
+        .route(
+            "/api/v1/heatmap/flamegraph",
+            post(explore::heatmap_flamegraph),
+        )
+        .route("/api/v1/lines", post(explore::lines))
         .merge(crate::ui::router())
         // Outermost last: errors are shaped for their protocol, then credentials are
         // checked, then the body's declared size, then a read's budget.

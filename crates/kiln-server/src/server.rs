@@ -197,6 +197,7 @@ impl Server {
             registry,
             ready: AtomicBool::new(false),
             targets,
+            sources: kiln_query::source::Sources::new(config.source.clone()),
             body_read_timeout: Duration::from_millis(config.http.body_read_timeout_ms.max(1)),
         });
 

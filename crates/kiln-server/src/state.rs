@@ -25,6 +25,8 @@ pub struct AppState {
     pub ready: AtomicBool,
     /// Health of scrape targets, when scrape_configs are set.
     pub targets: Option<kiln_scrape::Targets>,
+    /// Where a function's source text is read from, when configured.
+    pub sources: kiln_query::source::Sources,
     /// How long a client may take to send a request body.
     pub body_read_timeout: Duration,
 }

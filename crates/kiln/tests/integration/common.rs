@@ -376,6 +376,24 @@ pub fn go_function_totals(
     files: &[&Path],
     sample_index: usize,
 ) -> HashMap<String, (i64, i64)> {
+    go_frame_totals(go, files, sample_index, false)
+}
+
+/// [`go_function_totals`] per source line: keys are `name file:line`.
+pub fn go_line_totals(
+    go: &Path,
+    files: &[&Path],
+    sample_index: usize,
+) -> HashMap<String, (i64, i64)> {
+    go_frame_totals(go, files, sample_index, true)
+}
+
+fn go_frame_totals(
+    go: &Path,
+    files: &[&Path],
+    sample_index: usize,
+    with_lines: bool,
+) -> HashMap<String, (i64, i64)> {
     let output = Command::new(go)
         .env("GOTOOLCHAIN", "local")
         .env("HOME", std::env::temp_dir())
@@ -452,11 +470,18 @@ pub fn go_function_totals(
                 }
                 // "name file:line:col s=N" -> name (names may contain spaces).
                 let without_start = rest.rsplit_once(" s=").map_or(rest, |(head, _)| head);
-                let name = without_start
+                let (name, place) = without_start
                     .rsplit_once(' ')
-                    .map_or(without_start, |(name, _)| name);
+                    .unwrap_or((without_start, ""));
+                let frame = if with_lines {
+                    // "file:line:column" -> "name file:line"
+                    let file_line = place.rsplit_once(':').map_or(place, |(head, _)| head);
+                    format!("{name} {file_line}")
+                } else {
+                    name.to_string()
+                };
                 if let Some(id) = current_location {
-                    locations.entry(id).or_default().push(name.to_string());
+                    locations.entry(id).or_default().push(frame);
                 }
             }
             _ => {}
@@ -509,6 +534,21 @@ pub fn pprof_total(bytes: &[u8], index: usize) -> i64 {
         .iter()
         .map(|s| s.value[index])
         .sum()
+}
+
+/// Folded stacks with these tags at a time `minutes_ago` in the past, 100 Hz (one sample
+/// = 10 ms).
+pub fn push_folded(server: &TestServer, service: &str, tags: &str, minutes_ago: i64, body: &str) {
+    let now = kiln_model::time::now_nanos() / 1_000_000_000;
+    let from = now - minutes_ago * 60;
+    let (status, text) = server.post(
+        &format!(
+            "/ingest?name={service}.cpu{{{tags}}}&format=folded&sampleRate=100&from={from}&until={}",
+            from + 10
+        ),
+        body.as_bytes(),
+    );
+    assert_eq!(status, 200, "{text}");
 }
 
 /// `querier.v1.QuerierService/{method}`.

@@ -8,6 +8,7 @@ mod common;
 mod compaction;
 mod connections;
 mod duckdb;
+mod explore;
 mod formats;
 mod hygiene;
 mod insight;

@@ -9,21 +9,6 @@ use crate::common::*;
 const SERVICE: &str = "kiln-ui-demo";
 const BIG_SERVICE: &str = "kiln-ui-big";
 
-/// Folded stacks with these tags at a time `minutes_ago` in the past, 100 Hz (one sample
-/// = 10 ms).
-fn push_folded(server: &TestServer, service: &str, tags: &str, minutes_ago: i64, body: &str) {
-    let now = kiln_model::time::now_nanos() / 1_000_000_000;
-    let from = now - minutes_ago * 60;
-    let (status, text) = server.post(
-        &format!(
-            "/ingest?name={service}.cpu{{{tags}}}&format=folded&sampleRate=100&from={from}&until={}",
-            from + 10
-        ),
-        body.as_bytes(),
-    );
-    assert_eq!(status, 200, "{text}");
-}
-
 /// The strings of a JSON array (empty when it is not one).
 fn strings(value: &serde_json::Value) -> Vec<&str> {
     value
