@@ -4,6 +4,7 @@
 // Usage: node ui_test.mjs SERVER_URL SCREENSHOT_DIR SERVICE HOT_FUNCTION BIG_SERVICE
 
 import { chromium } from 'playwright-core';
+import { ready } from './ready.mjs';
 
 const [url, shots, service, hot, bigService] = process.argv.slice(2);
 const browser = await chromium.launch({
@@ -12,17 +13,6 @@ const browser = await chromium.launch({
 });
 const results = {};
 const errors = [];
-
-/** Waits until a refresh after generation `after` has drawn and none started since: a
- * field's native change event on blur (when the test fills the next one) starts a refresh
- * of its own, which can finish before the one the test asked for. */
-async function ready(page, after = 0) {
-  await page.waitForFunction((n) => {
-    const done = Number(document.body.dataset.ready || 0);
-    return done > n && done >= Number(document.body.dataset.requested || 0);
-  }, after, { timeout: 20000 });
-  return Number(await page.evaluate(() => document.body.dataset.ready));
-}
 
 async function observe(page) {
   return page.evaluate(() => ({

@@ -26,6 +26,16 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("../ui/flamegraph.js"),
     ),
     (
+        "heatmap.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../ui/heatmap.js"),
+    ),
+    (
+        "overview.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../ui/overview.js"),
+    ),
+    (
         "rules.js",
         "text/javascript; charset=utf-8",
         include_str!("../ui/rules.js"),

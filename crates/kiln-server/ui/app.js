@@ -4,6 +4,8 @@
 
 import { apiFetch } from './api.js';
 import { FlameGraph, formatValue, sandwich, toSvg } from './flamegraph.js';
+import { Heatmap } from './heatmap.js';
+import { fetchOverview, renderOverview } from './overview.js';
 
 const $ = (id) => document.getElementById(id);
 const MAX_NODES = 65536;
@@ -12,7 +14,7 @@ const MAX_NODES = 65536;
 
 const DEFAULTS = { service: '', type: '', labels: '', from: 'now-1h', until: 'now', split: '',
   search: '', view: 'both', focus: '', mode: '', lfrom: '', luntil: '', rfrom: '', runtil: '',
-  fn: '', profile: '', callsite: '', lsel: '', rsel: '' };
+  fn: '', profile: '', callsite: '', lsel: '', rsel: '', hm: '', sel: '', sel2: '', osort: '' };
 const state = { ...DEFAULTS };
 
 function readUrl() {
@@ -110,8 +112,9 @@ async function loadPickers() {
   profileTypes = types.profileTypes || [];
   const serviceNames = services.names || [];
   const serviceSelect = $('service');
-  serviceSelect.replaceChildren(...serviceNames.map((name) => new Option(name, name)));
-  if (!state.service || !serviceNames.includes(state.service)) state.service = serviceNames[0] || '';
+  // No service picked is the overview of them all, the home page.
+  serviceSelect.replaceChildren(new Option('all (overview)', ''), ...serviceNames.map((name) => new Option(name, name)));
+  if (state.service && !serviceNames.includes(state.service)) serviceSelect.append(new Option(state.service, state.service));
   serviceSelect.value = state.service;
   const typeSelect = $('type');
   typeSelect.replaceChildren(...profileTypes.map((type) => new Option(
@@ -243,7 +246,8 @@ let tableRows = [];
 function renderTable() {
   const filter = $('table-filter').value.toLowerCase();
   const total = flame.total || 1;
-  const diff = state.mode === 'compare';
+  // Two heatmap rectangles are a comparison too.
+  const diff = state.mode === 'compare' || Boolean(state.hm && state.sel && state.sel2);
   // With the server's ranking, a fifth column: how sure each change is.
   const ranked = diff && tableRows.some((row) => row.rank !== undefined);
   const headers = diff ? ['function', 'self before', 'self after', 'change (pp)', 'confidence'] : ['function', 'self', 'total', '%', ''];
@@ -300,6 +304,7 @@ function renderTable() {
       renderTable();
       renderSandwich();
       showSearchResult(flame.matchedShare());
+      showLines();
     };
     tr.addEventListener('click', select);
     tr.addEventListener('keydown', (event) => { if (event.key === 'Enter') select(); });
@@ -337,19 +342,45 @@ async function listProfiles(timestamp, stepMs) {
     });
     const exemplars = (answer.series || []).flatMap((s) => (s.points || []).flatMap((p) => p.exemplars || []));
     $('profiles-title').textContent = `profiles at ${new Date(timestamp).toLocaleString()} (${exemplars.length})`;
-    $('profiles').replaceChildren(...exemplars.map((exemplar) => {
-      const item = document.createElement('li');
-      const button = document.createElement('button');
-      button.textContent = `${exemplar.profileId} · ${formatValue(Number(exemplar.value), unit())}`;
-      button.addEventListener('click', () => {
+    $('profiles').tBodies[0].replaceChildren(...exemplars.map((exemplar) => {
+      const row = document.createElement('tr');
+      row.dataset.profileId = exemplar.profileId;
+      row.dataset.value = String(exemplar.value);
+      const labels = (exemplar.labels || []).filter((l) => l.name !== 'service_name').map((l) => `${l.name}=${l.value}`).join(', ');
+      const cells = [
+        [new Date(Number(exemplar.timestamp)).toLocaleTimeString(), ''],
+        [exemplar.profileId, 'mono'],
+        [formatValue(Number(exemplar.value), unit()), 'num'],
+        [labels, ''],
+        [exemplar.spanId || '', 'mono'],
+      ];
+      for (const [text, cls] of cells) {
+        const td = document.createElement('td');
+        td.textContent = text;
+        if (cls) td.className = cls;
+        row.appendChild(td);
+      }
+      const actions = document.createElement('td');
+      const open = document.createElement('button');
+      open.textContent = 'open';
+      open.className = 'open-profile';
+      open.setAttribute('aria-label', `open profile ${exemplar.profileId}`);
+      open.addEventListener('click', () => {
         state.profile = exemplar.profileId;
         state.from = String(timestamp - stepMs);
         state.until = String(timestamp + 2 * stepMs);
         writeUrl();
         refresh();
       });
-      item.appendChild(button);
-      return item;
+      // profefe's API serves any stored profile by id, as a gzip pprof.
+      const download = document.createElement('a');
+      download.textContent = 'pprof';
+      download.href = `/api/0/profiles/${encodeURIComponent(exemplar.profileId)}`;
+      download.download = `${exemplar.profileId}.pb.gz`;
+      download.setAttribute('aria-label', `download profile ${exemplar.profileId} as pprof`);
+      actions.append(open, ' ', download);
+      row.appendChild(actions);
+      return row;
     }));
     $('profiles-section').hidden = false;
   } catch (error) {
@@ -374,13 +405,180 @@ function renderSandwich() {
   document.body.dataset.sandwich = `${callers.total}:${callees.total}:${callers.levels.length}:${callees.levels.length}`;
 }
 
+// ---- service overview ----
+
+let overviewData = null;
+
+function overviewSort() {
+  const [key, order] = (state.osort || 'change:desc').split(':');
+  return { key, descending: order !== 'asc' };
+}
+
+function drawOverview() {
+  const started = performance.now();
+  const order = renderOverview($('overview'), overviewData, overviewSort());
+  document.body.dataset.overviewMillis = (performance.now() - started).toFixed(1);
+  $('overview').dataset.order = JSON.stringify(order);
+  $('overview-summary').textContent = `${order.length} services, ${new Date(overviewData.from_ms).toLocaleString()} to ${new Date(overviewData.until_ms).toLocaleString()}, each against the ${formatDuration(overviewData.until_ms - overviewData.from_ms)} before`;
+}
+
+function formatDuration(ms) {
+  for (const [size, name] of [[86400e3, 'd'], [3600e3, 'h'], [60e3, 'min']]) {
+    if (ms >= size) return `${Math.round(ms / size)} ${name}`;
+  }
+  return `${Math.round(ms / 1000)} s`;
+}
+
+function openService(service, type) {
+  state.service = service;
+  if (type) state.type = type;
+  state.focus = ''; state.sel = ''; state.sel2 = '';
+  writeUrl();
+  $('service').value = service;
+  loadSplitLabels();
+  linkRegressions();
+  refresh();
+}
+
+async function refreshOverview(mine) {
+  const [start, end] = range();
+  status('loading', 'loading…');
+  const started = performance.now();
+  try {
+    const data = await fetchOverview(start, end, state.labels.trim() ? `{${state.labels.trim().replace(/^\{|\}$/g, '')}}` : '');
+    if (mine !== generation) return;
+    overviewData = data;
+    document.body.dataset.overviewFetchMillis = (performance.now() - started).toFixed(1);
+    drawOverview();
+    if (!data.services.length) {
+      status('empty', `No profiles between ${new Date(start).toLocaleString()} and ${new Date(end).toLocaleString()}. Push some to ${location.origin} (Pyroscope SDKs, OTLP, pprof to /ingest), or widen the range.`);
+    } else {
+      status('', '');
+    }
+  } catch (error) {
+    if (mine !== generation) return;
+    status('error', error.message);
+  }
+  document.body.dataset.ready = String(mine);
+}
+
+// ---- heatmap ----
+
+const heatmap = new Heatmap($('heatmap'), { onSelect: (rectangles) => {
+  state.sel = encodeRectangle(rectangles[0]);
+  state.sel2 = encodeRectangle(rectangles[1]);
+  writeUrl();
+  refresh();
+} });
+
+/** `from,until,min,max` (empty for an unbounded value). */
+function encodeRectangle(r) {
+  return r ? [r.from, r.until, r.min_value ?? '', r.max_value ?? ''].join(',') : '';
+}
+
+function decodeRectangle(text) {
+  if (!text) return null;
+  const [from, until, min, max] = text.split(',');
+  const number = (v) => (v === '' || v === undefined ? null : Number(v));
+  return { from: Number(from), until: Number(until), min_value: number(min), max_value: number(max) };
+}
+
+async function postJson(path, body) {
+  const response = await apiFetch(path, {
+    method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body),
+  });
+  const text = await response.text();
+  if (!response.ok) {
+    let message = text;
+    try { message = JSON.parse(text).message || text; } catch { /* plain text */ }
+    throw new Error(`${path} failed (HTTP ${response.status}): ${message}`);
+  }
+  return JSON.parse(text);
+}
+
+function rectangleSummary(answer) {
+  const side = (s) => `${s.profiles} profiles, ${formatValue(s.total, unit())}`;
+  return answer.right ? `selected: ${side(answer.left)} (solid) against ${side(answer.right)} (dashed)` : `selected: ${side(answer.left)}`;
+}
+
+// ---- source lines ----
+
+async function showLines() {
+  const name = state.fn;
+  if (!name || state.mode === 'compare' || !state.service) { $('lines-section').hidden = true; return; }
+  const [start, end] = range();
+  try {
+    const answer = await postJson('/api/v1/lines', { profile_type: state.type, selector: selector(), from: start, until: end, function: name });
+    if (state.fn !== name) return;
+    const numbered = answer.lines.filter((line) => line.line > 0);
+    $('lines-title').textContent = `lines of ${name}`;
+    $('lines-note').textContent = !numbered.length
+      ? 'These profiles carry no line numbers for this function.'
+      : answer.source_configured
+        ? (answer.sources.length ? '' : 'No source text found for these files under the configured source.')
+        : 'Source text is shown when the server is told where the code is (source.root or source.url_template); line numbers come from the profiles.';
+    $('lines').tBodies[0].replaceChildren(...answer.lines.map((line) => {
+      const row = document.createElement('tr');
+      for (const [text, cls] of [[line.file, 'name'], [String(line.line), 'num'], [formatValue(line.self_value, unit()), 'num'], [formatValue(line.total_value, unit()), 'num']]) {
+        const td = document.createElement('td');
+        td.textContent = text;
+        td.className = cls;
+        row.appendChild(td);
+      }
+      return row;
+    }));
+    $('source').replaceChildren(...answer.sources.map((source) => sourceBlock(source, answer.lines)));
+    $('lines-section').hidden = false;
+    $('lines-section').dataset.lines = String(numbered.length);
+  } catch (error) {
+    status('error', error.message);
+  }
+}
+
+/** The source around the lines that have values, each line with its self and total. */
+function sourceBlock(source, lines) {
+  const values = new Map(lines.filter((l) => l.file === source.file).map((l) => [l.line, l]));
+  const wanted = new Set();
+  for (const line of values.keys()) for (let n = line - 3; n <= line + 3; n++) wanted.add(n);
+  const figure = document.createElement('figure');
+  const caption = document.createElement('figcaption');
+  caption.textContent = source.origin;
+  const table = document.createElement('table');
+  table.className = 'source';
+  let previous = 0;
+  for (let n = 1; n <= source.lines.length; n++) {
+    if (!wanted.has(n)) continue;
+    if (previous && n > previous + 1) {
+      const gap = table.insertRow();
+      gap.className = 'gap';
+      gap.insertCell().colSpan = 4;
+    }
+    previous = n;
+    const value = values.get(n);
+    const row = table.insertRow();
+    if (value) row.className = 'hot';
+    const cells = [String(n), value ? formatValue(value.self_value, unit()) : '', value ? formatValue(value.total_value, unit()) : '', source.lines[n - 1]];
+    cells.forEach((text, i) => {
+      const td = row.insertCell();
+      td.textContent = text;
+      td.className = i < 3 ? 'num' : 'code';
+    });
+  }
+  figure.append(caption, table);
+  return figure;
+}
+
 async function refresh() {
   const mine = ++generation;
   // `requested` and `ready` let a test wait until the latest refresh has drawn: an input's
   // own change event on blur can start one more than the test asked for.
   document.body.dataset.requested = String(mine);
   syncControls();
-  if (!state.service || !state.type) {
+  if (!state.service) {
+    await refreshOverview(mine);
+    return;
+  }
+  if (!state.type) {
     status('empty', `No profiles yet. Push some to ${location.origin} (Pyroscope SDKs, OTLP, pprof to /ingest) and reload.`);
     document.body.dataset.ready = String(mine);
     return;
@@ -394,24 +592,41 @@ async function refresh() {
       profileTypeID: state.type, labelSelector: selector(), start: String(start), end: String(end), step,
       groupBy: state.split ? [state.split] : [],
     });
+    // A heatmap selection replaces the range's flame graph with its own profiles'.
+    const rectangle = !compare && state.hm ? decodeRectangle(state.sel) : null;
+    const second = rectangle ? decodeRectangle(state.sel2) : null;
     const graphRequest = compare
       ? call('Diff', {
         left: mergeRequest(toMillis(state.lfrom), toMillis(state.luntil), state.lsel || state.labels),
         right: mergeRequest(toMillis(state.rfrom), toMillis(state.runtil), state.rsel || state.labels),
       })
-      : call('SelectMergeStacktraces', mergeRequest(start, end));
+      : rectangle
+        ? postJson('/api/v1/heatmap/flamegraph', { profile_type: state.type, selector: selector(), rectangle, compare: second, max_nodes: MAX_NODES })
+        : call('SelectMergeStacktraces', mergeRequest(start, end));
     const rankRequest = compare ? compareRanking() : Promise.resolve(null);
-    const [series, graph, ranking] = await Promise.all([seriesRequest, graphRequest, rankRequest]);
+    const heatmapRequest = state.hm && !compare
+      ? postJson('/api/v1/heatmap', { profile_type: state.type, selector: selector(), from: start, until: end, columns: 60 })
+      : Promise.resolve(null);
+    const [series, graph, ranking, cells] = await Promise.all([seriesRequest, graphRequest, rankRequest, heatmapRequest]);
     if (mine !== generation) return;
     drawTimeline(series.series || [], start, end, step);
+    $('heatmap-pane').hidden = !cells;
+    $('heatmap-clear').hidden = !rectangle;
+    $('heatmap-summary').textContent = rectangle ? rectangleSummary(graph) : cells ? `${cells.profiles} profiles` : '';
+    if (cells) {
+      heatmap.setData(cells, unit());
+      heatmap.select([rectangle, second]);
+    }
+    const diff = compare || Boolean(second);
     const flamegraph = graph.flamegraph || { names: [], levels: [], total: 0 };
     const started = performance.now();
-    flame.setData(flamegraph, unit(), compare);
+    flame.setData(flamegraph, unit(), diff);
     document.body.dataset.flameMillis = (performance.now() - started).toFixed(1);
     document.body.dataset.flameTotal = String(flame.total);
     document.body.dataset.flameNodes = String(flame.nodeCount);
-    document.body.dataset.diffSides = compare ? `${flame.leftTotal}:${flame.rightTotal}` : '';
-    tableRows = compare ? (ranking ? rankedRows(ranking) : diffRows()) : flame.functions();
+    document.body.dataset.diffSides = diff ? `${flame.leftTotal}:${flame.rightTotal}` : '';
+    document.body.dataset.selection = rectangle ? JSON.stringify({ left: graph.left, right: graph.right || null }) : '';
+    tableRows = compare ? (ranking ? rankedRows(ranking) : diffRows()) : second ? diffRows() : flame.functions();
     $('compare-summary').textContent = compare ? compareSummary(ranking) : '';
     renderTable();
     renderSandwich();
@@ -421,6 +636,7 @@ async function refresh() {
     if (state.focus) flame.zoomToName(state.focus);
     renderBreadcrumbs(flame.path());
     showSearchResult(state.search ? flame.setSearch(state.search) : null);
+    showLines();
     if (!flame.total) {
       status('empty', `No data for ${selector()} (${state.type}) between ${new Date(start).toLocaleString()} and ${new Date(end).toLocaleString()}. Widen the range, or check that your agents push to ${location.origin}.`);
     } else {
@@ -504,6 +720,18 @@ function syncControls() {
   $('labels').value = state.labels;
   $('search').value = state.search;
   $('view').value = state.view;
+  const overview = !state.service;
+  document.body.dataset.view = overview ? 'overview' : 'explore';
+  $('overview-section').hidden = !overview;
+  $('explore').hidden = overview;
+  $('overview-link').toggleAttribute('aria-current', overview);
+  if (overview) $('overview-link').setAttribute('aria-current', 'page');
+  $('explore-link').toggleAttribute('aria-current', !overview);
+  if (!overview) $('explore-link').setAttribute('aria-current', 'page');
+  $('explore-link').href = `/?service=${encodeURIComponent(state.service || ($('service').options[1] || {}).value || '')}`;
+  $('type').disabled = overview;
+  $('compare-toggle').disabled = overview;
+  $('heatmap-toggle').setAttribute('aria-pressed', String(Boolean(state.hm)));
   $('panes').className = state.view === 'both' ? '' : state.view;
   for (const button of document.querySelectorAll('[data-range]')) {
     button.classList.toggle('active', state.from === `now-${button.dataset.range}` && state.until === 'now');
@@ -530,7 +758,51 @@ function halves() {
 
 function bind() {
   const change = (update) => () => { update(); writeUrl(); refresh(); };
-  $('service').addEventListener('change', change(() => { state.service = $('service').value; state.focus = ''; loadSplitLabels(); }));
+  $('service').addEventListener('change', change(() => {
+    state.service = $('service').value; state.focus = ''; state.sel = ''; state.sel2 = ''; state.fn = '';
+    if (state.service) loadSplitLabels();
+  }));
+  // The overview: a row opens its service; headers sort.
+  const openRow = (event) => {
+    const row = event.target.closest('tr[data-service]');
+    if (!row) return;
+    event.preventDefault();
+    openService(row.dataset.service, row.dataset.type);
+  };
+  $('overview').tBodies[0].addEventListener('click', openRow);
+  $('overview').tBodies[0].addEventListener('keydown', (event) => { if (event.key === 'Enter') openRow(event); });
+  for (const th of document.querySelectorAll('#overview th[data-sort]')) {
+    const sort = () => {
+      const current = overviewSort();
+      const key = th.dataset.sort;
+      const descending = current.key === key ? !current.descending : key !== 'service';
+      state.osort = `${key}:${descending ? 'desc' : 'asc'}`;
+      writeUrl(true);
+      if (overviewData) drawOverview();
+    };
+    th.addEventListener('click', sort);
+    th.addEventListener('keydown', (event) => { if (event.key === 'Enter') sort(); });
+  }
+  $('overview-link').addEventListener('click', (event) => {
+    event.preventDefault();
+    state.service = ''; state.fn = ''; state.sel = ''; state.sel2 = ''; state.profile = '';
+    $('service').value = '';
+    writeUrl();
+    refresh();
+  });
+  $('heatmap-toggle').addEventListener('click', change(() => {
+    state.hm = state.hm ? '' : '1';
+    if (!state.hm) { state.sel = ''; state.sel2 = ''; }
+  }));
+  $('heatmap-clear').addEventListener('click', change(() => { state.sel = ''; state.sel2 = ''; }));
+  $('lines-close').addEventListener('click', () => { state.fn = ''; writeUrl(true); $('lines-section').hidden = true; });
+  // Escape closes what was opened last: the profile list, the lines, a heatmap selection.
+  document.addEventListener('keydown', (event) => {
+    if (event.key !== 'Escape' || event.target.closest('dialog')) return;
+    if (!$('profiles-section').hidden) { $('profiles-section').hidden = true; return; }
+    if (!$('lines-section').hidden) { $('lines-close').click(); return; }
+    if (state.sel) $('heatmap-clear').click();
+  });
   $('service').addEventListener('change', linkRegressions);
   $('type').addEventListener('change', change(() => { state.type = $('type').value; state.focus = ''; }));
   $('labels').addEventListener('change', change(() => { state.labels = $('labels').value; }));

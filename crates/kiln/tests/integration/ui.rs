@@ -426,3 +426,211 @@ fn the_ui_asks_for_a_token_and_keeps_it_for_the_tab() {
     assert_eq!(results["dialogAfterReload"], 0, "the tab forgot its token");
     assert_eq!(results["otherSessionAsked"], true);
 }
+
+/// dd-grow's profiles: (minutes ago, samples at 100 Hz), one value per heatmap row range.
+const DD_GROW: [(i64, i64); 8] = [
+    (50, 10),
+    (45, 20),
+    (40, 40),
+    (35, 80),
+    (30, 160),
+    (25, 320),
+    (20, 640),
+    (15, 1280),
+];
+
+/// `from,until,min,max` of the UI's `sel`: the pushed dd-grow profiles inside it, as
+/// (count, summed value).
+fn inside(rectangle: &str, pushed: &[(i64, i64)]) -> (usize, i64) {
+    let parts: Vec<Option<i64>> = rectangle.split(',').map(|p| p.parse().ok()).collect();
+    let (from, until) = (parts[0].expect("from"), parts[1].expect("until"));
+    let (min, max) = (
+        parts.get(2).copied().flatten(),
+        parts.get(3).copied().flatten(),
+    );
+    let chosen: Vec<i64> = pushed
+        .iter()
+        .filter(|(at, value)| {
+            *at >= from
+                && *at < until
+                && min.is_none_or(|min| *value >= min)
+                && max.is_none_or(|max| *value < max)
+        })
+        .map(|(_, value)| *value)
+        .collect();
+    (chosen.len(), chosen.iter().sum())
+}
+
+#[test]
+fn the_ui_answers_which_service_changed_which_profiles_and_which_line() {
+    if !browser_available() {
+        return;
+    }
+    // A checkout with runtime/proc.go, which the lines profile names.
+    let root = std::env::temp_dir().join(format!("kiln-ui-source-{}", std::process::id()));
+    std::fs::create_dir_all(root.join("runtime")).expect("source root");
+    let text: String = (1..=3000).map(|n| format!("// line {n}\n")).collect();
+    std::fs::write(root.join("runtime/proc.go"), text).expect("source file");
+    let source_root = root.clone();
+    let server = TestServer::start_with(move |config| config.source.root = Some(source_root));
+    push_folded(&server, "dd-grow", "", 90, "main;grow_old 100\n");
+    let now = kiln_model::time::now_nanos() / 1_000_000_000;
+    let mut pushed = Vec::new();
+    for (k, (minutes_ago, samples)) in DD_GROW.iter().enumerate() {
+        // Its value: its own samples and grow_common's 5, at 10 ms each.
+        pushed.push(((now - minutes_ago * 60) * 1000, (samples + 5) * 10_000_000));
+        push_folded(
+            &server,
+            "dd-grow",
+            "",
+            *minutes_ago,
+            &format!("main;grow_{k} {samples}\nmain;grow_common 5\n"),
+        );
+    }
+    push_folded(&server, "dd-shrink", "", 90, "main;shrink 400\n");
+    push_folded(&server, "dd-shrink", "", 20, "main;shrink 100\n");
+    push_folded(&server, "dd-steady", "", 80, "main;steady 200\n");
+    push_folded(&server, "dd-steady", "", 10, "main;steady 210\n");
+    push_folded(&server, "dd-new", "", 5, "main;fresh 50\n");
+    let (status, text) = server.post(
+        &format!("/ingest?name=dd-lines&format=pprof&from={}", now - 20 * 60),
+        &fixture("profefe-collector_cpu_1.prof"),
+    );
+    assert_eq!(status, 200, "{text}");
+    // 500 services on a server of their own, this hour and the previous one.
+    let bulk = TestServer::start();
+    std::thread::scope(|scope| {
+        for part in 0..10 {
+            let bulk = &bulk;
+            scope.spawn(move || {
+                for i in (part * 50)..(part + 1) * 50 {
+                    let service = format!("svc-{i:03}");
+                    let body = format!("main;{service}_work {}\nmain;idle 3\n", 10 + i % 37);
+                    push_folded(bulk, &service, "", 30, &body);
+                    push_folded(bulk, &service, "", 90, "main;idle 20\n");
+                }
+            });
+        }
+    });
+
+    let results = run_script("drilldown_test.mjs", &server, &[&bulk.url]);
+
+    // The overview: new services first, then by the size of their change.
+    let overview = &results["overview"];
+    assert_eq!(overview["view"], "overview", "{results:#}");
+    assert_eq!(
+        strings(&overview["order"]),
+        ["dd-lines", "dd-new", "dd-grow", "dd-shrink", "dd-steady"],
+        "{results:#}"
+    );
+    assert_eq!(
+        strings(&overview["changes"]),
+        ["new", "new", "+2490 %", "−75 %", "+5.0 %"],
+        "{results:#}"
+    );
+    // dd-grow's top three by self: the three largest profiles' own functions.
+    assert_eq!(
+        strings(&overview["tops"][2]),
+        ["grow_7", "grow_6", "grow_5"],
+        "{results:#}"
+    );
+    assert_eq!(
+        strings(&results["overviewByName"]),
+        ["dd-grow", "dd-lines", "dd-new", "dd-shrink", "dd-steady"]
+    );
+    assert_eq!(results["overviewByChange"], overview["order"]);
+
+    // Keyboard: the header's controls in order, then the services; Enter opens one.
+    let stops = strings(&results["tabStops"]);
+    let at = |id: &str| stops.iter().position(|stop| *stop == id);
+    assert!(at("service") < at("labels"), "{stops:?}");
+    assert!(
+        at("labels") < at("dd-grow") && at("dd-grow").is_some(),
+        "{stops:?}"
+    );
+    assert_eq!(results["enterOpened"]["service"], "dd-grow", "{results:#}");
+
+    // The heatmap counts every dd-grow profile; a rectangle's flame graph is exactly the
+    // profiles the test pushed inside it.
+    let heatmap = &results["heatmap"];
+    assert_eq!(heatmap["profiles"], 8, "{results:#}");
+    let all: i64 = pushed.iter().map(|(_, value)| value).sum();
+    assert_eq!(heatmap["flameTotal"].as_i64(), Some(all), "{results:#}");
+    let rectangle = &results["rectangle"];
+    let (count, total) = inside(rectangle["sel"].as_str().expect("sel"), &pushed);
+    assert!((1..8).contains(&count), "{count} of 8 in {rectangle}");
+    let expected = total;
+    assert_eq!(
+        rectangle["flameTotal"].as_i64(),
+        Some(expected),
+        "{rectangle}"
+    );
+    assert_eq!(
+        rectangle["selection"]["left"]["total"].as_i64(),
+        Some(expected)
+    );
+    assert_eq!(
+        rectangle["selection"]["left"]["profiles"].as_u64(),
+        Some(count as u64)
+    );
+    let compared = &results["compared"];
+    let (right_count, right_total) = inside(compared["sel2"].as_str().expect("sel2"), &pushed);
+    assert!(right_count >= 1, "{compared}");
+    assert_eq!(
+        compared["diffSides"],
+        format!("{expected}:{right_total}"),
+        "{compared}"
+    );
+    assert_eq!(compared["tableTestId"], "compare");
+    assert_eq!(results["deepLink"]["same"], true, "{results:#}");
+    assert_eq!(results["deepLink"]["diffSides"], compared["diffSides"]);
+    assert!(results["afterEscape"].get("sel").is_none(), "{results:#}");
+
+    // Exemplars: each is a pushed profile; opened alone, its flame graph is its value, and
+    // the pprof downloaded says the same.
+    let exemplars = results["exemplars"].as_array().expect("exemplars");
+    assert!(!exemplars.is_empty(), "{results:#}");
+    let first = exemplars[0]["value"].as_i64().expect("value");
+    assert!(pushed.iter().any(|(_, value)| *value == first), "{first}");
+    assert_eq!(results["single"]["flameTotal"].as_i64(), Some(first));
+    let downloaded = std::fs::read(results["exemplarDownload"].as_str().expect("path"))
+        .expect("downloaded pprof");
+    let profile = kiln_model::pprof::decode(&downloaded, 1 << 30).expect("pprof");
+    let cpu = profile
+        .sample_type
+        .iter()
+        .position(|t| profile.string_or_empty(t.r#type) == "cpu")
+        .expect("cpu sample type");
+    assert_eq!(
+        profile.sample.iter().map(|s| s.value[cpu]).sum::<i64>(),
+        first
+    );
+
+    // Source lines: runtime.schedule's four lines, with the checkout's text beside them.
+    let lines = &results["lines"];
+    let rows = lines["rows"].as_array().expect("rows");
+    let numbers: Vec<&str> = rows.iter().filter_map(|r| r[1].as_str()).collect();
+    assert_eq!(numbers, ["2493", "2525", "2532", "2559"], "{lines}");
+    assert_eq!(rows[1][3], "370 ms", "{lines}");
+    assert_eq!(lines["sourceRows"], 4, "{lines}");
+    assert_eq!(lines["firstHot"], "// line 2493");
+    assert_eq!(results["linesAfterEscape"], true);
+
+    // No accessibility violations (WCAG 2 A and AA, colour contrast included) in either
+    // theme; the dark theme is dark.
+    for audit in results["axe"].as_array().expect("axe") {
+        assert_eq!(audit["violations"], serde_json::json!([]), "{audit:#}");
+    }
+    assert_eq!(results["axe"].as_array().map(Vec::len), Some(6));
+    assert_eq!(results["darkBackground"], "rgb(21, 21, 21)");
+
+    // 500 services listed; the figures go to docs/ui.md.
+    assert_eq!(results["bulk"]["rows"], 500, "{results:#}");
+    println!(
+        "500 services: overview drawn {} ms after navigation (API {} ms, table {} ms)",
+        results["bulk"]["sinceNavigationMs"],
+        results["bulk"]["fetchMs"],
+        results["bulk"]["renderMs"]
+    );
+    std::fs::remove_dir_all(&root).ok();
+}
