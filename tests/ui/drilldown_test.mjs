@@ -148,11 +148,12 @@ try {
   const over = await page.locator('#timeline .u-over').boundingBox();
   // dd-grow's profiles sit in the last half hour of the hour shown.
   // One click at a time, each given time to list: a second list could replace the first.
+  let pointAt = 0;
   for (const fraction of [0.75, 0.7, 0.8, 0.65, 0.85, 0.6, 0.9]) {
     await page.mouse.click(over.x + over.width * fraction, over.y + over.height / 2);
     const listed = await page.waitForFunction(() => !document.getElementById('profiles-section').hidden, null, { timeout: 3000 })
       .then(() => true, () => false);
-    if (listed) break;
+    if (listed) { pointAt = fraction; break; }
   }
   results.exemplars = await page.$$eval('[data-testid="exemplars"] tbody tr', (rows) => rows.map((row) => ({
     id: row.dataset.profileId, value: Number(row.dataset.value), cells: [...row.cells].map((td) => td.textContent),
@@ -172,6 +173,7 @@ try {
     flameTotal: Number(document.body.dataset.flameTotal),
   }));
   await page.screenshot({ path: `${shots}/single-light.png` });
+  const singleLink = page.url();
 
   // 5. Source lines of a function of a profile that has them.
   const linesUrl = `${url}/?service=dd-lines&type=${encodeURIComponent('process_cpu:cpu:nanoseconds:cpu:nanoseconds')}&from=now-1h&until=now&fn=runtime.schedule`;
@@ -200,6 +202,16 @@ try {
   darkGeneration = await ready(dark);
   await dark.screenshot({ path: `${shots}/heatmap-compare-dark.png` });
   await audit(dark, 'explore with heatmap, dark');
+  await dark.goto(`${url}/?service=dd-grow`);
+  await ready(dark);
+  const darkOver = await dark.locator('#timeline .u-over').boundingBox();
+  await dark.mouse.click(darkOver.x + darkOver.width * pointAt, darkOver.y + darkOver.height / 2);
+  await dark.waitForFunction(() => !document.getElementById('profiles-section').hidden);
+  await dark.screenshot({ path: `${shots}/exemplars-dark.png` });
+  await audit(dark, 'exemplars dark');
+  await dark.goto(singleLink);
+  await ready(dark);
+  await dark.screenshot({ path: `${shots}/single-dark.png` });
   await dark.goto(linesUrl);
   await ready(dark);
   await dark.waitForFunction(() => !document.getElementById('lines-section').hidden);

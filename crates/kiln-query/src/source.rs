@@ -243,4 +243,51 @@ mod tests {
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// A one-file HTTP server on loopback: `/shop/cart.go` is there, anything else 404.
+    async fn serve_one_file() -> std::net::SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut request = vec![0u8; 4096];
+                let read = stream.read(&mut request).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&request[..read]).to_string();
+                let found = head.starts_with("GET /shop/cart.go ");
+                let (status, body) = if found {
+                    ("200 OK", "package shop\n// fetched\n")
+                } else {
+                    ("404 Not Found", "no such file\n")
+                };
+                let response = format!(
+                    "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(response.as_bytes()).await;
+            }
+        });
+        address
+    }
+
+    #[tokio::test]
+    async fn a_url_template_is_filled_in_and_fetched() {
+        let address = serve_one_file().await;
+        let config = SourceConfig {
+            root: None,
+            url_template: format!("http://{address}/{{service}}/{{path}}"),
+        };
+        let client = reqwest::Client::new();
+        let found = read_source(&config, &client, "shop", "/cart.go")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(found.lines, ["package shop", "// fetched"]);
+        assert_eq!(found.origin, format!("http://{address}/shop/cart.go"));
+        // A 404 is no source, not an error.
+        assert!(read_source(&config, &client, "other", "/cart.go")
+            .await
+            .unwrap()
+            .is_none());
+    }
 }

@@ -154,6 +154,13 @@ struct ServerArgs {
     /// The certificate's PEM private key.
     #[arg(long, env = "KILN_TLS_KEY_FILE", requires = "tls_cert_file")]
     tls_key_file: Option<PathBuf>,
+    /// A directory of source checkouts, for a function's lines in the UI (`source.root`).
+    #[arg(long, env = "KILN_SOURCE_ROOT")]
+    source_root: Option<PathBuf>,
+    /// A URL per source file, fetched by the server: `{path}` and `{service}` filled in
+    /// (`source.url_template`).
+    #[arg(long, env = "KILN_SOURCE_URL_TEMPLATE")]
+    source_url_template: Option<String>,
 }
 
 impl ServerArgs {
@@ -182,6 +189,12 @@ impl ServerArgs {
         }
         if let Some(ms) = self.flush_min_gap_ms {
             config.flush_min_gap_ms = ms;
+        }
+        if let Some(root) = self.source_root {
+            config.source.root = Some(root);
+        }
+        if let Some(template) = self.source_url_template {
+            config.source.url_template = template;
         }
         if let Some(bytes) = self.max_body_bytes {
             config.limits.max_body_bytes = bytes;

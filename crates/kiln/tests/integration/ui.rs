@@ -621,7 +621,7 @@ fn the_ui_answers_which_service_changed_which_profiles_and_which_line() {
     for audit in results["axe"].as_array().expect("axe") {
         assert_eq!(audit["violations"], serde_json::json!([]), "{audit:#}");
     }
-    assert_eq!(results["axe"].as_array().map(Vec::len), Some(6));
+    assert_eq!(results["axe"].as_array().map(Vec::len), Some(7));
     assert_eq!(results["darkBackground"], "rgb(21, 21, 21)");
 
     // 500 services listed; the figures go to docs/ui.md.
