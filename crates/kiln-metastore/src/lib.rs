@@ -120,6 +120,17 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (tenant, service, profile_type, version_label, new_version, function)
      );
      CREATE INDEX regressions_by_time ON regressions (tenant, detected_at_ms);",
+    // 5: membership of a scaled-out deployment: each node's roles and address, kept
+    // alive by its heartbeat. No consensus: a node is live while its lease is unexpired.
+    "CREATE TABLE nodes (
+        id TEXT PRIMARY KEY,
+        roles TEXT NOT NULL,
+        address TEXT NOT NULL,
+        started_at_ms BIGINT NOT NULL,
+        heartbeat_at_ms BIGINT NOT NULL,
+        lease_expires_at_ms BIGINT NOT NULL,
+        left_at_ms BIGINT
+     );",
 ];
 
 /// Outbox states: a pending row still takes contributions to its step.
@@ -315,6 +326,57 @@ pub struct DatasetQuery {
     pub service: Option<String>,
     pub from_nanos: i64,
     pub to_nanos: i64,
+}
+
+/// A node of a deployment as it last announced itself ([`Metastore::heartbeat`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    /// Stable across the node's restarts (host and listen address).
+    pub id: String,
+    /// What it runs (`ingest`, `query`, `compact`, `scrape`, `rules`).
+    pub roles: Vec<String>,
+    /// Where the other nodes reach it (`host:port`).
+    pub address: String,
+    pub started_at_ms: i64,
+    pub heartbeat_at_ms: i64,
+    /// Live until then, unless it left.
+    pub lease_expires_at_ms: i64,
+    /// When it said it was leaving (a clean shutdown).
+    pub left_at_ms: Option<i64>,
+}
+
+/// What a node is, judged at `now_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeState {
+    Live,
+    /// Its lease ran out without it leaving: it died or cannot reach the metastore.
+    Down,
+    Left,
+}
+
+/// Roles as stored: comma-separated.
+fn split_roles(text: &str) -> Vec<String> {
+    text.split(',')
+        .filter(|role| !role.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+impl NodeRecord {
+    pub fn state(&self, now_ms: i64) -> NodeState {
+        if self.left_at_ms.is_some() {
+            NodeState::Left
+        } else if self.lease_expires_at_ms > now_ms {
+            NodeState::Live
+        } else {
+            NodeState::Down
+        }
+    }
+
+    pub fn has_role(&self, role: &str) -> bool {
+        self.roles.iter().any(|r| r == role)
+    }
 }
 
 /// The metastore, one variant per backend.
@@ -536,5 +598,27 @@ impl Metastore {
 
     pub async fn schema_version(&self) -> Result<i64, MetastoreError> {
         dispatch!(self.schema_version())
+    }
+
+    /// Announces `node` (its roles, address, heartbeat and lease), creating or replacing
+    /// its row; a node that had left is live again.
+    pub async fn heartbeat(&self, node: &NodeRecord) -> Result<(), MetastoreError> {
+        dispatch!(self.heartbeat(node))
+    }
+
+    /// Marks `id` as gone by a clean shutdown, so the others stop counting on it now
+    /// rather than when its lease runs out.
+    pub async fn leave(&self, id: &str) -> Result<(), MetastoreError> {
+        dispatch!(self.leave(id))
+    }
+
+    /// Every node known, by id.
+    pub async fn nodes(&self) -> Result<Vec<NodeRecord>, MetastoreError> {
+        dispatch!(self.nodes())
+    }
+
+    /// Forgets nodes not heard from since `before_ms`; returns how many.
+    pub async fn forget_nodes(&self, before_ms: i64) -> Result<usize, MetastoreError> {
+        dispatch!(self.forget_nodes(before_ms))
     }
 }

@@ -15,8 +15,8 @@ use tokio_postgres::{NoTls, Row};
 use crate::now_ms;
 use crate::{
     BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, MetastoreError,
-    OutboxSample, RegressionRecord, RuleRecord, VersionCheck, CLAIMED, DELIVERED, MIGRATIONS,
-    PENDING,
+    NodeRecord, OutboxSample, RegressionRecord, RuleRecord, VersionCheck, CLAIMED, DELIVERED,
+    MIGRATIONS, PENDING,
 };
 
 /// Any 64-bit key no other user of the database is likely to pick: "kilnmeta".
@@ -617,6 +617,74 @@ impl PostgresMetastore {
             )
             .await?;
         Ok(row.try_get(0)?)
+    }
+
+    pub async fn heartbeat(&self, node: &NodeRecord) -> Result<(), MetastoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO nodes (id, roles, address, started_at_ms, heartbeat_at_ms, lease_expires_at_ms, left_at_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6, NULL)
+                 ON CONFLICT (id) DO UPDATE SET roles = excluded.roles, address = excluded.address,
+                   started_at_ms = excluded.started_at_ms, heartbeat_at_ms = excluded.heartbeat_at_ms,
+                   lease_expires_at_ms = excluded.lease_expires_at_ms, left_at_ms = NULL",
+                &[
+                    &node.id,
+                    &node.roles.join(","),
+                    &node.address,
+                    &node.started_at_ms,
+                    &node.heartbeat_at_ms,
+                    &node.lease_expires_at_ms,
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub async fn leave(&self, id: &str) -> Result<(), MetastoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "UPDATE nodes SET left_at_ms = $2, lease_expires_at_ms = LEAST(lease_expires_at_ms, $2) WHERE id = $1",
+                &[&id, &now_ms()],
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<NodeRecord>, MetastoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT id, roles, address, started_at_ms, heartbeat_at_ms, lease_expires_at_ms, left_at_ms
+                 FROM nodes ORDER BY id",
+                &[],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(NodeRecord {
+                    id: row.try_get(0)?,
+                    roles: crate::split_roles(row.try_get(1)?),
+                    address: row.try_get(2)?,
+                    started_at_ms: row.try_get(3)?,
+                    heartbeat_at_ms: row.try_get(4)?,
+                    lease_expires_at_ms: row.try_get(5)?,
+                    left_at_ms: row.try_get(6)?,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn forget_nodes(&self, before_ms: i64) -> Result<usize, MetastoreError> {
+        let client = self.client().await?;
+        let deleted = client
+            .execute(
+                "DELETE FROM nodes WHERE heartbeat_at_ms < $1",
+                &[&before_ms],
+            )
+            .await?;
+        Ok(deleted as usize)
     }
 }
 

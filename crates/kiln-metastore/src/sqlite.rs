@@ -10,8 +10,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::now_ms;
 use crate::{
     BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, MetastoreError,
-    OutboxSample, RegressionRecord, RuleRecord, VersionCheck, CLAIMED, DELIVERED, MIGRATIONS,
-    PENDING,
+    NodeRecord, OutboxSample, RegressionRecord, RuleRecord, VersionCheck, CLAIMED, DELIVERED,
+    MIGRATIONS, PENDING,
 };
 
 #[derive(Clone)]
@@ -621,6 +621,74 @@ impl SqliteMetastore {
                 .optional()?
                 .flatten()
                 .unwrap_or(0))
+        })
+        .await
+    }
+
+    pub async fn heartbeat(&self, node: &NodeRecord) -> Result<(), MetastoreError> {
+        let node = node.clone();
+        self.with(move |connection| {
+            connection.execute(
+                "INSERT INTO nodes (id, roles, address, started_at_ms, heartbeat_at_ms, lease_expires_at_ms, left_at_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL)
+                 ON CONFLICT (id) DO UPDATE SET roles = excluded.roles, address = excluded.address,
+                   started_at_ms = excluded.started_at_ms, heartbeat_at_ms = excluded.heartbeat_at_ms,
+                   lease_expires_at_ms = excluded.lease_expires_at_ms, left_at_ms = NULL",
+                params![
+                    node.id,
+                    node.roles.join(","),
+                    node.address,
+                    node.started_at_ms,
+                    node.heartbeat_at_ms,
+                    node.lease_expires_at_ms
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn leave(&self, id: &str) -> Result<(), MetastoreError> {
+        let id = id.to_string();
+        self.with(move |connection| {
+            let now = now_ms();
+            connection.execute(
+                "UPDATE nodes SET left_at_ms = ?2, lease_expires_at_ms = MIN(lease_expires_at_ms, ?2) WHERE id = ?1",
+                params![id, now],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<NodeRecord>, MetastoreError> {
+        self.with(|connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT id, roles, address, started_at_ms, heartbeat_at_ms, lease_expires_at_ms, left_at_ms
+                 FROM nodes ORDER BY id",
+            )?;
+            let rows = statement.query_map([], |row| {
+                Ok(NodeRecord {
+                    id: row.get(0)?,
+                    roles: crate::split_roles(&row.get::<_, String>(1)?),
+                    address: row.get(2)?,
+                    started_at_ms: row.get(3)?,
+                    heartbeat_at_ms: row.get(4)?,
+                    lease_expires_at_ms: row.get(5)?,
+                    left_at_ms: row.get(6)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    pub async fn forget_nodes(&self, before_ms: i64) -> Result<usize, MetastoreError> {
+        self.with(move |connection| {
+            Ok(connection.execute(
+                "DELETE FROM nodes WHERE heartbeat_at_ms < ?1",
+                params![before_ms],
+            )?)
         })
         .await
     }

@@ -6,7 +6,7 @@
 
 use kiln_metastore::{
     BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, Metastore, MetastoreError,
-    OutboxSample, RegressionRecord, RuleRecord, RuleSample, VersionCheck,
+    NodeRecord, NodeState, OutboxSample, RegressionRecord, RuleRecord, RuleSample, VersionCheck,
 };
 
 fn sample(series: &str, step_start_ms: i64, value: i64) -> RuleSample {
@@ -129,7 +129,7 @@ macro_rules! metastore_suite {
                 };
                 let url = fixture.url.clone();
                 let metastore = fixture.metastore.clone();
-                assert_eq!(metastore.schema_version().await.unwrap(), 4);
+                assert_eq!(metastore.schema_version().await.unwrap(), 5);
                 metastore
                     .register_block(
                         block("b1"),
@@ -143,7 +143,7 @@ macro_rules! metastore_suite {
                 // Reopening applies no migration twice and keeps the data.
                 drop(metastore);
                 let metastore = Metastore::open(&url).await.unwrap();
-                assert_eq!(metastore.schema_version().await.unwrap(), 4);
+                assert_eq!(metastore.schema_version().await.unwrap(), 5);
                 assert_eq!(metastore.list_blocks().await.unwrap(), vec![block("b1")]);
 
                 let found = metastore
@@ -748,6 +748,70 @@ macro_rules! metastore_suite {
                     granted += usize::from(request.await.unwrap().unwrap());
                 }
                 assert_eq!(granted, 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn nodes_are_live_while_their_lease_runs_and_left_once_they_say_so() {
+                let Some(fixture) = super::$backend().await else {
+                    return;
+                };
+                let metastore = &fixture.metastore;
+                let node = |id: &str, roles: &[&str], heartbeat: i64| NodeRecord {
+                    id: id.to_string(),
+                    roles: roles.iter().map(|r| r.to_string()).collect(),
+                    address: format!("{id}:4040"),
+                    started_at_ms: 1_000,
+                    heartbeat_at_ms: heartbeat,
+                    lease_expires_at_ms: heartbeat + 6_000,
+                    left_at_ms: None,
+                };
+                metastore
+                    .heartbeat(&node("a", &["ingest"], 10_000))
+                    .await
+                    .unwrap();
+                metastore
+                    .heartbeat(&node("b", &["query", "compact"], 10_000))
+                    .await
+                    .unwrap();
+                // A later heartbeat replaces the row, roles included.
+                metastore
+                    .heartbeat(&node("a", &["ingest", "query"], 20_000))
+                    .await
+                    .unwrap();
+                let nodes = metastore.nodes().await.unwrap();
+                assert_eq!(
+                    nodes,
+                    vec![
+                        node("a", &["ingest", "query"], 20_000),
+                        node("b", &["query", "compact"], 10_000)
+                    ]
+                );
+                assert_eq!(nodes[0].state(21_000), NodeState::Live);
+                assert_eq!(nodes[1].state(21_000), NodeState::Down);
+                assert!(nodes[0].has_role("query") && !nodes[1].has_role("ingest"));
+                // Leaving is immediate, and a heartbeat after it makes the node live again.
+                metastore.leave("a").await.unwrap();
+                let left = metastore.nodes().await.unwrap().remove(0);
+                assert_eq!(left.state(21_000), NodeState::Left);
+                assert!(left.lease_expires_at_ms <= left.left_at_ms.unwrap());
+                metastore
+                    .heartbeat(&node("a", &["ingest"], 30_000))
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    metastore.nodes().await.unwrap()[0].state(31_000),
+                    NodeState::Live
+                );
+                // Nodes silent since before the cutoff are forgotten.
+                assert_eq!(metastore.forget_nodes(15_000).await.unwrap(), 1);
+                let ids: Vec<String> = metastore
+                    .nodes()
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|n| n.id)
+                    .collect();
+                assert_eq!(ids, ["a"]);
             }
         }
     };

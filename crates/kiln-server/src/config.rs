@@ -11,6 +11,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
+    /// What this process runs: `all`, or a comma-separated list of ingest, query,
+    /// compact, scrape and rules (docs/deploy.md).
+    pub target: String,
+    /// How this node announces itself to the others (the metastore's `nodes` table).
+    pub node: crate::membership::NodeConfig,
     /// Address to listen on, HTTP/1.1 and HTTP/2 cleartext (gRPC).
     pub listen: String,
     pub data_dir: PathBuf,
@@ -166,6 +171,8 @@ impl Default for ServerConfig {
             tls: crate::tls::TlsConfig::default(),
             query: kiln_query::QueryBudget::default(),
             source: kiln_query::source::SourceConfig::default(),
+            target: "all".to_string(),
+            node: crate::membership::NodeConfig::default(),
         }
     }
 }

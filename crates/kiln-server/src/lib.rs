@@ -19,6 +19,7 @@ pub mod explore;
 pub mod ingest;
 pub mod insight;
 pub mod listener;
+pub mod membership;
 pub mod metrics;
 pub mod ops;
 pub mod otlp;

@@ -28,6 +28,34 @@ pub async fn ready(State(state): State<SharedState>) -> Response {
     }
 }
 
+/// The deployment's nodes: roles, address, last heartbeat and state (live, down, left).
+pub async fn nodes(State(state): State<SharedState>) -> Result<Response, crate::error::ApiError> {
+    let nodes = state
+        .membership
+        .nodes()
+        .await
+        .map_err(kiln_query::QueryError::from)?;
+    let listed: Vec<serde_json::Value> = nodes
+        .into_iter()
+        .map(|(node, node_state)| {
+            serde_json::json!({
+                "id": node.id,
+                "roles": node.roles,
+                "address": node.address,
+                "started_at_ms": node.started_at_ms,
+                "last_heartbeat_ms": node.heartbeat_at_ms,
+                "lease_expires_at_ms": node.lease_expires_at_ms,
+                "left_at_ms": node.left_at_ms,
+                "state": node_state,
+            })
+        })
+        .collect();
+    Ok(
+        axum::Json(serde_json::json!({ "self": state.membership.id(), "nodes": listed }))
+            .into_response(),
+    )
+}
+
 /// Prometheus's target listing, for the scrape targets of this server.
 pub async fn scrape_targets(State(state): State<SharedState>) -> Response {
     let targets = state.targets.clone().unwrap_or_default();

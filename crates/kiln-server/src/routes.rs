@@ -49,6 +49,7 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/api/v1/compare", post(insight::compare))
         .route("/api/v1/regressions", get(insight::regressions))
+        .route("/api/v1/nodes", get(ops::nodes))
         .route("/api/v1/overview", get(explore::overview))
         .route("/api/v1/heatmap", post(explore::heatmap))
         .route(
@@ -62,6 +63,10 @@ pub fn router(state: SharedState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::budget::limit_reads,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::membership::route_by_role,
         ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -48,6 +48,8 @@ pub enum ServerError {
     Auth(#[from] kiln_auth::ConfigError),
     #[error("{0}")]
     Tls(#[from] crate::tls::TlsError),
+    #[error("{0}")]
+    Target(String),
     #[error("auth: tenant id {tenant:?}: {source}")]
     AuthTenant {
         tenant: String,
@@ -87,6 +89,7 @@ impl RunningServer {
 
 impl Server {
     pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
+        let roles = crate::membership::Roles::parse(&config.target).map_err(ServerError::Target)?;
         std::fs::create_dir_all(&config.data_dir)?;
         let storage =
             ObjectStorage::open_with(&config.object_store_url(), &config.object_store_options())?;
@@ -137,12 +140,20 @@ impl Server {
         rules.sync_file_rules().await?;
         rules.register(&mut registry);
         let (stop_rules, rules_stopped) = tokio::sync::watch::channel(false);
-        let mut rule_tasks = rules.spawn(rules_stopped.clone())?;
+        // Rules and the regression watcher evaluate on nodes with the rules role; their
+        // definitions and findings are served by any node.
+        let mut rule_tasks = if roles.has("rules") {
+            rules.spawn(rules_stopped.clone())?
+        } else {
+            Vec::new()
+        };
         let insight = kiln_insight::Insight::new(querier.clone(), config.regressions.clone())?;
         insight.register(&mut registry);
-        rule_tasks.push(insight.spawn(rules_stopped));
+        if roles.has("rules") {
+            rule_tasks.push(insight.spawn(rules_stopped));
+        }
         let (stop_compactor, compactor_stopped) = tokio::sync::watch::channel(false);
-        let compactor_task = if config.compaction.enabled {
+        let compactor_task = if config.compaction.enabled && roles.has("compact") {
             let mut compaction = config.compaction.clone();
             compaction.retention_days = config.limits.retention_days;
             compaction.tenant_retention_days = config
@@ -165,7 +176,7 @@ impl Server {
             config.http.max_inflight_bytes,
         );
         limits.register(&mut registry);
-        let (targets, scrape_task) = if config.scrape_configs.is_empty() {
+        let (targets, scrape_task) = if config.scrape_configs.is_empty() || !roles.has("scrape") {
             (None, None)
         } else {
             let sink = scrape_sink(
@@ -181,12 +192,39 @@ impl Server {
             let targets = manager.targets();
             (Some(targets), Some(manager.spawn(scrape_stopped)?))
         };
-        let agent = if config.agent.enabled {
+        if config.agent.enabled && !roles.has("ingest") {
+            tracing::warn!(target = %roles, "agent: enabled, but this node does not ingest; not started");
+        }
+        let agent = if config.agent.enabled && roles.has("ingest") {
             Some(start_agent(&config.agent, ingester.clone(), limits_for_agent(&config)).await?)
         } else {
             None
         };
+        let listener = tokio::net::TcpListener::bind(&config.listen)
+            .await
+            .map_err(|source| ServerError::Bind {
+                address: config.listen.clone(),
+                source,
+            })?;
+        let local_addr = listener.local_addr()?;
+        let membership = Arc::new(crate::membership::Membership::new(
+            metastore.clone(),
+            // The bound address: two nodes asked for port 0 on one host are two nodes.
+            node_name(&local_addr.to_string()),
+            &roles,
+            crate::membership::advertise_address(&config.node, local_addr),
+            &config.node,
+        ));
+        // The first heartbeat before serving, so the node is listed once it answers.
+        if let Err(err) = membership.beat().await {
+            tracing::warn!(error = %err, "first heartbeat not written; retrying in the background");
+        }
+        let (stop_membership, membership_stopped) = tokio::sync::watch::channel(false);
+        let membership_task = membership.clone().spawn(membership_stopped);
+        tracing::info!(node = membership.id(), target = %roles, "node roles");
         let state = Arc::new(AppState {
+            roles,
+            membership,
             ingester,
             querier,
             rules,
@@ -201,13 +239,6 @@ impl Server {
             body_read_timeout: Duration::from_millis(config.http.body_read_timeout_ms.max(1)),
         });
 
-        let listener = tokio::net::TcpListener::bind(&config.listen)
-            .await
-            .map_err(|source| ServerError::Bind {
-                address: config.listen.clone(),
-                source,
-            })?;
-        let local_addr = listener.local_addr()?;
         let app = router(state.clone());
         state.ready.store(true, Ordering::SeqCst);
         metrics.ready.set(1);
@@ -253,6 +284,9 @@ impl Server {
             for task in rule_tasks {
                 let _ = task.await;
             }
+            // Last: the node leaves the membership once it has nothing in flight.
+            let _ = stop_membership.send(true);
+            let _ = membership_task.await;
             served.map_err(ServerError::Io)
         });
         Ok(RunningServer {
@@ -289,11 +323,7 @@ fn authenticator(config: &ServerConfig) -> Result<Option<kiln_auth::Authenticato
 
 /// Host and listen address: what identifies this node across its restarts.
 fn node_name(listen: &str) -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "localhost".to_string());
-    format!("{}@{listen}", host.trim())
+    format!("{}@{listen}", crate::membership::host_name())
 }
 
 fn limits_for_agent(config: &ServerConfig) -> kiln_ingest::Limits {

@@ -25,6 +25,10 @@ pub struct AppState {
     pub ready: AtomicBool,
     /// Health of scrape targets, when scrape_configs are set.
     pub targets: Option<kiln_scrape::Targets>,
+    /// What this process runs (`--target`).
+    pub roles: crate::membership::Roles,
+    /// This node's row in the metastore's `nodes` table, and every other's.
+    pub membership: Arc<crate::membership::Membership>,
     /// Where a function's source text is read from, when configured.
     pub sources: kiln_query::source::Sources,
     /// How long a client may take to send a request body.

@@ -100,6 +100,10 @@ struct ServerArgs {
     /// YAML config file.
     #[arg(long, env = "KILN_CONFIG")]
     config: Option<PathBuf>,
+    /// What this process runs: all, or a comma-separated list of ingest, query, compact,
+    /// scrape, rules [default: all].
+    #[arg(long, env = "KILN_TARGET")]
+    target: Option<String>,
     /// Listen address (HTTP/1.1 and h2c gRPC, or HTTPS with --tls-cert-file) [default:
     /// 0.0.0.0:4040].
     #[arg(long, env = "KILN_LISTEN")]
@@ -169,6 +173,9 @@ impl ServerArgs {
             Some(path) => ServerConfig::from_yaml_file(path).map_err(anyhow::Error::msg)?,
             None => ServerConfig::default(),
         };
+        if let Some(target) = self.target {
+            config.target = target;
+        }
         if let Some(listen) = self.listen {
             config.listen = listen;
         }

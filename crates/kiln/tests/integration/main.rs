@@ -20,6 +20,7 @@ mod push;
 mod pyroscope;
 mod querier;
 mod rules;
+mod scale;
 mod scrape;
 mod sdk;
 mod tls;

@@ -1,0 +1,281 @@
+//! Roles and membership of a scaled-out deployment, kept in the metastore every node
+//! already shares: no consensus code and no coordination service of Kiln's own.
+//!
+//! A process runs the roles `--target` names (`all` by default, today's single-node
+//! behaviour). Each node writes its roles and address to the `nodes` table with a
+//! heartbeat and a lease; a node is live while its lease runs, down once it has run out,
+//! and left once it said so at a clean shutdown. Who is live is all the others need to
+//! know: a query node fans out over live query nodes, a write goes to a live ingest node.
+//! A heartbeat that fails (the metastore restarting) is logged and retried; the node keeps
+//! serving, because membership steers work and never decides correctness.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use kiln_metastore::{Metastore, NodeRecord, NodeState};
+use kiln_model::time::now_ms;
+use serde::{Deserialize, Serialize};
+
+use crate::auth::{access, Access};
+use crate::endpoints::endpoint_of;
+use crate::state::SharedState;
+
+/// Every role, in the order they are listed.
+pub const ROLES: [&str; 5] = ["ingest", "query", "compact", "scrape", "rules"];
+
+/// The roles this process runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Roles(Vec<&'static str>);
+
+impl Roles {
+    pub fn all() -> Self {
+        Roles(ROLES.to_vec())
+    }
+
+    /// `all`, or a comma-separated list of [`ROLES`].
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut roles = Vec::new();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            if part == "all" {
+                return Ok(Roles::all());
+            }
+            let Some(role) = ROLES.iter().find(|role| **role == part) else {
+                return Err(format!(
+                    "unknown role {part:?} in target {text:?}: expected all, or a comma-separated list of {}",
+                    ROLES.join(", ")
+                ));
+            };
+            roles.push(*role);
+        }
+        if roles.is_empty() {
+            return Err(format!(
+                "target is empty: expected all, or a comma-separated list of {}",
+                ROLES.join(", ")
+            ));
+        }
+        roles.sort_by_key(|role| ROLES.iter().position(|r| r == role));
+        roles.dedup();
+        Ok(Roles(roles))
+    }
+
+    pub fn has(&self, role: &str) -> bool {
+        self.0.contains(&role)
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.0.iter().map(|role| role.to_string()).collect()
+    }
+}
+
+impl std::fmt::Display for Roles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.join(","))
+    }
+}
+
+/// How a node announces itself.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// The address other nodes use for this one; by default the host name and the
+    /// listen port when listening on every interface, else the listen address.
+    pub advertise_address: String,
+    pub heartbeat_ms: u64,
+    /// A node whose heartbeat is this late is down.
+    pub lease_ms: u64,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            advertise_address: String::new(),
+            heartbeat_ms: 2_000,
+            lease_ms: 10_000,
+        }
+    }
+}
+
+/// This node's row in the `nodes` table, and the heartbeat that keeps it live.
+pub struct Membership {
+    metastore: Metastore,
+    record: NodeRecord,
+    heartbeat: Duration,
+    lease_ms: i64,
+}
+
+impl Membership {
+    pub fn new(
+        metastore: Metastore,
+        id: String,
+        roles: &Roles,
+        address: String,
+        config: &NodeConfig,
+    ) -> Self {
+        let now = now_ms();
+        Membership {
+            metastore,
+            record: NodeRecord {
+                id,
+                roles: roles.names(),
+                address,
+                started_at_ms: now,
+                heartbeat_at_ms: now,
+                lease_expires_at_ms: now,
+                left_at_ms: None,
+            },
+            heartbeat: Duration::from_millis(config.heartbeat_ms.max(100)),
+            lease_ms: config.lease_ms.max(config.heartbeat_ms * 2).max(200) as i64,
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.record.id
+    }
+
+    /// Writes one heartbeat now.
+    pub async fn beat(&self) -> Result<(), kiln_metastore::MetastoreError> {
+        let now = now_ms();
+        let record = NodeRecord {
+            heartbeat_at_ms: now,
+            lease_expires_at_ms: now + self.lease_ms,
+            ..self.record.clone()
+        };
+        self.metastore.heartbeat(&record).await
+    }
+
+    /// Heartbeats until `stopped`, then says the node is leaving.
+    pub fn spawn(
+        self: Arc<Self>,
+        mut stopped: tokio::sync::watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            loop {
+                if let Err(err) = self.beat().await {
+                    tracing::warn!(error = %err, node = %self.record.id, "heartbeat not written; retrying");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(self.heartbeat) => {}
+                    _ = stopped.changed() => break,
+                }
+            }
+            if let Err(err) = self.metastore.leave(&self.record.id).await {
+                tracing::warn!(error = %err, "could not record leaving; the lease will run out");
+            }
+        })
+    }
+
+    /// Every node known, with its state now.
+    pub async fn nodes(
+        &self,
+    ) -> Result<Vec<(NodeRecord, NodeState)>, kiln_metastore::MetastoreError> {
+        let now = now_ms();
+        Ok(self
+            .metastore
+            .nodes()
+            .await?
+            .into_iter()
+            .map(|node| {
+                let state = node.state(now);
+                (node, state)
+            })
+            .collect())
+    }
+}
+
+/// This machine's host name.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|host| host.trim().to_string())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// The address to advertise for a server bound at `local`.
+pub fn advertise_address(config: &NodeConfig, local: std::net::SocketAddr) -> String {
+    if !config.advertise_address.is_empty() {
+        return config.advertise_address.clone();
+    }
+    if local.ip().is_unspecified() {
+        return format!("{}:{}", host_name(), local.port());
+    }
+    local.to_string()
+}
+
+/// Refuses what this node's roles do not serve, with a 503 naming the live nodes that
+/// do: writes need `ingest`, queries and the UI need `query`. Operations (`/ready`,
+/// `/metrics`, `/api/v1/nodes`, `/api/v1/targets`) and administration are served by
+/// every node.
+pub(crate) async fn route_by_role(
+    State(state): State<SharedState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let path = request.uri().path();
+    let method = request.method();
+    let needed = if endpoint_of(method, path).is_some() {
+        Some(("ingest", "writes"))
+    } else if (access(method, path) == Access::Needs(kiln_auth::Scope::Read)
+        && !matches!(path, "/api/v1/nodes" | "/api/v1/targets"))
+        || matches!(path, "/" | "/rules" | "/regressions")
+        || path.starts_with("/ui/")
+    {
+        Some(("query", "queries and the UI"))
+    } else {
+        None
+    };
+    let Some((role, what)) = needed else {
+        return next.run(request).await;
+    };
+    if state.roles.has(role) {
+        return next.run(request).await;
+    }
+    let others: Vec<String> = match state.membership.nodes().await {
+        Ok(nodes) => nodes
+            .into_iter()
+            .filter(|(node, node_state)| *node_state == NodeState::Live && node.has_role(role))
+            .map(|(node, _)| node.address)
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let hint = if others.is_empty() {
+        "no live node has it now (GET /api/v1/nodes)".to_string()
+    } else {
+        format!("live {role} nodes: {}", others.join(", "))
+    };
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::RETRY_AFTER, "1")],
+        format!(
+            "this node runs {}, not {role}: {what} go to a node with the {role} role; {hint}\n",
+            state.roles
+        ),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_to_roles_in_order_and_unknown_ones_are_refused() {
+        assert_eq!(Roles::parse("all").unwrap(), Roles::all());
+        assert_eq!(
+            Roles::parse("query, ingest,query").unwrap().to_string(),
+            "ingest,query"
+        );
+        assert!(Roles::parse("compact").unwrap().has("compact"));
+        assert!(!Roles::parse("compact").unwrap().has("ingest"));
+        let err = Roles::parse("ingest,writer").unwrap_err();
+        assert!(
+            err.contains("\"writer\"") && err.contains("ingest, query, compact, scrape, rules"),
+            "{err}"
+        );
+        assert!(Roles::parse(" , ").is_err());
+    }
+}
