@@ -26,6 +26,7 @@ pub mod otlp;
 pub mod profefe;
 pub mod querier;
 pub mod render;
+pub mod role_guard;
 pub mod routes;
 pub mod rpc;
 pub mod rules;

@@ -12,17 +12,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use kiln_metastore::{Metastore, NodeRecord, NodeState};
 use kiln_model::time::now_ms;
 use serde::{Deserialize, Serialize};
-
-use crate::auth::{access, Access};
-use crate::endpoints::endpoint_of;
-use crate::state::SharedState;
 
 /// Every role, in the order they are listed.
 pub const ROLES: [&str; 5] = ["ingest", "query", "compact", "scrape", "rules"];
@@ -204,58 +196,6 @@ pub fn advertise_address(config: &NodeConfig, local: std::net::SocketAddr) -> St
         return format!("{}:{}", host_name(), local.port());
     }
     local.to_string()
-}
-
-/// Refuses what this node's roles do not serve, with a 503 naming the live nodes that
-/// do: writes need `ingest`, queries and the UI need `query`. Operations (`/ready`,
-/// `/metrics`, `/api/v1/nodes`, `/api/v1/targets`) and administration are served by
-/// every node.
-pub(crate) async fn route_by_role(
-    State(state): State<SharedState>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let path = request.uri().path();
-    let method = request.method();
-    let needed = if endpoint_of(method, path).is_some() {
-        Some(("ingest", "writes"))
-    } else if (access(method, path) == Access::Needs(kiln_auth::Scope::Read)
-        && !matches!(path, "/api/v1/nodes" | "/api/v1/targets"))
-        || matches!(path, "/" | "/rules" | "/regressions")
-        || path.starts_with("/ui/")
-    {
-        Some(("query", "queries and the UI"))
-    } else {
-        None
-    };
-    let Some((role, what)) = needed else {
-        return next.run(request).await;
-    };
-    if state.roles.has(role) {
-        return next.run(request).await;
-    }
-    let others: Vec<String> = match state.membership.nodes().await {
-        Ok(nodes) => nodes
-            .into_iter()
-            .filter(|(node, node_state)| *node_state == NodeState::Live && node.has_role(role))
-            .map(|(node, _)| node.address)
-            .collect(),
-        Err(_) => Vec::new(),
-    };
-    let hint = if others.is_empty() {
-        "no live node has it now (GET /api/v1/nodes)".to_string()
-    } else {
-        format!("live {role} nodes: {}", others.join(", "))
-    };
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        [(header::RETRY_AFTER, "1")],
-        format!(
-            "this node runs {}, not {role}: {what} go to a node with the {role} role; {hint}\n",
-            state.roles
-        ),
-    )
-        .into_response()
 }
 
 #[cfg(test)]

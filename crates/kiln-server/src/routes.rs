@@ -66,7 +66,7 @@ pub fn router(state: SharedState) -> Router {
         ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            crate::membership::route_by_role,
+            crate::role_guard::route_by_role,
         ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
