@@ -19,6 +19,7 @@ pub mod folded;
 pub mod jfr;
 pub mod labels;
 pub mod perf_script;
+pub mod placement;
 pub mod pprof;
 pub mod pprof_json;
 pub mod priority;

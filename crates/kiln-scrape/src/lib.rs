@@ -16,7 +16,7 @@ pub use kiln_model::relabel;
 pub mod scraper;
 
 pub use config::ScrapeConfig;
-pub use scraper::{ScrapeManager, ScrapedProfile, Sink, SinkFuture, Targets};
+pub use scraper::{Owner, ScrapeManager, ScrapedProfile, Sink, SinkFuture, Targets};
 
 /// Why a scrape configuration cannot be used.
 #[derive(Debug, thiserror::Error)]

@@ -218,11 +218,16 @@ fn rfc3339(time: SystemTime) -> String {
     kiln_model::time::format_rfc3339(nanos)
 }
 
+/// Whether this process scrapes a target, by its `job/url` key: several scrape nodes
+/// share the targets so that each is scraped once.
+pub type Owner = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// Runs every job's discovery and targets until `stop` fires.
 pub struct ScrapeManager {
     configs: Vec<ScrapeConfig>,
     sink: Sink,
     targets: Targets,
+    owner: Option<Owner>,
 }
 
 impl ScrapeManager {
@@ -241,7 +246,15 @@ impl ScrapeManager {
             configs,
             sink,
             targets: Targets::default(),
+            owner: None,
         })
+    }
+
+    /// Scrapes only the targets `owner` says are this process's, asked again at every
+    /// discovery round (each second), so targets move when the scrape nodes change.
+    pub fn with_owner(mut self, owner: Owner) -> Self {
+        self.owner = Some(owner);
+        self
     }
 
     pub fn targets(&self) -> Targets {
@@ -262,6 +275,7 @@ impl ScrapeManager {
                 self.sink.clone(),
                 self.targets.clone(),
                 semaphore.clone(),
+                self.owner.clone(),
                 stop.clone(),
             )));
         }
@@ -375,6 +389,7 @@ async fn run_job(
     sink: Sink,
     targets: Targets,
     semaphore: Arc<Semaphore>,
+    owner: Option<Owner>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut discovery = Discovery::new(&config, client.clone());
@@ -405,6 +420,10 @@ async fn run_job(
                     }
                 }
             }
+        }
+        // Another scrape node's targets are its own to scrape and to report.
+        if let Some(owns) = &owner {
+            wanted.retain(|key, _| owns(&format!("{}/{}", key.job, key.url)));
         }
         // Stop the targets that went away, start the new ones.
         running.retain(|key, task| {

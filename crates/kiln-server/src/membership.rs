@@ -97,6 +97,9 @@ pub struct Membership {
     record: NodeRecord,
     heartbeat: Duration,
     lease_ms: i64,
+    /// The live nodes as the last heartbeat read them: placement asks often, and a
+    /// heartbeat's staleness is what a lease allows anyway.
+    live: std::sync::RwLock<Vec<NodeRecord>>,
 }
 
 impl Membership {
@@ -121,6 +124,7 @@ impl Membership {
             },
             heartbeat: Duration::from_millis(config.heartbeat_ms.max(100)),
             lease_ms: config.lease_ms.max(config.heartbeat_ms * 2).max(200) as i64,
+            live: std::sync::RwLock::new(Vec::new()),
         }
     }
 
@@ -128,7 +132,7 @@ impl Membership {
         &self.record.id
     }
 
-    /// Writes one heartbeat now.
+    /// Writes one heartbeat now, and reads who else is live.
     pub async fn beat(&self) -> Result<(), kiln_metastore::MetastoreError> {
         let now = now_ms();
         let record = NodeRecord {
@@ -136,7 +140,34 @@ impl Membership {
             lease_expires_at_ms: now + self.lease_ms,
             ..self.record.clone()
         };
-        self.metastore.heartbeat(&record).await
+        self.metastore.heartbeat(&record).await?;
+        let live: Vec<NodeRecord> = self
+            .metastore
+            .nodes()
+            .await?
+            .into_iter()
+            .filter(|node| node.state(now) == NodeState::Live)
+            .collect();
+        if let Ok(mut cached) = self.live.write() {
+            *cached = live;
+        }
+        Ok(())
+    }
+
+    /// Whether this node owns `key` among the live nodes with `role` (rendezvous hashing
+    /// over their ids, this node always counted): every node agrees without asking, and
+    /// a node joining or leaving moves only its share.
+    pub fn owns(&self, role: &str, key: &str) -> bool {
+        let Ok(live) = self.live.read() else {
+            return true;
+        };
+        let mut ids: Vec<&str> = live
+            .iter()
+            .filter(|node| node.has_role(role) && node.id != self.record.id)
+            .map(|node| node.id.as_str())
+            .collect();
+        ids.push(&self.record.id);
+        kiln_model::placement::owner(key, ids) == Some(self.record.id.as_str())
     }
 
     /// Heartbeats until `stopped`, then says the node is leaving.

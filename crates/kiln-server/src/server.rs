@@ -168,38 +168,6 @@ impl Server {
         } else {
             None
         };
-        let (stop_scrape, scrape_stopped) = tokio::sync::watch::channel(false);
-        kiln_ingest::cpu::set_max_wait(Duration::from_millis(config.http.max_parse_wait_ms));
-        let limits = TenantLimits::new(
-            config.limits,
-            config.tenant_limits.clone(),
-            config.http.max_inflight_bytes,
-        );
-        limits.register(&mut registry);
-        let (targets, scrape_task) = if config.scrape_configs.is_empty() || !roles.has("scrape") {
-            (None, None)
-        } else {
-            let sink = scrape_sink(
-                ingester.clone(),
-                // Scrapes are paced by their interval, not by requests: no in-flight bound.
-                Arc::new(TenantLimits::new(
-                    config.limits,
-                    config.tenant_limits.clone(),
-                    usize::MAX,
-                )),
-            );
-            let manager = ScrapeManager::new(config.scrape_configs.clone(), sink)?;
-            let targets = manager.targets();
-            (Some(targets), Some(manager.spawn(scrape_stopped)?))
-        };
-        if config.agent.enabled && !roles.has("ingest") {
-            tracing::warn!(target = %roles, "agent: enabled, but this node does not ingest; not started");
-        }
-        let agent = if config.agent.enabled && roles.has("ingest") {
-            Some(start_agent(&config.agent, ingester.clone(), limits_for_agent(&config)).await?)
-        } else {
-            None
-        };
         let listener = tokio::net::TcpListener::bind(&config.listen)
             .await
             .map_err(|source| ServerError::Bind {
@@ -222,6 +190,41 @@ impl Server {
         let (stop_membership, membership_stopped) = tokio::sync::watch::channel(false);
         let membership_task = membership.clone().spawn(membership_stopped);
         tracing::info!(node = membership.id(), target = %roles, "node roles");
+        let (stop_scrape, scrape_stopped) = tokio::sync::watch::channel(false);
+        kiln_ingest::cpu::set_max_wait(Duration::from_millis(config.http.max_parse_wait_ms));
+        let limits = TenantLimits::new(
+            config.limits,
+            config.tenant_limits.clone(),
+            config.http.max_inflight_bytes,
+        );
+        limits.register(&mut registry);
+        let (targets, scrape_task) = if config.scrape_configs.is_empty() || !roles.has("scrape") {
+            (None, None)
+        } else {
+            let sink = scrape_sink(
+                ingester.clone(),
+                // Scrapes are paced by their interval, not by requests: no in-flight bound.
+                Arc::new(TenantLimits::new(
+                    config.limits,
+                    config.tenant_limits.clone(),
+                    usize::MAX,
+                )),
+            );
+            // Scrape nodes share the targets by rendezvous hashing over the live ones.
+            let owner_of = membership.clone();
+            let manager = ScrapeManager::new(config.scrape_configs.clone(), sink)?
+                .with_owner(Arc::new(move |key: &str| owner_of.owns("scrape", key)));
+            let targets = manager.targets();
+            (Some(targets), Some(manager.spawn(scrape_stopped)?))
+        };
+        if config.agent.enabled && !roles.has("ingest") {
+            tracing::warn!(target = %roles, "agent: enabled, but this node does not ingest; not started");
+        }
+        let agent = if config.agent.enabled && roles.has("ingest") {
+            Some(start_agent(&config.agent, ingester.clone(), limits_for_agent(&config)).await?)
+        } else {
+            None
+        };
         let state = Arc::new(AppState {
             roles,
             membership,

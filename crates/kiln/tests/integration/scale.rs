@@ -125,3 +125,69 @@ fn an_unknown_role_is_refused_at_start_with_the_roles_there_are() {
         "{err}"
     );
 }
+
+/// The active targets' URLs a node reports (`/api/v1/targets`): the ones it scrapes.
+fn active_targets(server: &TestServer) -> Vec<String> {
+    server.json("/api/v1/targets", &[])["data"]["activeTargets"]
+        .as_array()
+        .map(|targets| {
+            targets
+                .iter()
+                .filter_map(|t| t["scrapeUrl"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn scrape_nodes_share_the_targets_and_take_over_those_of_one_that_leaves() {
+    use crate::scrape::{cumulative_heap, scrape_configs, serve, wait_until, MEMORY_ONLY};
+    use std::time::Duration;
+    let shared = tempfile::tempdir().expect("temp dir");
+    let addresses: Vec<String> = (0..16)
+        .map(|_| serve(|_| (200, cumulative_heap(1))))
+        .collect();
+    let quoted: Vec<String> = addresses.iter().map(|a| format!("\"{a}\"")).collect();
+    let yaml = format!(
+        "- job_name: shared\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  static_configs: [{{targets: [{}]}}]\n{MEMORY_ONLY}      memory: {{path: /debug/pprof/heap, delta: true}}\n",
+        quoted.join(", ")
+    );
+    let start = || {
+        let yaml = yaml.clone();
+        let metastore = format!("sqlite://{}/metastore.db", shared.path().display());
+        let blocks = format!("file://{}/blocks", shared.path().display());
+        TestServer::start_with(move |config| {
+            config.target = "scrape,ingest,query".to_string();
+            config.node.heartbeat_ms = 200;
+            config.node.lease_ms = 2_000;
+            config.metastore = metastore;
+            config.object_store = blocks;
+            config.scrape_configs = scrape_configs(&yaml);
+        })
+    };
+    let first = start();
+    let second = start();
+    // Once each has seen the other: every target on exactly one node, both with some.
+    wait_until("the targets shared", Duration::from_secs(30), || {
+        let (a, b) = (active_targets(&first), active_targets(&second));
+        a.len() + b.len() == 16
+            && !a.is_empty()
+            && !b.is_empty()
+            && a.iter().all(|t| !b.contains(t))
+    });
+    let (a, b) = (active_targets(&first), active_targets(&second));
+    let mut all: Vec<String> = a.iter().chain(&b).cloned().collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 16, "{a:?} {b:?}");
+    // The split holds: the same a few heartbeats later.
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(active_targets(&first), a);
+    // The second leaves; the first takes its targets over.
+    drop(second);
+    wait_until(
+        "the leaver's targets taken over",
+        Duration::from_secs(30),
+        || active_targets(&first).len() == 16,
+    );
+}

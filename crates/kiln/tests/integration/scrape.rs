@@ -17,7 +17,7 @@ use crate::common::*;
 
 /// A job's `profiling_config` with every Go endpoint but memory switched off (the
 /// memory line follows), at the indentation of a top-level job list.
-const MEMORY_ONLY: &str = "  profiling_config:
+pub(crate) const MEMORY_ONLY: &str = "  profiling_config:
     pprof_config:
       process_cpu: {enabled: false}
       goroutine: {enabled: false}
@@ -25,11 +25,11 @@ const MEMORY_ONLY: &str = "  profiling_config:
       block: {enabled: false}
 ";
 
-fn scrape_configs(yaml: &str) -> Vec<kiln_scrape::ScrapeConfig> {
+pub(crate) fn scrape_configs(yaml: &str) -> Vec<kiln_scrape::ScrapeConfig> {
     serde_yaml::from_str(yaml).expect("scrape config parses")
 }
 
-fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+pub(crate) fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
