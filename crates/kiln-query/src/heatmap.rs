@@ -14,7 +14,7 @@ use std::sync::LazyLock;
 
 use serde::{Deserialize, Serialize};
 
-use crate::request::{json_selection, Time};
+use crate::request::{json_selection, Buckets, Time};
 use crate::select::{Querier, SelectRequest};
 use crate::tree::FlameTree;
 use crate::QueryError;
@@ -168,17 +168,13 @@ pub async fn heatmap(
             "columns must be between 1 and {MAX_COLUMNS}, not {columns}"
         )));
     }
-    let from_ms = request.from_nanos.div_euclid(1_000_000);
-    let span_ms = request.to_nanos.div_euclid(1_000_000) - from_ms + 1;
-    let step_ms = (span_ms + columns as i64 - 1) / columns as i64;
-    let step_nanos = step_ms.max(1).saturating_mul(1_000_000);
-    let origin = from_ms.saturating_mul(1_000_000);
+    let buckets = Buckets::over(request.from_nanos, request.to_nanos, columns);
     let rows = BOUNDS.len();
     let mut counts = vec![0u64; columns * rows];
     let mut profiles = 0u64;
     querier
         .select_each(request, |selection| {
-            let Some(local_type) = selection.types.iter().position(|(id, _)| *id == type_id) else {
+            let Some(local_type) = selection.local_type(&type_id) else {
                 return;
             };
             for profile in &selection.profiles {
@@ -188,9 +184,7 @@ pub async fn heatmap(
                 let Some(row) = selection.dataset.profiles.get(profile.row) else {
                     continue;
                 };
-                let column =
-                    ((profile.time_nanos - origin) / step_nanos).clamp(0, columns as i64 - 1);
-                counts[column as usize * rows + row_of(row.total)] += 1;
+                counts[buckets.index(profile.time_nanos) * rows + row_of(row.total)] += 1;
                 profiles += 1;
             }
         })
@@ -221,8 +215,8 @@ pub async fn heatmap(
     };
     Ok(Heatmap {
         profile_type: type_id,
-        from_ms,
-        step_ms,
+        from_ms: buckets.from_ms,
+        step_ms: buckets.step_ms,
         columns,
         rows,
         max_count: cells.iter().map(|cell| cell.count).max().unwrap_or(0),
@@ -287,7 +281,7 @@ pub async fn select_rectangle(
     let (mut profiles, mut total) = (0u64, 0i64);
     querier
         .select_each(request, |selection| {
-            if let Some(local_type) = selection.types.iter().position(|(id, _)| *id == type_id) {
+            if let Some(local_type) = selection.local_type(&type_id) {
                 for profile in selection
                     .profiles
                     .iter()

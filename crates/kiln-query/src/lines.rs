@@ -81,7 +81,7 @@ pub async fn function_lines(
     };
     querier
         .select_each(&request, |selection| {
-            let Some(local_type) = selection.types.iter().position(|(id, _)| *id == type_id) else {
+            let Some(local_type) = selection.local_type(&type_id) else {
                 return;
             };
             let sums = dataset_lines(&selection, local_type, function);

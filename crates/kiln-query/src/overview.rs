@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::request::{json_selection, Time};
+use crate::request::{json_selection, Buckets, Time};
 use crate::select::{DatasetSelection, Querier, SelectRequest, TypeFilter};
 use crate::symbols::FrameNames;
 use crate::QueryError;
@@ -111,10 +111,9 @@ pub async fn overview(
             "points must be between 1 and {MAX_POINTS}, not {points}"
         )));
     }
-    let from_ms = request.from_nanos.div_euclid(1_000_000);
+    let buckets = Buckets::over(request.from_nanos, request.to_nanos, points);
     let until_ms = request.to_nanos.div_euclid(1_000_000);
-    let span_ms = until_ms - from_ms + 1;
-    let step_ms = ((span_ms + points as i64 - 1) / points as i64).max(1);
+    let span_ms = until_ms - buckets.from_ms + 1;
     let previous_request = SelectRequest {
         from_nanos: request
             .from_nanos
@@ -124,11 +123,9 @@ pub async fn overview(
     };
     let mut current: HashMap<(String, String), Gathered> = HashMap::new();
     let mut previous: HashMap<(String, String), i64> = HashMap::new();
-    let origin = from_ms.saturating_mul(1_000_000);
-    let step_nanos = step_ms.saturating_mul(1_000_000);
     futures_util::future::try_join(
         querier.select_each(request, |selection| {
-            gather(&selection, &mut current, origin, step_nanos, points)
+            gather(&selection, &mut current, &buckets)
         }),
         querier.select_each(&previous_request, |selection| {
             for profile in &selection.profiles {
@@ -183,10 +180,10 @@ pub async fn overview(
             .then_with(|| a.service.cmp(&b.service))
     });
     Ok(Overview {
-        from_ms,
+        from_ms: buckets.from_ms,
         until_ms,
-        step_ms,
-        previous_from_ms: from_ms - span_ms,
+        step_ms: buckets.step_ms,
+        previous_from_ms: buckets.from_ms - span_ms,
         services,
     })
 }
@@ -195,9 +192,7 @@ pub async fn overview(
 fn gather(
     selection: &DatasetSelection,
     gathered: &mut HashMap<(String, String), Gathered>,
-    origin: i64,
-    step_nanos: i64,
-    points: usize,
+    buckets: &Buckets,
 ) {
     let dataset = &selection.dataset;
     let names = FrameNames::new(dataset);
@@ -205,7 +200,7 @@ fn gather(
         let entry = gathered
             .entry((dataset.service.clone(), type_id.clone()))
             .or_insert_with(|| Gathered {
-                points: vec![0; points],
+                points: vec![0; buckets.count],
                 ..Default::default()
             });
         for profile in selection
@@ -213,8 +208,7 @@ fn gather(
             .iter()
             .filter(|p| p.local_type == local_type)
         {
-            let point = ((profile.time_nanos - origin) / step_nanos).clamp(0, points as i64 - 1);
-            let slot = &mut entry.points[point as usize];
+            let slot = &mut entry.points[buckets.index(profile.time_nanos)];
             *slot = slot.saturating_add(profile.total);
             entry.total = entry.total.saturating_add(profile.total);
             entry.profiles += 1;
@@ -225,7 +219,8 @@ fn gather(
         for (stack, value) in selection.values[local_type].iter().enumerate() {
             if *value != 0 {
                 if let Some(location) = dataset.stack_location.get(stack) {
-                    *by_location.entry(*location).or_default() += value;
+                    let slot = by_location.entry(*location).or_default();
+                    *slot = slot.saturating_add(*value);
                 }
             }
         }

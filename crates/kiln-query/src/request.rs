@@ -66,6 +66,36 @@ impl Time {
     }
 }
 
+/// A selection's range cut into `count` buckets of whole milliseconds, the first
+/// starting where the range does: a heatmap's columns, an overview's sparkline points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Buckets {
+    pub from_ms: i64,
+    pub step_ms: i64,
+    pub count: usize,
+}
+
+impl Buckets {
+    /// `count` (at least 1) buckets covering `[from_nanos, to_nanos]`.
+    pub fn over(from_nanos: i64, to_nanos: i64, count: usize) -> Self {
+        let count = count.max(1);
+        let from_ms = from_nanos.div_euclid(1_000_000);
+        let span_ms = to_nanos.div_euclid(1_000_000) - from_ms + 1;
+        Buckets {
+            from_ms,
+            step_ms: ((span_ms + count as i64 - 1) / count as i64).max(1),
+            count,
+        }
+    }
+
+    /// The bucket of a time; times outside the range go to the nearest end.
+    pub fn index(&self, time_nanos: i64) -> usize {
+        let origin = self.from_ms.saturating_mul(1_000_000);
+        let step = self.step_ms.saturating_mul(1_000_000);
+        (time_nanos.saturating_sub(origin) / step).clamp(0, self.count as i64 - 1) as usize
+    }
+}
+
 /// What Kiln's JSON APIs select (a profile type, a selector, `[from, until]`) for
 /// `tenant`, under the same rules as querier.v1's selections; an empty type selects every
 /// type.

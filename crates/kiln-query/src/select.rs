@@ -110,6 +110,13 @@ pub struct DatasetSelection {
     pub summed: bool,
 }
 
+impl DatasetSelection {
+    /// The position of `type_id` among this selection's matched types.
+    pub fn local_type(&self, type_id: &str) -> Option<usize> {
+        self.types.iter().position(|(id, _)| id == type_id)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SelectedProfile {
     pub row: usize,

@@ -294,9 +294,7 @@ impl FlameTree {
     pub fn add_selection(&mut self, selection: &DatasetSelection, type_id: &str) {
         let dataset = &selection.dataset;
         let Some(values) = selection
-            .types
-            .iter()
-            .position(|(id, _)| id == type_id)
+            .local_type(type_id)
             .and_then(|local| selection.values.get(local))
         else {
             return;

@@ -29,6 +29,11 @@ pub enum Access {
     Needs(Scope),
 }
 
+/// The web UI's pages and files (served to anyone; their API calls carry the token).
+pub fn is_ui_page(path: &str) -> bool {
+    matches!(path, "/" | "/rules" | "/regressions") || path.starts_with("/ui/")
+}
+
 /// The one table of what each endpoint needs. Anything not named is `read` if it only
 /// reads (GET, HEAD) and `admin` otherwise, so an endpoint added later and forgotten here
 /// is closed rather than open.
@@ -40,8 +45,7 @@ pub fn access(method: &Method, path: &str) -> Access {
     match path {
         "/ready" | "/api/openapi.json" => Access::Open,
         "/metrics" => Access::Metrics,
-        "/" | "/rules" | "/regressions" if reads => Access::Open,
-        path if path.starts_with("/ui/") && reads => Access::Open,
+        path if reads && is_ui_page(path) => Access::Open,
         // Read-only calls sent as POST: Connect/gRPC queries, comparisons, rule previews.
         path if path.starts_with("/querier.v1.QuerierService/") => Access::Needs(Scope::Read),
         "/api/v1/compare"

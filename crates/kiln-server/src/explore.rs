@@ -61,8 +61,8 @@ pub async fn heatmap_flamegraph(
     let answer = match right {
         None => {
             let selected = heatmap::select_rectangle(&state.querier, &left).await?;
-            let graph = flame_graph(&cut(selected.tree.clone(), limit));
-            json!({ "flamegraph": graph, "left": side(&selected) })
+            let left = side(&selected);
+            json!({ "flamegraph": flame_graph(&cut(selected.tree, limit)), "left": left })
         }
         Some(right) => {
             let (left, right) = futures_util::future::try_join(

@@ -154,6 +154,28 @@ impl Membership {
         Ok(())
     }
 
+    /// The addresses of the live nodes with `role`: read now (a node may have joined
+    /// since the last heartbeat), or as the last heartbeat saw them when the metastore
+    /// cannot be read.
+    pub async fn live_addresses(&self, role: &str) -> Vec<String> {
+        let now = now_ms();
+        let live = match self.metastore.nodes().await {
+            Ok(nodes) => nodes
+                .into_iter()
+                .filter(|node| node.state(now) == NodeState::Live)
+                .collect(),
+            Err(_) => self
+                .live
+                .read()
+                .map(|live| live.clone())
+                .unwrap_or_default(),
+        };
+        live.into_iter()
+            .filter(|node| node.has_role(role))
+            .map(|node| node.address)
+            .collect()
+    }
+
     /// Whether this node owns `key` among the live nodes with `role` (rendezvous hashing
     /// over their ids, this node always counted): every node agrees without asking, and
     /// a node joining or leaving moves only its share.

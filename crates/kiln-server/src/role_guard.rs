@@ -6,10 +6,9 @@ use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use kiln_metastore::NodeState;
+use kiln_auth::Scope;
 
-use crate::auth::{access, Access};
-use crate::endpoints::endpoint_of;
+use crate::auth::{access, is_ui_page, Access};
 use crate::state::SharedState;
 
 /// Refuses what this node's roles do not serve, with a 503 naming the live nodes that
@@ -22,17 +21,14 @@ pub(crate) async fn route_by_role(
     next: Next,
 ) -> Response {
     let path = request.uri().path();
-    let method = request.method();
-    let needed = if endpoint_of(method, path).is_some() {
-        Some(("ingest", "writes"))
-    } else if (access(method, path) == Access::Needs(kiln_auth::Scope::Read)
-        && !matches!(path, "/api/v1/nodes" | "/api/v1/targets"))
-        || matches!(path, "/" | "/rules" | "/regressions")
-        || path.starts_with("/ui/")
-    {
-        Some(("query", "queries and the UI"))
-    } else {
-        None
+    // The auth table already says what a request is: a write, a read, the UI, or neither.
+    let needed = match access(request.method(), path) {
+        Access::Needs(Scope::Write) => Some(("ingest", "writes")),
+        Access::Needs(Scope::Read) if !matches!(path, "/api/v1/nodes" | "/api/v1/targets") => {
+            Some(("query", "queries and the UI"))
+        }
+        Access::Open if is_ui_page(path) => Some(("query", "queries and the UI")),
+        _ => None,
     };
     let Some((role, what)) = needed else {
         return next.run(request).await;
@@ -40,14 +36,7 @@ pub(crate) async fn route_by_role(
     if state.roles.has(role) {
         return next.run(request).await;
     }
-    let others: Vec<String> = match state.membership.nodes().await {
-        Ok(nodes) => nodes
-            .into_iter()
-            .filter(|(node, node_state)| *node_state == NodeState::Live && node.has_role(role))
-            .map(|(node, _)| node.address)
-            .collect(),
-        Err(_) => Vec::new(),
-    };
+    let others = state.membership.live_addresses(role).await;
     let hint = if others.is_empty() {
         "no live node has it now (GET /api/v1/nodes)".to_string()
     } else {

@@ -50,6 +50,22 @@ function askForToken(message) {
   return asking;
 }
 
+/** The JSON a call answers; otherwise an error naming `what`, the status and the
+ * server's message (its `message` field when the body is JSON). With `body`, a POST. */
+export async function fetchJson(path, body, what = path) {
+  const options = body === undefined ? {} : {
+    method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body),
+  };
+  const response = await apiFetch(path, options);
+  const text = await response.text();
+  if (!response.ok) {
+    let message = text;
+    try { message = JSON.parse(text).message || text; } catch { /* plain text */ }
+    throw new Error(`${what} failed (HTTP ${response.status}): ${message}`);
+  }
+  return text ? JSON.parse(text) : {};
+}
+
 /** fetch(), with the tab's token; on 401 asks for one and tries again. */
 export async function apiFetch(path, options = {}) {
   for (;;) {

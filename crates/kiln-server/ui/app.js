@@ -2,7 +2,7 @@
 // table, compare two ranges. Every view is a URL: the whole state lives in the query
 // string, so a shared link restores it. It calls the same querier API Grafana uses.
 
-import { apiFetch } from './api.js';
+import { fetchJson } from './api.js';
 import { FlameGraph, formatValue, sandwich, toSvg } from './flamegraph.js';
 import { Heatmap } from './heatmap.js';
 import { fetchOverview, renderOverview } from './overview.js';
@@ -63,19 +63,8 @@ function range() {
 
 let generation = 0;
 
-async function call(method, body) {
-  const response = await apiFetch(`/querier.v1.QuerierService/${method}`, {
-    method: 'POST',
-    headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify(body),
-  });
-  const text = await response.text();
-  if (!response.ok) {
-    let message = text;
-    try { message = JSON.parse(text).message || text; } catch { /* plain text */ }
-    throw new Error(`${method} failed (HTTP ${response.status}): ${message}`);
-  }
-  return text ? JSON.parse(text) : {};
+function call(method, body) {
+  return fetchJson(`/querier.v1.QuerierService/${method}`, body, method);
 }
 
 function selector(extra = state.labels) {
@@ -483,19 +472,6 @@ function decodeRectangle(text) {
   return { from: Number(from), until: Number(until), min_value: number(min), max_value: number(max) };
 }
 
-async function postJson(path, body) {
-  const response = await apiFetch(path, {
-    method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body),
-  });
-  const text = await response.text();
-  if (!response.ok) {
-    let message = text;
-    try { message = JSON.parse(text).message || text; } catch { /* plain text */ }
-    throw new Error(`${path} failed (HTTP ${response.status}): ${message}`);
-  }
-  return JSON.parse(text);
-}
-
 function rectangleSummary(answer) {
   const side = (s) => `${s.profiles} profiles, ${formatValue(s.total, unit())}`;
   return answer.right ? `selected: ${side(answer.left)} (solid) against ${side(answer.right)} (dashed)` : `selected: ${side(answer.left)}`;
@@ -508,7 +484,7 @@ async function showLines() {
   if (!name || state.mode === 'compare' || !state.service) { $('lines-section').hidden = true; return; }
   const [start, end] = range();
   try {
-    const answer = await postJson('/api/v1/lines', { profile_type: state.type, selector: selector(), from: start, until: end, function: name });
+    const answer = await fetchJson('/api/v1/lines', { profile_type: state.type, selector: selector(), from: start, until: end, function: name });
     if (state.fn !== name) return;
     const numbered = answer.lines.filter((line) => line.line > 0);
     $('lines-title').textContent = `lines of ${name}`;
@@ -601,11 +577,11 @@ async function refresh() {
         right: mergeRequest(toMillis(state.rfrom), toMillis(state.runtil), state.rsel || state.labels),
       })
       : rectangle
-        ? postJson('/api/v1/heatmap/flamegraph', { profile_type: state.type, selector: selector(), rectangle, compare: second, max_nodes: MAX_NODES })
+        ? fetchJson('/api/v1/heatmap/flamegraph', { profile_type: state.type, selector: selector(), rectangle, compare: second, max_nodes: MAX_NODES })
         : call('SelectMergeStacktraces', mergeRequest(start, end));
     const rankRequest = compare ? compareRanking() : Promise.resolve(null);
     const heatmapRequest = state.hm && !compare
-      ? postJson('/api/v1/heatmap', { profile_type: state.type, selector: selector(), from: start, until: end, columns: 60 })
+      ? fetchJson('/api/v1/heatmap', { profile_type: state.type, selector: selector(), from: start, until: end, columns: 60 })
       : Promise.resolve(null);
     const [series, graph, ranking, cells] = await Promise.all([seriesRequest, graphRequest, rankRequest, heatmapRequest]);
     if (mine !== generation) return;
@@ -655,18 +631,12 @@ async function refresh() {
 async function compareRanking() {
   const side = (labels, from, until) => ({ selector: selector(labels), from: toMillis(from), until: toMillis(until) });
   try {
-    const response = await apiFetch('/api/v1/compare', {
-      method: 'POST',
-      headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify({
-        profile_type: state.type,
-        left: side(state.lsel || state.labels, state.lfrom, state.luntil),
-        right: side(state.rsel || state.labels, state.rfrom, state.runtil),
-        limit: 0,
-      }),
+    return await fetchJson('/api/v1/compare', {
+      profile_type: state.type,
+      left: side(state.lsel || state.labels, state.lfrom, state.luntil),
+      right: side(state.rsel || state.labels, state.rfrom, state.runtil),
+      limit: 0,
     });
-    if (!response.ok) throw new Error(await response.text());
-    return await response.json();
   } catch (error) {
     return { error: error.message };
   }

@@ -29,6 +29,13 @@ function hash(text) {
   return h >>> 0;
 }
 
+const ESCAPES = { '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' };
+
+/** Text made safe inside HTML or SVG markup and attribute values. */
+export function escapeHtml(text) {
+  return String(text).replace(/[&<>"']/g, (c) => ESCAPES[c]);
+}
+
 /** Formats a value in the profile's unit. */
 export function formatValue(value, unit) {
   const scaled = (v, steps) => {
@@ -448,7 +455,7 @@ export function toSvg(graph, width = 1200) {
   const x0 = zoomLevel.x[graph.zoom.index];
   const span = zoomLevel.total[graph.zoom.index] || 1;
   const scale = width / span;
-  const escape = (text) => text.replace(/[&<>"]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' })[c]);
+  const escape = escapeHtml;
   graph.levels.forEach((level, l) => {
     if (l < graph.zoom.level) return;
     for (let i = 0; i < level.x.length; i++) {

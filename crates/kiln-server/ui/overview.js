@@ -3,24 +3,14 @@
 // functions and its change against the previous period of equal length. Rows are built
 // as one HTML string (names escaped), so 500 services draw in one layout pass.
 
-import { apiFetch } from './api.js';
-import { formatValue } from './flamegraph.js';
-
-const escapes = { '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' };
-const escape = (text) => String(text).replace(/[&<>"']/g, (c) => escapes[c]);
+import { fetchJson } from './api.js';
+import { escapeHtml as escape, formatValue } from './flamegraph.js';
 
 /** The overview of `[from, until]` (epoch ms), narrowed by a label selector. */
 export async function fetchOverview(from, until, selector) {
   const params = new URLSearchParams({ from: String(from), until: String(until), points: '40' });
   if (selector) params.set('selector', selector);
-  const response = await apiFetch(`/api/v1/overview?${params}`);
-  const text = await response.text();
-  if (!response.ok) {
-    let message = text;
-    try { message = JSON.parse(text).message || text; } catch { /* plain text */ }
-    throw new Error(`overview failed (HTTP ${response.status}): ${message}`);
-  }
-  return JSON.parse(text);
+  return fetchJson(`/api/v1/overview?${params}`, undefined, 'overview');
 }
 
 function sparkline(points) {

@@ -94,12 +94,6 @@ impl<S: AsRef<str>> FromIterator<S> for Strings {
     }
 }
 
-impl<S: AsRef<str>> From<Vec<S>> for Strings {
-    fn from(values: Vec<S>) -> Self {
-        values.into_iter().collect()
-    }
-}
-
 impl std::fmt::Debug for Strings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.iter()).finish()
