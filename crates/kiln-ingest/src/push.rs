@@ -1,10 +1,10 @@
 //! Pyroscope's push API, `push.v1.PusherService/Push`, written from its documented wire
 //! format: `PushRequest{series: [RawProfileSeries{labels, samples: [RawSample{raw_profile, ID}]}]}`.
 
-use kiln_model::labels::{client_labels, ClientLabels, METRIC_NAME};
+use kiln_model::labels::{client_labels, ClientLabels, METRIC_NAME, SERVICE_NAME};
 use serde::Deserialize;
 
-use crate::parse::{from_pprof_bytes, ProfileContext};
+use crate::parse::{from_pprof_bytes, ProfileContext, UNKNOWN_SERVICE};
 use crate::{IngestError, Limits, ParsedProfile};
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -110,6 +110,20 @@ pub fn decode_json(body: &[u8]) -> Result<PushRequest, IngestError> {
     Ok(PushRequest { series })
 }
 
+/// The service every series of `request` belongs to, when they share one: what
+/// placement needs to send the request, unparsed, to the service's ingest node.
+pub fn single_service(request: &PushRequest) -> Option<&str> {
+    let mut services = request.series.iter().map(|series| {
+        series
+            .labels
+            .iter()
+            .find(|label| label.name == SERVICE_NAME)
+            .map_or(UNKNOWN_SERVICE, |label| label.value.as_str())
+    });
+    let first = services.next()?;
+    services.all(|service| service == first).then_some(first)
+}
+
 /// Converts every sample of every series; one bad profile refuses the whole request.
 pub fn parse_push(
     request: PushRequest,
@@ -142,6 +156,34 @@ pub fn parse_push(
 mod tests {
     use super::*;
     use prost::Message;
+
+    #[test]
+    fn a_push_has_one_service_only_when_all_its_series_share_it() {
+        let series = |service: Option<&str>| RawProfileSeries {
+            labels: service
+                .map(|value| LabelPair {
+                    name: "service_name".into(),
+                    value: value.into(),
+                })
+                .into_iter()
+                .collect(),
+            samples: Vec::new(),
+        };
+        let request = |all: Vec<RawProfileSeries>| PushRequest { series: all };
+        assert_eq!(single_service(&request(vec![])), None);
+        assert_eq!(
+            single_service(&request(vec![series(Some("a")), series(Some("a"))])),
+            Some("a")
+        );
+        assert_eq!(
+            single_service(&request(vec![series(Some("a")), series(Some("b"))])),
+            None
+        );
+        assert_eq!(
+            single_service(&request(vec![series(None)])),
+            Some(UNKNOWN_SERVICE)
+        );
+    }
 
     #[test]
     fn json_and_proto_agree() {

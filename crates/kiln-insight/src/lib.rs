@@ -20,7 +20,7 @@ use prometheus_client::registry::Registry;
 
 pub use compare::{CompareRequest, Comparison};
 pub use error::InsightError;
-pub use watch::{Finding, RegressionsConfig, Watcher};
+pub use watch::{Finding, Owner, RegressionsConfig, Watcher};
 
 /// What the server holds: comparisons on demand, and the watcher's findings.
 #[derive(Clone)]

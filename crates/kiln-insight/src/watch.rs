@@ -165,7 +165,13 @@ pub struct Watcher {
     /// Per dataset (object key, row group): its summary and the last look that used it.
     summaries: Mutex<HashMap<DatasetKey, (Arc<Summary>, u64)>>,
     looks: AtomicU64,
+    /// Which (tenant, service) this node watches, when several rules nodes share them.
+    owner: std::sync::OnceLock<Owner>,
 }
+
+/// Whether this node watches (tenant, service): rules nodes share the services by
+/// rendezvous hashing over the live ones, so each is watched once.
+pub type Owner = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
 
 impl Watcher {
     pub fn new(querier: Querier, config: RegressionsConfig) -> Result<Self, InsightError> {
@@ -202,7 +208,14 @@ impl Watcher {
             client,
             summaries: Mutex::new(HashMap::new()),
             looks: AtomicU64::new(0),
+            owner: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Watches only the services `owner` gives this node, asked again at every look, so
+    /// services move when the rules nodes change. Set once; later calls are ignored.
+    pub fn share(&self, owner: Owner) {
+        let _ = self.owner.set(owner);
     }
 
     pub fn register(&self, registry: &mut Registry) {
@@ -271,7 +284,10 @@ impl Watcher {
                 to_nanos,
                 ..Default::default()
             };
-            let metas = self.querier.datasets(&request).await?;
+            let mut metas = self.querier.datasets(&request).await?;
+            if let Some(owner) = self.owner.get() {
+                metas.retain(|meta| owner(&tenant, &meta.service));
+            }
             let summaries = self.summaries_of(&metas, look).await?;
             let mut services: BTreeMap<&str, Vec<Arc<Summary>>> = BTreeMap::new();
             for (meta, summary) in metas.iter().zip(summaries) {

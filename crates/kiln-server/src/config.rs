@@ -15,7 +15,7 @@ pub struct ServerConfig {
     /// compact, scrape and rules (docs/deploy.md).
     pub target: String,
     /// How this node announces itself to the others (the metastore's `nodes` table).
-    pub node: crate::membership::NodeConfig,
+    pub node: kiln_cluster::NodeConfig,
     /// Address to listen on, HTTP/1.1 and HTTP/2 cleartext (gRPC).
     pub listen: String,
     pub data_dir: PathBuf,
@@ -172,7 +172,7 @@ impl Default for ServerConfig {
             query: kiln_query::QueryBudget::default(),
             source: kiln_query::source::SourceConfig::default(),
             target: "all".to_string(),
-            node: crate::membership::NodeConfig::default(),
+            node: kiln_cluster::NodeConfig::default(),
         }
     }
 }

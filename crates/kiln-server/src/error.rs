@@ -29,6 +29,9 @@ pub enum ApiError {
     Insight(#[from] kiln_insight::InsightError),
     #[error(transparent)]
     Auth(#[from] kiln_auth::AuthError),
+    /// The ingest node a write was forwarded to refused it (placement).
+    #[error("{message}")]
+    Owner { kind: ErrorKind, message: String },
 }
 
 impl ApiError {
@@ -43,6 +46,7 @@ impl ApiError {
             ApiError::Rules(err) => err.kind(),
             ApiError::Insight(err) => err.kind(),
             ApiError::Auth(err) => err.kind(),
+            ApiError::Owner { kind, .. } => *kind,
         }
     }
 

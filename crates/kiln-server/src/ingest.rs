@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use axum::body::Body;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use kiln_ingest::cpu::run_parser;
@@ -14,13 +14,45 @@ use kiln_ingest::push::{decode_json, decode_proto, parse_push, PushResponse};
 use kiln_ingest::{Limits, ParsedProfile};
 
 use crate::body::{content_type, decode_content_encoding, read_limited};
-use crate::endpoints::{PUSH, PYROSCOPE};
+use crate::endpoints::{PUSH, PUSH_PATH, PYROSCOPE};
 use crate::error::ApiError;
+use crate::placement;
 use crate::rpc::{Family, Rpc};
 use crate::state::{AppState, SharedState};
 use crate::tenant::Tenant;
 
-/// A write's body, read within its tenant's limits.
+/// A write's body as received, within its tenant's limits: what placement forwards.
+pub(crate) struct Received {
+    pub limits: Limits,
+    /// The body as it came, framed or compressed.
+    pub raw: Bytes,
+    pub received: usize,
+    pub inflight: (kiln_ingest::InFlight, Option<kiln_ingest::InFlight>),
+    pub arrival: kiln_ingest::Arrival,
+}
+
+impl Received {
+    /// Opens the body: as `rpc` frames it, or as its `Content-Encoding` says.
+    pub(crate) fn open(
+        self,
+        headers: &HeaderMap,
+        rpc: Option<Rpc>,
+    ) -> Result<IngestBody, ApiError> {
+        let message = match rpc {
+            Some(rpc) => rpc.open(headers, self.raw, self.limits.max_decompressed_bytes)?,
+            None => decode_content_encoding(headers, self.raw, self.limits.max_decompressed_bytes)?,
+        };
+        Ok(IngestBody {
+            limits: self.limits,
+            message,
+            received: self.received,
+            _inflight: self.inflight,
+            arrival: self.arrival,
+        })
+    }
+}
+
+/// A write's body, read within its tenant's limits and opened.
 pub(crate) struct IngestBody {
     pub limits: Limits,
     /// The message: the body with its gRPC frame or `Content-Encoding` removed.
@@ -46,6 +78,18 @@ pub(crate) async fn read_body(
     body: Body,
     rpc: Option<Rpc>,
 ) -> Result<IngestBody, ApiError> {
+    receive(state, tenant, headers, body)
+        .await?
+        .open(headers, rpc)
+}
+
+/// Reads a body within the tenant's size limit and counts it against the tenant's rate.
+pub(crate) async fn receive(
+    state: &AppState,
+    tenant: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Received, ApiError> {
     let limits = state.limits.for_tenant(tenant);
     let declared = headers
         .get(axum::http::header::CONTENT_LENGTH)
@@ -69,16 +113,11 @@ pub(crate) async fn read_body(
         _ => None,
     };
     state.limits.check_rate(tenant, raw.len())?;
-    let received = raw.len();
-    let message = match rpc {
-        Some(rpc) => rpc.open(headers, raw, limits.max_decompressed_bytes)?,
-        None => decode_content_encoding(headers, raw, limits.max_decompressed_bytes)?,
-    };
-    Ok(IngestBody {
+    Ok(Received {
         limits,
-        message,
-        received,
-        _inflight: (inflight, more),
+        received: raw.len(),
+        raw,
+        inflight: (inflight, more),
         arrival,
     })
 }
@@ -125,10 +164,23 @@ pub async fn pyroscope(
     State(state): State<SharedState>,
     tenant: Tenant,
     Query(params): Query<HashMap<String, String>>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_body(&state, &tenant, &headers, body, None).await?;
+    let received = receive(&state, &tenant, &headers, body).await?;
+    // The service is in the query string: the body is forwarded unopened.
+    let service = params
+        .get("name")
+        .and_then(|name| kiln_ingest::pyroscope::parse_name(name).ok())
+        .map(|name| name.app);
+    let write = placement::Write::as_received(&uri, &headers, received.raw.clone());
+    if let Some(answer) =
+        placement::offer(&state, &tenant, service.as_deref(), &headers, write).await
+    {
+        return Ok(placement::relay(answer));
+    }
+    let body = received.open(&headers, None)?;
     let profiles = kiln_ingest::pyroscope::parse_ingest(
         &params,
         &content_type(&headers),
@@ -154,6 +206,13 @@ pub async fn push(
     } else {
         decode_proto(&body.message)?
     };
+    // Forwarded as a Connect unary call whatever it came as: the message, opened once.
+    let write = placement::Write::connect(PUSH_PATH, &headers, rpc.is_json(), body.message.clone());
+    let service = kiln_ingest::push::single_service(&request);
+    if let Some(answer) = placement::offer(&state, &tenant, service, &headers, write).await {
+        let warnings = placement::accepted(answer)?;
+        return Ok(with_warnings(rpc.reply(&PushResponse {}), &warnings));
+    }
     let limits = body.limits;
     let profiles = run_parser(move || parse_push(request, &limits)).await?;
     let warnings = write_profiles(&state, PUSH, &tenant, profiles, body.arrival).await?;

@@ -32,6 +32,10 @@ pub async fn export(
 ) -> Result<Response, ApiError> {
     let rpc = Rpc::of(&headers, Family::Otlp)?;
     let body = read_body(&state, &tenant, &headers, body, Some(rpc)).await?;
+    // An export batches resources of many services (a collector's): written here.
+    state
+        .forwarder
+        .count_local(kiln_cluster::LocalReason::Unplaced);
     // gRPC counts the frame as received, OTLP/HTTP the decoded body.
     let received = match rpc.encoding {
         Encoding::Grpc => body.received,

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kiln_ingest::cpu::run_parser;
@@ -27,7 +27,8 @@ use serde_json::json;
 
 use crate::endpoints::PROFEFE;
 use crate::error::ApiError;
-use crate::ingest::{read_body, with_warnings, write_profiles};
+use crate::ingest::{receive, with_warnings, write_profiles};
+use crate::placement;
 use crate::state::SharedState;
 use crate::tenant::Tenant;
 
@@ -41,10 +42,20 @@ pub async fn ingest(
     State(state): State<SharedState>,
     tenant: Tenant,
     Query(params): Query<Params>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_body(&state, &tenant, &headers, body, None).await?;
+    let received = receive(&state, &tenant, &headers, body).await?;
+    let service = params
+        .get("service")
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty());
+    let write = placement::Write::as_received(&uri, &headers, received.raw.clone());
+    if let Some(answer) = placement::offer(&state, &tenant, service, &headers, write).await {
+        return Ok(placement::relay(answer));
+    }
+    let body = received.open(&headers, None)?;
     let (message, limits) = (body.message, body.limits);
     let profile = run_parser(move || parse_profefe(&params, &message, &limits)).await?;
     let id = profile.id.clone();

@@ -1,5 +1,5 @@
 //! The layer that refuses what this node's roles do not serve (docs/ARCHITECTURE.md):
-//! beside the auth layer, it only classifies the request; [`crate::membership`] says who
+//! beside the auth layer, it only classifies the request; [`kiln_cluster::membership`] says who
 //! runs what.
 
 use axum::extract::{Request, State};

@@ -50,6 +50,8 @@ pub enum ServerError {
     Tls(#[from] crate::tls::TlsError),
     #[error("{0}")]
     Target(String),
+    #[error("placement: {0}")]
+    Forwarder(#[source] kiln_cluster::forward::ForwarderError),
     #[error("auth: tenant id {tenant:?}: {source}")]
     AuthTenant {
         tenant: String,
@@ -89,7 +91,7 @@ impl RunningServer {
 
 impl Server {
     pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
-        let roles = crate::membership::Roles::parse(&config.target).map_err(ServerError::Target)?;
+        let roles = kiln_cluster::Roles::parse(&config.target).map_err(ServerError::Target)?;
         std::fs::create_dir_all(&config.data_dir)?;
         let storage =
             ObjectStorage::open_with(&config.object_store_url(), &config.object_store_options())?;
@@ -149,9 +151,6 @@ impl Server {
         };
         let insight = kiln_insight::Insight::new(querier.clone(), config.regressions.clone())?;
         insight.register(&mut registry);
-        if roles.has("rules") {
-            rule_tasks.push(insight.spawn(rules_stopped));
-        }
         let (stop_compactor, compactor_stopped) = tokio::sync::watch::channel(false);
         let compactor_task = if config.compaction.enabled && roles.has("compact") {
             let mut compaction = config.compaction.clone();
@@ -175,12 +174,12 @@ impl Server {
                 source,
             })?;
         let local_addr = listener.local_addr()?;
-        let membership = Arc::new(crate::membership::Membership::new(
+        let membership = Arc::new(kiln_cluster::Membership::new(
             metastore.clone(),
             // The bound address: two nodes asked for port 0 on one host are two nodes.
             node_name(&local_addr.to_string()),
             &roles,
-            crate::membership::advertise_address(&config.node, local_addr),
+            kiln_cluster::advertise_address(&config.node, local_addr),
             &config.node,
         ));
         // The first heartbeat before serving, so the node is listed once it answers.
@@ -190,6 +189,19 @@ impl Server {
         let (stop_membership, membership_stopped) = tokio::sync::watch::channel(false);
         let membership_task = membership.clone().spawn(membership_stopped);
         tracing::info!(node = membership.id(), target = %roles, "node roles");
+        if roles.has("rules") {
+            // Rules nodes share the watched services as scrape nodes share targets.
+            let owner_of = membership.clone();
+            insight
+                .watcher()
+                .share(Arc::new(move |tenant: &str, service: &str| {
+                    owner_of.owns(
+                        "rules",
+                        &kiln_cluster::forward::placement_key(tenant, service),
+                    )
+                }));
+            rule_tasks.push(insight.spawn(rules_stopped));
+        }
         let (stop_scrape, scrape_stopped) = tokio::sync::watch::channel(false);
         kiln_ingest::cpu::set_max_wait(Duration::from_millis(config.http.max_parse_wait_ms));
         let limits = TenantLimits::new(
@@ -225,9 +237,30 @@ impl Server {
         } else {
             None
         };
+        let tls_roots = match (&tls, &config.tls.cert_file) {
+            (Some(_), Some(path)) => Some(std::fs::read(path)?),
+            _ => None,
+        };
+        // An owner acknowledges after its flush, up to a flush interval after the write
+        // arrives: a forward must be allowed that long, or every write not flushed in time
+        // would be written twice (there and here).
+        let node = kiln_cluster::NodeConfig {
+            forward_timeout_ms: config.node.forward_timeout_ms.max(
+                config
+                    .flush_interval_ms
+                    .saturating_mul(2)
+                    .saturating_add(1_000),
+            ),
+            ..config.node.clone()
+        };
+        let forwarder =
+            kiln_cluster::Forwarder::new(membership.clone(), &node, tls_roots.as_deref())
+                .map_err(ServerError::Forwarder)?;
+        forwarder.register(&mut registry);
         let state = Arc::new(AppState {
             roles,
             membership,
+            forwarder,
             ingester,
             querier,
             rules,
@@ -326,7 +359,7 @@ fn authenticator(config: &ServerConfig) -> Result<Option<kiln_auth::Authenticato
 
 /// Host and listen address: what identifies this node across its restarts.
 fn node_name(listen: &str) -> String {
-    format!("{}@{listen}", crate::membership::host_name())
+    format!("{}@{listen}", kiln_cluster::host_name())
 }
 
 fn limits_for_agent(config: &ServerConfig) -> kiln_ingest::Limits {

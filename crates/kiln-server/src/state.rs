@@ -26,9 +26,11 @@ pub struct AppState {
     /// Health of scrape targets, when scrape_configs are set.
     pub targets: Option<kiln_scrape::Targets>,
     /// What this process runs (`--target`).
-    pub roles: crate::membership::Roles,
+    pub roles: kiln_cluster::Roles,
     /// This node's row in the metastore's `nodes` table, and every other's.
-    pub membership: Arc<crate::membership::Membership>,
+    pub membership: Arc<kiln_cluster::Membership>,
+    /// Sends each write to the ingest node that owns its (tenant, service).
+    pub forwarder: kiln_cluster::Forwarder,
     /// Where a function's source text is read from, when configured.
     pub sources: kiln_query::source::Sources,
     /// How long a client may take to send a request body.

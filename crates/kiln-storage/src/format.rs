@@ -481,6 +481,39 @@ impl Projection {
     }
 }
 
+/// The stored (compressed) bytes of one dataset, split where the schema splits: its
+/// symbols (`strings` to `stacks`, columns 4–21), which every flush writes again for each
+/// dataset of a service, and the rest (series, profiles, samples, sums).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DatasetBytes {
+    pub symbols: u64,
+    pub profiles: u64,
+}
+
+/// [`DatasetBytes`] of every dataset of a block, in row-group order, from its footer.
+pub fn dataset_bytes(block: &Bytes) -> Result<Vec<DatasetBytes>, StorageError> {
+    guarded(|| {
+        let reader = SerializedFileReader::new(block.clone())?;
+        Ok(reader
+            .metadata()
+            .row_groups()
+            .iter()
+            .map(|group| {
+                let mut bytes = DatasetBytes::default();
+                for (index, column) in group.columns().iter().enumerate() {
+                    let size = u64::try_from(column.compressed_size()).unwrap_or(0);
+                    match index {
+                        4..=21 => bytes.symbols += size,
+                        22.. => bytes.profiles += size,
+                        _ => {}
+                    }
+                }
+                bytes
+            })
+            .collect())
+    })
+}
+
 /// Decodes dataset `row_group` of a block, reading only the projected columns.
 ///
 /// The `parquet` crate panics on some corrupt metadata instead of returning an error; a
@@ -530,9 +563,7 @@ pub fn decode_row_group<R: parquet::file::reader::ChunkReader + 'static>(
 }
 
 /// Runs a decoder, turning a panic inside the parquet crate into a corrupt-block error.
-fn guarded(
-    decode: impl FnOnce() -> Result<Dataset, StorageError>,
-) -> Result<Dataset, StorageError> {
+fn guarded<T>(decode: impl FnOnce() -> Result<T, StorageError>) -> Result<T, StorageError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(decode)).unwrap_or_else(|panic| {
         let message = panic
             .downcast_ref::<String>()

@@ -19,6 +19,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("kiln-agent", 2),
     ("kiln-rules", 3),
     ("kiln-insight", 3),
+    ("kiln-cluster", 3),
     ("kiln-server", 4),
     ("kiln-bench", 4),
     ("kiln", 5),

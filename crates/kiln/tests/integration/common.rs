@@ -188,6 +188,16 @@ impl TestServer {
             .expect("list")
     }
 
+    /// One object of the server's object store.
+    pub fn read_object(&self, key: &str) -> bytes::Bytes {
+        let storage = kiln_storage::ObjectStorage::open_with(
+            &self.config.object_store_url(),
+            &self.config.object_store_options(),
+        )
+        .expect("object store opens");
+        self.runtime().block_on(storage.get(key)).expect("object")
+    }
+
     pub fn data_dir(&self) -> &Path {
         self._data_dir.path()
     }

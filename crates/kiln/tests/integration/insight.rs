@@ -68,6 +68,17 @@ pub fn profile(index: i64, slow: bool) -> String {
 }
 
 pub fn push(server: &TestServer, tenant: &str, version: &str, start_s: i64, slow: bool) -> i64 {
+    push_service(server, tenant, "checkout", version, start_s, slow)
+}
+
+pub fn push_service(
+    server: &TestServer,
+    tenant: &str,
+    service: &str,
+    version: &str,
+    start_s: i64,
+    slow: bool,
+) -> i64 {
     let mut total = 0;
     for index in 0..PROFILES {
         let from = start_s + index * 10;
@@ -78,7 +89,7 @@ pub fn push(server: &TestServer, tenant: &str, version: &str, start_s: i64, slow
             .sum::<i64>();
         let (status, text) = server.post_with(
             &format!(
-                "/ingest?name=checkout.cpu{{version={version}}}&format=folded&sampleRate=100&from={from}&until={}",
+                "/ingest?name={service}.cpu{{version={version}}}&format=folded&sampleRate=100&from={from}&until={}",
                 from + 10
             ),
             body.as_bytes(),

@@ -16,58 +16,7 @@ use kiln_metastore::{Metastore, NodeRecord, NodeState};
 use kiln_model::time::now_ms;
 use serde::{Deserialize, Serialize};
 
-/// Every role, in the order they are listed.
-pub const ROLES: [&str; 5] = ["ingest", "query", "compact", "scrape", "rules"];
-
-/// The roles this process runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Roles(Vec<&'static str>);
-
-impl Roles {
-    pub fn all() -> Self {
-        Roles(ROLES.to_vec())
-    }
-
-    /// `all`, or a comma-separated list of [`ROLES`].
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let mut roles = Vec::new();
-        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            if part == "all" {
-                return Ok(Roles::all());
-            }
-            let Some(role) = ROLES.iter().find(|role| **role == part) else {
-                return Err(format!(
-                    "unknown role {part:?} in target {text:?}: expected all, or a comma-separated list of {}",
-                    ROLES.join(", ")
-                ));
-            };
-            roles.push(*role);
-        }
-        if roles.is_empty() {
-            return Err(format!(
-                "target is empty: expected all, or a comma-separated list of {}",
-                ROLES.join(", ")
-            ));
-        }
-        roles.sort_by_key(|role| ROLES.iter().position(|r| r == role));
-        roles.dedup();
-        Ok(Roles(roles))
-    }
-
-    pub fn has(&self, role: &str) -> bool {
-        self.0.contains(&role)
-    }
-
-    pub fn names(&self) -> Vec<String> {
-        self.0.iter().map(|role| role.to_string()).collect()
-    }
-}
-
-impl std::fmt::Display for Roles {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0.join(","))
-    }
-}
+use crate::roles::Roles;
 
 /// How a node announces itself.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -79,6 +28,11 @@ pub struct NodeConfig {
     pub heartbeat_ms: u64,
     /// A node whose heartbeat is this late is down.
     pub lease_ms: u64,
+    /// Whether writes go to the ingest node that owns their (tenant, service)
+    /// ([`crate::forward`]); off, every node writes what it receives.
+    pub placement: bool,
+    /// How long a forwarded write may take before it is written here instead.
+    pub forward_timeout_ms: u64,
 }
 
 impl Default for NodeConfig {
@@ -87,6 +41,8 @@ impl Default for NodeConfig {
             advertise_address: String::new(),
             heartbeat_ms: 2_000,
             lease_ms: 10_000,
+            placement: true,
+            forward_timeout_ms: 5_000,
         }
     }
 }
@@ -130,6 +86,25 @@ impl Membership {
 
     pub fn id(&self) -> &str {
         &self.record.id
+    }
+
+    /// The live nodes with `role` as the last heartbeat read them, this node among them
+    /// when it has the role: what placement hashes over without a round trip.
+    pub fn live_with_role(&self, role: &str) -> Vec<NodeRecord> {
+        let mut nodes: Vec<NodeRecord> = self
+            .live
+            .read()
+            .map(|live| {
+                live.iter()
+                    .filter(|node| node.has_role(role) && node.id != self.record.id)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        if self.record.roles.iter().any(|r| r == role) {
+            nodes.push(self.record.clone());
+        }
+        nodes
     }
 
     /// Writes one heartbeat now, and reads who else is live.
@@ -249,26 +224,4 @@ pub fn advertise_address(config: &NodeConfig, local: std::net::SocketAddr) -> St
         return format!("{}:{}", host_name(), local.port());
     }
     local.to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn targets_parse_to_roles_in_order_and_unknown_ones_are_refused() {
-        assert_eq!(Roles::parse("all").unwrap(), Roles::all());
-        assert_eq!(
-            Roles::parse("query, ingest,query").unwrap().to_string(),
-            "ingest,query"
-        );
-        assert!(Roles::parse("compact").unwrap().has("compact"));
-        assert!(!Roles::parse("compact").unwrap().has("ingest"));
-        let err = Roles::parse("ingest,writer").unwrap_err();
-        assert!(
-            err.contains("\"writer\"") && err.contains("ingest, query, compact, scrape, rules"),
-            "{err}"
-        );
-        assert!(Roles::parse(" , ").is_err());
-    }
 }
