@@ -274,3 +274,18 @@ pub fn time_parse(data: &[u8]) {
         let _ = kiln_model::time::parse_epoch_nanos(text);
     }
 }
+
+/// A query share's answer and request as one query node sends them to another
+/// (`POST /api/v1/partial/tree`): the uncut tree bytes (`KFT1`), read and merged, and the
+/// partial query's JSON, turned into a request; never a panic.
+pub fn partial_tree(data: &[u8]) {
+    if let Ok(tree) = kiln_query::tree::decode_partial(data) {
+        let mut merged = tree.clone();
+        merged.add_tree(&tree, |value| value);
+        merged.compute_totals();
+        let _ = kiln_query::tree::encode_partial(&merged);
+    }
+    if let Ok(part) = serde_json::from_slice::<kiln_query::fanout::PartialQuery>(data) {
+        let _ = part.request("fuzz");
+    }
+}

@@ -31,6 +31,9 @@ pub enum BenchCommand {
     Rules(crate::rules::RulesBenchArgs),
     /// Planted regressions found and false alarms raised by the comparison, and its speed.
     Insight(crate::insight::InsightBenchArgs),
+    /// Ingest, query and compact processes over PostgreSQL and S3 under kills and a
+    /// PostgreSQL restart: every acknowledged write present exactly once.
+    Chaos(crate::chaos::ChaosArgs),
 }
 
 #[derive(Args)]
@@ -114,6 +117,10 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Agent(args) => crate::agent::run(args).await,
         BenchCommand::Rules(args) => crate::rules::run(args),
         BenchCommand::Insight(args) => crate::insight::run(args).await,
+        // Threads and child processes of its own, and a runtime for the metastore.
+        BenchCommand::Chaos(args) => tokio::task::spawn_blocking(move || crate::chaos::run(args))
+            .await
+            .context("the chaos bench's thread failed")?,
     }
 }
 

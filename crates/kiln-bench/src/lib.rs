@@ -13,6 +13,7 @@
 //! measures the binary users run.
 
 pub mod agent;
+pub mod chaos;
 pub mod ingest;
 pub mod insight;
 pub mod query;

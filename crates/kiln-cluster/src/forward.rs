@@ -5,15 +5,18 @@
 //! Placement is an optimisation and never a condition of correctness. Any ingest node
 //! takes any write: it forwards the write to the owner and answers the client with the
 //! owner's answer, which comes only once the owner made the write durable. When the owner
-//! cannot be reached, answers 5xx, or takes longer than `node.forward_timeout_ms`, the
-//! node writes locally instead and stops sending to that owner for a few heartbeats, so
-//! every other write skips straight to the next node in the hash order. A forwarded write
-//! carries [`FORWARDED_FROM`] and is always written where it lands, so a write is
-//! forwarded at most once, whatever two nodes believe about the membership.
+//! cannot be reached or answers 5xx, the write certainly is not stored there, and the
+//! node writes it itself. When the owner took the write and then did not answer (slower
+//! than `node.forward_timeout_ms`, or killed mid-request), it may have stored it: writing
+//! it here too would store it twice, so the client gets a 503 and retries, as it would
+//! from a node that died. Either way the owner is skipped for two heartbeats, so the
+//! writes after it (the retry among them) go to the next node in the hash order. A
+//! forwarded write carries [`FORWARDED_FROM`] and is always written where it lands, so a
+//! write is forwarded at most once, whatever two nodes believe about the membership.
 //!
-//! The one cost of the fallback is the case no protocol without idempotency keys avoids:
-//! a forward that timed out may still complete on the slow owner, and the write is then
-//! stored twice. Connection failures and 5xx answers are unambiguous and never duplicate.
+//! `kiln bench chaos` found the case this rule exists for: with a fallback on every
+//! failure, an owner killed between its commit and its answer had two acknowledged writes
+//! stored twice in five minutes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -83,42 +86,48 @@ pub struct Forwarded {
     pub body: Bytes,
 }
 
-/// Why a forward did not settle the write; each means "write it here".
+/// Why a forward did not settle the write.
 #[derive(Debug, Error)]
 pub enum ForwardError {
+    /// No connection to the owner: nothing was sent, so the write is written here.
     #[error("owner {node} unreachable: {source}")]
     Unreachable {
         node: String,
         #[source]
         source: reqwest::Error,
     },
-    #[error("owner {node} did not answer within {timeout_ms} ms")]
-    Timeout { node: String, timeout_ms: u64 },
+    /// The owner answered 5xx: it did not commit the write, which is written here.
     #[error("owner {node} answered {status}: {message}")]
     Unavailable {
         node: String,
         status: u16,
         message: String,
     },
+    /// Sent, but no answer came (a timeout, or the connection cut: the owner killed).
+    /// The owner may have committed it: writing it here too could store it twice, so
+    /// the client is told to retry (503), as it would be by a node that died.
+    #[error("owner {node} did not answer (the write may or may not be stored; retry): {source}")]
+    Unanswered {
+        node: String,
+        #[source]
+        source: reqwest::Error,
+    },
 }
 
 impl ForwardError {
+    /// Whether the write is certainly not stored by the owner, so that writing it here
+    /// cannot store it twice.
+    pub fn write_here(&self) -> bool {
+        !matches!(self, ForwardError::Unanswered { .. })
+    }
+
     fn reason(&self) -> &'static str {
         match self {
             ForwardError::Unreachable { .. } => "fallback_unreachable",
-            ForwardError::Timeout { .. } => "fallback_timeout",
             ForwardError::Unavailable { .. } => "fallback_unavailable",
+            ForwardError::Unanswered { .. } => "unanswered",
         }
     }
-}
-
-/// Why the forwarding client could not be built.
-#[derive(Debug, Error)]
-pub enum ForwarderError {
-    #[error("the TLS certificate file holds no usable certificate for forwarding: {0}")]
-    Certificate(#[source] reqwest::Error),
-    #[error("cannot build the forwarding client: {0}")]
-    Client(#[source] reqwest::Error),
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -131,7 +140,6 @@ pub struct Forwarder {
     membership: Arc<Membership>,
     client: reqwest::Client,
     scheme: &'static str,
-    timeout: Duration,
     enabled: bool,
     /// Owners that just failed, until when they are skipped.
     suspects: Mutex<HashMap<String, Instant>>,
@@ -148,25 +156,13 @@ impl Forwarder {
         membership: Arc<Membership>,
         config: &NodeConfig,
         tls_roots: Option<&[u8]>,
-    ) -> Result<Self, ForwarderError> {
+    ) -> Result<Self, crate::ClientError> {
         let timeout = Duration::from_millis(config.forward_timeout_ms.max(1));
-        let mut builder = reqwest::Client::builder()
-            .connect_timeout(timeout.min(Duration::from_secs(1)))
-            .timeout(timeout)
-            .pool_idle_timeout(Duration::from_secs(30));
-        if let Some(pem) = tls_roots {
-            for certificate in
-                reqwest::Certificate::from_pem_bundle(pem).map_err(ForwarderError::Certificate)?
-            {
-                builder = builder.add_root_certificate(certificate);
-            }
-        }
-        let client = builder.build().map_err(ForwarderError::Client)?;
+        let client = crate::http_client(timeout, tls_roots)?;
         Ok(Forwarder {
             membership,
             client,
             scheme: if tls_roots.is_some() { "https" } else { "http" },
-            timeout,
             enabled: config.placement,
             suspects: Mutex::new(HashMap::new()),
             suspect_for: Duration::from_millis(config.heartbeat_ms.max(100) * 2),
@@ -177,7 +173,7 @@ impl Forwarder {
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "kiln_placement_writes",
-            "Writes by where placement sent them: owner (this node owns the service), forwarded (the owner acknowledged it), received (forwarded here), unplaced (placement off, or a write of several services), fallback_* (written here because the owner was unreachable, timed out, or answered 5xx)",
+            "Writes by where placement sent them: owner (this node owns the service), forwarded (the owner acknowledged it), received (forwarded here), unplaced (placement off, or a write of several services), fallback_* (written here because the owner was unreachable or answered 5xx), unanswered (the owner took it and did not answer: 503 to the client)",
             self.writes.clone(),
         );
     }
@@ -231,7 +227,8 @@ impl Forwarder {
     }
 
     /// Sends `request` to `peer`. `Ok` is the owner's success or its refusal of the write
-    /// (4xx); every `Err` means the write is to be written here, and is counted so.
+    /// (4xx); an `Err` says whether the write is to be written here
+    /// ([`ForwardError::write_here`]). Either way the owner is skipped for a while.
     pub async fn forward(
         &self,
         peer: &Peer,
@@ -241,7 +238,7 @@ impl Forwarder {
         let outcome = match &result {
             Ok(_) => "forwarded",
             Err(err) => {
-                tracing::warn!(error = %err, "forward failed; writing here");
+                tracing::warn!(error = %err, write_here = err.write_here(), "forward failed");
                 if let Ok(mut suspects) = self.suspects.lock() {
                     suspects.insert(peer.id.clone(), Instant::now() + self.suspect_for);
                 }
@@ -267,14 +264,15 @@ impl Forwarder {
                 builder = builder.header(name, value);
             }
         }
+        // Only a failure to connect proves nothing reached the owner.
         let failed = |source: reqwest::Error| {
-            if source.is_timeout() {
-                ForwardError::Timeout {
+            if source.is_connect() {
+                ForwardError::Unreachable {
                     node: peer.id.clone(),
-                    timeout_ms: self.timeout.as_millis() as u64,
+                    source,
                 }
             } else {
-                ForwardError::Unreachable {
+                ForwardError::Unanswered {
                     node: peer.id.clone(),
                     source,
                 }

@@ -33,6 +33,9 @@ pub struct NodeConfig {
     pub placement: bool,
     /// How long a forwarded write may take before it is written here instead.
     pub forward_timeout_ms: u64,
+    /// Queries over at least this many profiles are split over the live query nodes
+    /// (kiln-query's fan-out); smaller ones run where they were asked.
+    pub fanout_min_profiles: u64,
 }
 
 impl Default for NodeConfig {
@@ -43,6 +46,7 @@ impl Default for NodeConfig {
             lease_ms: 10_000,
             placement: true,
             forward_timeout_ms: 5_000,
+            fanout_min_profiles: 20_000,
         }
     }
 }

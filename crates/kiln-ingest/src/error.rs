@@ -55,8 +55,24 @@ impl IngestError {
             IngestError::UnsupportedFormat(_) => ErrorKind::UnsupportedFormat,
             IngestError::RateLimited(_) => ErrorKind::RateLimited,
             IngestError::Overloaded(_) => ErrorKind::Overloaded,
-            IngestError::Store(_) | IngestError::Task(_) => ErrorKind::Internal,
+            IngestError::Store(err) => err.kind(),
+            IngestError::Task(_) => ErrorKind::Internal,
             IngestError::ShuttingDown => ErrorKind::ShuttingDown,
+        }
+    }
+}
+
+impl StoreError {
+    /// A backend that failed is worth retrying against (503): the batch was not
+    /// committed, so a retry cannot duplicate it. A segment that cannot be built is a
+    /// fault of this server (500).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            StoreError::Storage(err) => err.kind(),
+            StoreError::Metastore(err) => err.kind(),
+            StoreError::Build(_) | StoreError::Encode(_) | StoreError::Task(_) => {
+                ErrorKind::Internal
+            }
         }
     }
 }

@@ -173,6 +173,20 @@ pub enum MetastoreError {
     Conflict(String),
 }
 
+impl MetastoreError {
+    /// PostgreSQL unreachable, restarting or out of connections is transient (503: try
+    /// again); what SQLite or a bad URL says is not (500).
+    pub fn kind(&self) -> kiln_model::ErrorKind {
+        match self {
+            MetastoreError::Postgres(_) | MetastoreError::Pool(_) | MetastoreError::Io(_) => {
+                kiln_model::ErrorKind::Unavailable
+            }
+            MetastoreError::Conflict(_) => kiln_model::ErrorKind::Conflict,
+            _ => kiln_model::ErrorKind::Internal,
+        }
+    }
+}
+
 /// One object in object storage.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlockMeta {

@@ -26,6 +26,9 @@ pub enum ErrorKind {
     OverBudget,
     Internal,
     ShuttingDown,
+    /// A backend the request needs (the metastore, object storage) failed or could not
+    /// be reached: nothing was done, and the same request may succeed shortly (HTTP 503).
+    Unavailable,
 }
 
 impl ErrorKind {
@@ -42,7 +45,7 @@ impl ErrorKind {
             ErrorKind::Forbidden => 403,
             ErrorKind::OverBudget => 422,
             ErrorKind::Internal => 500,
-            ErrorKind::ShuttingDown => 503,
+            ErrorKind::ShuttingDown | ErrorKind::Unavailable => 503,
         }
     }
 
@@ -62,6 +65,7 @@ impl ErrorKind {
             ErrorKind::OverBudget => "over_budget",
             ErrorKind::Internal => "internal",
             ErrorKind::ShuttingDown => "shutting_down",
+            ErrorKind::Unavailable => "unavailable",
         }
     }
 }

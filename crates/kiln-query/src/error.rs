@@ -16,6 +16,9 @@ pub enum QueryError {
     Metastore(#[from] kiln_metastore::MetastoreError),
     #[error("query task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    /// Another query node did not return its part, or returned one that does not read.
+    #[error("query part on another node: {0}")]
+    Remote(String),
 }
 
 impl QueryError {
@@ -24,6 +27,8 @@ impl QueryError {
             QueryError::BadRequest(_) => ErrorKind::Malformed,
             QueryError::NotFound(_) => ErrorKind::NotFound,
             QueryError::OverBudget(_) => ErrorKind::OverBudget,
+            QueryError::Storage(err) => err.kind(),
+            QueryError::Metastore(err) => err.kind(),
             _ => ErrorKind::Internal,
         }
     }

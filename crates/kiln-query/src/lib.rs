@@ -28,6 +28,7 @@ pub mod api;
 pub mod budget;
 pub mod diff;
 pub mod error;
+pub mod fanout;
 pub mod flamebearer;
 pub mod heatmap;
 pub mod labels;

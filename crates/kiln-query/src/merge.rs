@@ -40,19 +40,10 @@ pub async fn merged_tree(
     request: &SelectRequest,
     max_nodes: usize,
 ) -> Result<FlameTree, QueryError> {
-    let type_id = exact_type(request)?;
-    // Each dataset is folded into the tree as it comes and dropped: a month of blocks is
-    // never in memory at once.
-    let mut tree = FlameTree::default();
-    let request = SelectRequest {
-        values_only: true,
-        ..request.clone()
-    };
-    querier
-        .select_each(&request, |selection| {
-            tree.add_selection(&selection, type_id)
-        })
-        .await?;
+    exact_type(request)?;
+    // Split over the other query nodes when large enough (crate::fanout); built here
+    // otherwise. Either way the same uncut tree, cut once here.
+    let mut tree = crate::fanout::tree(querier, request).await?;
     tree.compute_totals();
     Ok(cut(tree, max_nodes))
 }

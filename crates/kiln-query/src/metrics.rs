@@ -17,6 +17,11 @@ struct SourceLabel {
 pub struct QueryMetrics {
     aggregated: Family<SourceLabel, Counter>,
     loads: Family<SourceLabel, Counter>,
+    /// Queries split over other query nodes, and the shares sent.
+    fanned_out: Counter,
+    shares_sent: Counter,
+    /// Shares no peer answered, run here instead.
+    shares_run_here: Counter,
 }
 
 impl QueryMetrics {
@@ -31,6 +36,30 @@ impl QueryMetrics {
             "Datasets a query needed, by where they came from: cache or storage",
             self.loads.clone(),
         );
+        registry.register(
+            "kiln_query_fanned_out",
+            "Queries split by block over other query nodes (above node.fanout_min_profiles)",
+            self.fanned_out.clone(),
+        );
+        registry.register(
+            "kiln_query_shares_sent",
+            "Shares of split queries sent to other query nodes",
+            self.shares_sent.clone(),
+        );
+        registry.register(
+            "kiln_query_shares_run_here",
+            "Shares of split queries that no other query node answered, run here instead",
+            self.shares_run_here.clone(),
+        );
+    }
+
+    pub(crate) fn fanned_out(&self, shares: usize) {
+        self.fanned_out.inc();
+        self.shares_sent.inc_by(shares as u64);
+    }
+
+    pub(crate) fn share_run_here(&self) {
+        self.shares_run_here.inc();
     }
 
     pub(crate) fn aggregated(&self, summed: bool) {

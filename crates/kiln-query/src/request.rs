@@ -330,6 +330,7 @@ impl<'a> Selection<'a> {
             per_sample: false,
             values_only: false,
             value_range: None,
+            datasets: None,
         })
     }
 }

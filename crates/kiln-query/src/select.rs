@@ -57,6 +57,11 @@ pub struct SelectRequest {
     /// When set, only profiles whose stored total lies in `min..max` (a heatmap's
     /// rectangle: the values of whole profiles, whatever else filters their samples).
     pub value_range: Option<(i64, i64)>,
+    /// When set, these datasets instead of the metastore's listing: a share of a query
+    /// that another query node listed and split ([`crate::fanout`]). Listing again here
+    /// could miss datasets a compaction replaced in between; the objects themselves stay
+    /// readable for the grace period.
+    pub datasets: Option<Arc<Vec<DatasetMeta>>>,
 }
 
 impl SelectRequest {
@@ -228,6 +233,8 @@ pub struct Querier {
     tails: Arc<Mutex<TailCache>>,
     budget: Arc<crate::budget::Budget>,
     metrics: crate::metrics::QueryMetrics,
+    /// The other query nodes large queries are split over, once the cluster is known.
+    fanout: Arc<std::sync::OnceLock<crate::fanout::Fanout>>,
 }
 
 /// Memory for cached segment footers.
@@ -242,7 +249,18 @@ impl Querier {
             budget: Arc::new(crate::budget::Budget::new(crate::QueryBudget::default())),
             tails: Arc::new(Mutex::new(TailCache::new(TAIL_CACHE_BYTES))),
             metrics: Default::default(),
+            fanout: Arc::new(std::sync::OnceLock::new()),
         }
+    }
+
+    /// Splits large queries over `fanout`'s peers from now on (set once; later calls
+    /// are ignored). Clones of this querier share it.
+    pub fn fan_out(&self, fanout: crate::fanout::Fanout) {
+        let _ = self.fanout.set(fanout);
+    }
+
+    pub fn fanout(&self) -> Option<&crate::fanout::Fanout> {
+        self.fanout.get()
     }
 
     pub fn metrics(&self) -> &crate::metrics::QueryMetrics {
@@ -282,15 +300,26 @@ impl Querier {
 
     /// Datasets of the tenant overlapping the range, pruned by a pinned `service_name`.
     pub async fn datasets(&self, request: &SelectRequest) -> Result<Vec<DatasetMeta>, QueryError> {
-        Ok(self
-            .metastore
-            .list_datasets(DatasetQuery {
-                tenant: request.tenant.clone(),
-                service: request.selector.equality(SERVICE_NAME).map(str::to_string),
-                from_nanos: request.from_nanos,
-                to_nanos: request.to_nanos,
-            })
-            .await?
+        let listed = match &request.datasets {
+            // Another node's listing names the tenant of each; only the request's own
+            // are read (and each dataset's stored tenant is checked again on loading).
+            Some(given) => given
+                .iter()
+                .filter(|meta| meta.tenant == request.tenant)
+                .cloned()
+                .collect(),
+            None => {
+                self.metastore
+                    .list_datasets(DatasetQuery {
+                        tenant: request.tenant.clone(),
+                        service: request.selector.equality(SERVICE_NAME).map(str::to_string),
+                        from_nanos: request.from_nanos,
+                        to_nanos: request.to_nanos,
+                    })
+                    .await?
+            }
+        };
+        Ok(listed
             .into_iter()
             .filter(|meta| {
                 meta.profile_types.iter().any(|t| request.types.matches(t))
@@ -435,6 +464,13 @@ impl Querier {
             let request = request.clone();
             async move {
                 let mut dataset = self.load_for(&meta, &request).await?;
+                // A dataset named by another node is read only if it is this tenant's.
+                if request.datasets.is_some() && dataset.tenant != request.tenant {
+                    return Err(QueryError::BadRequest(format!(
+                        "dataset {}#{} is not tenant {:?}'s",
+                        meta.object_key, meta.row_group, request.tenant
+                    )));
+                }
                 // The metastore's range said the sums would do; the dataset's own did not.
                 if (dataset.samples_omitted
                     && !request.summable(dataset.min_time_nanos, dataset.max_time_nanos))

@@ -6,6 +6,7 @@ use foldhash::{HashMap, HashMapExt};
 
 use crate::select::DatasetSelection;
 use crate::symbols::FrameNames;
+use crate::QueryError;
 
 pub const ROOT_NAME: &str = "total";
 /// Name of the node that sums the children cut by `max_nodes`.
@@ -156,7 +157,7 @@ impl<V: Weight> Tree<V> {
         self.nodes[0].total
     }
 
-    fn add_self(&mut self, node: u32, value: V) {
+    pub fn add_self(&mut self, node: u32, value: V) {
         let node = &mut self.nodes[node as usize];
         node.self_value = node.self_value.saturating_add(value);
     }
@@ -341,4 +342,164 @@ pub fn build_tree(selections: &[DatasetSelection], type_id: &str) -> FlameTree {
     }
     tree.compute_totals();
     tree
+}
+
+/// A partial tree as one query node sends it to another ([`crate::fanout`]): every node
+/// with its parent, name and self value, uncut, so that the parts add up exactly.
+///
+/// Layout: `KFT1`, then varints: the name count and each name (length, UTF-8 bytes), the
+/// node count (the root included), and per node after the root its parent, its name and
+/// its self value (zigzag). Parents precede children, as in the tree itself.
+pub fn encode_partial(tree: &FlameTree) -> Vec<u8> {
+    let mut out = b"KFT1".to_vec();
+    varint(tree.names.len() as u64, &mut out);
+    for name in &tree.names {
+        varint(name.len() as u64, &mut out);
+        out.extend_from_slice(name.as_bytes());
+    }
+    varint(tree.nodes.len() as u64, &mut out);
+    for node in tree.nodes.iter().skip(1) {
+        varint(u64::from(node.parent), &mut out);
+        varint(u64::from(node.name), &mut out);
+        varint(
+            ((node.self_value << 1) ^ (node.self_value >> 63)) as u64,
+            &mut out,
+        );
+    }
+    out
+}
+
+/// Reads [`encode_partial`]'s bytes back, checking every reference: a part comes from
+/// another process, and a bad one is an error, never a panic or a wrong tree.
+pub fn decode_partial(bytes: &[u8]) -> Result<FlameTree, QueryError> {
+    let bad = |what: &str| QueryError::Remote(format!("partial tree: {what}"));
+    let rest = bytes
+        .strip_prefix(b"KFT1")
+        .ok_or_else(|| bad("no KFT1 magic"))?;
+    let mut at = 0usize;
+    let mut tree = FlameTree::default();
+    let count = read_varint(rest, &mut at).ok_or_else(|| bad("truncated"))? as usize;
+    // Capacities are bounded by the bytes there are: a count is only a claim.
+    let mut names = Vec::with_capacity(count.min(rest.len()));
+    for _ in 0..count {
+        let length = read_varint(rest, &mut at).ok_or_else(|| bad("truncated"))? as usize;
+        let name = rest
+            .get(at..at.saturating_add(length))
+            .ok_or_else(|| bad("truncated name"))?;
+        at += length;
+        names.push(String::from_utf8_lossy(name).into_owned());
+    }
+    let nodes = read_varint(rest, &mut at).ok_or_else(|| bad("truncated"))? as usize;
+    // Ids in this tree of each received name, interned as they are first used.
+    let mut interned: Vec<Option<u32>> = vec![None; names.len()];
+    let mut mapped: Vec<u32> = Vec::with_capacity(nodes.min(rest.len()));
+    mapped.push(0);
+    for index in 1..nodes.max(1) {
+        let parent = read_varint(rest, &mut at).ok_or_else(|| bad("truncated"))? as usize;
+        let name = read_varint(rest, &mut at).ok_or_else(|| bad("truncated"))? as usize;
+        let zigzag = read_varint(rest, &mut at).ok_or_else(|| bad("truncated"))?;
+        let value = ((zigzag >> 1) as i64) ^ -((zigzag & 1) as i64);
+        if parent >= index {
+            return Err(bad("a parent after its child"));
+        }
+        let Some(text) = names.get(name) else {
+            return Err(bad("name out of range"));
+        };
+        let id = match interned[name] {
+            Some(id) => id,
+            None => {
+                let id = tree.name_id(text);
+                interned[name] = Some(id);
+                id
+            }
+        };
+        let node = tree.child(mapped[parent], id);
+        tree.add_self(node, value);
+        mapped.push(node);
+    }
+    if at != rest.len() {
+        return Err(bad("trailing bytes"));
+    }
+    Ok(tree)
+}
+
+fn varint(mut value: u64, out: &mut Vec<u8>) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+fn read_varint(bytes: &[u8], at: &mut usize) -> Option<u64> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *bytes.get(*at)?;
+        *at += 1;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(value);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree(paths: &[(&[&str], i64)]) -> FlameTree {
+        let mut tree = FlameTree::default();
+        for (path, value) in paths {
+            let mut node = 0;
+            for frame in *path {
+                let name = tree.name_id(frame);
+                node = tree.child(node, name);
+            }
+            tree.add_self(node, *value);
+        }
+        tree
+    }
+
+    fn flat(tree: &FlameTree) -> Vec<(Vec<String>, i64)> {
+        let mut out = Vec::new();
+        for (index, node) in tree.nodes.iter().enumerate().skip(1) {
+            let mut path = Vec::new();
+            let mut at = index;
+            while at != 0 {
+                path.push(tree.names[tree.nodes[at].name as usize].clone());
+                at = tree.nodes[at].parent as usize;
+            }
+            path.reverse();
+            out.push((path, node.self_value));
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn partial_trees_read_back_whole_and_add_up_to_the_tree_of_both() {
+        let left = tree(&[(&["main", "a"], 5), (&["main", "b"], -3), (&["gc"], 7)]);
+        let right = tree(&[(&["main", "a"], 2), (&["main", "c", "ü"], i64::MAX)]);
+        let bytes = encode_partial(&left);
+        assert_eq!(flat(&decode_partial(&bytes).unwrap()), flat(&left));
+        let mut merged = decode_partial(&bytes).unwrap();
+        merged.add_tree(&decode_partial(&encode_partial(&right)).unwrap(), |v| v);
+        let mut whole = left.clone();
+        whole.add_tree(&right, |v| v);
+        assert_eq!(flat(&merged), flat(&whole));
+        // Every cut and every corrupted byte is an error or a tree, never a panic.
+        for end in 0..bytes.len() {
+            assert!(decode_partial(&bytes[..end]).is_err(), "cut at {end}");
+        }
+        for index in 4..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[index] ^= 0xff;
+            let _ = decode_partial(&bad);
+        }
+        assert!(
+            decode_partial(b"KFT1\x00\x02\x05\x00\x00").is_err(),
+            "parent after child"
+        );
+    }
 }

@@ -52,7 +52,8 @@ pub fn access(method: &Method, path: &str) -> Access {
         | "/api/v1/recording-rules/preview"
         | "/api/v1/heatmap"
         | "/api/v1/heatmap/flamegraph"
-        | "/api/v1/lines" => Access::Needs(Scope::Read),
+        | "/api/v1/lines"
+        | kiln_cluster::fanout::PARTIAL_TREE_PATH => Access::Needs(Scope::Read),
         _ if reads => Access::Needs(Scope::Read),
         _ => Access::Needs(Scope::Admin),
     }
@@ -99,7 +100,13 @@ pub(crate) async fn authenticate(
                     tracing::error!(tenant = %grant.tenant, "a configured tenant id is not a valid header value");
                 }
             }
-            next.run(request).await
+            // A query split over other query nodes presents the same credentials there.
+            let credentials = request
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_string);
+            kiln_query::fanout::with_credentials(credentials, next.run(request)).await
         }
         Err(err) => {
             // The UI asks for a token itself; a Basic challenge would make the browser
@@ -163,6 +170,7 @@ mod tests {
             (Method::POST, "/api/v1/heatmap"),
             (Method::POST, "/api/v1/heatmap/flamegraph"),
             (Method::POST, "/api/v1/lines"),
+            (Method::POST, "/api/v1/partial/tree"),
             (Method::GET, "/api/v1/recording-rules"),
             (Method::POST, "/api/v1/recording-rules/preview"),
             (Method::GET, "/api/v1/regressions"),

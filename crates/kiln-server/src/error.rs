@@ -79,8 +79,12 @@ impl IntoResponse for ApiError {
             tracing::debug!(error = %self, "request refused");
         }
         let mut response = (failure.status, format!("{}\n", failure.message)).into_response();
-        if failure.status == StatusCode::TOO_MANY_REQUESTS {
-            // Limits refill within a second; whoever knows better sets its own.
+        if matches!(
+            failure.status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        ) {
+            // Limits refill within a second, and a restarting backend is back in a few;
+            // whoever knows better sets its own.
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from_static("1"),

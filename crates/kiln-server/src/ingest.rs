@@ -176,7 +176,7 @@ pub async fn pyroscope(
         .map(|name| name.app);
     let write = placement::Write::as_received(&uri, &headers, received.raw.clone());
     if let Some(answer) =
-        placement::offer(&state, &tenant, service.as_deref(), &headers, write).await
+        placement::offer(&state, &tenant, service.as_deref(), &headers, write).await?
     {
         return Ok(placement::relay(answer));
     }
@@ -209,7 +209,7 @@ pub async fn push(
     // Forwarded as a Connect unary call whatever it came as: the message, opened once.
     let write = placement::Write::connect(PUSH_PATH, &headers, rpc.is_json(), body.message.clone());
     let service = kiln_ingest::push::single_service(&request);
-    if let Some(answer) = placement::offer(&state, &tenant, service, &headers, write).await {
+    if let Some(answer) = placement::offer(&state, &tenant, service, &headers, write).await? {
         let warnings = placement::accepted(answer)?;
         return Ok(with_warnings(rpc.reply(&PushResponse {}), &warnings));
     }

@@ -22,6 +22,7 @@ pub mod listener;
 pub mod metrics;
 pub mod ops;
 pub mod otlp;
+pub mod partial;
 pub mod placement;
 pub mod profefe;
 pub mod querier;

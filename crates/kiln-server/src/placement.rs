@@ -64,14 +64,15 @@ fn kept(headers: &HeaderMap) -> HeaderMap {
 
 /// Sends `write` to the owner of (`tenant`, `service`) when that is another node, and
 /// returns its answer; `None`: write it here (this node owns it, the write came
-/// forwarded, its service is unknown or several, or the owner failed).
+/// forwarded, its service is unknown or several, or the owner certainly did not store
+/// it). An owner that took the write and did not answer is a 503: retry.
 pub(crate) async fn offer(
     state: &AppState,
     tenant: &str,
     service: Option<&str>,
     headers: &HeaderMap,
     write: Write,
-) -> Option<Forwarded> {
+) -> Result<Option<Forwarded>, ApiError> {
     let forwarded_from = headers
         .get(FORWARDED_FROM)
         .and_then(|value| value.to_str().ok());
@@ -86,9 +87,16 @@ pub(crate) async fn offer(
     match route {
         Route::Local(reason) => {
             state.forwarder.count_local(reason);
-            None
+            Ok(None)
         }
-        Route::Forward(peer) => state.forwarder.forward(&peer, write.0).await.ok(),
+        Route::Forward(peer) => match state.forwarder.forward(&peer, write.0).await {
+            Ok(answer) => Ok(Some(answer)),
+            Err(err) if err.write_here() => Ok(None),
+            Err(err) => Err(ApiError::Owner {
+                kind: ErrorKind::Unavailable,
+                message: err.to_string(),
+            }),
+        },
     }
 }
 

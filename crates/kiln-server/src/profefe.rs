@@ -52,7 +52,7 @@ pub async fn ingest(
         .map(|s| s.trim())
         .filter(|s| !s.is_empty());
     let write = placement::Write::as_received(&uri, &headers, received.raw.clone());
-    if let Some(answer) = placement::offer(&state, &tenant, service, &headers, write).await {
+    if let Some(answer) = placement::offer(&state, &tenant, service, &headers, write).await? {
         return Ok(placement::relay(answer));
     }
     let body = received.open(&headers, None)?;

@@ -5,7 +5,7 @@ use axum::Router;
 
 use crate::endpoints::{OTLP_GRPC_PATH, OTLP_HTTP_PATH, PROFEFE_PATH, PUSH_PATH, PYROSCOPE_PATHS};
 use crate::state::SharedState;
-use crate::{explore, ingest, insight, ops, otlp, profefe, querier, render, rules};
+use crate::{explore, ingest, insight, ops, otlp, partial, profefe, querier, render, rules};
 
 pub fn router(state: SharedState) -> Router {
     PYROSCOPE_PATHS
@@ -57,6 +57,7 @@ pub fn router(state: SharedState) -> Router {
             post(explore::heatmap_flamegraph),
         )
         .route("/api/v1/lines", post(explore::lines))
+        .route(kiln_cluster::fanout::PARTIAL_TREE_PATH, post(partial::tree))
         .merge(crate::ui::router())
         // Outermost last: errors are shaped for their protocol, then credentials are
         // checked, then the body's declared size, then a read's budget.

@@ -50,8 +50,8 @@ pub enum ServerError {
     Tls(#[from] crate::tls::TlsError),
     #[error("{0}")]
     Target(String),
-    #[error("placement: {0}")]
-    Forwarder(#[source] kiln_cluster::forward::ForwarderError),
+    #[error("reaching the other nodes: {0}")]
+    Forwarder(#[source] kiln_cluster::ClientError),
     #[error("auth: tenant id {tenant:?}: {source}")]
     AuthTenant {
         tenant: String,
@@ -257,6 +257,23 @@ impl Server {
             kiln_cluster::Forwarder::new(membership.clone(), &node, tls_roots.as_deref())
                 .map_err(ServerError::Forwarder)?;
         forwarder.register(&mut registry);
+        if roles.has("query") {
+            // Large queries split over the other live query nodes; a share may take as
+            // long as a query may.
+            let client = kiln_cluster::http_client(
+                Duration::from_millis(config.query.timeout_ms.max(1_000)),
+                tls_roots.as_deref(),
+            )
+            .map_err(ServerError::Forwarder)?;
+            querier.fan_out(kiln_query::fanout::Fanout {
+                peers: Arc::new(kiln_cluster::fanout::QueryPeers::new(
+                    membership.clone(),
+                    client,
+                    tls_roots.is_some(),
+                )),
+                min_profiles: config.node.fanout_min_profiles,
+            });
+        }
         let state = Arc::new(AppState {
             roles,
             membership,

@@ -15,3 +15,16 @@ pub enum StorageError {
     #[error("invalid object store url {url:?}: {message}")]
     InvalidUrl { url: String, message: String },
 }
+
+impl StorageError {
+    /// The object store failing to answer is transient (503); bytes that do not decode
+    /// are not (500).
+    pub fn kind(&self) -> kiln_model::ErrorKind {
+        match self {
+            StorageError::ObjectStore(_) | StorageError::Io(_) => {
+                kiln_model::ErrorKind::Unavailable
+            }
+            _ => kiln_model::ErrorKind::Internal,
+        }
+    }
+}

@@ -10,6 +10,10 @@ pub struct PostgresServer {
     bin: PathBuf,
     port: u16,
     next_database: AtomicU32,
+    root: PathBuf,
+    account: Option<(u32, u32)>,
+    /// The postmaster now running.
+    pid: std::sync::Mutex<u32>,
 }
 
 /// The process's PostgreSQL server, started on first use.
@@ -21,7 +25,24 @@ pub fn postgres() -> Result<&'static PostgresServer, String> {
         .map_err(Clone::clone)
 }
 
+/// A server of the caller's own, which it may restart ([`PostgresServer::restart`])
+/// without disturbing the tests that share [`postgres`].
+pub fn start_own() -> Result<PostgresServer, String> {
+    start().map_err(|err| format!("cannot start PostgreSQL: {err}"))
+}
+
 impl PostgresServer {
+    /// Stops the server with a fast shutdown (sessions cut, as an operator's restart or
+    /// a failover does), keeps it down for `down`, and starts it again on the same data
+    /// directory and port.
+    pub fn restart(&self, down: Duration) -> Result<(), String> {
+        let mut pid = self.pid.lock().map_err(|_| "poisoned".to_string())?;
+        crate::process::stop(*pid, libc::SIGINT);
+        std::thread::sleep(down);
+        *pid = spawn_postmaster(&self.bin, &self.root, self.port, self.account)?;
+        wait_ready(&self.bin, self.port, &self.root.join("postgres.log"))
+    }
+
     /// Creates an empty database and returns its URL.
     pub fn fresh_database(&self) -> String {
         let name = format!(
@@ -127,13 +148,35 @@ fn start() -> Result<PostgresServer, String> {
         ));
     }
     let port = crate::free_port();
-    let log_file = std::fs::File::create(&log).map_err(|err| err.to_string())?;
+    let pid = spawn_postmaster(&bin, &root, port, account)?;
+    wait_ready(&bin, port, &log)?;
+    Ok(PostgresServer {
+        bin,
+        port,
+        next_database: AtomicU32::new(0),
+        root,
+        account,
+        pid: std::sync::Mutex::new(pid),
+    })
+}
+
+fn spawn_postmaster(
+    bin: &Path,
+    root: &Path,
+    port: u16,
+    account: Option<(u32, u32)>,
+) -> Result<u32, String> {
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(root.join("postgres.log"))
+        .map_err(|err| err.to_string())?;
     let mut server = Command::new(bin.join("postgres"));
     server
         .arg("-D")
-        .arg(&data)
+        .arg(root.join("data"))
         .args(["-p", &port.to_string(), "-k"])
-        .arg(&root)
+        .arg(root)
         // Test databases need no crash safety of their own; Kiln's is tested elsewhere.
         .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
         .args(["-c", "synchronous_commit=off", "-c", "full_page_writes=off"])
@@ -142,14 +185,8 @@ fn start() -> Result<PostgresServer, String> {
         .stderr(log_file);
     as_account(&mut server, account);
     // SIGINT is PostgreSQL's fast shutdown.
-    crate::process::spawn_for_process_lifetime(server, libc::SIGINT, Some(root.clone()))
-        .map_err(|err| format!("postgres: {err}"))?;
-    wait_ready(&bin, port, &log)?;
-    Ok(PostgresServer {
-        bin,
-        port,
-        next_database: AtomicU32::new(0),
-    })
+    crate::process::spawn_for_process_lifetime(server, libc::SIGINT, Some(root.to_path_buf()))
+        .map_err(|err| format!("postgres: {err}"))
 }
 
 fn wait_ready(bin: &Path, port: u16, log: &Path) -> Result<(), String> {

@@ -24,6 +24,20 @@ extern "C" fn stop_children() {
     }
 }
 
+/// Stops a child [`spawn_for_process_lifetime`] started, now, with `signal`, and waits for
+/// it; the exit hook forgets it (its directory is left for a successor).
+pub fn stop(pid: u32, signal: i32) {
+    if let Ok(mut children) = CHILDREN.lock() {
+        children.retain(|(child, _, _)| *child != pid as i32);
+    }
+    // SAFETY: plain syscalls on a pid this process started and has not reaped.
+    unsafe {
+        libc::kill(pid as i32, signal);
+        let mut status = 0;
+        libc::waitpid(pid as i32, &mut status, 0);
+    }
+}
+
 /// Spawns `command` from a thread that lives as long as the process, with a parent-death
 /// signal so the child goes even when the test process is killed. `signal` is also what
 /// the exit hook sends; `cleanup` is removed after the child is gone.

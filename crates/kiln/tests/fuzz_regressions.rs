@@ -20,6 +20,7 @@ const TARGETS: &[Target] = &[
     ("ingest_name", targets::ingest_name),
     ("jfr_parse", targets::jfr_parse),
     ("otlp_decode", targets::otlp_decode),
+    ("partial_tree", targets::partial_tree),
     ("perf_script_parse", targets::perf_script_parse),
     ("pprof_decode", targets::pprof_decode),
     ("profefe_parse", targets::profefe_parse),

@@ -381,8 +381,11 @@ fn ebpf_counts_frame_pointer_programs_in_the_kernel() {
     for service in ["kiln_ebpf_burner", "kiln_ebpf_nofp_burner"] {
         let (share_a, root_share) =
             split_and_root(&server, service, "kiln_hot_a", "kiln_hot_b", "main");
+        // ~800 samples: the split's standard error is 1.6 points, so ±3 failed one run
+        // in twenty (73.5 % in CI); ±5 is three of them, and a swapped or lost function
+        // (30 % or 50 %) still fails.
         assert!(
-            (share_a - 70.0).abs() <= 3.0,
+            (share_a - 70.0).abs() <= 5.0,
             "{service}: split {share_a:.1}"
         );
         assert!(root_share >= 95.0, "{service}: main on {root_share:.1} %");

@@ -1,0 +1,110 @@
+//! The other live query nodes, for kiln-query's fan-out ([`kiln_query::fanout`]): who they
+//! are (the membership's cached view, so a split costs no metastore round trip), and how
+//! a share is asked of them, with the next node tried when one fails.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use kiln_query::fanout::{PartialQuery, Peers};
+use kiln_query::QueryError;
+
+use crate::membership::Membership;
+
+/// Where a share is sent (kiln-server routes it to `merge::local_tree`).
+pub const PARTIAL_TREE_PATH: &str = "/api/v1/partial/tree";
+
+/// The live query nodes other than this one.
+pub struct QueryPeers {
+    membership: Arc<Membership>,
+    client: reqwest::Client,
+    scheme: &'static str,
+}
+
+impl QueryPeers {
+    /// `client`: [`crate::http_client`] with a query's time limit, after which the next
+    /// peer is asked.
+    pub fn new(membership: Arc<Membership>, client: reqwest::Client, https: bool) -> Self {
+        QueryPeers {
+            membership,
+            client,
+            scheme: if https { "https" } else { "http" },
+        }
+    }
+
+    fn addresses(&self) -> Vec<(String, String)> {
+        let mut peers: Vec<(String, String)> = self
+            .membership
+            .live_with_role("query")
+            .into_iter()
+            .filter(|node| node.id != self.membership.id())
+            .map(|node| (node.id, node.address))
+            .collect();
+        peers.sort();
+        peers
+    }
+
+    async fn ask(
+        &self,
+        address: &str,
+        tenant: &str,
+        credentials: Option<&str>,
+        part: &PartialQuery,
+    ) -> Result<Bytes, String> {
+        let mut request = self
+            .client
+            .post(format!("{}://{address}{PARTIAL_TREE_PATH}", self.scheme))
+            .header("x-scope-orgid", tenant)
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(part).map_err(|err| err.to_string())?);
+        if let Some(credentials) = credentials {
+            request = request.header("authorization", credentials);
+        }
+        let response = request.send().await.map_err(|err| err.to_string())?;
+        let status = response.status();
+        let body = response.bytes().await.map_err(|err| err.to_string())?;
+        if !status.is_success() {
+            return Err(format!(
+                "{status}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(300)]).trim()
+            ));
+        }
+        Ok(body)
+    }
+}
+
+impl Peers for QueryPeers {
+    fn count(&self) -> usize {
+        self.addresses().len()
+    }
+
+    fn tree<'a>(
+        &'a self,
+        index: usize,
+        tenant: &'a str,
+        credentials: Option<&'a str>,
+        part: &'a PartialQuery,
+    ) -> BoxFuture<'a, Result<Bytes, QueryError>> {
+        Box::pin(async move {
+            let peers = self.addresses();
+            let mut failures = Vec::new();
+            // The share's own peer first, then each other in turn: a node that died
+            // mid-query costs one failed request, not the query.
+            for offset in 0..peers.len() {
+                let (id, address) = &peers[(index + offset) % peers.len()];
+                match self.ask(address, tenant, credentials, part).await {
+                    Ok(bytes) => return Ok(bytes),
+                    Err(err) => {
+                        tracing::warn!(node = %id, error = %err, "query share failed; asking the next node");
+                        failures.push(format!("{id}: {err}"));
+                    }
+                }
+            }
+            Err(QueryError::Remote(if failures.is_empty() {
+                "no other query node is live".to_string()
+            } else {
+                failures.join("; ")
+            }))
+        })
+    }
+}

@@ -1,0 +1,312 @@
+//! One large query split by block over the live query nodes, and the parts merged.
+//!
+//! A flame graph is a sum over datasets, so any partition of a query's datasets gives
+//! parts that add up to the whole. The node a client asked lists the datasets (one
+//! metastore query), and when they hold more than `min_profiles` profiles and other query
+//! nodes are live, it splits their blocks into one share per node, balanced by profile
+//! count: its own share it runs itself, each other share it sends as a [`PartialQuery`]
+//! (the request with the share's datasets as listed, so that a compaction between the
+//! listing and the share's reading cannot hide them: replaced objects stay readable for
+//! the grace period). Parts come back as uncut trees
+//! ([`crate::tree::encode_partial`]) and are added by frame path, so the result is the
+//! tree one node would have built, exactly.
+//!
+//! Nothing here may fail a query that one node could answer: a share whose node fails
+//! or times out is asked of the next peer ([`Peers::tree`] tries them in turn), and
+//! when none answers it is run here. Small queries never leave the node: below the
+//! threshold the transfer costs more than the split saves.
+//!
+//! Peers are reached by kiln-cluster (this crate does not know the network): it
+//! implements [`Peers`] over the membership. A peer re-checks the caller's credentials,
+//! which the HTTP edge makes available to the fan-out with [`with_credentials`].
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use kiln_metastore::DatasetMeta;
+use serde::{Deserialize, Serialize};
+
+use crate::select::{Querier, SelectRequest, TypeFilter};
+use crate::tree::{decode_partial, FlameTree};
+use crate::QueryError;
+
+/// A share of a query as another node runs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartialQuery {
+    pub profile_type: String,
+    /// The request's selector, as text.
+    pub selector: String,
+    pub from_nanos: i64,
+    pub to_nanos: i64,
+    #[serde(default)]
+    pub call_site: Vec<String>,
+    /// The share: these datasets, as the splitting node listed them.
+    pub datasets: Vec<DatasetMeta>,
+}
+
+impl PartialQuery {
+    /// The request this part stands for, for `tenant` (the peer's own, from its header).
+    pub fn request(&self, tenant: &str) -> Result<SelectRequest, QueryError> {
+        let selector = kiln_model::selector::parse(&self.selector)
+            .map_err(|err| QueryError::BadRequest(format!("selector: {err}")))?;
+        if self.from_nanos > self.to_nanos {
+            return Err(QueryError::BadRequest(
+                "from_nanos is after to_nanos".to_string(),
+            ));
+        }
+        Ok(SelectRequest {
+            tenant: tenant.to_string(),
+            types: TypeFilter::Exact(self.profile_type.clone()),
+            selector,
+            from_nanos: self.from_nanos,
+            to_nanos: self.to_nanos,
+            call_site: self.call_site.clone(),
+            values_only: true,
+            datasets: Some(Arc::new(self.datasets.clone())),
+            ..Default::default()
+        })
+    }
+}
+
+/// The other live query nodes, as the cluster sees them.
+pub trait Peers: Send + Sync {
+    /// How many other query nodes are live now.
+    fn count(&self) -> usize;
+
+    /// Runs `part` for `tenant` on a peer, the `index`th first and then the others in
+    /// turn, and returns its [`crate::tree::encode_partial`] bytes; `Err` when none
+    /// answered. `credentials`: the client's `Authorization`, presented again.
+    fn tree<'a>(
+        &'a self,
+        index: usize,
+        tenant: &'a str,
+        credentials: Option<&'a str>,
+        part: &'a PartialQuery,
+    ) -> BoxFuture<'a, Result<Bytes, QueryError>>;
+}
+
+/// How this node splits large queries.
+#[derive(Clone)]
+pub struct Fanout {
+    pub peers: Arc<dyn Peers>,
+    /// A query over fewer profiles runs here alone.
+    pub min_profiles: u64,
+}
+
+tokio::task_local! {
+    static CREDENTIALS: Option<String>;
+}
+
+/// Runs `work` (a request's handling) with the client's `Authorization` header known to
+/// the fan-out, which presents it to the peers.
+pub async fn with_credentials<T>(credentials: Option<String>, work: impl Future<Output = T>) -> T {
+    CREDENTIALS.scope(credentials, work).await
+}
+
+fn credentials() -> Option<String> {
+    CREDENTIALS.try_with(|c| c.clone()).ok().flatten()
+}
+
+/// Whether a request may be split: a sum over whole profiles' stacks, without filters
+/// that pick single profiles or samples (those select little anyway).
+fn splittable(request: &SelectRequest) -> bool {
+    matches!(request.types, TypeFilter::Exact(_))
+        && request.profile_ids.is_none()
+        && request.span_ids.is_none()
+        && request.value_range.is_none()
+        && !request.per_sample
+        && request.datasets.is_none()
+}
+
+/// The request's tree (totals not yet computed), split over the peers when it is large
+/// enough; else built here.
+pub async fn tree(querier: &Querier, request: &SelectRequest) -> Result<FlameTree, QueryError> {
+    let Some(fanout) = querier.fanout().filter(|_| splittable(request)).cloned() else {
+        return local_tree(querier, request).await;
+    };
+    let peers = fanout.peers.count();
+    if peers == 0 {
+        return local_tree(querier, request).await;
+    }
+    let metas = querier.datasets_within_budget(request).await?;
+    let profiles: u64 = metas.iter().map(|meta| meta.profile_count).sum();
+    let shares = shares(&metas, peers + 1);
+    if profiles < fanout.min_profiles || shares.len() < 2 {
+        return local_tree(querier, request).await;
+    }
+    querier.metrics().fanned_out(shares.len() - 1);
+    let TypeFilter::Exact(profile_type) = &request.types else {
+        return local_tree(querier, request).await;
+    };
+    let credentials = credentials();
+    let parts = shares.into_iter().enumerate().map(|(index, datasets)| {
+        let fanout = fanout.clone();
+        let credentials = credentials.clone();
+        let restricted = SelectRequest {
+            datasets: Some(Arc::new(datasets.clone())),
+            ..request.clone()
+        };
+        let part = PartialQuery {
+            profile_type: profile_type.clone(),
+            selector: request.selector.to_string(),
+            from_nanos: request.from_nanos,
+            to_nanos: request.to_nanos,
+            call_site: request.call_site.clone(),
+            datasets,
+        };
+        async move {
+            if index == 0 {
+                return local_tree(querier, &restricted).await;
+            }
+            let remote = fanout
+                .peers
+                .tree(
+                    index - 1,
+                    &request.tenant,
+                    credentials.as_deref(),
+                    &part,
+                )
+                .await
+                .and_then(|bytes| decode_partial(&bytes));
+            match remote {
+                Ok(tree) => Ok(tree),
+                Err(err) => {
+                    // No peer answered: the share is run here, and the query still holds.
+                    tracing::warn!(error = %err, datasets = part.datasets.len(), "query share failed on every peer; running it here");
+                    querier.metrics().share_run_here();
+                    local_tree(querier, &restricted).await
+                }
+            }
+        }
+    });
+    let trees = futures_util::future::join_all(parts).await;
+    let mut merged = FlameTree::default();
+    for tree in trees {
+        merged.add_tree(&tree?, |value| value);
+    }
+    Ok(merged)
+}
+
+/// The tree of the request's datasets read here (totals not yet computed).
+pub async fn local_tree(
+    querier: &Querier,
+    request: &SelectRequest,
+) -> Result<FlameTree, QueryError> {
+    let type_id = crate::merge::exact_type(request)?;
+    // Each dataset is folded into the tree as it comes and dropped: a month of blocks is
+    // never in memory at once.
+    let mut tree = FlameTree::default();
+    let request = SelectRequest {
+        values_only: true,
+        ..request.clone()
+    };
+    querier
+        .select_each(&request, |selection| {
+            tree.add_selection(&selection, type_id)
+        })
+        .await?;
+    Ok(tree)
+}
+
+/// The datasets of `metas` in up to `count` shares of about equal profile counts, a
+/// block's datasets together (one object read once): largest block first, each to the
+/// lightest share; empty shares are left out.
+fn shares(metas: &[DatasetMeta], count: usize) -> Vec<Vec<DatasetMeta>> {
+    let mut blocks: BTreeMap<&str, (u64, Vec<DatasetMeta>)> = BTreeMap::new();
+    for meta in metas {
+        let block = blocks.entry(meta.block_id.as_str()).or_default();
+        block.0 += meta.profile_count.max(1);
+        block.1.push(meta.clone());
+    }
+    let mut ordered: Vec<(&str, (u64, Vec<DatasetMeta>))> = blocks.into_iter().collect();
+    ordered.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0.cmp(b.0)));
+    let mut shares: Vec<(u64, Vec<DatasetMeta>)> = vec![(0, Vec::new()); count.max(1)];
+    for (_, (profiles, datasets)) in ordered {
+        if let Some(lightest) = shares.iter_mut().min_by_key(|(load, _)| *load) {
+            lightest.0 += profiles;
+            lightest.1.extend(datasets);
+        }
+    }
+    shares
+        .into_iter()
+        .map(|(_, datasets)| datasets)
+        .filter(|datasets| !datasets.is_empty())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(block: &str, profiles: u64) -> DatasetMeta {
+        DatasetMeta {
+            block_id: block.to_string(),
+            object_key: format!("{block}.parquet"),
+            tenant: "t".to_string(),
+            service: "s".to_string(),
+            row_group: 0,
+            min_time_nanos: 0,
+            max_time_nanos: 0,
+            profile_types: Vec::new(),
+            profile_count: profiles,
+        }
+    }
+
+    #[test]
+    fn shares_hold_every_block_once_balanced_by_profiles() {
+        let metas = vec![
+            meta("a", 100),
+            meta("b", 60),
+            meta("c", 50),
+            meta("d", 10),
+            meta("a", 20),
+        ];
+        let shares = shares(&metas, 2);
+        assert_eq!(shares.len(), 2);
+        let blocks = |share: &[DatasetMeta]| -> Vec<String> {
+            share.iter().map(|meta| meta.block_id.clone()).collect()
+        };
+        let mut all: Vec<String> = shares.iter().flat_map(|share| blocks(share)).collect();
+        all.sort();
+        // Every dataset once, both of block a's in one share.
+        assert_eq!(all, ["a", "a", "b", "c", "d"]);
+        // a (120) alone against b + c + d (120).
+        assert_eq!(blocks(&shares[0]), ["a", "a"]);
+        // More shares than blocks: one block each, no empty share.
+        assert_eq!(super::shares(&metas[..2], 5).len(), 2);
+    }
+
+    #[test]
+    fn a_partial_query_is_a_request_limited_to_its_blocks() {
+        let part = PartialQuery {
+            profile_type: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".to_string(),
+            selector: r#"{service_name="api", region=~"eu-.*"}"#.to_string(),
+            from_nanos: 1,
+            to_nanos: 2,
+            call_site: vec!["main".to_string()],
+            datasets: vec![meta("b1", 3), meta("b2", 4)],
+        };
+        let request = part.request("team").unwrap();
+        assert_eq!(request.tenant, "team");
+        assert_eq!(request.selector.matchers.len(), 2);
+        assert_eq!(
+            request.datasets.as_deref().map(|d| d.len()),
+            Some(2),
+            "{request:?}"
+        );
+        let bad = PartialQuery {
+            selector: "{".to_string(),
+            ..part.clone()
+        };
+        assert!(bad.request("team").is_err());
+        let backwards = PartialQuery {
+            from_nanos: 3,
+            ..part
+        };
+        assert!(backwards.request("team").is_err());
+    }
+}
