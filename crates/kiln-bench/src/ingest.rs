@@ -98,6 +98,107 @@ pub struct IngestArgs {
     /// whole flush interval, as before it existed.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     flush_adaptive: bool,
+    /// Instead of one server of every role on SQLite: this many `kiln server --target
+    /// ingest` processes over one PostgreSQL (started here) and one directory of blocks,
+    /// the clients spread evenly over them. The same figures then cover a scaled-out
+    /// write path, forwarding to each service's owner included (see `--placement`).
+    #[arg(long, default_value_t = 0)]
+    ingest_nodes: usize,
+    /// With `--ingest-nodes`: `node.placement` of the started nodes.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    placement: bool,
+}
+
+/// The `--ingest-nodes` processes, and the PostgreSQL they share (stopped on drop).
+struct IngestCluster {
+    _postgres: kiln_testkit::postgres::PostgresServer,
+    servers: Vec<(std::process::Child, String)>,
+}
+
+impl IngestCluster {
+    fn start(args: &IngestArgs, temp: &std::path::Path) -> anyhow::Result<IngestCluster> {
+        let postgres = kiln_testkit::postgres::start_own().map_err(anyhow::Error::msg)?;
+        let metastore = postgres.fresh_database();
+        std::fs::create_dir_all(temp)?;
+        let config = temp.join("kiln.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "node:\n  heartbeat_ms: 500\n  lease_ms: 3000\n  placement: {}\n",
+                args.placement
+            ),
+        )?;
+        let blocks = format!("file://{}", temp.join("blocks").display());
+        let mut cluster = IngestCluster {
+            _postgres: postgres,
+            servers: Vec::new(),
+        };
+        for index in 0..args.ingest_nodes {
+            let flags: Vec<std::ffi::OsString> = vec![
+                "--target".into(),
+                "ingest".into(),
+                "--metastore".into(),
+                metastore.clone().into(),
+                "--object-store".into(),
+                blocks.clone().into(),
+                "--config".into(),
+                config.clone().into(),
+                "--flush-adaptive".into(),
+                args.flush_adaptive.to_string().into(),
+            ];
+            let server = start_server_with(&temp.join(format!("ingest-{index}")), &flags)?;
+            cluster.servers.push(server);
+        }
+        // Placement needs every node to know the others: wait until each lists them all
+        // as live, and one heartbeat more for their caches.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for (_, url) in &cluster.servers {
+            loop {
+                let listed = ureq::get(&format!("{url}/api/v1/nodes"))
+                    .call()
+                    .ok()
+                    .and_then(|response| response.into_string().ok())
+                    .unwrap_or_default();
+                if listed.matches("\"live\"").count() >= args.ingest_nodes {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!(
+                        "{url} did not list the {} ingest nodes: {listed}",
+                        args.ingest_nodes
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(600));
+        Ok(cluster)
+    }
+}
+
+impl Drop for IngestCluster {
+    fn drop(&mut self) {
+        for (child, _) in &mut self.servers {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Busy CPU seconds of the whole machine (every process: servers, PostgreSQL, the bench's
+/// own clients), from the first line of `/proc/stat`.
+fn machine_busy_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<f64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|field| field.parse().ok())
+        .collect();
+    let total: f64 = fields.iter().take(8).sum();
+    let idle = fields.get(3)? + fields.get(4)?;
+    Some((total - idle) / 100.0)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -244,6 +345,16 @@ pub fn start_server_with(
     data_dir: &std::path::Path,
     flags: &[std::ffi::OsString],
 ) -> anyhow::Result<(std::process::Child, String)> {
+    start_server_pinned(data_dir, flags, &[])
+}
+
+/// [`start_server_with`] on only these CPUs (`taskset`), when not empty: one process
+/// standing for a machine of its own.
+pub fn start_server_pinned(
+    data_dir: &std::path::Path,
+    flags: &[std::ffi::OsString],
+    cpus: &[usize],
+) -> anyhow::Result<(std::process::Child, String)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -251,7 +362,16 @@ pub fn start_server_with(
         Some(binary) => std::path::PathBuf::from(binary),
         None => std::env::current_exe()?,
     };
-    let mut child = std::process::Command::new(&binary)
+    let mut command = match cpus.is_empty() {
+        true => std::process::Command::new(&binary),
+        false => {
+            let list: Vec<String> = cpus.iter().map(usize::to_string).collect();
+            let mut command = std::process::Command::new("taskset");
+            command.args(["-c", &list.join(",")]).arg(&binary);
+            command
+        }
+    };
+    let mut child = command
         .args(["server", "--listen", &format!("127.0.0.1:{port}")])
         .args(flags)
         .arg("--data-dir")
@@ -284,8 +404,15 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     let files = Arc::new(files);
     let temp = std::env::temp_dir().join(format!("kiln-bench-{}", std::process::id()));
     let mut server = None;
+    let mut cluster = None;
     let url = match &args.url {
         Some(url) => url.trim_end_matches('/').to_string(),
+        None if args.ingest_nodes > 0 => {
+            let started = IngestCluster::start(&args, &temp)?;
+            let url = started.servers[0].1.clone();
+            cluster = Some(started);
+            url
+        }
         None => {
             let flags: [std::ffi::OsString; 4] = [
                 "--compaction".into(),
@@ -298,9 +425,24 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
             url
         }
     };
-    let cpu_before = server
-        .as_ref()
-        .and_then(|child| process_cpu_seconds(child.id()));
+    let urls: Vec<String> = match &cluster {
+        Some(cluster) => cluster.servers.iter().map(|(_, url)| url.clone()).collect(),
+        None => vec![url.clone()],
+    };
+    let pids: Vec<u32> = match &cluster {
+        Some(cluster) => cluster
+            .servers
+            .iter()
+            .map(|(child, _)| child.id())
+            .collect(),
+        None => server.iter().map(|child| child.id()).collect(),
+    };
+    let servers_cpu = |pids: &[u32]| -> Option<f64> {
+        let seconds: Option<Vec<f64>> = pids.iter().map(|pid| process_cpu_seconds(*pid)).collect();
+        seconds.filter(|s| !s.is_empty()).map(|s| s.iter().sum())
+    };
+    let cpu_before = servers_cpu(&pids);
+    let machine_before = machine_busy_seconds();
     let merge_cpu_before = crate::storage::metric(&url, MERGE_CPU).ok();
     let total_bytes: usize = files.iter().map(|file| file.body.len()).sum();
     let total_pprof_bytes: usize = files.iter().map(|file| file.pprof_bytes).sum();
@@ -335,7 +477,14 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
         } else {
             "off"
         },
-        url
+        match &cluster {
+            Some(_) => format!(
+                "{} ingest nodes over PostgreSQL and file:// blocks, placement {}",
+                urls.len(),
+                if args.placement { "on" } else { "off" }
+            ),
+            None => url.clone(),
+        }
     );
     let series = args.instances.map(|instances| services * instances.max(1));
     // Each client's share of the rate: its n-th send is due at n / per_client seconds,
@@ -362,7 +511,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
             sent_profiles.clone(),
             errors.clone(),
             latencies.clone(),
-            url.clone(),
+            urls[client % urls.len()].clone(),
         );
         let sent_otlp_bytes = sent_otlp_bytes.clone();
         threads.push(std::thread::spawn(move || {
@@ -459,9 +608,8 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let cpu_after = server
-        .as_ref()
-        .and_then(|child| process_cpu_seconds(child.id()));
+    let cpu_after = servers_cpu(&pids);
+    let machine_after = machine_busy_seconds();
     let merge_cpu_after = crate::storage::metric(&url, MERGE_CPU).ok();
     let mut latencies = latencies.lock().map(|l| l.clone()).unwrap_or_default();
     latencies.sort_by(|a, b| a.total_cmp(b));
@@ -542,6 +690,55 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
                 profiles / cpu.max(f64::EPSILON)
             );
         }
+        println!(
+            "server CPU per MB {:.3} s per MB of pprof ({:.3} s per MB of gzip body)",
+            cpu / pprof_megabytes.max(f64::EPSILON),
+            cpu / megabytes.max(f64::EPSILON)
+        );
+    }
+    if let (Some(before), Some(after), Some(_)) = (machine_before, machine_after, &cluster) {
+        // PostgreSQL and the clients too: on one machine, they share the cores.
+        let cpu = after - before;
+        println!(
+            "machine CPU       {:.1} s ({:.3} s per MB of pprof), PostgreSQL and the clients included",
+            cpu,
+            cpu / pprof_megabytes.max(f64::EPSILON)
+        );
+    }
+    if let Some(cluster) = &cluster {
+        let mut outcomes = std::collections::BTreeMap::<String, f64>::new();
+        for (_, url) in &cluster.servers {
+            let Some(text) = ureq::get(&format!("{url}/metrics"))
+                .call()
+                .ok()
+                .and_then(|response| response.into_string().ok())
+            else {
+                continue;
+            };
+            for line in text.lines() {
+                let Some(rest) = line.strip_prefix("kiln_placement_writes_total{outcome=\"") else {
+                    continue;
+                };
+                let Some((outcome, value)) = rest.split_once("\"} ") else {
+                    continue;
+                };
+                *outcomes.entry(outcome.to_string()).or_default() += value.parse().unwrap_or(0.0);
+            }
+        }
+        let listed: Vec<String> = outcomes
+            .iter()
+            .map(|(outcome, count)| format!("{outcome} {count:.0}"))
+            .collect();
+        println!("placement         {}", listed.join(", "));
+        let peak = pids
+            .iter()
+            .map(|pid| kiln_agent::procs::status_kib(*pid, "VmHWM:"))
+            .max()
+            .unwrap_or(0);
+        println!(
+            "node peak RSS     {:.0} MiB (the largest node)",
+            peak as f64 / 1024.0
+        );
     }
     if let Some(child) = &server {
         // VmHWM: the peak over the server's life, startup and the run alike.
@@ -553,6 +750,10 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     if let Some(mut child) = server {
         let _ = child.kill();
         let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&temp);
+    }
+    if let Some(cluster) = cluster {
+        drop(cluster);
         let _ = std::fs::remove_dir_all(&temp);
     }
     Ok(())

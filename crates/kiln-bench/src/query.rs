@@ -66,6 +66,15 @@ pub struct QueryBenchArgs {
     pub(crate) ingest_clients: usize,
     #[arg(long, default_value_t = 60)]
     pub(crate) ingest_seconds: u64,
+    /// After the table: the week's flame graph again on each of these numbers of
+    /// `kiln server --target query` processes sharing the data (e.g. `1,2`), asked of the
+    /// first, which splits it over the others by block (query fan-out).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) query_nodes: Vec<usize>,
+    /// With `--query-nodes`: pin each query process to this many CPUs of its own (as if
+    /// each were a machine); unpinned, the processes share every core.
+    #[arg(long)]
+    pub(crate) cpus_per_node: Option<usize>,
 }
 
 impl QueryBenchArgs {
@@ -85,6 +94,8 @@ impl QueryBenchArgs {
             ingest_rate: 0.0,
             ingest_clients: 64,
             ingest_seconds: 60,
+            query_nodes: Vec::new(),
+            cpus_per_node: None,
         }
     }
 }
@@ -430,10 +441,122 @@ impl Server {
 }
 
 impl Drop for Server {
+    /// SIGTERM first: a clean shutdown leaves the membership, so query nodes started on
+    /// the same metastore next do not count this one as live.
     fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: a signal to a child this process started and has not reaped.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The week's flame graph on 1, 2, … query processes over the same metastore and blocks,
+/// asked of the first: above `node.fanout_min_profiles` it is split by block over the
+/// live query nodes and the partial trees merged. The total must not change.
+fn query_nodes_table(args: &QueryBenchArgs, data_dir: &Path, end_ms: i64) -> anyhow::Result<()> {
+    let config = data_dir.join("query-nodes.yaml");
+    std::fs::write(&config, "node:\n  heartbeat_ms: 500\n  lease_ms: 3000\n")?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let request = api::SelectMergeStacktracesRequest {
+        profile_type_id: CPU.to_string(),
+        label_selector: format!("{{service_name=\"{SERVICE}\"}}"),
+        start: end_ms - args.days.min(7) * 24 * 3_600_000 + 1,
+        end: end_ms,
+        ..Default::default()
+    };
+    println!();
+    println!(
+        "{} d flame graph on query nodes ({}):",
+        args.days.min(7),
+        match args.cpus_per_node {
+            Some(cpus) => format!("each pinned to {cpus} CPU(s) of its own, as separate machines"),
+            None => format!("unpinned, sharing the machine's {cores} cores"),
+        }
+    );
+    println!(
+        "| query nodes | first query | warm (median of 3) | shares sent to other nodes | total |"
+    );
+    println!("|---|---|---|---|---|");
+    let mut first_total = None;
+    for (round, &count) in args.query_nodes.iter().enumerate() {
+        let count = count.max(1);
+        let mut servers = Vec::new();
+        for index in 0..count {
+            let cpus: Vec<usize> = match args.cpus_per_node {
+                Some(per) => (0..per).map(|cpu| (index * per + cpu) % cores).collect(),
+                None => Vec::new(),
+            };
+            let flags: Vec<std::ffi::OsString> = vec![
+                "--target".into(),
+                "query".into(),
+                "--metastore".into(),
+                format!("sqlite://{}", data_dir.join("metastore.db").display()).into(),
+                "--object-store".into(),
+                format!("file://{}", data_dir.join("blocks").display()).into(),
+                "--config".into(),
+                config.clone().into(),
+            ];
+            let node_dir = data_dir.join(format!("query-{round}-{index}"));
+            let (child, url) = crate::ingest::start_server_pinned(&node_dir, &flags, &cpus)?;
+            servers.push(Server { child, url });
+        }
+        // The first node must see exactly these as the live query nodes.
+        let addresses: std::collections::BTreeSet<String> = servers
+            .iter()
+            .map(|server| server.url.trim_start_matches("http://").to_string())
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let listed: serde_json::Value = ureq::get(&format!("{}/api/v1/nodes", servers[0].url))
+                .call()
+                .ok()
+                .and_then(|response| response.into_string().ok())
+                .and_then(|text| serde_json::from_str(&text).ok())
+                .unwrap_or_default();
+            let live: std::collections::BTreeSet<String> = listed["nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|node| node["state"] == "live")
+                .filter_map(|node| node["address"].as_str().map(str::to_string))
+                .collect();
+            if live == addresses {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the query nodes {addresses:?} did not become the live ones: {listed}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // One heartbeat more, for the first node's cache of the live nodes.
+        std::thread::sleep(Duration::from_millis(600));
+        let first = &servers[0];
+        let shares_before = crate::storage::metric(&first.url, "kiln_query_shares_sent_total")?;
+        let (cold, warm, _, response) = measure(first, || {
+            first.call::<api::SelectMergeStacktracesResponse>("SelectMergeStacktraces", &request)
+        })?;
+        let shares =
+            crate::storage::metric(&first.url, "kiln_query_shares_sent_total")? - shares_before;
+        let total = response.flamegraph.map_or(0, |graph| graph.total);
+        if *first_total.get_or_insert(total) != total {
+            bail!("the flame graph's total differs on {count} query nodes: {total}");
+        }
+        println!(
+            "| {count} | {:.0} ms | {:.0} ms | {} per query | {total} |",
+            cold * 1000.0,
+            warm * 1000.0,
+            shares / 4.0
+        );
+    }
+    Ok(())
 }
 
 /// Runs `query` once cold (first after start) and `WARM_RUNS` times warm; returns
@@ -608,6 +731,9 @@ async fn run_in(
         response.series.len()
     );
     drop(server);
+    if !args.query_nodes.is_empty() {
+        query_nodes_table(args, data_dir, end_ms)?;
+    }
     if args.ingest_rate > 0.0 {
         query_while_ingesting(args, data_dir, end_ms)?;
     }

@@ -6,13 +6,16 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use kiln_query::fanout::{PartialQuery, Peers};
+use kiln_query::fanout::{Output, PartialQuery, Peers};
 use kiln_query::QueryError;
 
 use crate::membership::Membership;
 
-/// Where a share is sent (kiln-server routes it to `merge::local_tree`).
+/// Where a share of a flame-tree query is sent (kiln-server runs it with
+/// `fanout::local_tree`).
 pub const PARTIAL_TREE_PATH: &str = "/api/v1/partial/tree";
+/// Where a share of a pprof query is sent (`fanout::local_profile`).
+pub const PARTIAL_PROFILE_PATH: &str = "/api/v1/partial/profile";
 
 /// The live query nodes other than this one.
 pub struct QueryPeers {
@@ -49,11 +52,16 @@ impl QueryPeers {
         address: &str,
         tenant: &str,
         credentials: Option<&str>,
+        output: Output,
         part: &PartialQuery,
     ) -> Result<Bytes, String> {
+        let path = match output {
+            Output::Tree => PARTIAL_TREE_PATH,
+            Output::Profile => PARTIAL_PROFILE_PATH,
+        };
         let mut request = self
             .client
-            .post(format!("{}://{address}{PARTIAL_TREE_PATH}", self.scheme))
+            .post(format!("{}://{address}{path}", self.scheme))
             .header("x-scope-orgid", tenant)
             .header("content-type", "application/json")
             .body(serde_json::to_vec(part).map_err(|err| err.to_string())?);
@@ -78,11 +86,12 @@ impl Peers for QueryPeers {
         self.addresses().len()
     }
 
-    fn tree<'a>(
+    fn run<'a>(
         &'a self,
         index: usize,
         tenant: &'a str,
         credentials: Option<&'a str>,
+        output: Output,
         part: &'a PartialQuery,
     ) -> BoxFuture<'a, Result<Bytes, QueryError>> {
         Box::pin(async move {
@@ -92,7 +101,7 @@ impl Peers for QueryPeers {
             // mid-query costs one failed request, not the query.
             for offset in 0..peers.len() {
                 let (id, address) = &peers[(index + offset) % peers.len()];
-                match self.ask(address, tenant, credentials, part).await {
+                match self.ask(address, tenant, credentials, output, part).await {
                     Ok(bytes) => return Ok(bytes),
                     Err(err) => {
                         tracing::warn!(node = %id, error = %err, "query share failed; asking the next node");

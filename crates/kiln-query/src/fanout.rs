@@ -1,7 +1,7 @@
 //! One large query split by block over the live query nodes, and the parts merged.
 //!
-//! A flame graph is a sum over datasets, so any partition of a query's datasets gives
-//! parts that add up to the whole. The node a client asked lists the datasets (one
+//! A flame graph and a merged pprof are sums over datasets, so any partition of a query's
+//! datasets gives parts that add up to the whole. The node a client asked lists the datasets (one
 //! metastore query), and when they hold more than `min_profiles` profiles and other query
 //! nodes are live, it splits their blocks into one share per node, balanced by profile
 //! count: its own share it runs itself, each other share it sends as a [`PartialQuery`]
@@ -12,7 +12,7 @@
 //! tree one node would have built, exactly.
 //!
 //! Nothing here may fail a query that one node could answer: a share whose node fails
-//! or times out is asked of the next peer ([`Peers::tree`] tries them in turn), and
+//! or times out is asked of the next peer ([`Peers::run`] tries them in turn), and
 //! when none answers it is run here. Small queries never leave the node: below the
 //! threshold the transfer costs more than the split saves.
 //!
@@ -27,8 +27,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use kiln_metastore::DatasetMeta;
+use kiln_model::pprof::Profile;
 use serde::{Deserialize, Serialize};
 
+use crate::pprof_export::PprofMerge;
 use crate::select::{Querier, SelectRequest, TypeFilter};
 use crate::tree::{decode_partial, FlameTree};
 use crate::QueryError;
@@ -78,15 +80,24 @@ pub trait Peers: Send + Sync {
     fn count(&self) -> usize;
 
     /// Runs `part` for `tenant` on a peer, the `index`th first and then the others in
-    /// turn, and returns its [`crate::tree::encode_partial`] bytes; `Err` when none
-    /// answered. `credentials`: the client's `Authorization`, presented again.
-    fn tree<'a>(
+    /// turn, and returns its answer in the form `output` names; `Err` when none answered.
+    /// `credentials`: the client's `Authorization`, presented again.
+    fn run<'a>(
         &'a self,
         index: usize,
         tenant: &'a str,
         credentials: Option<&'a str>,
+        output: Output,
         part: &'a PartialQuery,
     ) -> BoxFuture<'a, Result<Bytes, QueryError>>;
+}
+
+/// What a share answers: an uncut flame tree ([`crate::tree::encode_partial`]), or a
+/// merged pprof (protobuf, not gzipped: it travels between nodes of one cluster).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    Tree,
+    Profile,
 }
 
 /// How this node splits large queries.
@@ -125,24 +136,87 @@ fn splittable(request: &SelectRequest) -> bool {
 /// The request's tree (totals not yet computed), split over the peers when it is large
 /// enough; else built here.
 pub async fn tree(querier: &Querier, request: &SelectRequest) -> Result<FlameTree, QueryError> {
+    let parts = split(
+        querier,
+        request,
+        Output::Tree,
+        move |part| async move { local_tree(querier, &part).await },
+        decode_partial,
+    )
+    .await?;
+    let mut parts = parts.into_iter();
+    let mut merged = parts.next().unwrap_or_default();
+    for tree in parts {
+        merged.add_tree(&tree, |value| value);
+    }
+    Ok(merged)
+}
+
+/// The request's merged pprof, split over the peers when it is large enough; else merged
+/// here. Parts are merged as pprof, symbols re-interned: a stack is the same stack
+/// whichever node read it.
+pub async fn profile(querier: &Querier, request: &SelectRequest) -> Result<Profile, QueryError> {
+    let type_id = crate::merge::exact_type(request)?.to_string();
+    let parts = split(
+        querier,
+        request,
+        Output::Profile,
+        move |part| async move { local_profile(querier, &part).await },
+        decode_profile,
+    )
+    .await?;
+    if parts.len() == 1 {
+        return Ok(parts.into_iter().next().unwrap_or_default());
+    }
+    let mut merge = PprofMerge::new(&[type_id]);
+    for part in &parts {
+        merge.add_profile(part);
+    }
+    Ok(merge.finish())
+}
+
+/// A share's pprof as a peer returned it: bounded like any profile read from the network.
+fn decode_profile(bytes: &[u8]) -> Result<Profile, QueryError> {
+    const MAX_DECODED: usize = 1 << 30;
+    kiln_model::pprof::decode(bytes, MAX_DECODED)
+        .map_err(|err| QueryError::Remote(format!("a share's pprof does not decode: {err}")))
+}
+
+/// Runs `request` in parts, one per share of its datasets, when it is large enough and
+/// other query nodes are live: the first share with `local`, each other on a peer (its
+/// answer read with `decode`), and a share no peer answered with `local` too. Otherwise
+/// one part, the whole request run with `local`.
+async fn split<T, Local, Run>(
+    querier: &Querier,
+    request: &SelectRequest,
+    output: Output,
+    local: Local,
+    decode: fn(&[u8]) -> Result<T, QueryError>,
+) -> Result<Vec<T>, QueryError>
+where
+    Local: Fn(SelectRequest) -> Run,
+    Run: Future<Output = Result<T, QueryError>>,
+{
+    let whole = || local(request.clone());
     let Some(fanout) = querier.fanout().filter(|_| splittable(request)).cloned() else {
-        return local_tree(querier, request).await;
+        return Ok(vec![whole().await?]);
+    };
+    let TypeFilter::Exact(profile_type) = &request.types else {
+        return Ok(vec![whole().await?]);
     };
     let peers = fanout.peers.count();
     if peers == 0 {
-        return local_tree(querier, request).await;
+        return Ok(vec![whole().await?]);
     }
     let metas = querier.datasets_within_budget(request).await?;
     let profiles: u64 = metas.iter().map(|meta| meta.profile_count).sum();
     let shares = shares(&metas, peers + 1);
     if profiles < fanout.min_profiles || shares.len() < 2 {
-        return local_tree(querier, request).await;
+        return Ok(vec![whole().await?]);
     }
     querier.metrics().fanned_out(shares.len() - 1);
-    let TypeFilter::Exact(profile_type) = &request.types else {
-        return local_tree(querier, request).await;
-    };
     let credentials = credentials();
+    let local = &local;
     let parts = shares.into_iter().enumerate().map(|(index, datasets)| {
         let fanout = fanout.clone();
         let credentials = credentials.clone();
@@ -160,35 +234,34 @@ pub async fn tree(querier: &Querier, request: &SelectRequest) -> Result<FlameTre
         };
         async move {
             if index == 0 {
-                return local_tree(querier, &restricted).await;
+                return local(restricted).await;
             }
             let remote = fanout
                 .peers
-                .tree(
+                .run(
                     index - 1,
                     &request.tenant,
                     credentials.as_deref(),
+                    output,
                     &part,
                 )
                 .await
-                .and_then(|bytes| decode_partial(&bytes));
+                .and_then(|bytes| decode(&bytes));
             match remote {
-                Ok(tree) => Ok(tree),
+                Ok(answer) => Ok(answer),
                 Err(err) => {
                     // No peer answered: the share is run here, and the query still holds.
                     tracing::warn!(error = %err, datasets = part.datasets.len(), "query share failed on every peer; running it here");
                     querier.metrics().share_run_here();
-                    local_tree(querier, &restricted).await
+                    local(restricted).await
                 }
             }
         }
     });
-    let trees = futures_util::future::join_all(parts).await;
-    let mut merged = FlameTree::default();
-    for tree in trees {
-        merged.add_tree(&tree?, |value| value);
-    }
-    Ok(merged)
+    futures_util::future::join_all(parts)
+        .await
+        .into_iter()
+        .collect()
 }
 
 /// The tree of the request's datasets read here (totals not yet computed).
@@ -210,6 +283,25 @@ pub async fn local_tree(
         })
         .await?;
     Ok(tree)
+}
+
+/// The merged pprof of the request's datasets read here.
+pub async fn local_profile(
+    querier: &Querier,
+    request: &SelectRequest,
+) -> Result<Profile, QueryError> {
+    let type_id = crate::merge::exact_type(request)?;
+    // Folded as each dataset comes, as the flame graph is: a month is never held at once.
+    let mut merge = PprofMerge::new(&[type_id.to_string()]);
+    // The profiles' rows too: the merged profile spans their times.
+    let request = SelectRequest {
+        values_only: false,
+        ..request.clone()
+    };
+    querier
+        .select_each(&request, |selection| merge.add(&selection))
+        .await?;
+    Ok(merge.finish())
 }
 
 /// The datasets of `metas` in up to `count` shares of about equal profile counts, a

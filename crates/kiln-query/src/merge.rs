@@ -5,7 +5,6 @@ use kiln_model::pprof::Profile;
 
 use crate::api::{FlameGraph, Level};
 use crate::flamebearer::flamebearer;
-use crate::pprof_export::PprofMerge;
 use crate::select::{Querier, SelectRequest, TypeFilter};
 use crate::tree::FlameTree;
 use crate::QueryError;
@@ -62,13 +61,9 @@ pub async fn merged_profile(
     querier: &Querier,
     request: &SelectRequest,
 ) -> Result<Profile, QueryError> {
-    let type_id = exact_type(request)?;
-    // Folded as each dataset comes, as the flame graph is: a month is never held at once.
-    let mut merge = PprofMerge::new(&[type_id.to_string()]);
-    querier
-        .select_each(request, |selection| merge.add(&selection))
-        .await?;
-    Ok(merge.finish())
+    exact_type(request)?;
+    // Split over the other query nodes when large enough (crate::fanout), as the tree is.
+    crate::fanout::profile(querier, request).await
 }
 
 /// The API's flame graph: the flamebearer layout, levels wrapped as messages.

@@ -25,6 +25,84 @@ impl Writer {
     fn string(&mut self, value: &str) -> i64 {
         self.strings.intern(&mut self.profile.string_table, value)
     }
+
+    /// The id of this mapping (strings already interned here), added if new.
+    fn mapping(&mut self, mapping: Mapping) -> u64 {
+        let key = (
+            mapping.memory_start,
+            mapping.memory_limit,
+            mapping.file_offset,
+            mapping.filename,
+            mapping.build_id,
+        );
+        let next = self.profile.mapping.len() as u64 + 1;
+        let id = *self.mappings.entry(key).or_insert(next);
+        if id == next {
+            self.profile.mapping.push(Mapping { id, ..mapping });
+        }
+        id
+    }
+
+    /// The id of this function (strings already interned here), added if new.
+    fn function(&mut self, name: i64, system_name: i64, filename: i64, start_line: i64) -> u64 {
+        let key = (name, system_name, filename, start_line);
+        let next = self.profile.function.len() as u64 + 1;
+        let id = *self.functions.entry(key).or_insert(next);
+        if id == next {
+            self.profile.function.push(Function {
+                id,
+                name,
+                system_name,
+                filename,
+                start_line,
+            });
+        }
+        id
+    }
+
+    /// The id of the location of these (function id, line) pairs, added if new.
+    fn location(&mut self, mapping_id: u64, address: u64, lines: Vec<(u64, i64)>) -> u64 {
+        let line = lines
+            .iter()
+            .map(|(function_id, line)| Line {
+                function_id: *function_id,
+                line: *line,
+                column: 0,
+            })
+            .collect();
+        let next = self.profile.location.len() as u64 + 1;
+        let id = *self
+            .locations
+            .entry((mapping_id, address, lines))
+            .or_insert(next);
+        if id == next {
+            self.profile.location.push(Location {
+                id,
+                mapping_id,
+                address,
+                line,
+                is_folded: false,
+            });
+        }
+        id
+    }
+
+    /// Adds `values` to the sample of this stack (location ids, leaf first).
+    fn add_sample(&mut self, stack: Vec<u64>, values: &[i64]) {
+        match self.samples.get(&stack) {
+            Some(index) => {
+                if let Some(slots) = self.profile.sample.values_mut(*index) {
+                    for (slot, value) in slots.iter_mut().zip(values) {
+                        *slot = slot.saturating_add(*value);
+                    }
+                }
+            }
+            None => {
+                self.profile.sample.push(&stack, values, &[]);
+                self.samples.insert(stack, self.profile.sample.len() - 1);
+            }
+        }
+    }
 }
 
 /// The sample type a reader should show first, as the sources had it: pprof's default is
@@ -165,21 +243,97 @@ impl PprofMerge {
                 stack.push(location_ids[location]);
                 current = dataset.stack_parent[current] as usize;
             }
-            match writer.samples.get(&stack) {
-                Some(index) => {
-                    if let Some(slots) = writer.profile.sample.values_mut(*index) {
-                        for (slot, value) in slots.iter_mut().zip(&values) {
-                            *slot = slot.saturating_add(*value);
-                        }
-                    }
-                }
-                None => {
-                    writer.profile.sample.push(&stack, &values, &[]);
-                    writer
-                        .samples
-                        .insert(stack, writer.profile.sample.len() - 1);
-                }
+            writer.add_sample(stack, &values);
+        }
+    }
+
+    /// Adds a profile another query node merged from its share of a split query
+    /// ([`crate::fanout`]): its symbols re-interned here and identical stacks merged, as
+    /// if its datasets had been read here. Its values go by sample type name and unit;
+    /// types it lacks add nothing. A share's profile has one type, so which type pprof
+    /// shows first needs no positions from it.
+    pub fn add_profile(&mut self, profile: &Profile) {
+        let writer = &mut self.writer;
+        if profile.time_nanos != 0 || profile.duration_nanos != 0 {
+            let end = profile.time_nanos.saturating_add(profile.duration_nanos);
+            self.span = Some(match self.span {
+                Some((start, last)) => (start.min(profile.time_nanos), last.max(end)),
+                None => (profile.time_nanos, end),
+            });
+        }
+        // Output type position -> the profile's sample type position.
+        let local: Vec<Option<usize>> = self
+            .type_ids
+            .iter()
+            .map(|id| {
+                let parsed = ProfileType::parse(id).ok()?;
+                profile.sample_type.iter().position(|value_type| {
+                    profile.string_or_empty(value_type.r#type) == parsed.sample_type
+                        && profile.string_or_empty(value_type.unit) == parsed.sample_unit
+                })
+            })
+            .collect();
+        if local.iter().all(Option::is_none) {
+            return;
+        }
+        if writer.profile.period == 0 {
+            writer.profile.period = profile.period;
+        }
+        let mut mapping_ids: HashMap<u64, u64> = HashMap::default();
+        for m in &profile.mapping {
+            let filename = writer.string(&profile.string_or_empty(m.filename));
+            let build_id = writer.string(&profile.string_or_empty(m.build_id));
+            let id = writer.mapping(Mapping {
+                filename,
+                build_id,
+                ..m.clone()
+            });
+            mapping_ids.insert(m.id, id);
+        }
+        let mut function_ids: HashMap<u64, u64> = HashMap::default();
+        for f in &profile.function {
+            let name = writer.string(&profile.string_or_empty(f.name));
+            let system_name = writer.string(&profile.string_or_empty(f.system_name));
+            let filename = writer.string(&profile.string_or_empty(f.filename));
+            let id = writer.function(name, system_name, filename, f.start_line);
+            function_ids.insert(f.id, id);
+        }
+        let mut location_ids: HashMap<u64, u64> = HashMap::default();
+        for location in &profile.location {
+            let mapping_id = mapping_ids.get(&location.mapping_id).copied().unwrap_or(0);
+            let lines: Vec<(u64, i64)> = location
+                .line
+                .iter()
+                .map(|line| {
+                    let function = function_ids.get(&line.function_id).copied().unwrap_or(0);
+                    (function, line.line)
+                })
+                .collect();
+            let id = writer.location(mapping_id, location.address, lines);
+            location_ids.insert(location.id, id);
+        }
+        for sample in profile.sample.iter() {
+            let values: Vec<i64> = local
+                .iter()
+                .map(|position| {
+                    position
+                        .and_then(|p| sample.value.get(p).copied())
+                        .unwrap_or(0)
+                })
+                .collect();
+            if values.iter().all(|v| *v == 0) {
+                continue;
             }
+            // A location the profile does not define: the sample is malformed, left out.
+            let Some(stack) = sample
+                .location_id
+                .iter()
+                .map(|id| location_ids.get(id).copied())
+                .collect::<Option<Vec<u64>>>()
+            else {
+                continue;
+            };
+            writer.add_sample(stack, &values);
         }
     }
 
@@ -212,30 +366,18 @@ fn export_location(
             let m = dataset.mappings[mapping_index];
             let filename = writer.string(dataset.string(m.filename));
             let build_id = writer.string(dataset.string(m.build_id));
-            let key = (
-                m.memory_start,
-                m.memory_limit,
-                m.file_offset,
+            mapping_ids[mapping_index] = writer.mapping(Mapping {
+                id: 0,
+                memory_start: m.memory_start,
+                memory_limit: m.memory_limit,
+                file_offset: m.file_offset,
                 filename,
                 build_id,
-            );
-            let next = writer.profile.mapping.len() as u64 + 1;
-            let id = *writer.mappings.entry(key).or_insert(next);
-            if id == next {
-                writer.profile.mapping.push(Mapping {
-                    id,
-                    memory_start: m.memory_start,
-                    memory_limit: m.memory_limit,
-                    file_offset: m.file_offset,
-                    filename,
-                    build_id,
-                    has_functions: m.flags & 1 != 0,
-                    has_filenames: m.flags & 2 != 0,
-                    has_line_numbers: m.flags & 4 != 0,
-                    has_inline_frames: m.flags & 8 != 0,
-                });
-            }
-            mapping_ids[mapping_index] = id;
+                has_functions: m.flags & 1 != 0,
+                has_filenames: m.flags & 2 != 0,
+                has_line_numbers: m.flags & 4 != 0,
+                has_inline_frames: m.flags & 8 != 0,
+            });
         }
         mapping_ids[mapping_index]
     };
@@ -247,18 +389,7 @@ fn export_location(
             let name = writer.string(dataset.string(f.name));
             let system_name = writer.string(dataset.string(f.system_name));
             let filename = writer.string(dataset.string(f.filename));
-            let key = (name, system_name, filename, f.start_line);
-            let next = writer.profile.function.len() as u64 + 1;
-            let id = *writer.functions.entry(key).or_insert(next);
-            if id == next {
-                writer.profile.function.push(Function {
-                    id,
-                    name,
-                    system_name,
-                    filename,
-                    start_line: f.start_line,
-                });
-            }
+            let id = writer.function(name, system_name, filename, f.start_line);
             function_ids[function_index] = id;
         }
         lines.push((
@@ -267,25 +398,109 @@ fn export_location(
         ));
     }
     let address = dataset.location_address[location];
-    let key = (mapping_id, address, lines);
-    let next = writer.profile.location.len() as u64 + 1;
-    let id = *writer.locations.entry(key.clone()).or_insert(next);
-    if id == next {
-        writer.profile.location.push(Location {
-            id,
-            mapping_id,
-            address,
-            line: key
-                .2
-                .iter()
-                .map(|(function_id, line)| Line {
-                    function_id: *function_id,
-                    line: *line,
-                    column: 0,
-                })
-                .collect(),
-            is_folded: false,
+    writer.location(mapping_id, address, lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+
+    /// A share's profile: `main;a` and `main;b`, symbols in its own ids and string order.
+    fn share(offset: u64, a: i64, b: i64, time_nanos: i64) -> Profile {
+        let mut profile = Profile::default();
+        let mut strings = StringInterner::default();
+        let mut string = |value: &str| strings.intern(&mut profile.string_table, value);
+        let (empty, cpu, nanoseconds) = (string(""), string("cpu"), string("nanoseconds"));
+        assert_eq!(empty, 0);
+        let names = [string("b"), string("main"), string("a")];
+        let file = string("main.go");
+        profile.sample_type.push(ValueType {
+            r#type: cpu,
+            unit: nanoseconds,
         });
+        for (index, name) in names.iter().enumerate() {
+            let id = offset + index as u64;
+            profile.function.push(Function {
+                id,
+                name: *name,
+                system_name: *name,
+                filename: file,
+                start_line: 1,
+            });
+            profile.location.push(Location {
+                id,
+                mapping_id: 0,
+                address: 0,
+                line: vec![Line {
+                    function_id: id,
+                    line: 10 + index as i64,
+                    column: 0,
+                }],
+                is_folded: false,
+            });
+        }
+        // Leaf first: [a, main] and [b, main].
+        profile.sample.push(&[offset + 2, offset + 1], &[a], &[]);
+        profile.sample.push(&[offset, offset + 1], &[b], &[]);
+        profile.time_nanos = time_nanos;
+        profile.duration_nanos = 10;
+        profile.period = 10_000_000;
+        profile
     }
-    id
+
+    fn stacks(profile: &Profile) -> Vec<(Vec<String>, i64)> {
+        let name = |id: &u64| {
+            let location = profile
+                .location
+                .iter()
+                .find(|l| l.id == *id)
+                .expect("location");
+            let function = profile
+                .function
+                .iter()
+                .find(|f| f.id == location.line[0].function_id)
+                .expect("function");
+            profile.string_or_empty(function.name)
+        };
+        let mut stacks: Vec<(Vec<String>, i64)> = profile
+            .sample
+            .iter()
+            .map(|s| (s.location_id.iter().map(name).collect(), s.value[0]))
+            .collect();
+        stacks.sort();
+        stacks
+    }
+
+    #[test]
+    fn shares_profiles_merge_by_symbol_not_by_id() {
+        let mut merge = PprofMerge::new(&[CPU.to_string()]);
+        merge.add_profile(&share(1, 5, 7, 100));
+        // Other ids for the same symbols: still the same two stacks.
+        merge.add_profile(&share(50, 1, 2, 40));
+        let merged = merge.finish();
+        assert_eq!(
+            stacks(&merged),
+            [
+                (vec!["a".to_string(), "main".to_string()], 6),
+                (vec!["b".to_string(), "main".to_string()], 9),
+            ]
+        );
+        assert_eq!(merged.function.len(), 3);
+        assert_eq!(merged.location.len(), 3);
+        // The span covers both shares; the period is kept.
+        assert_eq!((merged.time_nanos, merged.duration_nanos), (40, 70));
+        assert_eq!(merged.period, 10_000_000);
+        // Round trip through the bytes a peer sends.
+        let decoded = kiln_model::pprof::decode(&merged.encode_to_bytes(), 1 << 20).unwrap();
+        assert_eq!(stacks(&decoded), stacks(&merged));
+    }
+
+    #[test]
+    fn a_share_without_the_type_adds_nothing() {
+        let mut merge = PprofMerge::new(&["memory:alloc_space:bytes:space:bytes".to_string()]);
+        merge.add_profile(&share(1, 5, 7, 100));
+        assert!(merge.finish().sample.is_empty());
+    }
 }

@@ -1,11 +1,13 @@
-//! `POST /api/v1/partial/tree`: a share of a query that another query node split
-//! (kiln-query's `fanout`), answered with its uncut tree for that node to add up.
+//! `POST /api/v1/partial/tree` and `/api/v1/partial/profile`: a share of a query that
+//! another query node split (kiln-query's `fanout`), answered with its uncut tree or its
+//! merged pprof for that node to add up.
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use kiln_query::fanout::{local_tree, PartialQuery};
+use kiln_query::fanout::{local_profile, local_tree, PartialQuery};
+use kiln_query::select::SelectRequest;
 use kiln_query::tree::encode_partial;
 use kiln_query::QueryError;
 
@@ -18,14 +20,31 @@ pub async fn tree(
     tenant: Tenant,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let part: PartialQuery = serde_json::from_slice(&body)
-        .map_err(|err| QueryError::BadRequest(format!("invalid partial query: {err}")))?;
-    let request = part.request(&tenant)?;
     // Run here, never split again: the node that split it chose this share for this node.
-    let tree = local_tree(&state.querier, &request).await?;
+    let tree = local_tree(&state.querier, &request(&tenant, &body)?).await?;
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
         encode_partial(&tree),
     )
         .into_response())
+}
+
+pub async fn profile(
+    State(state): State<SharedState>,
+    tenant: Tenant,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let profile = local_profile(&state.querier, &request(&tenant, &body)?).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/vnd.google.protobuf")],
+        profile.encode_to_bytes(),
+    )
+        .into_response())
+}
+
+/// The share's request, for the caller's own tenant (whose datasets the share must hold).
+fn request(tenant: &str, body: &[u8]) -> Result<SelectRequest, ApiError> {
+    let part: PartialQuery = serde_json::from_slice(body)
+        .map_err(|err| QueryError::BadRequest(format!("invalid partial query: {err}")))?;
+    Ok(part.request(tenant)?)
 }

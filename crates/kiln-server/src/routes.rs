@@ -58,6 +58,10 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/api/v1/lines", post(explore::lines))
         .route(kiln_cluster::fanout::PARTIAL_TREE_PATH, post(partial::tree))
+        .route(
+            kiln_cluster::fanout::PARTIAL_PROFILE_PATH,
+            post(partial::profile),
+        )
         .merge(crate::ui::router())
         // Outermost last: errors are shaped for their protocol, then credentials are
         // checked, then the body's declared size, then a read's budget.

@@ -626,11 +626,63 @@ fn a_large_query_is_split_over_the_query_nodes_and_survives_one_dying() {
     let total = |functions: &[(String, (i64, i64))]| -> i64 {
         functions.iter().map(|(_, (flat, _))| flat).sum()
     };
+    // The week's merged pprof (SelectMergeProfile, as `go tool pprof` and Grafana's
+    // export get it): each stack of function names, root first, with its value.
+    let pprof = |node: &TestServer| -> Vec<(String, i64)> {
+        let request = kiln_query::api::SelectMergeProfileRequest {
+            profile_type_id: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(),
+            label_selector: r#"{service_name="week"}"#.into(),
+            start: (now_s - 7 * 86_400) * 1000,
+            end: now_s * 1000 + 1000,
+            ..Default::default()
+        };
+        let (status, body) = node.post_bytes(
+            "/querier.v1.QuerierService/SelectMergeProfile",
+            &prost::Message::encode_to_vec(&request),
+            &[("Content-Type", "application/proto")],
+        );
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        let profile = kiln_model::pprof::decode(&body, 1 << 30).expect("pprof");
+        let name = |location_id: &u64| -> String {
+            let location = profile.location.iter().find(|l| l.id == *location_id);
+            let function_id = location.and_then(|l| l.line.first()).map(|l| l.function_id);
+            let function = profile.function.iter().find(|f| Some(f.id) == function_id);
+            function.map_or("?".to_string(), |f| profile.string_or_empty(f.name))
+        };
+        let mut stacks = std::collections::BTreeMap::<String, i64>::new();
+        for sample in profile.sample.iter() {
+            let stack: Vec<String> = sample.location_id.iter().rev().map(name).collect();
+            *stacks.entry(stack.join(";")).or_default() += sample.value[0];
+        }
+        stacks.into_iter().collect()
+    };
     // The answer of one node reading it all (it never splits), which then leaves.
     let alone = start(u64::MAX);
     let whole = render(&alone);
+    let whole_pprof = pprof(&alone);
     assert_eq!(counter(&alone, "kiln_query_fanned_out_total"), 0.0);
     drop(alone);
+    // Gone from the live nodes, and from the first node's cache of them (a heartbeat):
+    // else the first node would deal it a share.
+    let live = |node: &TestServer| -> usize {
+        node.json("/api/v1/nodes", &[])["nodes"]
+            .as_array()
+            .map_or(0, |nodes| {
+                nodes.iter().filter(|n| n["state"] == "live").count()
+            })
+    };
+    crate::scrape::wait_until(
+        "two live nodes again",
+        std::time::Duration::from_secs(30),
+        || live(&first) == 2,
+    );
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Six stacks (main;serve and a handler, five times; main;gc), every profile once.
+    assert_eq!(whole_pprof.len(), 6, "{whole_pprof:?}");
+    assert_eq!(
+        whole_pprof.iter().map(|(_, value)| value).sum::<i64>(),
+        expected * 10_000_000
+    );
     let split = render(&first);
     assert_eq!(total(&split), expected * 10_000_000, "every profile once");
     assert_eq!(
@@ -641,6 +693,10 @@ fn a_large_query_is_split_over_the_query_nodes_and_survives_one_dying() {
     assert_eq!(counter(&first, "kiln_query_fanned_out_total"), 1.0);
     assert_eq!(counter(&first, "kiln_query_shares_sent_total"), 1.0);
     assert_eq!(split, whole);
+    // The pprof is split the same way, and merges to the same stacks.
+    assert_eq!(pprof(&first), whole_pprof);
+    assert_eq!(counter(&first, "kiln_query_fanned_out_total"), 2.0);
+    assert_eq!(counter(&first, "kiln_query_shares_sent_total"), 2.0);
 
     // A query node that died without leaving: live by its lease, refusing connections.
     let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -657,7 +713,9 @@ fn a_large_query_is_split_over_the_query_nodes_and_survives_one_dying() {
     assert_eq!(survived, whole);
     // Three shares now (here, the dead node, the live one): two more sent, and the dead
     // one's asked of the next node instead.
-    assert_eq!(counter(&first, "kiln_query_shares_sent_total"), 3.0);
+    assert_eq!(counter(&first, "kiln_query_shares_sent_total"), 4.0);
+    assert_eq!(pprof(&first), whole_pprof);
+    assert_eq!(counter(&first, "kiln_query_shares_sent_total"), 6.0);
     assert_eq!(counter(&first, "kiln_query_shares_run_here_total"), 0.0);
     // A share names its datasets, so a peer checks whose they are: another tenant's
     // dataset, relabelled as the caller's, is refused when its stored tenant is read.
@@ -840,4 +898,60 @@ fn the_systemd_example_starts_a_working_cluster() {
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("deployed"), "{text}");
     assert_eq!(ingest.get("/").0, 503, "the UI is on the query node");
+}
+
+/// `kiln bench ingest --ingest-nodes 2`, briefly: the clients spread over two ingest
+/// processes on PostgreSQL, each service's writes meet on its owner, nothing refused, and
+/// the CPU per MB the benchmarks page quotes is printed.
+#[test]
+fn the_ingest_bench_spreads_its_clients_over_ingest_nodes_that_forward_to_the_owner() {
+    if let Err(reason) = kiln_testkit::postgres() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let fixtures = workspace_root().join("testdata");
+    let output = run_kiln([
+        "bench".as_ref(),
+        "ingest".as_ref(),
+        "--corpus".as_ref(),
+        fixtures.as_os_str(),
+        "--ingest-nodes".as_ref(),
+        "2".as_ref(),
+        "--clients".as_ref(),
+        "6".as_ref(),
+        "--services".as_ref(),
+        "3".as_ref(),
+        "--seconds".as_ref(),
+        "3".as_ref(),
+    ]);
+    println!("{output}");
+    let value = |prefix: &str| -> String {
+        output
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} in:\n{output}"))
+            .trim()
+            .to_string()
+    };
+    let profiles: f64 = value("profiles/s").parse().expect("a rate");
+    assert!(profiles > 1.0, "{output}");
+    assert_eq!(value("errors"), "0", "{output}");
+    // Six clients over two nodes (client i on node i % 2), three services (client i sends
+    // service i % 3): every service arrives at both nodes, so whichever owns it, one
+    // node forwards it and the owner writes its own.
+    let placement = value("placement");
+    let count = |outcome: &str| -> u64 {
+        placement
+            .split(", ")
+            .find_map(|part| part.strip_prefix(&format!("{outcome} ")))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(count("forwarded") > 0, "{placement}");
+    assert_eq!(count("forwarded"), count("received"), "{placement}");
+    assert!(count("owner") > 0, "{placement}");
+    assert!(
+        value("server CPU per MB").ends_with("of gzip body)"),
+        "{output}"
+    );
 }
