@@ -276,9 +276,23 @@ pub fn time_parse(data: &[u8]) {
 }
 
 /// A query share's answer and request as one query node sends them to another
-/// (`POST /api/v1/partial/tree`): the uncut tree bytes (`KFT1`), read and merged, and the
-/// partial query's JSON, turned into a request; never a panic.
+/// (`POST /api/v1/partial/tree`, `…/series`): the uncut tree bytes (`KFT1`), read and
+/// merged, the unfinished series, added up and averaged, and the partial query's JSON,
+/// turned into a request; never a panic.
 pub fn partial_tree(data: &[u8]) {
+    if let Ok(series) = kiln_query::series::PartialSeries::from_bytes(data) {
+        let options = kiln_query::series::SeriesOptions {
+            step_ms: 1_000,
+            average: true,
+            limit: Some(3),
+            ..Default::default()
+        };
+        if let Ok(mut builder) = kiln_query::series::SeriesBuilder::new(&options) {
+            builder.add_partial(series.clone());
+            builder.add_partial(series);
+            let _ = builder.finish();
+        }
+    }
     if let Ok(tree) = kiln_query::tree::decode_partial(data) {
         let mut merged = tree.clone();
         merged.add_tree(&tree, |value| value);

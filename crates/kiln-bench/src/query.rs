@@ -481,10 +481,18 @@ fn query_nodes_table(args: &QueryBenchArgs, data_dir: &Path, end_ms: i64) -> any
             None => format!("unpinned, sharing the machine's {cores} cores"),
         }
     );
-    println!(
-        "| query nodes | first query | warm (median of 3) | shares sent to other nodes | total |"
-    );
-    println!("|---|---|---|---|---|");
+    let series_request = api::SelectSeriesRequest {
+        profile_type_id: CPU.to_string(),
+        label_selector: format!("{{service_name=\"{SERVICE}\"}}"),
+        start: request.start,
+        end: request.end,
+        group_by: vec!["instance".to_string()],
+        step: 3_600.0,
+        ..Default::default()
+    };
+    // The series are asked after the flame graph, on datasets it left in the cache.
+    println!("| query nodes | flame graph: first query | warm (median of 3) | series by instance, 1 h step: first | warm | shares sent to other nodes | total |");
+    println!("|---|---|---|---|---|---|---|");
     let mut first_total = None;
     for (round, &count) in args.query_nodes.iter().enumerate() {
         let count = count.max(1);
@@ -543,17 +551,30 @@ fn query_nodes_table(args: &QueryBenchArgs, data_dir: &Path, end_ms: i64) -> any
         let (cold, warm, _, response) = measure(first, || {
             first.call::<api::SelectMergeStacktracesResponse>("SelectMergeStacktraces", &request)
         })?;
+        let (series_cold, series_warm, _, series) = measure(first, || {
+            first.call::<api::SelectSeriesResponse>("SelectSeries", &series_request)
+        })?;
         let shares =
             crate::storage::metric(&first.url, "kiln_query_shares_sent_total")? - shares_before;
         let total = response.flamegraph.map_or(0, |graph| graph.total);
         if *first_total.get_or_insert(total) != total {
             bail!("the flame graph's total differs on {count} query nodes: {total}");
         }
+        let series_total: f64 = series
+            .series
+            .iter()
+            .flat_map(|series| series.points.iter().map(|point| point.value))
+            .sum();
+        if series_total as i64 != total {
+            bail!("the series sum to {series_total} on {count} query nodes, the flame graph to {total}");
+        }
         println!(
-            "| {count} | {:.0} ms | {:.0} ms | {} per query | {total} |",
+            "| {count} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {} per query | {total} |",
             cold * 1000.0,
             warm * 1000.0,
-            shares / 4.0
+            series_cold * 1000.0,
+            series_warm * 1000.0,
+            shares / 8.0
         );
     }
     Ok(())

@@ -16,6 +16,8 @@ use crate::membership::Membership;
 pub const PARTIAL_TREE_PATH: &str = "/api/v1/partial/tree";
 /// Where a share of a pprof query is sent (`fanout::local_profile`).
 pub const PARTIAL_PROFILE_PATH: &str = "/api/v1/partial/profile";
+/// Where a share of a series query is sent (`series::local_series`).
+pub const PARTIAL_SERIES_PATH: &str = "/api/v1/partial/series";
 
 /// The live query nodes other than this one.
 pub struct QueryPeers {
@@ -58,6 +60,7 @@ impl QueryPeers {
         let path = match output {
             Output::Tree => PARTIAL_TREE_PATH,
             Output::Profile => PARTIAL_PROFILE_PATH,
+            Output::Series => PARTIAL_SERIES_PATH,
         };
         let mut request = self
             .client

@@ -1,7 +1,7 @@
 //! One large query split by block over the live query nodes, and the parts merged.
 //!
-//! A flame graph and a merged pprof are sums over datasets, so any partition of a query's
-//! datasets gives parts that add up to the whole. The node a client asked lists the datasets (one
+//! A flame graph, a merged pprof and a series' buckets (sums and counts) are sums over
+//! datasets, so any partition of a query's datasets gives parts that add up to the whole. The node a client asked lists the datasets (one
 //! metastore query), and when they hold more than `min_profiles` profiles and other query
 //! nodes are live, it splits their blocks into one share per node, balanced by profile
 //! count: its own share it runs itself, each other share it sends as a [`PartialQuery`]
@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::pprof_export::PprofMerge;
 use crate::select::{Querier, SelectRequest, TypeFilter};
+use crate::series::{local_series, PartialSeries, SeriesOptions};
 use crate::tree::{decode_partial, FlameTree};
 use crate::QueryError;
 
@@ -48,6 +49,32 @@ pub struct PartialQuery {
     pub call_site: Vec<String>,
     /// The share: these datasets, as the splitting node listed them.
     pub datasets: Vec<DatasetMeta>,
+    /// For a share of a series query: how its points are bucketed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub series: Option<SeriesSpec>,
+}
+
+/// What a series share needs of [`SeriesOptions`]: averaging and the top-N cut are done
+/// once, by the node that split the query.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeriesSpec {
+    pub step_ms: i64,
+    #[serde(default)]
+    pub group_by: Vec<String>,
+    #[serde(default)]
+    pub exemplars: bool,
+}
+
+impl SeriesSpec {
+    pub fn options(&self) -> SeriesOptions {
+        SeriesOptions {
+            step_ms: self.step_ms,
+            group_by: self.group_by.clone(),
+            exemplars: self.exemplars,
+            ..Default::default()
+        }
+    }
 }
 
 impl PartialQuery {
@@ -92,12 +119,14 @@ pub trait Peers: Send + Sync {
     ) -> BoxFuture<'a, Result<Bytes, QueryError>>;
 }
 
-/// What a share answers: an uncut flame tree ([`crate::tree::encode_partial`]), or a
-/// merged pprof (protobuf, not gzipped: it travels between nodes of one cluster).
+/// What a share answers: an uncut flame tree ([`crate::tree::encode_partial`]), a
+/// merged pprof, or unfinished series ([`PartialSeries`]); protobufs are not gzipped:
+/// they travel between nodes of one cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Output {
     Tree,
     Profile,
+    Series,
 }
 
 /// How this node splits large queries.
@@ -139,7 +168,7 @@ pub async fn tree(querier: &Querier, request: &SelectRequest) -> Result<FlameTre
     let parts = split(
         querier,
         request,
-        Output::Tree,
+        (Output::Tree, None),
         move |part| async move { local_tree(querier, &part).await },
         decode_partial,
     )
@@ -160,7 +189,7 @@ pub async fn profile(querier: &Querier, request: &SelectRequest) -> Result<Profi
     let parts = split(
         querier,
         request,
-        Output::Profile,
+        (Output::Profile, None),
         move |part| async move { local_profile(querier, &part).await },
         decode_profile,
     )
@@ -173,6 +202,28 @@ pub async fn profile(querier: &Querier, request: &SelectRequest) -> Result<Profi
         merge.add_profile(part);
     }
     Ok(merge.finish())
+}
+
+/// The request's series in parts, one per share, unfinished: the caller adds them up
+/// ([`crate::series::SeriesBuilder::add_partial`]) and finishes once.
+pub async fn series(
+    querier: &Querier,
+    request: &SelectRequest,
+    options: &SeriesOptions,
+) -> Result<Vec<PartialSeries>, QueryError> {
+    let spec = SeriesSpec {
+        step_ms: options.step_ms,
+        group_by: options.group_by.clone(),
+        exemplars: options.exemplars,
+    };
+    split(
+        querier,
+        request,
+        (Output::Series, Some(spec)),
+        move |part| async move { local_series(querier, &part, options).await },
+        PartialSeries::from_bytes,
+    )
+    .await
 }
 
 /// A share's pprof as a peer returned it: bounded like any profile read from the network.
@@ -189,7 +240,7 @@ fn decode_profile(bytes: &[u8]) -> Result<Profile, QueryError> {
 async fn split<T, Local, Run>(
     querier: &Querier,
     request: &SelectRequest,
-    output: Output,
+    (output, series): (Output, Option<SeriesSpec>),
     local: Local,
     decode: fn(&[u8]) -> Result<T, QueryError>,
 ) -> Result<Vec<T>, QueryError>
@@ -231,6 +282,7 @@ where
             to_nanos: request.to_nanos,
             call_site: request.call_site.clone(),
             datasets,
+            series: series.clone(),
         };
         async move {
             if index == 0 {
@@ -381,6 +433,7 @@ mod tests {
             to_nanos: 2,
             call_site: vec!["main".to_string()],
             datasets: vec![meta("b1", 3), meta("b2", 4)],
+            series: None,
         };
         let request = part.request("team").unwrap();
         assert_eq!(request.tenant, "team");

@@ -36,21 +36,89 @@ struct Bucket {
     exemplars: Vec<Exemplar>,
 }
 
-/// Sums (or averages) the matching profiles per series and step.
+/// Sums (or averages) the matching profiles per series and step, split over the other
+/// query nodes when the range is large ([`crate::fanout::series`]).
 pub async fn select_series(
     querier: &Querier,
     request: &SelectRequest,
     options: &SeriesOptions,
 ) -> Result<Vec<Series>, QueryError> {
     let mut builder = SeriesBuilder::new(options)?;
+    let parts = if options.span_exemplars {
+        // Span exemplars read every sample: a filter of few profiles, never split.
+        vec![local_series(querier, request, options).await?]
+    } else {
+        crate::fanout::series(querier, request, options).await?
+    };
+    for part in parts {
+        builder.add_partial(part);
+    }
+    Ok(builder.finish())
+}
+
+/// The request's series over the datasets read here, not yet finished: sums, counts and
+/// the best exemplars per bucket.
+pub async fn local_series(
+    querier: &Querier,
+    request: &SelectRequest,
+    options: &SeriesOptions,
+) -> Result<PartialSeries, QueryError> {
+    let mut builder = SeriesBuilder::new(options)?;
+    // The profiles' rows: each is a point's time.
     let request = SelectRequest {
         per_sample: request.per_sample || options.span_exemplars,
+        values_only: false,
         ..request.clone()
     };
     querier
         .select_each(&request, |selection| builder.add(&selection))
         .await?;
-    Ok(builder.finish())
+    Ok(builder.into_partial())
+}
+
+/// A share's series before [`SeriesBuilder::finish`]: per group and bucket the sum, the
+/// count (for averages) and the best exemplars, so that the node that split the query
+/// adds the shares up and averages, ranks and cuts once. Sent between query nodes as
+/// protobuf.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PartialSeries {
+    #[prost(message, repeated, tag = "1")]
+    pub groups: Vec<PartialGroup>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PartialGroup {
+    #[prost(message, repeated, tag = "1")]
+    pub labels: Vec<LabelPair>,
+    #[prost(message, repeated, tag = "2")]
+    pub buckets: Vec<PartialBucket>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PartialBucket {
+    /// The bucket's start, milliseconds since the epoch.
+    #[prost(int64, tag = "1")]
+    pub timestamp: i64,
+    #[prost(int64, tag = "2")]
+    pub sum: i64,
+    #[prost(int64, tag = "3")]
+    pub count: i64,
+    #[prost(message, repeated, tag = "4")]
+    pub exemplars: Vec<Exemplar>,
+}
+
+impl PartialSeries {
+    /// A share's series as a peer returned them.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, QueryError> {
+        <PartialSeries as prost::Message>::decode(bytes)
+            .map_err(|err| QueryError::Remote(format!("a share's series do not decode: {err}")))
+    }
+}
+
+/// The exemplars a point keeps: the largest values, ties by profile id.
+fn keep_best(exemplars: &mut Vec<Exemplar>) {
+    exemplars.sort_by(|a, b| b.value.cmp(&a.value).then(a.profile_id.cmp(&b.profile_id)));
+    exemplars.truncate(EXEMPLARS_PER_POINT);
 }
 
 /// Series built one selection at a time, so that a caller can fold each selection into
@@ -140,6 +208,44 @@ impl<'a> SeriesBuilder<'a> {
         }
     }
 
+    /// The series as they stand, for another node to add ([`Self::add_partial`]). Each
+    /// bucket keeps only its best exemplars: the best of all shares are among them.
+    pub fn into_partial(self) -> PartialSeries {
+        let groups = self
+            .series
+            .into_iter()
+            .map(|(labels, buckets)| PartialGroup {
+                labels,
+                buckets: buckets
+                    .into_iter()
+                    .map(|(timestamp, mut bucket)| {
+                        keep_best(&mut bucket.exemplars);
+                        PartialBucket {
+                            timestamp,
+                            sum: bucket.sum,
+                            count: bucket.count,
+                            exemplars: bucket.exemplars,
+                        }
+                    })
+                    .collect(),
+            })
+            .collect();
+        PartialSeries { groups }
+    }
+
+    /// Adds a share's series: sums and counts per group and bucket, exemplars pooled.
+    pub fn add_partial(&mut self, partial: PartialSeries) {
+        for group in partial.groups {
+            let buckets = self.series.entry(group.labels).or_default();
+            for part in group.buckets {
+                let bucket = buckets.entry(part.timestamp).or_default();
+                bucket.sum = bucket.sum.saturating_add(part.sum);
+                bucket.count = bucket.count.saturating_add(part.count);
+                bucket.exemplars.extend(part.exemplars);
+            }
+        }
+    }
+
     pub fn finish(self) -> Vec<Series> {
         let options = self.options;
         let mut result: Vec<(i64, Series)> = self
@@ -151,10 +257,7 @@ impl<'a> SeriesBuilder<'a> {
                     .into_iter()
                     .map(|(timestamp, mut bucket)| {
                         sum = sum.saturating_add(bucket.sum);
-                        bucket.exemplars.sort_by(|a, b| {
-                            b.value.cmp(&a.value).then(a.profile_id.cmp(&b.profile_id))
-                        });
-                        bucket.exemplars.truncate(EXEMPLARS_PER_POINT);
+                        keep_best(&mut bucket.exemplars);
                         let value = if options.average {
                             bucket.sum as f64 / bucket.count.max(1) as f64
                         } else {

@@ -54,7 +54,8 @@ pub fn access(method: &Method, path: &str) -> Access {
         | "/api/v1/heatmap/flamegraph"
         | "/api/v1/lines"
         | kiln_cluster::fanout::PARTIAL_TREE_PATH
-        | kiln_cluster::fanout::PARTIAL_PROFILE_PATH => Access::Needs(Scope::Read),
+        | kiln_cluster::fanout::PARTIAL_PROFILE_PATH
+        | kiln_cluster::fanout::PARTIAL_SERIES_PATH => Access::Needs(Scope::Read),
         _ if reads => Access::Needs(Scope::Read),
         _ => Access::Needs(Scope::Admin),
     }
@@ -173,6 +174,7 @@ mod tests {
             (Method::POST, "/api/v1/lines"),
             (Method::POST, "/api/v1/partial/tree"),
             (Method::POST, "/api/v1/partial/profile"),
+            (Method::POST, "/api/v1/partial/series"),
             (Method::GET, "/api/v1/recording-rules"),
             (Method::POST, "/api/v1/recording-rules/preview"),
             (Method::GET, "/api/v1/regressions"),

@@ -8,8 +8,10 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use kiln_query::fanout::{local_profile, local_tree, PartialQuery};
 use kiln_query::select::SelectRequest;
+use kiln_query::series::local_series;
 use kiln_query::tree::encode_partial;
 use kiln_query::QueryError;
+use prost::Message;
 
 use crate::error::ApiError;
 use crate::state::SharedState;
@@ -42,9 +44,32 @@ pub async fn profile(
         .into_response())
 }
 
+pub async fn series(
+    State(state): State<SharedState>,
+    tenant: Tenant,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let part = parse(&body)?;
+    let Some(spec) = &part.series else {
+        return Err(
+            QueryError::BadRequest("a series share needs its \"series\" options".into()).into(),
+        );
+    };
+    let options = spec.options();
+    let series = local_series(&state.querier, &part.request(&tenant)?, &options).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-protobuf")],
+        series.encode_to_vec(),
+    )
+        .into_response())
+}
+
+fn parse(body: &[u8]) -> Result<PartialQuery, ApiError> {
+    Ok(serde_json::from_slice(body)
+        .map_err(|err| QueryError::BadRequest(format!("invalid partial query: {err}")))?)
+}
+
 /// The share's request, for the caller's own tenant (whose datasets the share must hold).
 fn request(tenant: &str, body: &[u8]) -> Result<SelectRequest, ApiError> {
-    let part: PartialQuery = serde_json::from_slice(body)
-        .map_err(|err| QueryError::BadRequest(format!("invalid partial query: {err}")))?;
-    Ok(part.request(tenant)?)
+    Ok(parse(body)?.request(tenant)?)
 }

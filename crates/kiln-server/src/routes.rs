@@ -62,6 +62,10 @@ pub fn router(state: SharedState) -> Router {
             kiln_cluster::fanout::PARTIAL_PROFILE_PATH,
             post(partial::profile),
         )
+        .route(
+            kiln_cluster::fanout::PARTIAL_SERIES_PATH,
+            post(partial::series),
+        )
         .merge(crate::ui::router())
         // Outermost last: errors are shaped for their protocol, then credentials are
         // checked, then the body's declared size, then a read's budget.

@@ -656,10 +656,29 @@ fn a_large_query_is_split_over_the_query_nodes_and_survives_one_dying() {
         }
         stacks.into_iter().collect()
     };
+    // The week's series by handler, 6 h steps, summed and averaged, with the profiles
+    // behind each point.
+    let series = |node: &TestServer, aggregation: i32| -> kiln_query::api::SelectSeriesResponse {
+        let request = kiln_query::api::SelectSeriesRequest {
+            profile_type_id: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(),
+            label_selector: r#"{service_name="week"}"#.into(),
+            start: (now_s - 7 * 86_400) * 1000,
+            end: now_s * 1000 + 1000,
+            step: 21_600.0,
+            aggregation: Some(aggregation),
+            exemplar_type: kiln_query::api::EXEMPLAR_TYPE_INDIVIDUAL,
+            ..Default::default()
+        };
+        call(node, "SelectSeries", &request, None)
+    };
     // The answer of one node reading it all (it never splits), which then leaves.
     let alone = start(u64::MAX);
     let whole = render(&alone);
     let whole_pprof = pprof(&alone);
+    let whole_series = [
+        series(&alone, 0),
+        series(&alone, kiln_query::api::AGGREGATION_AVERAGE),
+    ];
     assert_eq!(counter(&alone, "kiln_query_fanned_out_total"), 0.0);
     drop(alone);
     // Gone from the live nodes, and from the first node's cache of them (a heartbeat):
@@ -697,6 +716,21 @@ fn a_large_query_is_split_over_the_query_nodes_and_survives_one_dying() {
     assert_eq!(pprof(&first), whole_pprof);
     assert_eq!(counter(&first, "kiln_query_fanned_out_total"), 2.0);
     assert_eq!(counter(&first, "kiln_query_shares_sent_total"), 2.0);
+    // So are series: the same points, averages and exemplars as one node's.
+    let sum = &whole_series[0].series;
+    assert_eq!(sum.len(), 1, "{sum:?}");
+    assert_eq!(
+        sum[0].points.iter().map(|p| p.value).sum::<f64>(),
+        (expected * 10_000_000) as f64
+    );
+    assert!(sum[0].points.iter().all(|p| !p.exemplars.is_empty()));
+    assert_eq!(series(&first, 0), whole_series[0]);
+    assert_eq!(
+        series(&first, kiln_query::api::AGGREGATION_AVERAGE),
+        whole_series[1]
+    );
+    assert_eq!(counter(&first, "kiln_query_fanned_out_total"), 4.0);
+    assert_eq!(counter(&first, "kiln_query_shares_sent_total"), 4.0);
 
     // A query node that died without leaving: live by its lease, refusing connections.
     let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -713,9 +747,10 @@ fn a_large_query_is_split_over_the_query_nodes_and_survives_one_dying() {
     assert_eq!(survived, whole);
     // Three shares now (here, the dead node, the live one): two more sent, and the dead
     // one's asked of the next node instead.
-    assert_eq!(counter(&first, "kiln_query_shares_sent_total"), 4.0);
-    assert_eq!(pprof(&first), whole_pprof);
     assert_eq!(counter(&first, "kiln_query_shares_sent_total"), 6.0);
+    assert_eq!(pprof(&first), whole_pprof);
+    assert_eq!(series(&first, 0), whole_series[0]);
+    assert_eq!(counter(&first, "kiln_query_shares_sent_total"), 10.0);
     assert_eq!(counter(&first, "kiln_query_shares_run_here_total"), 0.0);
     // A share names its datasets, so a peer checks whose they are: another tenant's
     // dataset, relabelled as the caller's, is refused when its stored tenant is read.
@@ -737,6 +772,7 @@ fn a_large_query_is_split_over_the_query_nodes_and_survives_one_dying() {
         to_nanos: i64::MAX,
         call_site: Vec::new(),
         datasets,
+        series: None,
     };
     let (status, text) = first.post_with(
         kiln_cluster::fanout::PARTIAL_TREE_PATH,
