@@ -97,18 +97,8 @@ impl Cluster {
             .spawn()
             .context("cannot start kiln server")?;
         node.child = Some(child);
-        let url = format!("http://127.0.0.1:{}/ready", node.port);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while ureq::get(&url)
-            .timeout(Duration::from_secs(1))
-            .call()
-            .is_err()
-        {
-            if Instant::now() > deadline {
-                bail!("{} node on {} did not become ready", node.target, node.port);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        crate::ingest::wait_ready(&format!("http://127.0.0.1:{}", node.port))
+            .with_context(|| format!("{} node", node.target))?;
         node.up.store(true, Ordering::SeqCst);
         Ok(())
     }
@@ -144,10 +134,6 @@ struct QueryOutcomes {
     retryable: u64,
     on_a_down_node: u64,
     unclean: Vec<String>,
-}
-
-fn free_port() -> u16 {
-    kiln_testkit::free_port()
 }
 
 /// A week's flame graph of every service through querier.v1 (what the UI and Grafana
@@ -197,7 +183,7 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let postgres = kiln_testkit::postgres::start_own().map_err(anyhow::Error::msg)?;
     let s3 = kiln_testkit::s3::s3().map_err(anyhow::Error::msg)?;
-    let temp = tempfile_dir()?;
+    let temp = crate::insight::tempfile_dir("kiln-chaos")?;
     let config = temp.join("kiln.yaml");
     std::fs::write(
         &config,
@@ -220,7 +206,7 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
         for index in 0..count {
             nodes.push(Node {
                 target,
-                port: free_port(),
+                port: kiln_testkit::free_port(),
                 data_dir: temp.join(format!("{target}-{index}")),
                 child: None,
                 up: Arc::new(AtomicBool::new(false)),
@@ -543,11 +529,4 @@ fn wait_for_compaction(metastore_url: &str) -> anyhow::Result<bool> {
         std::thread::sleep(Duration::from_millis(500));
     }
     Ok(false)
-}
-
-fn tempfile_dir() -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("kiln-chaos-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
 }

@@ -113,6 +113,9 @@ pub struct IngestArgs {
 struct IngestCluster {
     _postgres: kiln_testkit::postgres::PostgresServer,
     servers: Vec<(std::process::Child, String)>,
+    /// With `--compaction true`: one `--target compact` process over the same stores,
+    /// whose CPU counts as the servers'.
+    compactor: Option<(std::process::Child, String)>,
 }
 
 impl IngestCluster {
@@ -132,11 +135,12 @@ impl IngestCluster {
         let mut cluster = IngestCluster {
             _postgres: postgres,
             servers: Vec::new(),
+            compactor: None,
         };
-        for index in 0..args.ingest_nodes {
-            let flags: Vec<std::ffi::OsString> = vec![
+        let flags = |target: &str| -> Vec<std::ffi::OsString> {
+            vec![
                 "--target".into(),
-                "ingest".into(),
+                target.into(),
                 "--metastore".into(),
                 metastore.clone().into(),
                 "--object-store".into(),
@@ -145,9 +149,17 @@ impl IngestCluster {
                 config.clone().into(),
                 "--flush-adaptive".into(),
                 args.flush_adaptive.to_string().into(),
-            ];
-            let server = start_server_with(&temp.join(format!("ingest-{index}")), &flags)?;
+                "--compaction".into(),
+                args.compaction.to_string().into(),
+            ]
+        };
+        for index in 0..args.ingest_nodes {
+            let server =
+                start_server_with(&temp.join(format!("ingest-{index}")), &flags("ingest"))?;
             cluster.servers.push(server);
+        }
+        if args.compaction {
+            cluster.compactor = Some(start_server_with(&temp.join("compact"), &flags("compact"))?);
         }
         // Placement needs every node to know the others: wait until each lists them all
         // as live, and one heartbeat more for their caches.
@@ -178,7 +190,7 @@ impl IngestCluster {
 
 impl Drop for IngestCluster {
     fn drop(&mut self) {
-        for (child, _) in &mut self.servers {
+        for (child, _) in self.servers.iter_mut().chain(&mut self.compactor) {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -380,18 +392,26 @@ pub fn start_server_pinned(
         .spawn()
         .with_context(|| format!("cannot start the server {}", binary.display()))?;
     let url = format!("http://127.0.0.1:{port}");
+    if let Err(err) = wait_ready(&url) {
+        let _ = child.kill();
+        return Err(err);
+    }
+    Ok((child, url))
+}
+
+/// Waits up to a minute for a started server's `/ready`.
+pub(crate) fn wait_ready(url: &str) -> anyhow::Result<()> {
     let agent = ureq::AgentBuilder::new()
         .timeout(Duration::from_secs(1))
         .build();
     let deadline = Instant::now() + Duration::from_secs(60);
     while agent.get(&format!("{url}/ready")).call().is_err() {
         if Instant::now() > deadline {
-            let _ = child.kill();
-            bail!("the server did not become ready");
+            bail!("the server at {url} did not become ready");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Ok((child, url))
+    Ok(())
 }
 
 async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
@@ -433,9 +453,15 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
         Some(cluster) => cluster
             .servers
             .iter()
+            .chain(&cluster.compactor)
             .map(|(child, _)| child.id())
             .collect(),
         None => server.iter().map(|child| child.id()).collect(),
+    };
+    // Where compaction runs: the compact node of a cluster, else the one server.
+    let merge_url = match cluster.as_ref().and_then(|c| c.compactor.as_ref()) {
+        Some((_, url)) => url.clone(),
+        None => url.clone(),
     };
     let servers_cpu = |pids: &[u32]| -> Option<f64> {
         let seconds: Option<Vec<f64>> = pids.iter().map(|pid| process_cpu_seconds(*pid)).collect();
@@ -443,7 +469,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     };
     let cpu_before = servers_cpu(&pids);
     let machine_before = machine_busy_seconds();
-    let merge_cpu_before = crate::storage::metric(&url, MERGE_CPU).ok();
+    let merge_cpu_before = crate::storage::metric(&merge_url, MERGE_CPU).ok();
     let total_bytes: usize = files.iter().map(|file| file.body.len()).sum();
     let total_pprof_bytes: usize = files.iter().map(|file| file.pprof_bytes).sum();
     let total_otlp_bytes: usize = files
@@ -610,7 +636,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     let elapsed = started.elapsed().as_secs_f64();
     let cpu_after = servers_cpu(&pids);
     let machine_after = machine_busy_seconds();
-    let merge_cpu_after = crate::storage::metric(&url, MERGE_CPU).ok();
+    let merge_cpu_after = crate::storage::metric(&merge_url, MERGE_CPU).ok();
     let mut latencies = latencies.lock().map(|l| l.clone()).unwrap_or_default();
     latencies.sort_by(|a, b| a.total_cmp(b));
     let percentile = |p: f64| -> f64 {

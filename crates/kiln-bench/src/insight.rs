@@ -451,8 +451,10 @@ async fn watch(args: &InsightBenchArgs, templates: &[Template]) -> anyhow::Resul
     Ok(())
 }
 
-fn tempfile_dir(prefix: &str) -> anyhow::Result<PathBuf> {
+/// An empty directory of this process's own under the temporary directory.
+pub(crate) fn tempfile_dir(prefix: &str) -> anyhow::Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }

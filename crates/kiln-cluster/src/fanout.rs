@@ -54,13 +54,13 @@ impl QueryPeers {
         address: &str,
         tenant: &str,
         credentials: Option<&str>,
-        output: Output,
+        output: &Output,
         part: &PartialQuery,
     ) -> Result<Bytes, String> {
         let path = match output {
             Output::Tree => PARTIAL_TREE_PATH,
             Output::Profile => PARTIAL_PROFILE_PATH,
-            Output::Series => PARTIAL_SERIES_PATH,
+            Output::Series(_) => PARTIAL_SERIES_PATH,
         };
         let mut request = self
             .client
@@ -94,7 +94,7 @@ impl Peers for QueryPeers {
         index: usize,
         tenant: &'a str,
         credentials: Option<&'a str>,
-        output: Output,
+        output: &'a Output,
         part: &'a PartialQuery,
     ) -> BoxFuture<'a, Result<Bytes, QueryError>> {
         Box::pin(async move {

@@ -31,7 +31,8 @@ pub struct NodeConfig {
     /// Whether writes go to the ingest node that owns their (tenant, service)
     /// ([`crate::forward`]); off, every node writes what it receives.
     pub placement: bool,
-    /// How long a forwarded write may take before it is written here instead.
+    /// How long a forwarded write may take; past it the client gets a 503 and retries
+    /// (the owner may have stored it, so it is not written here too).
     pub forward_timeout_ms: u64,
     /// Queries over at least this many profiles are split over the live query nodes
     /// (kiln-query's fan-out); smaller ones run where they were asked.

@@ -8,8 +8,9 @@
 //! (the request with the share's datasets as listed, so that a compaction between the
 //! listing and the share's reading cannot hide them: replaced objects stay readable for
 //! the grace period). Parts come back as uncut trees
-//! ([`crate::tree::encode_partial`]) and are added by frame path, so the result is the
-//! tree one node would have built, exactly.
+//! ([`crate::tree::encode_partial`]), pprof or unfinished series, and are added up, so
+//! the result is what one node would have built, exactly. A query found too small to
+//! split runs here on the datasets just listed: one metastore listing either way.
 //!
 //! Nothing here may fail a query that one node could answer: a share whose node fails
 //! or times out is asked of the next peer ([`Peers::run`] tries them in turn), and
@@ -114,7 +115,7 @@ pub trait Peers: Send + Sync {
         index: usize,
         tenant: &'a str,
         credentials: Option<&'a str>,
-        output: Output,
+        output: &'a Output,
         part: &'a PartialQuery,
     ) -> BoxFuture<'a, Result<Bytes, QueryError>>;
 }
@@ -122,11 +123,12 @@ pub trait Peers: Send + Sync {
 /// What a share answers: an uncut flame tree ([`crate::tree::encode_partial`]), a
 /// merged pprof, or unfinished series ([`PartialSeries`]); protobufs are not gzipped:
 /// they travel between nodes of one cluster.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output {
     Tree,
     Profile,
-    Series,
+    /// Series bucketed so ([`PartialQuery::series`] carries it to the peer).
+    Series(SeriesSpec),
 }
 
 /// How this node splits large queries.
@@ -168,7 +170,7 @@ pub async fn tree(querier: &Querier, request: &SelectRequest) -> Result<FlameTre
     let parts = split(
         querier,
         request,
-        (Output::Tree, None),
+        Output::Tree,
         move |part| async move { local_tree(querier, &part).await },
         decode_partial,
     )
@@ -189,7 +191,7 @@ pub async fn profile(querier: &Querier, request: &SelectRequest) -> Result<Profi
     let parts = split(
         querier,
         request,
-        (Output::Profile, None),
+        Output::Profile,
         move |part| async move { local_profile(querier, &part).await },
         decode_profile,
     )
@@ -219,7 +221,7 @@ pub async fn series(
     split(
         querier,
         request,
-        (Output::Series, Some(spec)),
+        Output::Series(spec),
         move |part| async move { local_series(querier, &part, options).await },
         PartialSeries::from_bytes,
     )
@@ -236,11 +238,12 @@ fn decode_profile(bytes: &[u8]) -> Result<Profile, QueryError> {
 /// Runs `request` in parts, one per share of its datasets, when it is large enough and
 /// other query nodes are live: the first share with `local`, each other on a peer (its
 /// answer read with `decode`), and a share no peer answered with `local` too. Otherwise
-/// one part, the whole request run with `local`.
+/// one part, the whole request run with `local` (on the datasets already listed, if the
+/// listing was what showed the query small).
 async fn split<T, Local, Run>(
     querier: &Querier,
     request: &SelectRequest,
-    (output, series): (Output, Option<SeriesSpec>),
+    output: Output,
     local: Local,
     decode: fn(&[u8]) -> Result<T, QueryError>,
 ) -> Result<Vec<T>, QueryError>
@@ -248,33 +251,21 @@ where
     Local: Fn(SelectRequest) -> Run,
     Run: Future<Output = Result<T, QueryError>>,
 {
-    let whole = || local(request.clone());
-    let Some(fanout) = querier.fanout().filter(|_| splittable(request)).cloned() else {
-        return Ok(vec![whole().await?]);
+    let restricted = |datasets: Vec<DatasetMeta>| SelectRequest {
+        datasets: Some(Arc::new(datasets)),
+        ..request.clone()
     };
-    let TypeFilter::Exact(profile_type) = &request.types else {
-        return Ok(vec![whole().await?]);
+    let (fanout, profile_type, shares) = match plan(querier, request).await? {
+        Plan::Here => return Ok(vec![local(request.clone()).await?]),
+        Plan::HereListed(metas) => return Ok(vec![local(restricted(metas)).await?]),
+        Plan::Split(fanout, profile_type, shares) => (fanout, profile_type, shares),
     };
-    let peers = fanout.peers.count();
-    if peers == 0 {
-        return Ok(vec![whole().await?]);
-    }
-    let metas = querier.datasets_within_budget(request).await?;
-    let profiles: u64 = metas.iter().map(|meta| meta.profile_count).sum();
-    let shares = shares(&metas, peers + 1);
-    if profiles < fanout.min_profiles || shares.len() < 2 {
-        return Ok(vec![whole().await?]);
-    }
     querier.metrics().fanned_out(shares.len() - 1);
     let credentials = credentials();
-    let local = &local;
+    let (local, restricted, output) = (&local, &restricted, &output);
     let parts = shares.into_iter().enumerate().map(|(index, datasets)| {
         let fanout = fanout.clone();
         let credentials = credentials.clone();
-        let restricted = SelectRequest {
-            datasets: Some(Arc::new(datasets.clone())),
-            ..request.clone()
-        };
         let part = PartialQuery {
             profile_type: profile_type.clone(),
             selector: request.selector.to_string(),
@@ -282,21 +273,18 @@ where
             to_nanos: request.to_nanos,
             call_site: request.call_site.clone(),
             datasets,
-            series: series.clone(),
+            series: match output {
+                Output::Series(spec) => Some(spec.clone()),
+                _ => None,
+            },
         };
         async move {
             if index == 0 {
-                return local(restricted).await;
+                return local(restricted(part.datasets)).await;
             }
             let remote = fanout
                 .peers
-                .run(
-                    index - 1,
-                    &request.tenant,
-                    credentials.as_deref(),
-                    output,
-                    &part,
-                )
+                .run(index - 1, &request.tenant, credentials.as_deref(), output, &part)
                 .await
                 .and_then(|bytes| decode(&bytes));
             match remote {
@@ -305,7 +293,7 @@ where
                     // No peer answered: the share is run here, and the query still holds.
                     tracing::warn!(error = %err, datasets = part.datasets.len(), "query share failed on every peer; running it here");
                     querier.metrics().share_run_here();
-                    local(restricted).await
+                    local(restricted(part.datasets)).await
                 }
             }
         }
@@ -314,6 +302,40 @@ where
         .await
         .into_iter()
         .collect()
+}
+
+/// Where a request runs.
+enum Plan {
+    /// Here, listing its datasets as usual: it cannot be split, or no other query node
+    /// is live.
+    Here,
+    /// Here, on these datasets, listed to learn that the query is too small to split.
+    HereListed(Vec<DatasetMeta>),
+    /// Over the peers: the profile type, and one share of datasets per node.
+    Split(Fanout, String, Vec<Vec<DatasetMeta>>),
+}
+
+async fn plan(querier: &Querier, request: &SelectRequest) -> Result<Plan, QueryError> {
+    let Some(fanout) = querier.fanout().filter(|_| splittable(request)) else {
+        return Ok(Plan::Here);
+    };
+    let TypeFilter::Exact(profile_type) = &request.types else {
+        return Ok(Plan::Here);
+    };
+    let peers = fanout.peers.count();
+    if peers == 0 {
+        return Ok(Plan::Here);
+    }
+    let metas = querier.datasets_within_budget(request).await?;
+    let profiles: u64 = metas.iter().map(|meta| meta.profile_count).sum();
+    if profiles < fanout.min_profiles {
+        return Ok(Plan::HereListed(metas));
+    }
+    let shares = shares(&metas, peers + 1);
+    if shares.len() < 2 {
+        return Ok(Plan::HereListed(metas));
+    }
+    Ok(Plan::Split(fanout.clone(), profile_type.clone(), shares))
 }
 
 /// The tree of the request's datasets read here (totals not yet computed).

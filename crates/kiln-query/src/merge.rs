@@ -39,7 +39,6 @@ pub async fn merged_tree(
     request: &SelectRequest,
     max_nodes: usize,
 ) -> Result<FlameTree, QueryError> {
-    exact_type(request)?;
     // Split over the other query nodes when large enough (crate::fanout); built here
     // otherwise. Either way the same uncut tree, cut once here.
     let mut tree = crate::fanout::tree(querier, request).await?;
@@ -61,7 +60,6 @@ pub async fn merged_profile(
     querier: &Querier,
     request: &SelectRequest,
 ) -> Result<Profile, QueryError> {
-    exact_type(request)?;
     // Split over the other query nodes when large enough (crate::fanout), as the tree is.
     crate::fanout::profile(querier, request).await
 }

@@ -3,6 +3,7 @@
 //! value per side), so both are built, summed and cut by the same code.
 
 use foldhash::{HashMap, HashMapExt};
+use prost::encoding::{decode_varint, encode_varint};
 
 use crate::select::DatasetSelection;
 use crate::symbols::FrameNames;
@@ -352,16 +353,16 @@ pub fn build_tree(selections: &[DatasetSelection], type_id: &str) -> FlameTree {
 /// its self value (zigzag). Parents precede children, as in the tree itself.
 pub fn encode_partial(tree: &FlameTree) -> Vec<u8> {
     let mut out = b"KFT1".to_vec();
-    varint(tree.names.len() as u64, &mut out);
+    encode_varint(tree.names.len() as u64, &mut out);
     for name in &tree.names {
-        varint(name.len() as u64, &mut out);
+        encode_varint(name.len() as u64, &mut out);
         out.extend_from_slice(name.as_bytes());
     }
-    varint(tree.nodes.len() as u64, &mut out);
+    encode_varint(tree.nodes.len() as u64, &mut out);
     for node in tree.nodes.iter().skip(1) {
-        varint(u64::from(node.parent), &mut out);
-        varint(u64::from(node.name), &mut out);
-        varint(
+        encode_varint(u64::from(node.parent), &mut out);
+        encode_varint(u64::from(node.name), &mut out);
+        encode_varint(
             ((node.self_value << 1) ^ (node.self_value >> 63)) as u64,
             &mut out,
         );
@@ -373,31 +374,32 @@ pub fn encode_partial(tree: &FlameTree) -> Vec<u8> {
 /// another process, and a bad one is an error, never a panic or a wrong tree.
 pub fn decode_partial(bytes: &[u8]) -> Result<FlameTree, QueryError> {
     let bad = |what: &str| QueryError::Remote(format!("partial tree: {what}"));
-    let rest = bytes
+    let mut rest = bytes
         .strip_prefix(b"KFT1")
         .ok_or_else(|| bad("no KFT1 magic"))?;
-    let mut at = 0usize;
+    let next = |rest: &mut &[u8]| decode_varint(rest).map_err(|_| bad("truncated"));
     let mut tree = FlameTree::default();
-    let count = read_varint(rest, &mut at).ok_or_else(|| bad("truncated"))? as usize;
+    let count = next(&mut rest)? as usize;
     // Capacities are bounded by the bytes there are: a count is only a claim.
     let mut names = Vec::with_capacity(count.min(rest.len()));
     for _ in 0..count {
-        let length = read_varint(rest, &mut at).ok_or_else(|| bad("truncated"))? as usize;
-        let name = rest
-            .get(at..at.saturating_add(length))
-            .ok_or_else(|| bad("truncated name"))?;
-        at += length;
+        let length = next(&mut rest)? as usize;
+        if length > rest.len() {
+            return Err(bad("truncated name"));
+        }
+        let (name, after) = rest.split_at(length);
         names.push(String::from_utf8_lossy(name).into_owned());
+        rest = after;
     }
-    let nodes = read_varint(rest, &mut at).ok_or_else(|| bad("truncated"))? as usize;
+    let nodes = next(&mut rest)? as usize;
     // Ids in this tree of each received name, interned as they are first used.
     let mut interned: Vec<Option<u32>> = vec![None; names.len()];
     let mut mapped: Vec<u32> = Vec::with_capacity(nodes.min(rest.len()));
     mapped.push(0);
     for index in 1..nodes.max(1) {
-        let parent = read_varint(rest, &mut at).ok_or_else(|| bad("truncated"))? as usize;
-        let name = read_varint(rest, &mut at).ok_or_else(|| bad("truncated"))? as usize;
-        let zigzag = read_varint(rest, &mut at).ok_or_else(|| bad("truncated"))?;
+        let parent = next(&mut rest)? as usize;
+        let name = next(&mut rest)? as usize;
+        let zigzag = next(&mut rest)?;
         let value = ((zigzag >> 1) as i64) ^ -((zigzag & 1) as i64);
         if parent >= index {
             return Err(bad("a parent after its child"));
@@ -417,31 +419,10 @@ pub fn decode_partial(bytes: &[u8]) -> Result<FlameTree, QueryError> {
         tree.add_self(node, value);
         mapped.push(node);
     }
-    if at != rest.len() {
+    if !rest.is_empty() {
         return Err(bad("trailing bytes"));
     }
     Ok(tree)
-}
-
-fn varint(mut value: u64, out: &mut Vec<u8>) {
-    while value >= 0x80 {
-        out.push((value as u8) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
-}
-
-fn read_varint(bytes: &[u8], at: &mut usize) -> Option<u64> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let byte = *bytes.get(*at)?;
-        *at += 1;
-        value |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return Some(value);
-        }
-    }
-    None
 }
 
 #[cfg(test)]

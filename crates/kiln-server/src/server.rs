@@ -51,7 +51,7 @@ pub enum ServerError {
     #[error("{0}")]
     Target(String),
     #[error("reaching the other nodes: {0}")]
-    Forwarder(#[source] kiln_cluster::ClientError),
+    PeerClient(#[source] kiln_cluster::ClientError),
     #[error("auth: tenant id {tenant:?}: {source}")]
     AuthTenant {
         tenant: String,
@@ -255,7 +255,7 @@ impl Server {
         };
         let forwarder =
             kiln_cluster::Forwarder::new(membership.clone(), &node, tls_roots.as_deref())
-                .map_err(ServerError::Forwarder)?;
+                .map_err(ServerError::PeerClient)?;
         forwarder.register(&mut registry);
         if roles.has("query") {
             // Large queries split over the other live query nodes; a share may take as
@@ -264,7 +264,7 @@ impl Server {
                 Duration::from_millis(config.query.timeout_ms.max(1_000)),
                 tls_roots.as_deref(),
             )
-            .map_err(ServerError::Forwarder)?;
+            .map_err(ServerError::PeerClient)?;
             querier.fan_out(kiln_query::fanout::Fanout {
                 peers: Arc::new(kiln_cluster::fanout::QueryPeers::new(
                     membership.clone(),

@@ -937,8 +937,8 @@ fn the_systemd_example_starts_a_working_cluster() {
 }
 
 /// `kiln bench ingest --ingest-nodes 2`, briefly: the clients spread over two ingest
-/// processes on PostgreSQL, each service's writes meet on its owner, nothing refused, and
-/// the CPU per MB the benchmarks page quotes is printed.
+/// processes on PostgreSQL (and a compact one), each service's writes meet on its owner,
+/// nothing refused, and the CPU per MB the benchmarks page quotes is printed.
 #[test]
 fn the_ingest_bench_spreads_its_clients_over_ingest_nodes_that_forward_to_the_owner() {
     if let Err(reason) = kiln_testkit::postgres() {
@@ -959,6 +959,8 @@ fn the_ingest_bench_spreads_its_clients_over_ingest_nodes_that_forward_to_the_ow
         "3".as_ref(),
         "--seconds".as_ref(),
         "3".as_ref(),
+        "--compaction".as_ref(),
+        "true".as_ref(),
     ]);
     println!("{output}");
     let value = |prefix: &str| -> String {
@@ -988,6 +990,11 @@ fn the_ingest_bench_spreads_its_clients_over_ingest_nodes_that_forward_to_the_ow
     assert!(count("owner") > 0, "{placement}");
     assert!(
         value("server CPU per MB").ends_with("of gzip body)"),
+        "{output}"
+    );
+    // With compaction on, a compact node joins, and its merge CPU is reported.
+    assert!(
+        value("  compaction").contains("ingest and the rest"),
         "{output}"
     );
 }
