@@ -293,7 +293,7 @@ async fn run_in(
     // Phase 2: compaction alone, every level due at once.
     std::fs::write(
         data_dir.join("kiln.yaml"),
-        "compaction:\n  interval_ms: 100\n  grace_ms: 0\n  levels:\n    - { max_datasets: 20, max_age_ms: 0, window_ms: 0 }\n    - { max_datasets: 10, max_age_ms: 0, window_ms: 3600000 }\n    - { max_datasets: 24, max_age_ms: 0, window_ms: 86400000 }\n",
+        "compaction:\n  interval_ms: 100\n  grace_ms: 0\n  levels:\n    - { max_datasets: 20, max_age_ms: 0, window_ms: 0, compression: snappy }\n    - { max_datasets: 10, max_age_ms: 0, window_ms: 3600000 }\n    - { max_datasets: 24, max_age_ms: 0, window_ms: 86400000 }\n",
     )?;
     let (mut server, url) = crate::ingest::start_server_with(
         data_dir,

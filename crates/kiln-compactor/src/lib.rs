@@ -80,6 +80,30 @@ pub struct LevelPolicy {
     /// Outputs never span two windows of this width (milliseconds; 0: no windows), so
     /// retention and time-range queries can skip whole blocks.
     pub window_ms: i64,
+    /// How the outputs are compressed. Outputs that the next level merges again within
+    /// minutes are better written fast than small: with many services at a low rate, the
+    /// zstd of level-1 outputs took a sixth of the server's CPU (docs/benchmarks.md).
+    pub compression: LevelCompression,
+}
+
+/// The codec of a level's outputs (docs/FORMAT.md, section 1).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LevelCompression {
+    /// Snappy, plain encodings: cheap to write and to read, about 1.6 times the size.
+    Snappy,
+    /// zstd level 3 with byte-stream-split values: for blocks kept for the retention period.
+    #[default]
+    Zstd,
+}
+
+impl LevelCompression {
+    fn encoding(self) -> BlockEncoding {
+        match self {
+            LevelCompression::Snappy => BlockEncoding::Segment,
+            LevelCompression::Zstd => BlockEncoding::Compacted,
+        }
+    }
 }
 
 impl Default for LevelPolicy {
@@ -88,6 +112,7 @@ impl Default for LevelPolicy {
             max_datasets: 10,
             max_age_ms: 600_000,
             window_ms: 0,
+            compression: LevelCompression::Zstd,
         }
     }
 }
@@ -101,7 +126,8 @@ pub struct CompactorConfig {
     /// Policy of level `i` (its datasets become level `i + 1`). Kiln's defaults, against
     /// Pyroscope's (20 / 36 s, 10 / 12 min, 10 / 3 h): segments merge after 20 or 10 s,
     /// so the median profile is compacted well within 30 s of its ingest; level 1 after 10
-    /// or 10 min within hour windows; level 2 after 24 or 6 h within day windows.
+    /// or 10 min within hour windows; level 2 after 24 or 6 h within day windows. Level-1
+    /// blocks are snappy, as they are merged again within minutes; the rest zstd.
     pub levels: Vec<LevelPolicy>,
     /// At most this many datasets in one merge, to bound its memory.
     pub max_inputs: usize,
@@ -139,16 +165,19 @@ impl Default for CompactorConfig {
                     max_datasets: 20,
                     max_age_ms: 10_000,
                     window_ms: 0,
+                    compression: LevelCompression::Snappy,
                 },
                 LevelPolicy {
                     max_datasets: 10,
                     max_age_ms: 600_000,
                     window_ms: 3_600_000,
+                    compression: LevelCompression::Zstd,
                 },
                 LevelPolicy {
                     max_datasets: 24,
                     max_age_ms: 6 * 3_600_000,
                     window_ms: DAY_MS,
+                    compression: LevelCompression::Zstd,
                 },
             ],
             max_inputs: 200,
@@ -258,6 +287,16 @@ use kiln_model::time::now_ms;
 struct Job {
     key: LeaseKey,
     inputs: Vec<DatasetMeta>,
+}
+
+impl Job {
+    /// Whether the job's memory is worth handing back to the system at once. A small job
+    /// frees little, and collecting the allocator's heaps after each of the many small
+    /// jobs of many services at a low rate cost more CPU than their merges' encoding.
+    fn is_large(&self) -> bool {
+        const LARGE_JOB_PROFILES: u64 = 200;
+        self.inputs.iter().map(|d| d.profile_count).sum::<u64>() >= LARGE_JOB_PROFILES
+    }
 }
 
 impl Compactor {
@@ -394,7 +433,9 @@ impl Compactor {
         let result = self.merge_and_swap(&job).await;
         // The job's inputs, merged dataset and block are freed by now: hand the memory
         // back before the next job, instead of when the allocator gets round to it.
-        kiln_model::priority::release_memory();
+        if job.is_large() {
+            kiln_model::priority::release_memory();
+        }
         self.metastore
             .release_lease(job.key.clone(), &self.owner)
             .await?;
@@ -473,10 +514,16 @@ impl Compactor {
         let id = ulid::Ulid::new().to_string();
         let object_key = format!("blocks/{id}.parquet");
         let target = (id.clone(), object_key.clone());
+        let encoding = self.config.levels[job.key.level as usize]
+            .compression
+            .encoding();
+        let large = job.is_large();
         let (block, meta, exports) = self
             .background(move || {
-                let finished = merge.finish(&target);
-                kiln_model::priority::release_memory();
+                let finished = merge.finish(&target, encoding);
+                if large {
+                    kiln_model::priority::release_memory();
+                }
                 finished
             })
             .await?;
@@ -651,6 +698,7 @@ impl Merge {
     fn finish(
         self,
         (block_id, object_key): &(String, String),
+        encoding: BlockEncoding,
     ) -> Result<(Vec<u8>, DatasetMeta, Exports), CompactorError> {
         let mut dataset = self.builder.finish();
         // Blocks live for the retention period and long-range queries read them whole:
@@ -668,7 +716,7 @@ impl Merge {
             profile_types,
             profile_count,
         };
-        let block = encode_block_as(std::slice::from_ref(&dataset), BlockEncoding::Compacted)
+        let block = encode_block_as(std::slice::from_ref(&dataset), encoding)
             .map_err(CompactorError::Encode)?;
         Ok((block, meta, self.exports))
     }

@@ -101,6 +101,7 @@ async fn only_garbage_older_than_the_grace_period_is_deleted(
             max_datasets: usize::MAX,
             max_age_ms: i64::MAX,
             window_ms: 0,
+            ..LevelPolicy::default()
         }],
         ..CompactorConfig::default()
     };

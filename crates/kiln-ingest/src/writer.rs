@@ -527,29 +527,31 @@ fn build_segment(
     for (position, index) in order.into_iter().enumerate() {
         assignments[position % threads].push(index);
     }
-    let mut built: Vec<(usize, Dataset)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = assignments
+    let build = |indexes: &[usize]| -> Vec<(usize, Dataset)> {
+        indexes
             .iter()
-            .map(|indexes| {
-                let groups = &groups;
-                scope.spawn(move || {
-                    indexes
-                        .iter()
-                        .map(|index| {
-                            let ((tenant, service), profiles) = &groups[*index];
-                            (
-                                *index,
-                                build_dataset(tenant, service, profiles, max_stack_depth),
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                })
+            .map(|index| {
+                let ((tenant, service), profiles) = &groups[*index];
+                let dataset = build_dataset(tenant, service, profiles, max_stack_depth);
+                (*index, dataset)
             })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|handle| handle.join().unwrap_or_default())
             .collect()
+    };
+    // The first share is built on this thread: a flush of one service (most flushes of
+    // many services at a low rate) starts no thread at all.
+    let mut built: Vec<(usize, Dataset)> = std::thread::scope(|scope| {
+        let Some((here, elsewhere)) = assignments.split_first() else {
+            return Vec::new();
+        };
+        let handles: Vec<_> = elsewhere
+            .iter()
+            .map(|indexes| scope.spawn(|| build(indexes)))
+            .collect();
+        let mut built = build(here);
+        for handle in handles {
+            built.extend(handle.join().unwrap_or_default());
+        }
+        built
     });
     if built.len() != groups.len() {
         return Err(StoreError::Build(

@@ -25,6 +25,16 @@ impl std::fmt::Debug for SqliteMetastore {
     }
 }
 
+/// `Connection::execute` prepares its statement on every call, and the write path and
+/// compaction run the same few statements many times a second.
+fn execute_cached(
+    connection: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> rusqlite::Result<usize> {
+    connection.prepare_cached(sql)?.execute(params)
+}
+
 fn migrate(connection: &mut Connection) -> Result<(), MetastoreError> {
     connection.execute_batch(
         "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at_ms INTEGER NOT NULL);",
@@ -41,7 +51,8 @@ fn migrate(connection: &mut Connection) -> Result<(), MetastoreError> {
         }
         let transaction = connection.transaction()?;
         transaction.execute_batch(migration)?;
-        transaction.execute(
+        execute_cached(
+            &transaction,
             "INSERT INTO schema_migrations (version, applied_at_ms) VALUES (?1, ?2)",
             params![version, now_ms()],
         )?;
@@ -66,6 +77,8 @@ impl SqliteMetastore {
                 connection.pragma_update(None, "synchronous", "FULL")?;
                 connection.pragma_update(None, "foreign_keys", "ON")?;
                 connection.busy_timeout(std::time::Duration::from_secs(10))?;
+                // Room for every statement the metastore runs (rusqlite keeps 16).
+                connection.set_prepared_statement_cache_capacity(64);
                 migrate(&mut connection)?;
                 Ok(connection)
             })
@@ -167,7 +180,7 @@ impl SqliteMetastore {
         let owner = owner.to_string();
         self.with(move |connection| {
             let now = now_ms();
-            let changed = connection.execute(
+            let changed = execute_cached(connection,
                 "INSERT INTO compaction_leases (tenant, service, level, owner, expires_at_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5)
                  ON CONFLICT (tenant, service, level) DO UPDATE
@@ -183,7 +196,7 @@ impl SqliteMetastore {
     pub async fn release_lease(&self, group: LeaseKey, owner: &str) -> Result<(), MetastoreError> {
         let owner = owner.to_string();
         self.with(move |connection| {
-            connection.execute(
+            execute_cached(connection,
                 "DELETE FROM compaction_leases WHERE tenant = ?1 AND service = ?2 AND level = ?3 AND owner = ?4",
                 params![group.tenant, group.service, group.level, owner],
             )?;
@@ -206,7 +219,8 @@ impl SqliteMetastore {
         self.with(move |connection| {
             let transaction = connection.transaction()?;
             for dataset in &replaced {
-                let deleted = transaction.execute(
+                let deleted = execute_cached(
+                    &transaction,
                     "DELETE FROM datasets WHERE block_id = ?1 AND row_group = ?2",
                     params![dataset.block_id, dataset.row_group],
                 )?;
@@ -250,7 +264,7 @@ impl SqliteMetastore {
     ) -> Result<RuleRecord, MetastoreError> {
         self.with(move |connection| {
             let transaction = connection.transaction()?;
-            transaction.execute(
+            execute_cached(&transaction,
                 "INSERT INTO recording_rules (tenant, name, spec, source, live_from_ms, updated_at_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                  ON CONFLICT (tenant, name) DO UPDATE SET spec = excluded.spec,
@@ -283,7 +297,8 @@ impl SqliteMetastore {
     ) -> Result<bool, MetastoreError> {
         let (tenant, name) = (tenant.to_string(), name.to_string());
         self.with(move |connection| {
-            Ok(connection.execute(
+            Ok(execute_cached(
+                connection,
                 "DELETE FROM recording_rules WHERE tenant = ?1 AND name = ?2",
                 params![tenant, name],
             )? > 0)
@@ -315,7 +330,7 @@ impl SqliteMetastore {
                     "rule {rule} was already backfilled over [{from}, {until}) ms"
                 )));
             }
-            transaction.execute(
+            execute_cached(&transaction,
                 "INSERT INTO rule_backfills (tenant, rule, from_ms, until_ms, done_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
                 params![tenant, rule, from_ms, until_ms, now_ms()],
             )?;
@@ -333,7 +348,7 @@ impl SqliteMetastore {
     ) -> Result<bool, MetastoreError> {
         self.with(move |connection| {
             let transaction = connection.transaction()?;
-            let inserted = transaction.execute(
+            let inserted = execute_cached(&transaction,
                 "INSERT INTO version_checks (tenant, service, profile_type, version_label, new_version, old_version, checked_at_ms, outcome)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING",
                 params![
@@ -351,7 +366,7 @@ impl SqliteMetastore {
                 return Ok(false);
             }
             for finding in &findings {
-                transaction.execute(
+                execute_cached(&transaction,
                     "INSERT INTO regressions (tenant, service, profile_type, version_label, new_version, function, detected_at_ms, finding)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING",
                     params![
@@ -522,7 +537,8 @@ impl SqliteMetastore {
 
     pub async fn prune_exports(&self, before_ms: i64) -> Result<usize, MetastoreError> {
         self.with(move |connection| {
-            Ok(connection.execute(
+            Ok(execute_cached(
+                connection,
                 "DELETE FROM rule_samples WHERE state = ?1 AND ts_ms < ?2",
                 params![DELIVERED, before_ms],
             )?)
@@ -559,7 +575,7 @@ impl SqliteMetastore {
                 let rows = statement.query_map(params![tenant, before_nanos], |row| row.get(0))?;
                 rows.collect::<Result<Vec<String>, _>>()?
             };
-            let expired = transaction.execute(
+            let expired = execute_cached(&transaction,
                 "DELETE FROM datasets WHERE tenant = ?1 AND max_time_nanos < ?2",
                 params![tenant, before_nanos],
             )?;
@@ -586,7 +602,8 @@ impl SqliteMetastore {
     pub async fn delete_block(&self, id: &str) -> Result<(), MetastoreError> {
         let id = id.to_string();
         self.with(move |connection| {
-            connection.execute(
+            execute_cached(
+                connection,
                 "DELETE FROM blocks WHERE id = ?1 AND deleted_at_ms IS NOT NULL",
                 params![id],
             )?;
@@ -628,7 +645,7 @@ impl SqliteMetastore {
     pub async fn heartbeat(&self, node: &NodeRecord) -> Result<(), MetastoreError> {
         let node = node.clone();
         self.with(move |connection| {
-            connection.execute(
+            execute_cached(connection,
                 "INSERT INTO nodes (id, roles, address, started_at_ms, heartbeat_at_ms, lease_expires_at_ms, left_at_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL)
                  ON CONFLICT (id) DO UPDATE SET roles = excluded.roles, address = excluded.address,
@@ -652,7 +669,7 @@ impl SqliteMetastore {
         let id = id.to_string();
         self.with(move |connection| {
             let now = now_ms();
-            connection.execute(
+            execute_cached(connection,
                 "UPDATE nodes SET left_at_ms = ?2, lease_expires_at_ms = MIN(lease_expires_at_ms, ?2) WHERE id = ?1",
                 params![id, now],
             )?;
@@ -685,7 +702,8 @@ impl SqliteMetastore {
 
     pub async fn forget_nodes(&self, before_ms: i64) -> Result<usize, MetastoreError> {
         self.with(move |connection| {
-            Ok(connection.execute(
+            Ok(execute_cached(
+                connection,
                 "DELETE FROM nodes WHERE heartbeat_at_ms < ?1",
                 params![before_ms],
             )?)
@@ -762,7 +780,7 @@ fn insert_block(
     block: &BlockMeta,
     datasets: &[DatasetMeta],
 ) -> Result<(), MetastoreError> {
-    transaction.execute(
+    execute_cached(transaction,
         "INSERT INTO blocks (id, object_key, level, size_bytes, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
         params![block.id, block.object_key, block.level, block.size_bytes as i64, block.created_at_ms],
     )?;

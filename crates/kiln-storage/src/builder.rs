@@ -78,6 +78,14 @@ impl<K: std::hash::Hash + Eq> Table<K> {
         }
     }
 
+    /// Room for `additional` more rows without growing the table step by step.
+    fn reserve(&mut self, additional: usize) {
+        let (rows, hasher) = (&self.rows, &self.hasher);
+        self.ids
+            .reserve(additional, |id| hasher.hash_one(&rows[*id as usize]));
+        self.rows.reserve(additional);
+    }
+
     /// Adds a row no interned row will ever map to (a sentinel).
     fn push_sentinel(&mut self, row: K) {
         self.rows.push(row);
@@ -207,6 +215,19 @@ impl DatasetBuilder {
             hasher.hash_one(strings[*id as usize].as_bytes())
         });
         id
+    }
+
+    fn reserve_for(&mut self, profile: &Profile) {
+        let (strings, hasher) = (&self.strings, &self.string_hasher);
+        self.string_ids.reserve(profile.string_table.len(), |id| {
+            hasher.hash_one(strings[*id as usize].as_bytes())
+        });
+        self.mappings.reserve(profile.mapping.len());
+        self.functions.reserve(profile.function.len());
+        self.locations.reserve(profile.location.len());
+        // Stack nodes: a profile's call tree has about as many nodes as it has locations.
+        self.stacks.reserve(profile.location.len());
+        self.whole_stacks.reserve(profile.sample.len());
     }
 
     fn truncated_location(&mut self) -> u32 {
@@ -341,6 +362,11 @@ impl DatasetBuilder {
     /// every reference already.
     pub fn add_pprof(&mut self, input: &PprofInput<'_>) {
         let profile = input.profile;
+        if self.profiles.is_empty() {
+            // A flush's dataset often holds one profile: size the tables for it once
+            // instead of growing (and rehashing) each several times.
+            self.reserve_for(profile);
+        }
         let mut symbols = ProfileSymbols {
             strings: profile
                 .string_table

@@ -251,10 +251,13 @@ fn dataset_column(dataset: &Dataset, index: usize) -> Option<Column> {
 }
 
 /// What a block is written for: the write path wants cheap encoding (segments live
-/// minutes), compaction wants small output (blocks live for the retention period).
+/// seconds), compaction wants small output (blocks live for the retention period).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockEncoding {
+    /// Snappy, plain: segments, and compacted blocks that are merged again within minutes
+    /// (level 1 by default, `compaction.levels[i].compression`).
     Segment,
+    /// zstd level 3, byte-stream-split values, delta-packed indices.
     Compacted,
 }
 
@@ -511,6 +514,30 @@ pub fn dataset_bytes(block: &Bytes) -> Result<Vec<DatasetBytes>, StorageError> {
                 bytes
             })
             .collect())
+    })
+}
+
+/// The codecs of a block's column chunks (`SNAPPY`, `ZSTD`, …), each once, from its
+/// footer: which of [`BlockEncoding`] wrote it, for operators and tests. The footer does
+/// not keep a codec's level.
+pub fn block_compression(block: &Bytes) -> Result<Vec<String>, StorageError> {
+    guarded(|| {
+        let reader = SerializedFileReader::new(block.clone())?;
+        let mut codecs: Vec<String> = reader
+            .metadata()
+            .row_groups()
+            .iter()
+            .flat_map(|group| group.columns())
+            .map(|column| match column.compression() {
+                Compression::ZSTD(_) => "ZSTD".to_string(),
+                Compression::GZIP(_) => "GZIP".to_string(),
+                Compression::BROTLI(_) => "BROTLI".to_string(),
+                other => other.to_string(),
+            })
+            .collect();
+        codecs.sort();
+        codecs.dedup();
+        Ok(codecs)
     })
 }
 

@@ -136,6 +136,10 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 &config.object_store_options(),
             )?;
             let bytes = storage.get(&block.object_key).await?;
+            println!(
+                "compression {}",
+                kiln_storage::format::block_compression(&bytes)?.join(", ")
+            );
             for meta in datasets.iter().filter(|d| d.block_id == block.id) {
                 let dataset = decode_dataset(&bytes, meta.row_group as usize, Projection::ALL)?;
                 println!(

@@ -176,26 +176,26 @@ impl TestServer {
         (runtime, metastore)
     }
 
-    /// Every object key in the server's object store.
-    pub fn object_keys(&self) -> Vec<String> {
-        let storage = kiln_storage::ObjectStorage::open_with(
+    fn storage(&self) -> kiln_storage::ObjectStorage {
+        kiln_storage::ObjectStorage::open_with(
             &self.config.object_store_url(),
             &self.config.object_store_options(),
         )
-        .expect("object store opens");
+        .expect("object store opens")
+    }
+
+    /// Every object key in the server's object store.
+    pub fn object_keys(&self) -> Vec<String> {
         self.runtime()
-            .block_on(storage.list_keys(""))
+            .block_on(self.storage().list_keys(""))
             .expect("list")
     }
 
     /// One object of the server's object store.
     pub fn read_object(&self, key: &str) -> bytes::Bytes {
-        let storage = kiln_storage::ObjectStorage::open_with(
-            &self.config.object_store_url(),
-            &self.config.object_store_options(),
-        )
-        .expect("object store opens");
-        self.runtime().block_on(storage.get(key)).expect("object")
+        self.runtime()
+            .block_on(self.storage().get(key))
+            .expect("object")
     }
 
     pub fn data_dir(&self) -> &Path {

@@ -75,6 +75,8 @@ fn compaction_reads_each_segment_about_once(backend: Backend) {
             .unwrap()
             .is_empty()
     });
+    let levels = compressed_as_their_level_says(&server, &runtime, &store);
+    assert!(levels.iter().all(|&level| level == 1), "{levels:?}");
     let metrics = server.metrics();
     let written = counter(&metrics, "kiln_ingest_segment_bytes_total");
     let read = counter(&metrics, "kiln_compaction_input_bytes_total");
@@ -108,6 +110,32 @@ fn compaction_reads_each_segment_about_once(backend: Backend) {
             "svc{service}"
         );
     }
+}
+
+/// Checks that every live block is compressed as the default policy of its level says
+/// (level 1, which the next level merges again soon, snappy; the levels above zstd), and
+/// returns their levels.
+fn compressed_as_their_level_says(
+    server: &TestServer,
+    runtime: &tokio::runtime::Runtime,
+    store: &kiln_metastore::Metastore,
+) -> Vec<u32> {
+    let mut levels = Vec::new();
+    for block in runtime.block_on(store.list_blocks()).unwrap() {
+        if block.deleted_at_ms.is_some() || block.level == 0 {
+            continue;
+        }
+        let bytes = server.read_object(&block.object_key);
+        let codecs = kiln_storage::format::block_compression(&bytes).unwrap();
+        let expected = match block.level {
+            1 => "SNAPPY",
+            _ => "ZSTD",
+        };
+        assert_eq!(codecs, [expected], "level {}", block.level);
+        levels.push(block.level);
+    }
+    levels.sort();
+    levels
 }
 
 /// Datasets the server aggregated from their stack sums since it started.
@@ -243,9 +271,9 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 
 fn compaction_changes_no_answer_and_leaves_one_block_per_service(backend: Backend) {
     let server = TestServer::start_on(backend, no_compaction);
-    // Three rounds, each a separate flush (segment) holding both services.
     let base = 1_700_000_000;
-    for round in 0..3 {
+    // A round is a separate flush (segment) holding both services.
+    let post_round = |server: &TestServer, round: i64| {
         for (index, name) in FIXTURES.iter().enumerate() {
             for (service, instance) in [("api", "a"), ("web", "b")] {
                 let from = base + round * 60 + index as i64;
@@ -260,6 +288,9 @@ fn compaction_changes_no_answer_and_leaves_one_block_per_service(backend: Backen
             }
         }
         std::thread::sleep(Duration::from_millis(120)); // let this round flush on its own
+    };
+    for round in 0..3 {
+        post_round(&server, round);
     }
     let (start, end) = ((base - 10) * 1000, (base + 600) * 1000);
     let before = answers(&server, start, end);
@@ -270,23 +301,27 @@ fn compaction_changes_no_answer_and_leaves_one_block_per_service(backend: Backen
     assert!(segments_before >= 6, "{segments_before} level-0 datasets");
     drop(store);
 
+    // Every live block is at `level`, one per service, and nothing else is stored.
+    let one_block_per_service_at = |server: &TestServer, level: u32| {
+        let (runtime, store) = server.open_metastore();
+        wait_until(&format!("one block per service at level {level}"), || {
+            let blocks = runtime.block_on(store.list_blocks()).unwrap();
+            blocks.len() == 2
+                && blocks
+                    .iter()
+                    .all(|b| b.deleted_at_ms.is_none() && b.level == level)
+        });
+        let files = server.object_keys();
+        assert_eq!(files.len(), 2, "objects left: {files:?}");
+        assert!(files.iter().all(|f| f.starts_with("blocks/")), "{files:?}");
+        assert_eq!(
+            compressed_as_their_level_says(server, &runtime, &store),
+            [level, level]
+        );
+    };
     let server = server.restart_with(eager_compaction);
-    let (runtime, store) = server.open_metastore();
-    wait_until("every dataset to reach one block per service", || {
-        let blocks = runtime.block_on(store.list_blocks()).unwrap();
-        let live: Vec<_> = blocks
-            .iter()
-            .filter(|b| b.deleted_at_ms.is_none())
-            .collect();
-        blocks.iter().all(|b| b.deleted_at_ms.is_none())
-            && live.len() == 2
-            && live.iter().all(|b| b.level >= 1)
-    });
-    // The segments' objects are gone from storage, and only the two blocks remain.
-    let files = server.object_keys();
-    assert_eq!(files.len(), 2, "objects left: {files:?}");
-    assert!(files.iter().all(|f| f.starts_with("blocks/")), "{files:?}");
-
+    // All of a service's segments merge at once: one level-1 block each.
+    one_block_per_service_at(&server, 1);
     let after = answers(&server, start, end);
     assert_eq!(before.len(), after.len());
     for (before, after) in before.iter().zip(&after) {
@@ -299,6 +334,14 @@ fn compaction_changes_no_answer_and_leaves_one_block_per_service(backend: Backen
     );
     // And they still are after a restart.
     let server = server.restart_with(no_compaction);
+    assert_eq!(answers(&server, start, end), before);
+
+    // One more round: its level-1 block and the first one (snappy) merge into a level-2
+    // block (zstd), and the answers are those of all four rounds.
+    post_round(&server, 3);
+    let before = answers(&server, start, end);
+    let server = server.restart_with(eager_compaction);
+    one_block_per_service_at(&server, 2);
     assert_eq!(answers(&server, start, end), before);
 }
 
@@ -443,6 +486,8 @@ fn admin_blocks_shows_levels_and_symbol_counts() {
     );
     let id = rows[0].split_whitespace().next().unwrap();
     let inspect = admin(&["blocks", "inspect", id]);
+    // No compaction: a segment, snappy.
+    assert!(inspect.contains("\ncompression SNAPPY\n"), "{inspect}");
     assert!(
         inspect.contains("service api") || inspect.contains("service web"),
         "{inspect}"
