@@ -121,7 +121,8 @@ impl Default for LevelPolicy {
 #[serde(default, deny_unknown_fields)]
 pub struct CompactorConfig {
     pub enabled: bool,
-    /// Pause between two passes (milliseconds).
+    /// Pause between two passes (milliseconds); a tenth of it after a pass that merged a
+    /// group due by count, so that a fast-growing level 0 is merged as it fills.
     pub interval_ms: u64,
     /// Policy of level `i` (its datasets become level `i + 1`). Kiln's defaults, against
     /// Pyroscope's (20 / 36 s, 10 / 12 min, 10 / 3 h): segments merge after 20 or 10 s,
@@ -247,6 +248,9 @@ impl CompactorMetrics {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PassReport {
     pub compactions: usize,
+    /// Of them, merges of groups that were due by count (`max_datasets` waiting), not by
+    /// age: data arrives faster than the passes.
+    pub full_groups: usize,
     pub conflicts: usize,
     /// Jobs that failed (e.g. an unreadable input); the others went on.
     pub failures: usize,
@@ -287,6 +291,8 @@ use kiln_model::time::now_ms;
 struct Job {
     key: LeaseKey,
     inputs: Vec<DatasetMeta>,
+    /// Due because `max_datasets` were waiting.
+    full: bool,
 }
 
 impl Job {
@@ -323,23 +329,34 @@ impl Compactor {
         &self.metrics
     }
 
-    /// Runs passes every `interval_ms` until `stop` fires.
+    /// Runs passes every `interval_ms` until `stop` fires; sooner while groups fill up
+    /// between passes. Under heavy ingest level 0 grows by hundreds of datasets a second,
+    /// and every query up to now reads each of them: the pause between passes was most of
+    /// their number (docs/benchmarks.md, queries while ingesting).
     pub fn spawn(
         self,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             let interval = Duration::from_millis(self.config.interval_ms.max(10));
+            let catching_up = (interval / 10).max(Duration::from_millis(10));
             loop {
-                match self.run_pass(now_ms()).await {
+                let pause = match self.run_pass(now_ms()).await {
                     Ok(report) if report != PassReport::default() => {
-                        tracing::debug!(?report, "compaction pass")
+                        tracing::debug!(?report, "compaction pass");
+                        match report.full_groups {
+                            0 => interval,
+                            _ => catching_up,
+                        }
                     }
-                    Ok(_) => {}
-                    Err(err) => tracing::warn!(error = %err, "compaction pass failed"),
-                }
+                    Ok(_) => interval,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "compaction pass failed");
+                        interval
+                    }
+                };
                 tokio::select! {
-                    _ = tokio::time::sleep(interval) => {}
+                    _ = tokio::time::sleep(pause) => {}
                     _ = stop.changed() => return,
                 }
             }
@@ -353,8 +370,12 @@ impl Compactor {
         for level in 0..self.config.levels.len() as u32 {
             for job in self.due_jobs(level, now_ms).await? {
                 let (tenant, service) = (job.key.tenant.clone(), job.key.service.clone());
+                let full = job.full;
                 match self.compact(job).await {
-                    Ok(true) => report.compactions += 1,
+                    Ok(true) => {
+                        report.compactions += 1;
+                        report.full_groups += usize::from(full);
+                    }
                     Ok(false) => report.conflicts += 1,
                     // One group's failure must not stop the others, retention or deletion.
                     Err(err) => {
@@ -391,7 +412,8 @@ impl Compactor {
                 .map(|(_, created)| *created)
                 .min()
                 .unwrap_or(now_ms);
-            let due = datasets.len() >= policy.max_datasets || now_ms - oldest >= policy.max_age_ms;
+            let full = datasets.len() >= policy.max_datasets;
+            let due = full || now_ms - oldest >= policy.max_age_ms;
             // A lone dataset above level 0 is already merged; one at level 0 still shares
             // its segment with other services, and moving it lets the segment go.
             if !due || (datasets.len() < 2 && level > 0) {
@@ -415,6 +437,7 @@ impl Compactor {
                         level,
                     },
                     inputs: chunk.to_vec(),
+                    full,
                 });
             }
         }

@@ -7,6 +7,8 @@ use kiln_compactor::{Compactor, CompactorConfig, LevelPolicy};
 use kiln_metastore::{BlockMeta, DatasetMeta, Metastore};
 use kiln_storage::ObjectStorage;
 
+mod common;
+
 const GRACE_MS: i64 = 60_000;
 
 fn block(id: &str, key: &str) -> BlockMeta {
@@ -43,12 +45,7 @@ fn now_ms() -> i64 {
 
 #[tokio::test]
 async fn local_sqlite_only_garbage_older_than_the_grace_period_is_deleted() {
-    let dir = tempfile::tempdir().unwrap();
-    let storage =
-        ObjectStorage::open(&format!("file://{}", dir.path().join("blocks").display())).unwrap();
-    let metastore = Metastore::open(&format!("sqlite://{}", dir.path().join("m.db").display()))
-        .await
-        .unwrap();
+    let (_dir, storage, metastore) = common::local_sqlite().await;
     only_garbage_older_than_the_grace_period_is_deleted(storage, metastore).await;
 }
 

@@ -1,0 +1,112 @@
+//! What a pass reports about the groups it merged: a group due because `max_datasets`
+//! were waiting makes the next pass come sooner (see `Compactor::spawn`), one due by age
+//! does not. Real segments on a local directory and SQLite.
+
+use bytes::Bytes;
+use kiln_compactor::{Compactor, CompactorConfig, LevelCompression, LevelPolicy};
+use kiln_metastore::{BlockMeta, DatasetMeta, Metastore};
+use kiln_model::build::{Frame, ProfileBuilder};
+use kiln_model::{Labels, ProfileType};
+use kiln_storage::builder::{PprofInput, TypePlan};
+use kiln_storage::{DatasetBuilder, ObjectStorage};
+
+mod common;
+
+const SECOND_NANOS: i64 = 1_000_000_000;
+
+/// Writes one segment holding one CPU profile of `service` and registers it at level 0.
+async fn write_segment(storage: &ObjectStorage, metastore: &Metastore, id: &str, service: &str) {
+    let mut profile = ProfileBuilder::new(&[("cpu", "nanoseconds")], None, 0);
+    let frame = |function| Frame {
+        function,
+        file: "main.go",
+        line: 1,
+        module: "",
+        address: 0,
+    };
+    let stack = [
+        profile.location(&frame("work")),
+        profile.location(&frame("main")),
+    ];
+    profile.add(&stack, &[10], &[]);
+    let time_nanos = 1_700_000_000 * SECOND_NANOS;
+    let profile = profile.finish(time_nanos, 10 * SECOND_NANOS);
+    let index = kiln_model::pprof::validate(&profile, &Default::default()).unwrap();
+    let mut builder = DatasetBuilder::new("t", service);
+    builder.add_pprof(&PprofInput {
+        profile: &profile,
+        index: &index,
+        id,
+        time_nanos,
+        duration_nanos: 10 * SECOND_NANOS,
+        labels: &Labels::from_pairs([("service_name", service)]),
+        types: &[TypePlan {
+            value_index: 0,
+            profile_type: ProfileType::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds")
+                .unwrap(),
+            scale: None,
+        }],
+        max_stack_depth: 100,
+        sample_labels_per_sample: false,
+    });
+    let dataset = builder.finish();
+    let key = format!("segments/{id}.parquet");
+    let block = kiln_storage::format::encode_block(std::slice::from_ref(&dataset)).unwrap();
+    storage.put(&key, Bytes::from(block)).await.unwrap();
+    let (profile_types, profile_count) = dataset.summary();
+    let meta = DatasetMeta {
+        block_id: id.into(),
+        object_key: key.clone(),
+        tenant: "t".into(),
+        service: service.into(),
+        row_group: 0,
+        min_time_nanos: dataset.min_time_nanos,
+        max_time_nanos: dataset.max_time_nanos,
+        profile_types,
+        profile_count,
+    };
+    let block = BlockMeta {
+        id: id.into(),
+        object_key: key,
+        level: 0,
+        size_bytes: 1,
+        created_at_ms: 0,
+        deleted_at_ms: None,
+    };
+    metastore.register_block(block, vec![meta]).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_group_due_by_count_is_reported_full_and_one_due_by_age_is_not() {
+    let (_dir, storage, metastore) = common::local_sqlite().await;
+    // "busy" has three segments waiting (the count), "quiet" one, written at 0 ms.
+    for (id, service) in [("a", "busy"), ("b", "busy"), ("c", "busy"), ("d", "quiet")] {
+        write_segment(&storage, &metastore, id, service).await;
+    }
+    let config = CompactorConfig {
+        levels: vec![LevelPolicy {
+            max_datasets: 3,
+            max_age_ms: 60_000,
+            window_ms: 0,
+            compression: LevelCompression::Snappy,
+        }],
+        ..CompactorConfig::default()
+    };
+    let compactor = Compactor::new(metastore.clone(), storage.clone(), config);
+
+    // At 1 s, only "busy" is due, by count.
+    let report = compactor.run_pass(1_000).await.unwrap();
+    assert_eq!((report.compactions, report.full_groups), (1, 1));
+    // A minute later "quiet" is due by age: merged, but not full.
+    let report = compactor.run_pass(61_000).await.unwrap();
+    assert_eq!((report.compactions, report.full_groups), (1, 0));
+    // Nothing is left at level 0, and each service's profile is in one level-1 block.
+    assert!(metastore.datasets_at_level(0).await.unwrap().is_empty());
+    let merged = metastore.datasets_at_level(1).await.unwrap();
+    let mut counts: Vec<(String, u64)> = merged
+        .iter()
+        .map(|(dataset, _)| (dataset.service.clone(), dataset.profile_count))
+        .collect();
+    counts.sort();
+    assert_eq!(counts, [("busy".to_string(), 3), ("quiet".to_string(), 1)]);
+}
