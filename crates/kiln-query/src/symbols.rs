@@ -19,30 +19,36 @@ impl<'a> FrameNames<'a> {
 
     /// Calls `emit` with each frame name of `location`, outermost first.
     pub fn for_each_frame(&self, location: u32, mut emit: impl FnMut(&str)) {
+        self.for_each_frame_id(location, |_, name| emit(name));
+    }
+
+    /// As [`Self::for_each_frame`], with the name's id in the dataset's string table where
+    /// it is one (`None` for `[unknown]` and unsymbolized addresses): a caller folding many
+    /// stack nodes can then look each distinct name up once per dataset, not once per frame.
+    pub fn for_each_frame_id(&self, location: u32, mut emit: impl FnMut(Option<u32>, &str)) {
         let location = location as usize;
         let (Some(start), Some(end)) = (
             self.line_offsets.get(location),
             self.line_offsets.get(location + 1),
         ) else {
-            emit("[unknown]");
+            emit(None, "[unknown]");
             return;
         };
         if start == end {
-            emit(&self.unsymbolized(location));
+            emit(None, &self.unsymbolized(location));
             return;
         }
         for line in (*start..*end).rev() {
             let function = self.dataset.line_function[line as usize] as usize;
             match self.dataset.functions.get(function) {
                 Some(function) => {
-                    let name = self.dataset.string(function.name);
-                    if name.is_empty() {
-                        emit(self.dataset.string(function.system_name));
-                    } else {
-                        emit(name);
-                    }
+                    let id = match self.dataset.string(function.name) {
+                        "" => function.system_name,
+                        _ => function.name,
+                    };
+                    emit(Some(id), self.dataset.string(id));
                 }
-                None => emit("[unknown]"),
+                None => emit(None, "[unknown]"),
             }
         }
     }

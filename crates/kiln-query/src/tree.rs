@@ -315,14 +315,24 @@ impl FlameTree {
             }
         }
         let mut tree_node = vec![0u32; stack_count];
+        // The tree's name of each of the dataset's strings, looked up on first use: a
+        // function's name is hashed once per dataset, not once per stack node it is in.
+        let mut name_of_string = vec![u32::MAX; dataset.strings.len()];
         // Parents precede children in the stack table, so one forward pass suffices.
         for node in 1..stack_count {
             if !needed[node] {
                 continue;
             }
             let mut current = tree_node[dataset.stack_parent[node] as usize];
-            names.for_each_frame(dataset.stack_location[node], |frame| {
-                let name = self.name_id(frame);
+            names.for_each_frame_id(dataset.stack_location[node], |string, frame| {
+                let name = match string.and_then(|id| name_of_string.get_mut(id as usize)) {
+                    Some(known) if *known != u32::MAX => *known,
+                    Some(unknown) => {
+                        *unknown = self.name_id(frame);
+                        *unknown
+                    }
+                    None => self.name_id(frame),
+                };
                 current = self.child(current, name);
             });
             tree_node[node] = current;
