@@ -342,14 +342,16 @@ impl Compactor {
             let catching_up = (interval / 10).max(Duration::from_millis(10));
             loop {
                 let pause = match self.run_pass(now_ms()).await {
-                    Ok(report) if report != PassReport::default() => {
-                        tracing::debug!(?report, "compaction pass");
-                        match report.full_groups {
-                            0 => interval,
-                            _ => catching_up,
+                    Ok(report) => {
+                        if report != PassReport::default() {
+                            tracing::debug!(?report, "compaction pass");
+                        }
+                        if report.full_groups > 0 {
+                            catching_up
+                        } else {
+                            interval
                         }
                     }
-                    Ok(_) => interval,
                     Err(err) => {
                         tracing::warn!(error = %err, "compaction pass failed");
                         interval
@@ -453,10 +455,11 @@ impl Compactor {
         {
             return Ok(false);
         }
-        let result = self.merge_and_swap(&job).await;
+        let large = job.is_large();
+        let result = self.merge_and_swap(&job, large).await;
         // The job's inputs, merged dataset and block are freed by now: hand the memory
         // back before the next job, instead of when the allocator gets round to it.
-        if job.is_large() {
+        if large {
             kiln_model::priority::release_memory();
         }
         self.metastore
@@ -499,7 +502,8 @@ impl Compactor {
         .await?
     }
 
-    async fn merge_and_swap(&self, job: &Job) -> Result<(), CompactorError> {
+    /// `large`: hand the merge's memory back once it is encoded ([`Job::is_large`]).
+    async fn merge_and_swap(&self, job: &Job, large: bool) -> Result<(), CompactorError> {
         let (tenant, service) = (job.key.tenant.clone(), job.key.service.clone());
         // Rules are read after the lease is held: a rule saved before this point counts
         // these inputs, one saved later starts with the next job.
@@ -540,7 +544,6 @@ impl Compactor {
         let encoding = self.config.levels[job.key.level as usize]
             .compression
             .encoding();
-        let large = job.is_large();
         let (block, meta, exports) = self
             .background(move || {
                 let finished = merge.finish(&target, encoding);

@@ -180,7 +180,8 @@ impl SqliteMetastore {
         let owner = owner.to_string();
         self.with(move |connection| {
             let now = now_ms();
-            let changed = execute_cached(connection,
+            let changed = execute_cached(
+                connection,
                 "INSERT INTO compaction_leases (tenant, service, level, owner, expires_at_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5)
                  ON CONFLICT (tenant, service, level) DO UPDATE
@@ -196,7 +197,8 @@ impl SqliteMetastore {
     pub async fn release_lease(&self, group: LeaseKey, owner: &str) -> Result<(), MetastoreError> {
         let owner = owner.to_string();
         self.with(move |connection| {
-            execute_cached(connection,
+            execute_cached(
+                connection,
                 "DELETE FROM compaction_leases WHERE tenant = ?1 AND service = ?2 AND level = ?3 AND owner = ?4",
                 params![group.tenant, group.service, group.level, owner],
             )?;
@@ -264,7 +266,8 @@ impl SqliteMetastore {
     ) -> Result<RuleRecord, MetastoreError> {
         self.with(move |connection| {
             let transaction = connection.transaction()?;
-            execute_cached(&transaction,
+            execute_cached(
+                &transaction,
                 "INSERT INTO recording_rules (tenant, name, spec, source, live_from_ms, updated_at_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                  ON CONFLICT (tenant, name) DO UPDATE SET spec = excluded.spec,
@@ -330,7 +333,8 @@ impl SqliteMetastore {
                     "rule {rule} was already backfilled over [{from}, {until}) ms"
                 )));
             }
-            execute_cached(&transaction,
+            execute_cached(
+                &transaction,
                 "INSERT INTO rule_backfills (tenant, rule, from_ms, until_ms, done_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
                 params![tenant, rule, from_ms, until_ms, now_ms()],
             )?;
@@ -348,7 +352,8 @@ impl SqliteMetastore {
     ) -> Result<bool, MetastoreError> {
         self.with(move |connection| {
             let transaction = connection.transaction()?;
-            let inserted = execute_cached(&transaction,
+            let inserted = execute_cached(
+                &transaction,
                 "INSERT INTO version_checks (tenant, service, profile_type, version_label, new_version, old_version, checked_at_ms, outcome)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING",
                 params![
@@ -366,7 +371,8 @@ impl SqliteMetastore {
                 return Ok(false);
             }
             for finding in &findings {
-                execute_cached(&transaction,
+                execute_cached(
+                    &transaction,
                     "INSERT INTO regressions (tenant, service, profile_type, version_label, new_version, function, detected_at_ms, finding)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING",
                     params![
@@ -575,7 +581,8 @@ impl SqliteMetastore {
                 let rows = statement.query_map(params![tenant, before_nanos], |row| row.get(0))?;
                 rows.collect::<Result<Vec<String>, _>>()?
             };
-            let expired = execute_cached(&transaction,
+            let expired = execute_cached(
+                &transaction,
                 "DELETE FROM datasets WHERE tenant = ?1 AND max_time_nanos < ?2",
                 params![tenant, before_nanos],
             )?;
@@ -645,7 +652,8 @@ impl SqliteMetastore {
     pub async fn heartbeat(&self, node: &NodeRecord) -> Result<(), MetastoreError> {
         let node = node.clone();
         self.with(move |connection| {
-            execute_cached(connection,
+            execute_cached(
+                connection,
                 "INSERT INTO nodes (id, roles, address, started_at_ms, heartbeat_at_ms, lease_expires_at_ms, left_at_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL)
                  ON CONFLICT (id) DO UPDATE SET roles = excluded.roles, address = excluded.address,
@@ -669,7 +677,8 @@ impl SqliteMetastore {
         let id = id.to_string();
         self.with(move |connection| {
             let now = now_ms();
-            execute_cached(connection,
+            execute_cached(
+                connection,
                 "UPDATE nodes SET left_at_ms = ?2, lease_expires_at_ms = MIN(lease_expires_at_ms, ?2) WHERE id = ?1",
                 params![id, now],
             )?;
@@ -780,7 +789,8 @@ fn insert_block(
     block: &BlockMeta,
     datasets: &[DatasetMeta],
 ) -> Result<(), MetastoreError> {
-    execute_cached(transaction,
+    execute_cached(
+        transaction,
         "INSERT INTO blocks (id, object_key, level, size_bytes, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
         params![block.id, block.object_key, block.level, block.size_bytes as i64, block.created_at_ms],
     )?;
