@@ -179,11 +179,23 @@ fn week(url: &str, now_ms: i64) -> Result<HashMap<String, i64>, (Option<u16>, St
     Ok(functions)
 }
 
+/// Runs the cluster in a temporary directory, removed when every check passed; after a
+/// breach it is kept, and named in the error, for the nodes' logs (`<node>/kiln.log`).
 pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
+    let temp = crate::insight::tempfile_dir("kiln-chaos")?;
+    match run_in(args, &temp) {
+        Ok(()) => {
+            let _ = std::fs::remove_dir_all(&temp);
+            Ok(())
+        }
+        Err(err) => Err(err.context(format!("the nodes' logs are in {}", temp.display()))),
+    }
+}
+
+fn run_in(args: ChaosArgs, temp: &std::path::Path) -> anyhow::Result<()> {
     let started = Instant::now();
     let postgres = kiln_testkit::postgres::start_own().map_err(anyhow::Error::msg)?;
     let s3 = kiln_testkit::s3::s3().map_err(anyhow::Error::msg)?;
-    let temp = crate::insight::tempfile_dir("kiln-chaos")?;
     let config = temp.join("kiln.yaml");
     std::fs::write(
         &config,
