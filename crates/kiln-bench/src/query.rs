@@ -174,11 +174,12 @@ pub(crate) fn load_templates(args: &QueryBenchArgs) -> anyhow::Result<Vec<Templa
     Ok(group)
 }
 
-/// Two 24 h flame graphs, asked in turn every 250 ms while `kiln bench ingest` pushes
+/// Three 24 h flame graphs, asked in turn every 125 ms while `kiln bench ingest` pushes
 /// `--ingest-rate` profiles per second into the same server (compaction on): the stream's
-/// service up to the last full hour (compacted blocks; its total must not move), and every
-/// service up to now (the fresh segments too, whose samples are read). Prints the ingest
-/// bench's report and each query's latencies.
+/// service up to the last full hour (compacted blocks; its total must not move), every
+/// service up to now (the fresh segments too, whose samples are read), and one of the
+/// services being ingested up to now (it must have data). Prints the ingest bench's
+/// report and each query's latencies.
 fn query_while_ingesting(
     args: &QueryBenchArgs,
     data_dir: &Path,
@@ -214,7 +215,8 @@ fn query_while_ingesting(
         .context("cannot start kiln bench ingest")?;
     // Let the load settle before the first query.
     std::thread::sleep(Duration::from_secs(3));
-    let mut latencies = [Vec::new(), Vec::new()];
+    let mut latencies = [Vec::new(), Vec::new(), Vec::new()];
+    let mut one_service_total = 0;
     let cpu_before = crate::ingest::process_cpu_seconds(server.child.id());
     let started = Instant::now();
     while ingest.try_wait()?.is_none() {
@@ -239,6 +241,20 @@ fn query_while_ingesting(
             .call::<api::SelectMergeStacktracesResponse>("SelectMergeStacktraces", &everything)?;
         latencies[1].push(begin.elapsed().as_secs_f64());
         std::thread::sleep(Duration::from_millis(125));
+        // What a user of one service asks most: its last day, fresh data included.
+        let one = api::SelectMergeStacktracesRequest {
+            label_selector: "{service_name=\"bench-svc-0\"}".to_string(),
+            ..everything
+        };
+        let begin = Instant::now();
+        let response =
+            server.call::<api::SelectMergeStacktracesResponse>("SelectMergeStacktraces", &one)?;
+        latencies[2].push(begin.elapsed().as_secs_f64());
+        one_service_total = response.flamegraph.map_or(0, |graph| graph.total);
+        std::thread::sleep(Duration::from_millis(125));
+    }
+    if one_service_total <= 0 {
+        bail!("the last flame graph of bench-svc-0 was empty: the ingest did not reach it");
     }
     let cpu = crate::ingest::process_cpu_seconds(server.child.id())
         .zip(cpu_before)
@@ -253,6 +269,7 @@ fn query_while_ingesting(
     for (name, mut latencies) in [
         "24 h of the stream's service, to the last full hour",
         "24 h of every service, to now",
+        "24 h of one ingested service, to now",
     ]
     .into_iter()
     .zip(latencies)
