@@ -477,7 +477,7 @@ struct Out {
     /// By (start, end, file name): processes of one report map files at other places.
     mappings: HashMap<(u64, u64, i64), u64>,
     functions: HashMap<(i64, i64), u64>,
-    locations: HashMap<(u64, u64), u64>,
+    locations: HashMap<(u64, u64), u32>,
     kernel_mapping: u64,
 }
 
@@ -530,7 +530,7 @@ impl Out {
         id
     }
 
-    fn location(&mut self, address: u64, mapping_id: u64, frames: &[(String, String, i64)]) -> u64 {
+    fn location(&mut self, address: u64, mapping_id: u64, frames: &[(String, String, i64)]) -> u32 {
         if let Some(id) = self.locations.get(&(mapping_id, address)) {
             return *id;
         }
@@ -542,9 +542,10 @@ impl Out {
                 column: 0,
             })
             .collect();
-        let id = self.profile.location.len() as u64 + 1;
+        // Sample location ids are u32 (`pprof::Samples`); a report holds far fewer.
+        let id = u32::try_from(self.profile.location.len() + 1).unwrap_or(u32::MAX);
         self.profile.location.push(Location {
-            id,
+            id: u64::from(id),
             mapping_id,
             address,
             line: lines,
@@ -559,7 +560,7 @@ impl Out {
         address: u64,
         mapping: Option<&Mapping>,
         resolved: &Resolved,
-    ) -> u64 {
+    ) -> u32 {
         let mapping_id = match mapping {
             Some(mapping) => self.mapping(mapping, !resolved.frames.is_empty()),
             None => 0,
@@ -567,7 +568,7 @@ impl Out {
         self.location(address, mapping_id, &resolved.frames)
     }
 
-    fn kernel_location(&mut self, address: u64, resolved: &Resolved) -> u64 {
+    fn kernel_location(&mut self, address: u64, resolved: &Resolved) -> u32 {
         if self.kernel_mapping == 0 {
             let kernel = Mapping {
                 start: 0xffff_8000_0000_0000,

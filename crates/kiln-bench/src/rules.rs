@@ -225,7 +225,7 @@ fn frequent_function(parsed: &kiln_ingest::parse::ParsedProfile) -> String {
     for sample in profile.sample.iter() {
         let mut seen = std::collections::HashSet::new();
         for id in sample.location_id {
-            for name in locations.get(id).into_iter().flatten() {
+            for name in locations.get(&u64::from(*id)).into_iter().flatten() {
                 if seen.insert(*name) {
                     *counts.entry(name.to_string()).or_default() += 1;
                 }

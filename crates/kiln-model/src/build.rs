@@ -18,14 +18,14 @@ pub struct Frame<'a> {
 }
 
 /// A sample's identity: its location ids (leaf first) and its sorted (key, value) labels.
-type SampleKey = (Vec<u64>, Vec<(i64, i64)>);
+type SampleKey = (Vec<u32>, Vec<(i64, i64)>);
 
 pub struct ProfileBuilder {
     profile: Profile,
     strings: StringInterner,
     mappings: HashMap<i64, u64>,
     functions: HashMap<(i64, i64), u64>,
-    locations: HashMap<(u64, u64, u64, i64), u64>,
+    locations: HashMap<(u64, u64, u64, i64), u32>,
     samples: HashMap<SampleKey, usize>,
     label_scratch: Vec<(i64, i64)>,
 }
@@ -88,7 +88,7 @@ impl ProfileBuilder {
     }
 
     /// The location id of a frame, interning what it refers to.
-    pub fn location(&mut self, frame: &Frame<'_>) -> u64 {
+    pub fn location(&mut self, frame: &Frame<'_>) -> u32 {
         let mapping_id = self.mapping(frame.module);
         let function_id = if frame.function.is_empty() {
             0
@@ -117,9 +117,11 @@ impl ProfileBuilder {
         if let Some(id) = self.locations.get(&key) {
             return *id;
         }
-        let id = self.profile.location.len() as u64 + 1;
+        // Ids are u32 in samples (`pprof::Samples`); a body holding four billion frames
+        // is refused long before this.
+        let id = u32::try_from(self.profile.location.len() + 1).unwrap_or(u32::MAX);
         self.profile.location.push(Location {
-            id,
+            id: u64::from(id),
             mapping_id,
             address,
             line: match function_id {
@@ -138,7 +140,7 @@ impl ProfileBuilder {
 
     /// Adds `values` (one per sample type) to the sample of this stack (leaf first, as
     /// pprof stores it) and these string labels.
-    pub fn add(&mut self, stack: &[u64], values: &[i64], labels: &[(&str, &str)]) {
+    pub fn add(&mut self, stack: &[u32], values: &[i64], labels: &[(&str, &str)]) {
         let mut label_ids = std::mem::take(&mut self.label_scratch);
         label_ids.clear();
         for (key, value) in labels {

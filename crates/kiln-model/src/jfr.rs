@@ -704,7 +704,7 @@ fn stack_locations(
     stack: &Value,
     stack_type: i64,
     builder: &mut ProfileBuilder,
-) -> Vec<u64> {
+) -> Vec<u32> {
     let Value::Array(frames) = chunk.field(stack, stack_type, "frames") else {
         return Vec::new();
     };

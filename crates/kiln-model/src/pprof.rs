@@ -177,12 +177,20 @@ impl Message for Profile {
 /// in three flat vectors with per-sample end offsets. Decoding a sample costs no allocation
 /// of its own, where one struct per sample cost three (a quarter of the ingest CPU went to
 /// allocating and freeing them; docs/benchmarks.md).
+///
+/// Location ids are held as `u32`: they were 44 % of a decoded profile's heap as `u64`
+/// (docs/benchmarks.md), and profilers number their locations from 1. A profile whose
+/// ids do not all fit is renumbered as it is decoded (the `renumbered` map).
 #[derive(Clone, PartialEq, Default, Debug)]
 pub struct Samples {
-    location_ids: Vec<u64>,
+    location_ids: Vec<u32>,
     values: Vec<i64>,
     labels: Vec<Label>,
     ends: Vec<SampleEnds>,
+    /// Set once a location id over `u32::MAX` was read: every id read, before and after,
+    /// then maps to a new one (in order of first sight), and [`decode`] gives the
+    /// locations the same new ids once the whole message is read.
+    renumbered: Option<foldhash::HashMap<u64, u32>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Default, Debug)]
@@ -195,22 +203,23 @@ struct SampleEnds {
 /// One sample, borrowed from [`Samples`]. Field names follow profile.proto.
 #[derive(Clone, Copy, PartialEq, Debug)]
 pub struct Sample<'a> {
-    pub location_id: &'a [u64],
+    pub location_id: &'a [u32],
     pub value: &'a [i64],
     pub label: &'a [Label],
 }
 
 impl Sample<'_> {
     fn encoded_len(&self) -> usize {
-        use prost::encoding::{int64, message, uint64};
-        uint64::encoded_len_packed(tag::SAMPLE_LOCATION_ID, self.location_id)
+        use prost::encoding::{int64, message, uint32};
+        // A varint is the same whether the field is declared uint64 or uint32.
+        uint32::encoded_len_packed(tag::SAMPLE_LOCATION_ID, self.location_id)
             + int64::encoded_len_packed(tag::SAMPLE_VALUE, self.value)
             + message::encoded_len_repeated(tag::SAMPLE_LABEL, self.label)
     }
 
     fn encode_raw(&self, buf: &mut impl prost::bytes::BufMut) {
-        use prost::encoding::{int64, message, uint64};
-        uint64::encode_packed(tag::SAMPLE_LOCATION_ID, self.location_id, buf);
+        use prost::encoding::{int64, message, uint32};
+        uint32::encode_packed(tag::SAMPLE_LOCATION_ID, self.location_id, buf);
         int64::encode_packed(tag::SAMPLE_VALUE, self.value, buf);
         message::encode_repeated(tag::SAMPLE_LABEL, self.label, buf);
     }
@@ -256,7 +265,7 @@ impl Samples {
         self.values.reserve(values);
     }
 
-    pub fn push(&mut self, location_id: &[u64], value: &[i64], label: &[Label]) {
+    pub fn push(&mut self, location_id: &[u32], value: &[i64], label: &[Label]) {
         self.location_ids.extend_from_slice(location_id);
         self.values.extend_from_slice(value);
         self.labels.extend_from_slice(label);
@@ -312,13 +321,17 @@ impl Samples {
             let (field, wire_type) = decode_key(buf)?;
             match (field, wire_type) {
                 (tag::SAMPLE_LOCATION_ID, WireType::LengthDelimited) => {
-                    merge_packed_varints(buf, |value| self.location_ids.push(value))?
+                    merge_packed_varints(buf, |value| self.push_location_id(value))?
                 }
                 (tag::SAMPLE_VALUE, WireType::LengthDelimited) => {
                     merge_packed_varints(buf, |value| self.values.push(value as i64))?
                 }
                 (tag::SAMPLE_LOCATION_ID, _) => {
-                    uint64::merge_repeated(wire_type, &mut self.location_ids, buf, ctx.clone())?
+                    let mut ids = Vec::new();
+                    uint64::merge_repeated(wire_type, &mut ids, buf, ctx.clone())?;
+                    for id in ids {
+                        self.push_location_id(id);
+                    }
                 }
                 (tag::SAMPLE_VALUE, _) => {
                     int64::merge_repeated(wire_type, &mut self.values, buf, ctx.clone())?
@@ -331,6 +344,48 @@ impl Samples {
         }
         Ok(())
     }
+}
+
+impl Samples {
+    #[inline]
+    fn push_location_id(&mut self, id: u64) {
+        match (&mut self.renumbered, u32::try_from(id)) {
+            (None, Ok(id)) => self.location_ids.push(id),
+            _ => self.push_renumbered(id),
+        }
+    }
+
+    #[cold]
+    fn push_renumbered(&mut self, id: u64) {
+        let map = self.renumbered.get_or_insert_with(|| {
+            // Renumber what was read so far, in order, into a map of its own.
+            let mut map = foldhash::HashMap::default();
+            for stored in &mut self.location_ids {
+                *stored = renumber(&mut map, u64::from(*stored));
+            }
+            map
+        });
+        let new = renumber(map, id);
+        self.location_ids.push(new);
+    }
+
+    /// Gives `locations` the ids the samples were renumbered to, if they were; a
+    /// location no sample names gets a new id after theirs.
+    fn apply_renumbering(&mut self, locations: &mut [Location]) {
+        let Some(mut map) = self.renumbered.take() else {
+            return;
+        };
+        for location in locations {
+            location.id = u64::from(renumber(&mut map, location.id));
+        }
+    }
+}
+
+/// The new id of `id`: its own if already seen, else the next (ids are 1-based). A
+/// message holds far fewer than four billion ids, as each takes at least a byte.
+fn renumber(map: &mut foldhash::HashMap<u64, u32>, id: u64) -> u32 {
+    let next = u32::try_from(map.len() + 1).unwrap_or(u32::MAX);
+    *map.entry(id).or_insert(next)
 }
 
 /// Reads a packed run of varints (its length prefix first), as prost's `merge_repeated`
@@ -608,7 +663,7 @@ pub struct Function {
 impl Profile {
     /// The heap memory the decoded profile holds (allocated capacity, not length): what it
     /// costs while it waits for its flush. The encoded size understates it about fourfold,
-    /// since ids and values are 8 bytes here and one or two as varints.
+    /// since ids and values are 4 or 8 bytes here and one or two as varints.
     pub fn heap_bytes(&self) -> usize {
         fn vec<T>(items: &Vec<T>) -> usize {
             items.capacity() * std::mem::size_of::<T>()
@@ -683,8 +738,9 @@ pub fn decode(data: &[u8], limit: usize) -> Result<Profile, FormatError> {
             "{name} is not supported; send pprof protobuf (go tool pprof -proto converts it)"
         )));
     }
-    let profile = Profile::decode(&*raw)
+    let mut profile = Profile::decode(&*raw)
         .map_err(|err| FormatError::malformed(format!("invalid pprof protobuf: {err}")))?;
+    profile.sample.apply_renumbering(&mut profile.location);
     if profile
         .string_table
         .first()
@@ -847,7 +903,7 @@ pub fn validate(profile: &Profile, limits: &ProfileLimits) -> Result<Validated, 
             )));
         }
         for id in sample.location_id {
-            if locations.get(*id).is_none() {
+            if locations.get(u64::from(*id)).is_none() {
                 return Err(FormatError::malformed(format!(
                     "sample {position} refers to location {id}, which is not defined"
                 )));
@@ -1034,7 +1090,7 @@ mod tests {
                 .sample
                 .iter()
                 .map(|sample| DerivedSample {
-                    location_id: sample.location_id.to_vec(),
+                    location_id: sample.location_id.iter().map(|&id| u64::from(id)).collect(),
                     value: sample.value.to_vec(),
                     label: sample.label.to_vec(),
                 })
@@ -1063,6 +1119,72 @@ mod tests {
             assert_eq!(profile.encoded_len(), reference.len());
             assert_eq!(Profile::decode(reference.as_slice()).unwrap(), profile);
         }
+    }
+
+    #[test]
+    fn location_ids_past_u32_are_renumbered_with_their_locations() {
+        let wide: u64 = 1 << 40;
+        // Location `id` is function `id`'s frame; 99 is named by no sample.
+        let ids = [7, wide, 3, 99];
+        let mut reference = derived(&tiny());
+        reference.location = ids
+            .iter()
+            .map(|&id| Location {
+                id,
+                line: vec![Line {
+                    function_id: id,
+                    line: 1,
+                    column: 0,
+                }],
+                ..Default::default()
+            })
+            .collect();
+        reference.function = ids
+            .iter()
+            .enumerate()
+            .map(|(index, &id)| Function {
+                id,
+                name: 3 + index as i64,
+                ..Default::default()
+            })
+            .collect();
+        reference.string_table = ["", "cpu", "nanoseconds", "seven", "wide", "three", "unused"]
+            .map(|s| s.as_bytes().to_vec())
+            .to_vec();
+        let stacks: [&[u64]; 3] = [&[7, wide], &[3], &[wide, 7, 3]];
+        reference.sample = stacks
+            .iter()
+            .map(|stack| DerivedSample {
+                location_id: stack.to_vec(),
+                value: vec![1],
+                label: Vec::new(),
+            })
+            .collect();
+        let profile = decode(&reference.encode_to_vec(), 1 << 20).unwrap();
+        let index = validate(&profile, &Default::default()).unwrap();
+        let name = |id: u32| {
+            let location = &profile.location[index.locations.get(u64::from(id)).unwrap()];
+            let function = location.line[0].function_id;
+            let function = &profile.function[index.functions.get(function).unwrap()];
+            profile.string_or_empty(function.name)
+        };
+        let named: Vec<Vec<String>> = profile
+            .sample
+            .iter()
+            .map(|sample| sample.location_id.iter().map(|&id| name(id)).collect())
+            .collect();
+        assert_eq!(
+            named,
+            [
+                vec!["seven", "wide"],
+                vec!["three"],
+                vec!["wide", "seven", "three"]
+            ]
+        );
+        // Renumbered in order of first sight; the unnamed location after them.
+        let mut renumbered: Vec<u64> = profile.location.iter().map(|l| l.id).collect();
+        renumbered.sort_unstable();
+        assert_eq!(renumbered, [1, 2, 3, 4]);
     }
 
     #[test]

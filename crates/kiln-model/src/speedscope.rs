@@ -126,7 +126,7 @@ pub fn parse(data: &[u8], sample_type: &str, max_samples: usize) -> Result<Parse
     };
     let mut builder = ProfileBuilder::new(&[(kind, unit_name)], Some((kind, unit_name)), 0);
     let frames = &file.shared.frames;
-    let locations: Vec<u64> = frames
+    let locations: Vec<u32> = frames
         .iter()
         .map(|frame| {
             builder.location(&Frame {
@@ -137,7 +137,7 @@ pub fn parse(data: &[u8], sample_type: &str, max_samples: usize) -> Result<Parse
             })
         })
         .collect();
-    let location = |index: usize, what: &str| -> Result<u64, FormatError> {
+    let location = |index: usize, what: &str| -> Result<u32, FormatError> {
         locations.get(index).copied().ok_or_else(|| {
             FormatError::malformed(format!(
                 "{what} refers to frame {index}, but shared.frames has {} entries",
@@ -145,7 +145,7 @@ pub fn parse(data: &[u8], sample_type: &str, max_samples: usize) -> Result<Parse
             ))
         })
     };
-    let mut stack: Vec<u64> = Vec::new();
+    let mut stack: Vec<u32> = Vec::new();
     for (profile_index, (profile, (_, scale))) in file.profiles.iter().zip(&units).enumerate() {
         match profile {
             SpeedscopeProfile::Sampled {
@@ -243,7 +243,7 @@ pub fn parse(data: &[u8], sample_type: &str, max_samples: usize) -> Result<Parse
 
 fn add(
     builder: &mut ProfileBuilder,
-    stack: &[u64],
+    stack: &[u32],
     value: f64,
     profile_name: &str,
     max_samples: usize,
@@ -276,7 +276,7 @@ mod tests {
     use super::*;
 
     fn totals(profile: &Profile) -> Vec<(Vec<String>, i64)> {
-        let name = |location_id: u64| {
+        let name = |location_id: u32| {
             let location = &profile.location[location_id as usize - 1];
             let function = &profile.function[location.line[0].function_id as usize - 1];
             profile.string_or_empty(function.name)

@@ -17,8 +17,8 @@ struct Writer {
     strings: StringInterner,
     mappings: HashMap<(u64, u64, u64, i64, i64), u64>,
     functions: HashMap<(i64, i64, i64, i64), u64>,
-    locations: HashMap<LocationKey, u64>,
-    samples: HashMap<Vec<u64>, usize>,
+    locations: HashMap<LocationKey, u32>,
+    samples: HashMap<Vec<u32>, usize>,
 }
 
 impl Writer {
@@ -61,7 +61,7 @@ impl Writer {
     }
 
     /// The id of the location of these (function id, line) pairs, added if new.
-    fn location(&mut self, mapping_id: u64, address: u64, lines: Vec<(u64, i64)>) -> u64 {
+    fn location(&mut self, mapping_id: u64, address: u64, lines: Vec<(u64, i64)>) -> u32 {
         let line = lines
             .iter()
             .map(|(function_id, line)| Line {
@@ -70,14 +70,16 @@ impl Writer {
                 column: 0,
             })
             .collect();
-        let next = self.profile.location.len() as u64 + 1;
+        // Sample location ids are u32 (`pprof::Samples`); a merge is bounded by the
+        // query's budget far below four billion locations.
+        let next = u32::try_from(self.profile.location.len() + 1).unwrap_or(u32::MAX);
         let id = *self
             .locations
             .entry((mapping_id, address, lines))
             .or_insert(next);
         if id == next {
             self.profile.location.push(Location {
-                id,
+                id: u64::from(id),
                 mapping_id,
                 address,
                 line,
@@ -88,7 +90,7 @@ impl Writer {
     }
 
     /// Adds `values` to the sample of this stack (location ids, leaf first).
-    fn add_sample(&mut self, stack: Vec<u64>, values: &[i64]) {
+    fn add_sample(&mut self, stack: Vec<u32>, values: &[i64]) {
         match self.samples.get(&stack) {
             Some(index) => {
                 if let Some(slots) = self.profile.sample.values_mut(*index) {
@@ -215,7 +217,7 @@ impl PprofMerge {
             }
         }
         let line_offsets = dataset.location_line_offsets();
-        let mut location_ids: Vec<u64> = vec![0; dataset.location_mapping.len()];
+        let mut location_ids: Vec<u32> = vec![0; dataset.location_mapping.len()];
         let mut mapping_ids: Vec<u64> = vec![u64::MAX; dataset.mappings.len()];
         let mut function_ids: Vec<u64> = vec![0; dataset.functions.len()];
         for node in 1..dataset.stack_parent.len() {
@@ -298,7 +300,7 @@ impl PprofMerge {
             let id = writer.function(name, system_name, filename, f.start_line);
             function_ids.insert(f.id, id);
         }
-        let mut location_ids: HashMap<u64, u64> = HashMap::default();
+        let mut location_ids: HashMap<u64, u32> = HashMap::default();
         for location in &profile.location {
             let mapping_id = mapping_ids.get(&location.mapping_id).copied().unwrap_or(0);
             let lines: Vec<(u64, i64)> = location
@@ -328,8 +330,8 @@ impl PprofMerge {
             let Some(stack) = sample
                 .location_id
                 .iter()
-                .map(|id| location_ids.get(id).copied())
-                .collect::<Option<Vec<u64>>>()
+                .map(|id| location_ids.get(&u64::from(*id)).copied())
+                .collect::<Option<Vec<u32>>>()
             else {
                 continue;
             };
@@ -357,7 +359,7 @@ fn export_location(
     line_offsets: &[u32],
     mapping_ids: &mut [u64],
     function_ids: &mut [u64],
-) -> u64 {
+) -> u32 {
     let mapping_index = dataset.location_mapping[location] as usize;
     let mapping_id = if mapping_index == 0 {
         0
@@ -408,7 +410,7 @@ mod tests {
     const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 
     /// A share's profile: `main;a` and `main;b`, symbols in its own ids and string order.
-    fn share(offset: u64, a: i64, b: i64, time_nanos: i64) -> Profile {
+    fn share(offset: u32, a: i64, b: i64, time_nanos: i64) -> Profile {
         let mut profile = Profile::default();
         let mut strings = StringInterner::default();
         let mut string = |value: &str| strings.intern(&mut profile.string_table, value);
@@ -421,7 +423,7 @@ mod tests {
             unit: nanoseconds,
         });
         for (index, name) in names.iter().enumerate() {
-            let id = offset + index as u64;
+            let id = u64::from(offset) + index as u64;
             profile.function.push(Function {
                 id,
                 name: *name,
@@ -451,11 +453,11 @@ mod tests {
     }
 
     fn stacks(profile: &Profile) -> Vec<(Vec<String>, i64)> {
-        let name = |id: &u64| {
+        let name = |id: &u32| {
             let location = profile
                 .location
                 .iter()
-                .find(|l| l.id == *id)
+                .find(|l| l.id == u64::from(*id))
                 .expect("location");
             let function = profile
                 .function

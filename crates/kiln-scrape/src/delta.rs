@@ -70,14 +70,15 @@ impl Index {
     fn sample_key(
         &self,
         profile: &Profile,
-        location_ids: &[u64],
+        location_ids: &[u32],
         labels: &[kiln_model::pprof::Label],
     ) -> Vec<u8> {
         let mut key = Vec::with_capacity(location_ids.len() * 32);
-        for id in location_ids {
+        for &id in location_ids {
+            let id = u64::from(id);
             match self
                 .locations
-                .get(id)
+                .get(&id)
                 .map(|position| &profile.location[*position])
             {
                 Some(location) => {

@@ -411,7 +411,7 @@ impl DatasetBuilder {
                 depth
             };
             for id in &sample.location_id[..keep] {
-                if let Some(position) = input.index.locations.get(*id) {
+                if let Some(position) = input.index.locations.get(u64::from(*id)) {
                     stack_locations.push(self.pprof_location(input, &mut symbols, position));
                 }
             }

@@ -19,7 +19,7 @@ pub(crate) fn add_cpu_profile(
 ) {
     let mut profile = ProfileBuilder::new(&[("cpu", "nanoseconds")], None, 0);
     for (frames, value, sample_labels) in samples {
-        let stack: Vec<u64> = frames
+        let stack: Vec<u32> = frames
             .iter()
             .map(|function| {
                 profile.location(&Frame {

@@ -165,11 +165,11 @@ fn tree_paths(tree: &FlameTree) -> BTreeMap<Vec<String>, (i64, i64)> {
 
 /// Per function (flat, cum) of every sample type of a pprof.
 fn pprof_functions(profile: &Profile) -> BTreeMap<(usize, String), (i64, i64)> {
-    let name_of = |location_id: u64| -> Vec<String> {
+    let name_of = |location_id: u32| -> Vec<String> {
         profile
             .location
             .iter()
-            .find(|location| location.id == location_id)
+            .find(|location| location.id == u64::from(location_id))
             .map(|location| {
                 location
                     .line

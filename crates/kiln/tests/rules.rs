@@ -275,7 +275,11 @@ impl Kiln {
         let (mut all, mut function) = (0, 0);
         for sample in profile.sample.iter() {
             all += sample.value[value];
-            if sample.location_id.iter().any(|id| holds.contains(id)) {
+            if sample
+                .location_id
+                .iter()
+                .any(|id| holds.contains(&u64::from(*id)))
+            {
                 function += sample.value[value];
             }
         }

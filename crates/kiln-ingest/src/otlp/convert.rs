@@ -243,7 +243,7 @@ struct Memo {
     strings: Slots<i64>,
     mappings: Slots<u64>,
     functions: Slots<u64>,
-    locations: Slots<u64>,
+    locations: Slots<u32>,
     /// A sample attribute as a pprof label (key, value string ids).
     attributes: Slots<(i64, i64)>,
     /// A stack's range in the pprof builder's location ids.
@@ -272,7 +272,7 @@ struct PprofBuilder<'r, 'a> {
     profile: Profile,
     text_strings: pprof::StringInterner,
     /// Location ids of every stack converted so far (ranges in `Memo::stacks`).
-    location_ids: Vec<u64>,
+    location_ids: Vec<u32>,
 }
 
 impl<'r, 'a> PprofBuilder<'r, 'a> {
@@ -377,7 +377,7 @@ impl<'r, 'a> PprofBuilder<'r, 'a> {
         Ok(id)
     }
 
-    fn location(&mut self, index: i32) -> Result<u64, IngestError> {
+    fn location(&mut self, index: i32) -> Result<u32, IngestError> {
         let stamp = self.memo.stamp;
         if let Some(id) = self.memo.locations.get(index as usize, stamp) {
             return Ok(id);
@@ -398,9 +398,10 @@ impl<'r, 'a> PprofBuilder<'r, 'a> {
                 column: line.column,
             });
         }
-        let id = self.profile.location.len() as u64 + 1;
+        let id = u32::try_from(self.profile.location.len() + 1)
+            .map_err(|_| bad("too many locations"))?;
         self.profile.location.push(pprof::Location {
-            id,
+            id: u64::from(id),
             mapping_id,
             address: location.address,
             line: lines,

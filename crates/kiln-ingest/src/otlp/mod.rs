@@ -535,7 +535,7 @@ pub fn request_from_pprof(
         let stack: Vec<i32> = sample
             .location_id
             .iter()
-            .map(|id| locations.get(id).copied().unwrap_or(0))
+            .map(|id| locations.get(&u64::from(*id)).copied().unwrap_or(0))
             .collect();
         let next_stack = dictionary.stack_table.len() as i32;
         let stack_index = *stacks.entry(stack.clone()).or_insert_with(|| {

@@ -643,8 +643,11 @@ fn a_large_query_is_split_over_the_query_nodes_and_survives_one_dying() {
         );
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
         let profile = kiln_model::pprof::decode(&body, 1 << 30).expect("pprof");
-        let name = |location_id: &u64| -> String {
-            let location = profile.location.iter().find(|l| l.id == *location_id);
+        let name = |location_id: &u32| -> String {
+            let location = profile
+                .location
+                .iter()
+                .find(|l| l.id == u64::from(*location_id));
             let function_id = location.and_then(|l| l.line.first()).map(|l| l.function_id);
             let function = profile.function.iter().find(|f| Some(f.id) == function_id);
             function.map_or("?".to_string(), |f| profile.string_or_empty(f.name))
