@@ -542,14 +542,11 @@ impl Out {
                 column: 0,
             })
             .collect();
-        // Sample location ids are u32 (`pprof::Samples`); a report holds far fewer.
-        let id = u32::try_from(self.profile.location.len() + 1).unwrap_or(u32::MAX);
-        self.profile.location.push(Location {
-            id: u64::from(id),
+        let id = self.profile.push_location(Location {
             mapping_id,
             address,
             line: lines,
-            is_folded: false,
+            ..Default::default()
         });
         self.locations.insert((mapping_id, address), id);
         id

@@ -5,9 +5,6 @@
 use bytes::Bytes;
 use kiln_compactor::{Compactor, CompactorConfig, LevelCompression, LevelPolicy};
 use kiln_metastore::{BlockMeta, DatasetMeta, Metastore};
-use kiln_model::build::{Frame, ProfileBuilder};
-use kiln_model::{Labels, ProfileType};
-use kiln_storage::builder::{PprofInput, TypePlan};
 use kiln_storage::{DatasetBuilder, ObjectStorage};
 
 mod common;
@@ -16,39 +13,14 @@ const SECOND_NANOS: i64 = 1_000_000_000;
 
 /// Writes one segment holding one CPU profile of `service` and registers it at level 0.
 async fn write_segment(storage: &ObjectStorage, metastore: &Metastore, id: &str, service: &str) {
-    let mut profile = ProfileBuilder::new(&[("cpu", "nanoseconds")], None, 0);
-    let frame = |function| Frame {
-        function,
-        file: "main.go",
-        line: 1,
-        module: "",
-        address: 0,
-    };
-    let stack = [
-        profile.location(&frame("work")),
-        profile.location(&frame("main")),
-    ];
-    profile.add(&stack, &[10], &[]);
-    let time_nanos = 1_700_000_000 * SECOND_NANOS;
-    let profile = profile.finish(time_nanos, 10 * SECOND_NANOS);
-    let index = kiln_model::pprof::validate(&profile, &Default::default()).unwrap();
     let mut builder = DatasetBuilder::new("t", service);
-    builder.add_pprof(&PprofInput {
-        profile: &profile,
-        index: &index,
+    kiln_storage::testing::add_cpu_profile(
+        &mut builder,
         id,
-        time_nanos,
-        duration_nanos: 10 * SECOND_NANOS,
-        labels: &Labels::from_pairs([("service_name", service)]),
-        types: &[TypePlan {
-            value_index: 0,
-            profile_type: ProfileType::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds")
-                .unwrap(),
-            scale: None,
-        }],
-        max_stack_depth: 100,
-        sample_labels_per_sample: false,
-    });
+        &[("service_name", service)],
+        1_700_000_000 * SECOND_NANOS,
+        &[(&["work", "main"], 10, &[])],
+    );
     let dataset = builder.finish();
     let key = format!("segments/{id}.parquet");
     let block = kiln_storage::format::encode_block(std::slice::from_ref(&dataset)).unwrap();

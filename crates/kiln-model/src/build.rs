@@ -117,11 +117,7 @@ impl ProfileBuilder {
         if let Some(id) = self.locations.get(&key) {
             return *id;
         }
-        // Ids are u32 in samples (`pprof::Samples`); a body holding four billion frames
-        // is refused long before this.
-        let id = u32::try_from(self.profile.location.len() + 1).unwrap_or(u32::MAX);
-        self.profile.location.push(Location {
-            id: u64::from(id),
+        let id = self.profile.push_location(Location {
             mapping_id,
             address,
             line: match function_id {
@@ -132,7 +128,7 @@ impl ProfileBuilder {
                     column: 0,
                 }],
             },
-            is_folded: false,
+            ..Default::default()
         });
         self.locations.insert(key, id);
         id

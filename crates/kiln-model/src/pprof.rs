@@ -316,7 +316,9 @@ impl Samples {
         buf: &mut impl prost::bytes::Buf,
         ctx: prost::encoding::DecodeContext,
     ) -> Result<(), prost::DecodeError> {
-        use prost::encoding::{decode_key, int64, message, skip_field, uint64, WireType};
+        use prost::encoding::{
+            check_wire_type, decode_key, decode_varint, int64, message, skip_field, WireType,
+        };
         while buf.has_remaining() {
             let (field, wire_type) = decode_key(buf)?;
             match (field, wire_type) {
@@ -327,11 +329,9 @@ impl Samples {
                     merge_packed_varints(buf, |value| self.values.push(value as i64))?
                 }
                 (tag::SAMPLE_LOCATION_ID, _) => {
-                    let mut ids = Vec::new();
-                    uint64::merge_repeated(wire_type, &mut ids, buf, ctx.clone())?;
-                    for id in ids {
-                        self.push_location_id(id);
-                    }
+                    // Unpacked: one varint per field.
+                    check_wire_type(WireType::Varint, wire_type)?;
+                    self.push_location_id(decode_varint(buf)?);
                 }
                 (tag::SAMPLE_VALUE, _) => {
                     int64::merge_repeated(wire_type, &mut self.values, buf, ctx.clone())?
@@ -661,6 +661,18 @@ pub struct Function {
 }
 
 impl Profile {
+    /// Appends `location` under the next id (locations numbered from 1, as samples hold
+    /// them: `u32`) and returns that id. Four billion locations would take more memory
+    /// than any input a converter reads, so the id saturates rather than fails.
+    pub fn push_location(&mut self, location: Location) -> u32 {
+        let id = u32::try_from(self.location.len() + 1).unwrap_or(u32::MAX);
+        self.location.push(Location {
+            id: u64::from(id),
+            ..location
+        });
+        id
+    }
+
     /// The heap memory the decoded profile holds (allocated capacity, not length): what it
     /// costs while it waits for its flush. The encoded size understates it about fourfold,
     /// since ids and values are 4 or 8 bytes here and one or two as varints.

@@ -1,6 +1,8 @@
 //! Merged pprof output: every selected stack as one sample, symbols re-interned into one
 //! profile, identical stacks merged. Never truncated.
 
+use std::collections::hash_map::Entry;
+
 use foldhash::HashMap;
 
 use kiln_model::pprof::{Function, Line, Location, Mapping, Profile, StringInterner, ValueType};
@@ -62,31 +64,28 @@ impl Writer {
 
     /// The id of the location of these (function id, line) pairs, added if new.
     fn location(&mut self, mapping_id: u64, address: u64, lines: Vec<(u64, i64)>) -> u32 {
-        let line = lines
-            .iter()
-            .map(|(function_id, line)| Line {
-                function_id: *function_id,
-                line: *line,
-                column: 0,
-            })
-            .collect();
-        // Sample location ids are u32 (`pprof::Samples`); a merge is bounded by the
-        // query's budget far below four billion locations.
-        let next = u32::try_from(self.profile.location.len() + 1).unwrap_or(u32::MAX);
-        let id = *self
-            .locations
-            .entry((mapping_id, address, lines))
-            .or_insert(next);
-        if id == next {
-            self.profile.location.push(Location {
-                id: u64::from(id),
-                mapping_id,
-                address,
-                line,
-                is_folded: false,
-            });
+        match self.locations.entry((mapping_id, address, lines)) {
+            Entry::Occupied(known) => *known.get(),
+            Entry::Vacant(new) => {
+                let line = new
+                    .key()
+                    .2
+                    .iter()
+                    .map(|(function_id, line)| Line {
+                        function_id: *function_id,
+                        line: *line,
+                        column: 0,
+                    })
+                    .collect();
+                let id = self.profile.push_location(Location {
+                    mapping_id,
+                    address,
+                    line,
+                    ..Default::default()
+                });
+                *new.insert(id)
+            }
         }
-        id
     }
 
     /// Adds `values` to the sample of this stack (location ids, leaf first).

@@ -16,8 +16,8 @@ pub mod format;
 pub mod objects;
 pub mod ranged;
 pub mod strings;
-#[cfg(test)]
-mod testing;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use builder::DatasetBuilder;
 pub use dataset::{Dataset, ProfileRow, SeriesRow};

@@ -1,4 +1,5 @@
-//! Small CPU profiles for this crate's unit tests.
+//! Small CPU profiles for tests: this crate's, and other crates' through the `testing`
+//! feature (a dev-dependency's).
 
 use kiln_model::build::{Frame, ProfileBuilder};
 use kiln_model::{Labels, ProfileType};
@@ -7,10 +8,10 @@ use crate::builder::{PprofInput, TypePlan};
 use crate::DatasetBuilder;
 
 /// One stack of a test profile: frames innermost first, its value and sample labels.
-pub(crate) type TestSample<'a> = (&'a [&'a str], i64, &'a [(&'a str, &'a str)]);
+pub type TestSample<'a> = (&'a [&'a str], i64, &'a [(&'a str, &'a str)]);
 
 /// Adds one CPU profile of `samples` (frames in `main.c`, line 1) with these series labels.
-pub(crate) fn add_cpu_profile(
+pub fn add_cpu_profile(
     builder: &mut DatasetBuilder,
     id: &str,
     labels: &[(&str, &str)],
