@@ -1,4 +1,5 @@
-//! Where request parsing runs: off the async workers, and at most one parse per core.
+//! Where the write path's CPU work runs: parsing, staging and segment building, on one
+//! thread per core off the async workers ([`spawn`]), and at most one parse per core.
 //!
 //! Parsing (inflate, decode, validate) is pure CPU. Handing each request to its own
 //! blocking thread let a burst of clients start hundreds of parses at once: no faster on
@@ -15,9 +16,10 @@
 //! ([`run_parser_waiting`]).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use thiserror::Error;
 use tokio::sync::Semaphore;
 
 use crate::IngestError;
@@ -95,16 +97,101 @@ pub async fn run_parser_waiting<T: Send + 'static>(
     timed(parse).await
 }
 
+/// Runs the interning of parsed profiles into the open batch (`Ingester::stage`) on the
+/// write path's threads. No permit: the pool is first come, first served, so a parsed
+/// profile, which holds its decoded memory until it is staged, waits behind at most the
+/// parses already admitted, never behind the queue of requests still to parse.
+pub(crate) async fn run_staging<T: Send + 'static>(
+    stage: impl FnOnce() -> Result<T, IngestError> + Send + 'static,
+) -> Result<T, IngestError> {
+    spawn(stage).await?
+}
+
+/// Why work handed to the write path's threads did not answer.
+#[derive(Debug, Error)]
+pub enum WorkerError {
+    #[error("the task panicked")]
+    Panicked,
+    #[error("the write path's threads are gone")]
+    Stopped,
+}
+
+type Task = Box<dyn FnOnce() + Send>;
+
+/// The write path's threads: one per core, started on first use, for parsing, staging
+/// and building segments.
+///
+/// Not tokio's blocking pool: that one starts a thread whenever none is idle and keeps it
+/// for ten seconds, so under load this work spread over 30 to 40 threads. The allocator
+/// keeps a thread's freed pages until that thread allocates again, and each of those
+/// threads had freed a few decoded profiles and then sat idle: a 1,000-client server held
+/// 200 to 300 MiB that way (docs/benchmarks.md, "Memory of the write path"). A few
+/// threads that never idle long reuse their own freed memory. The queue is first in,
+/// first out, and its tasks are whole parses and builds (milliseconds), so a channel
+/// behind a mutex serves it; a work-stealing pool (rayon) is made for finer tasks and
+/// would be one more dependency for nothing here.
+static POOL: LazyLock<Option<std::sync::mpsc::Sender<Task>>> = LazyLock::new(start_pool);
+
+fn start_pool() -> Option<std::sync::mpsc::Sender<Task>> {
+    let (sender, receiver) = std::sync::mpsc::channel::<Task>();
+    let receiver = Arc::new(Mutex::new(receiver));
+    let mut started = 0;
+    for index in 0..kiln_model::priority::cores() {
+        let receiver = receiver.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("kiln-write-{index}"))
+            .spawn(move || {
+                kiln_model::priority::background_thread();
+                loop {
+                    // The guard is dropped at the end of this statement, before the task runs.
+                    let task = receiver
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .recv();
+                    match task {
+                        Ok(task) => task(),
+                        Err(_) => return,
+                    }
+                }
+            });
+        match spawned {
+            Ok(_) => started += 1,
+            Err(err) => tracing::warn!(error = %err, "cannot start a write path thread"),
+        }
+    }
+    (started > 0).then_some(sender)
+}
+
+/// Hands `work` to the write path's threads at once; await the result when needed.
+pub fn spawn<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> impl std::future::Future<Output = Result<T, WorkerError>> {
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    let task: Task = Box::new(move || {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+        let _ = sender.send(result);
+    });
+    let queued = match &*POOL {
+        Some(pool) => pool.send(task).is_ok(),
+        None => false,
+    };
+    async move {
+        if !queued {
+            return Err(WorkerError::Stopped);
+        }
+        match receiver.await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(_)) => Err(WorkerError::Panicked),
+            Err(_) => Err(WorkerError::Stopped),
+        }
+    }
+}
+
 async fn timed<T: Send + 'static>(
     parse: impl FnOnce() -> Result<T, IngestError> + Send + 'static,
 ) -> Result<T, IngestError> {
     let started = Instant::now();
-    let result = tokio::task::spawn_blocking(move || {
-        kiln_model::priority::background_thread();
-        parse()
-    })
-    .await
-    .map_err(IngestError::Task)?;
+    let result = spawn(parse).await?;
     let nanos = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
     // Racing updates lose a sample now and then; the mean stays a mean.
     let mean = PARSE_NANOS.load(Ordering::Relaxed);

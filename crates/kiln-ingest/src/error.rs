@@ -26,7 +26,7 @@ pub enum IngestError {
     Store(#[source] Arc<StoreError>),
     /// A parser task died (it panicked) before answering.
     #[error("parser task failed: {0}")]
-    Task(#[source] tokio::task::JoinError),
+    Task(#[from] crate::cpu::WorkerError),
     #[error("server is shutting down")]
     ShuttingDown,
 }
@@ -39,7 +39,7 @@ pub enum StoreError {
     #[error("encoding the segment: {0}")]
     Encode(#[source] kiln_storage::StorageError),
     #[error("the segment builder task failed: {0}")]
-    Task(#[source] tokio::task::JoinError),
+    Task(#[source] crate::cpu::WorkerError),
     #[error("{0}")]
     Storage(#[source] kiln_storage::StorageError),
     #[error("{0}")]

@@ -1,6 +1,17 @@
-//! Group commit: requests queue their parsed profiles; a flusher gathers a batch, writes
-//! it as one block object with one dataset per (tenant, service), registers the block in
-//! the metastore in one transaction, and only then acknowledges every request in the batch.
+//! Group commit: requests stage their parsed profiles into the open batch, a flusher
+//! writes the batch as one block object with one dataset per (tenant, service), registers
+//! the block in the metastore in one transaction, and only then acknowledges every request
+//! in the batch.
+//!
+//! A batch (a [`Generation`]) holds one [`DatasetBuilder`] per (tenant, service), and a
+//! request interns its profiles into them as soon as they are parsed, on the core that
+//! parsed them ([`Ingester::stage`]); the decoded profile is dropped there. So what waits
+//! for a flush is the interned form, where a service's symbols are stored once however
+//! many of its profiles arrived: about a tenth of the decoded profiles it replaced under
+//! many clients (docs/benchmarks.md, "Memory of the write path"), and the flush is left
+//! with finishing, encoding and writing. A flush swaps the open generation for a fresh one
+//! under a lock that every staging request holds for its whole add, so each request lands
+//! whole in exactly one generation and waits for that one's result.
 //!
 //! The batch is adaptive. It is flushed as soon as it reaches `flush_bytes`. Otherwise,
 //! while no flush is running, it is flushed when no other write is on its way (no request
@@ -20,9 +31,9 @@
 //! A failure anywhere fails every request of that batch with a 5xx; since the metastore
 //! registration is the last step, a failed batch is never visible to readers.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -32,9 +43,10 @@ use kiln_storage::{Dataset, DatasetBuilder, ObjectStorage};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
 use crate::error::StoreError;
 use crate::{IngestError, ParsedProfile};
@@ -48,8 +60,9 @@ pub struct IngesterConfig {
     pub adaptive: bool,
     /// Flush early once a batch holds this many received bytes.
     pub flush_bytes: usize,
-    /// Refuse new writes with 429 while decoded profiles holding this much memory wait
-    /// for, or are in, a flush: the bound on the write path's memory under overload.
+    /// Refuse new writes with 429 while staged profiles holding this much memory wait
+    /// for, or are in, a flush (their dataset builders' heap): the bound on the write
+    /// path's memory under overload.
     pub max_pending_bytes: usize,
     /// Flushes (object writes and registrations) in flight at once.
     pub max_concurrent_flushes: usize,
@@ -64,11 +77,11 @@ impl Default for IngesterConfig {
             flush_interval: Duration::from_millis(500),
             adaptive: true,
             flush_bytes: 32 << 20,
-            // Counted as the decoded profiles' heap ([`ParsedProfile::decoded_bytes`]),
-            // about what the old 64 MiB of protobuf encoding held; smaller, the batches
-            // under load shrink and the throughput with them (docs/benchmarks.md, "Memory
-            // of the write path").
-            max_pending_bytes: 384 << 20,
+            // Counted as the staged builders' heap, a service's symbols once however
+            // many of its profiles wait: at 1,000 clients the batches hold well under
+            // 128 MiB, so the bound only bites under overload (docs/benchmarks.md,
+            // "Memory of the write path").
+            max_pending_bytes: 128 << 20,
             max_concurrent_flushes: 4,
             max_stack_depth: 1000,
             min_gap: Duration::ZERO,
@@ -76,14 +89,78 @@ impl Default for IngesterConfig {
     }
 }
 
+/// A staged request, as the flusher hears of it: enough to size and time the batch.
 struct Job {
-    tenant: String,
-    profiles: Vec<ParsedProfile>,
+    generation: u64,
     /// Received bytes, which decide when a batch is big enough to flush.
     bytes: usize,
-    /// Decoded bytes, counted in `pending_bytes` until the flush is done.
-    decoded: usize,
-    ack: oneshot::Sender<Result<(), IngestError>>,
+}
+
+type FlushResult = Option<Result<(), Arc<StoreError>>>;
+/// (tenant, service).
+type ServiceKey = (String, String);
+type SharedBuilder = Arc<Mutex<DatasetBuilder>>;
+
+/// One batch: the builders that staged requests intern into, until a flush takes them.
+struct Generation {
+    id: u64,
+    builders: Mutex<HashMap<ServiceKey, SharedBuilder>>,
+    /// Heap of the builders, counted in `pending_bytes` until the flush is done.
+    bytes: AtomicUsize,
+    requests: AtomicUsize,
+    profiles: AtomicUsize,
+    /// The flush's outcome, for every request staged here.
+    done: watch::Sender<FlushResult>,
+}
+
+impl Generation {
+    fn new(id: u64) -> Self {
+        Generation {
+            id,
+            builders: Mutex::new(HashMap::new()),
+            bytes: AtomicUsize::new(0),
+            requests: AtomicUsize::new(0),
+            profiles: AtomicUsize::new(0),
+            done: watch::channel(None).0,
+        }
+    }
+
+    fn builder(&self, tenant: &str, service: &str) -> Arc<Mutex<DatasetBuilder>> {
+        let mut builders = self.builders.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(builder) = builders.get(&(tenant.to_string(), service.to_string())) {
+            return builder.clone();
+        }
+        let builder = Arc::new(Mutex::new(DatasetBuilder::new(tenant, service)));
+        builders.insert((tenant.to_string(), service.to_string()), builder.clone());
+        builder
+    }
+}
+
+/// The open generation, shared by the ingester handles and the flusher. Staging holds
+/// the read lock for its whole add; a flush takes the write lock to swap in a new one.
+struct Staging {
+    open: RwLock<Arc<Generation>>,
+    next_id: AtomicU64,
+}
+
+impl Staging {
+    /// Closes the open generation and opens the next; waits for adds in progress.
+    fn swap(&self) -> Arc<Generation> {
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        let mut open = self.open.write().unwrap_or_else(PoisonError::into_inner);
+        std::mem::replace(&mut *open, Arc::new(Generation::new(id)))
+    }
+
+    fn open_id(&self) -> u64 {
+        self.open.read().unwrap_or_else(PoisonError::into_inner).id
+    }
+}
+
+/// A request's profiles, interned into a generation, waiting for its flush.
+struct Staged {
+    generation: u64,
+    done: watch::Receiver<FlushResult>,
+    received_bytes: usize,
 }
 
 /// Counters of the write path, exported on `/metrics`.
@@ -98,6 +175,8 @@ pub struct WriterMetrics {
     pub flush_reasons: Family<ReasonLabel, Counter>,
     /// Requests acknowledged by each flush.
     pub batch_requests: Histogram,
+    /// Bytes counted against `max_pending_bytes` now.
+    pub pending_bytes: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -115,6 +194,7 @@ impl WriterMetrics {
             flush_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             flush_reasons: Family::default(),
             batch_requests: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
+            pending_bytes: Gauge::default(),
         }
     }
 
@@ -155,16 +235,22 @@ impl WriterMetrics {
             "Write requests acknowledged by one segment flush",
             self.batch_requests.clone(),
         );
+        registry.register(
+            "kiln_ingest_pending_bytes",
+            "Memory of the staged profiles waiting for, or in, a flush, counted against max_pending_bytes",
+            self.pending_bytes.clone(),
+        );
     }
 }
 
 /// The handle requests write through. Cloning is cheap; the flusher stops when every
-/// handle is dropped, after flushing what is queued.
+/// handle is dropped, after flushing what is staged.
 #[derive(Clone)]
 pub struct Ingester {
     sender: mpsc::Sender<Job>,
     pending_bytes: Arc<AtomicUsize>,
     arrivals: Arc<Arrivals>,
+    staging: Arc<Staging>,
     config: IngesterConfig,
     metrics: WriterMetrics,
 }
@@ -178,6 +264,10 @@ impl Ingester {
         let (sender, receiver) = mpsc::channel(4096);
         let pending_bytes = Arc::new(AtomicUsize::new(0));
         let arrivals = Arc::new(Arrivals::default());
+        let staging = Arc::new(Staging {
+            open: RwLock::new(Arc::new(Generation::new(0))),
+            next_id: AtomicU64::new(1),
+        });
         let metrics = WriterMetrics::new();
         let flusher = Flusher {
             storage,
@@ -185,6 +275,7 @@ impl Ingester {
             config,
             pending_bytes: pending_bytes.clone(),
             arrivals: arrivals.clone(),
+            staging: staging.clone(),
             flushing: AtomicUsize::new(0),
             last_flush_micros: AtomicU64::new(5_000),
             metrics: metrics.clone(),
@@ -195,6 +286,7 @@ impl Ingester {
                 sender,
                 pending_bytes,
                 arrivals,
+                staging,
                 config,
                 metrics,
             },
@@ -208,7 +300,7 @@ impl Ingester {
 
     fn full(&self, pending: usize) -> IngestError {
         IngestError::Overloaded(format!(
-            "server busy: profiles of {pending} decoded bytes are waiting to be written, at the limit of {} (max_pending_bytes); retry shortly",
+            "server busy: {pending} bytes of profiles are waiting to be written, at the limit of {} (max_pending_bytes); retry shortly",
             self.config.max_pending_bytes
         ))
     }
@@ -228,7 +320,7 @@ impl Ingester {
         })
     }
 
-    /// Queues the profiles and waits until they are durable and registered.
+    /// Stages the profiles and waits until they are durable and registered.
     pub async fn write(
         &self,
         tenant: &str,
@@ -238,7 +330,7 @@ impl Ingester {
     }
 
     /// As [`Ingester::write`], for a request admitted by [`Ingester::check_room`]: its
-    /// arrival ends once the profiles are queued, so the flusher need not wait for it.
+    /// arrival ends once the profiles are staged, so the flusher need not wait for it.
     pub async fn write_arrived(
         &self,
         tenant: &str,
@@ -257,29 +349,70 @@ impl Ingester {
         if profiles.is_empty() {
             return Ok(());
         }
-        let bytes: usize = profiles.iter().map(|p| p.received_bytes.max(1)).sum();
-        let decoded: usize = profiles.iter().map(|p| p.decoded_bytes.max(1)).sum();
-        let before = self.pending_bytes.fetch_add(decoded, Ordering::SeqCst);
-        if before + decoded > self.config.max_pending_bytes && before > 0 {
-            self.pending_bytes.fetch_sub(decoded, Ordering::SeqCst);
-            return Err(self.full(before));
+        let (ingester, tenant) = (self.clone(), tenant.to_string());
+        let staged = crate::cpu::run_staging(move || ingester.stage(&tenant, profiles)).await?;
+        self.commit(staged, arrival).await
+    }
+
+    /// Interns a request's profiles into the open batch, whole, and drops their decoded
+    /// form. CPU work, run on a blocking thread.
+    fn stage(&self, tenant: &str, profiles: Vec<ParsedProfile>) -> Result<Staged, IngestError> {
+        let pending = self.pending_bytes.load(Ordering::Relaxed);
+        if pending >= self.config.max_pending_bytes {
+            return Err(self.full(pending));
         }
-        let (ack, acked) = oneshot::channel();
+        let received_bytes = profiles.iter().map(|p| p.received_bytes.max(1)).sum();
+        let mut by_service: Vec<&ParsedProfile> = profiles.iter().collect();
+        by_service.sort_by(|a, b| a.service().cmp(b.service()));
+        let open = self
+            .staging
+            .open
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut grown = 0;
+        for group in by_service.chunk_by(|a, b| a.service() == b.service()) {
+            let builder = open.builder(tenant, group[0].service());
+            let mut builder = builder.lock().unwrap_or_else(PoisonError::into_inner);
+            let before = builder.heap_bytes();
+            for profile in group {
+                builder.add_pprof(&profile.input(self.config.max_stack_depth));
+            }
+            grown += builder.heap_bytes().saturating_sub(before);
+        }
+        open.bytes.fetch_add(grown, Ordering::SeqCst);
+        let pending = self.pending_bytes.fetch_add(grown, Ordering::SeqCst) + grown;
+        self.metrics.pending_bytes.set(pending as i64);
+        open.requests.fetch_add(1, Ordering::Relaxed);
+        open.profiles.fetch_add(profiles.len(), Ordering::Relaxed);
+        Ok(Staged {
+            generation: open.id,
+            done: open.done.subscribe(),
+            received_bytes,
+        })
+    }
+
+    /// Waits until the staged profiles are durable and registered.
+    async fn commit(&self, staged: Staged, arrival: Option<Arrival>) -> Result<(), IngestError> {
         let job = Job {
-            tenant: tenant.to_string(),
-            profiles,
-            bytes,
-            decoded,
-            ack,
+            generation: staged.generation,
+            bytes: staged.received_bytes,
         };
         if self.sender.send(job).await.is_err() {
-            self.pending_bytes.fetch_sub(decoded, Ordering::SeqCst);
             return Err(IngestError::ShuttingDown);
         }
-        // Queued before the arrival ends, so a flusher that sees no arrivals left finds
+        // Sent before the arrival ends, so a flusher that sees no arrivals left finds
         // this job in the channel.
         drop(arrival);
-        acked.await.unwrap_or(Err(IngestError::ShuttingDown))
+        let mut done = staged.done;
+        let result = match done.wait_for(Option::is_some).await {
+            Ok(result) => result.clone(),
+            Err(_) => None,
+        };
+        match result {
+            Some(Ok(())) => Ok(()),
+            Some(Err(err)) => Err(IngestError::Store(err)),
+            None => Err(IngestError::ShuttingDown),
+        }
     }
 }
 
@@ -309,6 +442,7 @@ struct Flusher {
     config: IngesterConfig,
     pending_bytes: Arc<AtomicUsize>,
     arrivals: Arc<Arrivals>,
+    staging: Arc<Staging>,
     /// Flushes running now.
     flushing: AtomicUsize,
     /// How long the last flush took.
@@ -326,14 +460,16 @@ impl Flusher {
             let Some(first) = receiver.recv().await else {
                 break;
             };
+            // A job whose generation a flush already took was written with it.
+            if first.generation < flusher.staging.open_id() {
+                continue;
+            }
             let opened = tokio::time::Instant::now();
             let deadline = opened + flusher.config.flush_interval;
             let mut batch_bytes = first.bytes;
-            let mut batch = vec![first];
             let reason = loop {
                 while let Ok(job) = receiver.try_recv() {
                     batch_bytes += job.bytes;
-                    batch.push(job);
                 }
                 if batch_bytes >= flusher.config.flush_bytes {
                     break "size";
@@ -347,10 +483,8 @@ impl Flusher {
                     wake = wake.min(earliest);
                 } else if flusher.config.adaptive && flusher.flushing.load(Ordering::SeqCst) == 0 {
                     if flusher.arrivals.count.load(Ordering::SeqCst) == 0 {
-                        // Arrivals end after their job is queued: take any that just did.
-                        while let Ok(job) = receiver.try_recv() {
-                            batch.push(job);
-                        }
+                        // Arrivals end after their job is queued, and their profiles
+                        // are staged before that: the swap below takes them all.
                         break "idle";
                     }
                     // Writes on their way are worth waiting for about as long as one
@@ -365,7 +499,6 @@ impl Flusher {
                     job = receiver.recv() => match job {
                         Some(job) => {
                             batch_bytes += job.bytes;
-                            batch.push(job);
                         }
                         None => {
                             closed = true;
@@ -386,11 +519,17 @@ impl Flusher {
             let Ok(permit) = permits.clone().acquire_owned().await else {
                 break;
             };
+            // The swap waits for adds in progress, a few milliseconds at most: off the
+            // async workers, and not queued behind the parses on the write path's threads.
+            let staging = flusher.staging.clone();
+            let Ok(generation) = tokio::task::spawn_blocking(move || staging.swap()).await else {
+                break;
+            };
             flusher.flushing.fetch_add(1, Ordering::SeqCst);
             last_started = Some(tokio::time::Instant::now());
             let flusher = flusher.clone();
             tokio::spawn(async move {
-                flusher.flush(batch).await;
+                flusher.flush(generation).await;
                 flusher.flushing.fetch_sub(1, Ordering::SeqCst);
                 flusher.arrivals.changed.notify_one();
                 drop(permit);
@@ -409,56 +548,68 @@ impl Flusher {
             .clamp(Duration::from_millis(1), self.config.flush_interval)
     }
 
-    async fn flush(&self, batch: Vec<Job>) {
-        self.metrics.batch_requests.observe(batch.len() as f64);
+    async fn flush(&self, generation: Arc<Generation>) {
+        self.metrics
+            .batch_requests
+            .observe(generation.requests.load(Ordering::Relaxed) as f64);
         let started = Instant::now();
-        let mut acks = Vec::with_capacity(batch.len());
-        let mut work = Vec::with_capacity(batch.len());
-        let mut decoded = 0;
-        for job in batch {
-            acks.push(job.ack);
-            decoded += job.decoded;
-            work.push((job.tenant, job.profiles));
-        }
-        let result = self.write_segment(work).await.map_err(Arc::new);
+        let builders: Vec<((String, String), DatasetBuilder)> = {
+            let mut builders = generation
+                .builders
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            builders
+                .drain()
+                .map(|((tenant, service), builder)| {
+                    let builder = match Arc::try_unwrap(builder) {
+                        Ok(builder) => builder.into_inner().unwrap_or_else(PoisonError::into_inner),
+                        // Only the generation holds them once it is swapped out; taking
+                        // the contents is the fallback, not the rule.
+                        Err(shared) => std::mem::replace(
+                            &mut *shared.lock().unwrap_or_else(PoisonError::into_inner),
+                            DatasetBuilder::new(&tenant, &service),
+                        ),
+                    };
+                    ((tenant, service), builder)
+                })
+                .collect()
+        };
+        let profiles = generation.profiles.load(Ordering::Relaxed);
+        let result = self
+            .write_segment(builders, profiles)
+            .await
+            .map_err(Arc::new);
         let took = started.elapsed();
         self.metrics.flush_seconds.observe(took.as_secs_f64());
         self.last_flush_micros.store(
             u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
-        self.pending_bytes.fetch_sub(decoded, Ordering::SeqCst);
+        let released = generation.bytes.load(Ordering::SeqCst);
+        let pending = self.pending_bytes.fetch_sub(released, Ordering::SeqCst) - released;
+        self.metrics.pending_bytes.set(pending as i64);
         if let Err(err) = &result {
             self.metrics.flush_failures.inc();
-            tracing::error!(error = %err, requests = acks.len(), "segment flush failed");
+            tracing::error!(
+                error = %err,
+                requests = generation.requests.load(Ordering::Relaxed),
+                "segment flush failed"
+            );
         }
-        for ack in acks {
-            let _ = ack.send(match &result {
-                Ok(()) => Ok(()),
-                Err(err) => Err(IngestError::Store(err.clone())),
-            });
-        }
+        generation.done.send_replace(Some(result));
     }
 
     async fn write_segment(
         &self,
-        work: Vec<(String, Vec<ParsedProfile>)>,
+        builders: Vec<((String, String), DatasetBuilder)>,
+        profile_count: usize,
     ) -> Result<(), StoreError> {
-        let max_stack_depth = self.config.max_stack_depth;
-        let profile_count: usize = work.iter().map(|(_, profiles)| profiles.len()).sum();
         let build_started = Instant::now();
         // The block is named first, so its datasets' index entries are complete when built.
         let block_id = ulid::Ulid::new().to_string();
         let object_key = format!("segments/{block_id}.parquet");
-        let (block, datasets) = {
-            let (block_id, object_key) = (block_id.clone(), object_key.clone());
-            tokio::task::spawn_blocking(move || {
-                kiln_model::priority::background_thread();
-                build_segment(work, max_stack_depth, &block_id, &object_key)
-            })
-            .await
-            .map_err(StoreError::Task)??
-        };
+        let (block, datasets) =
+            build_segment(builders, block_id.clone(), object_key.clone()).await?;
         let build_seconds = build_started.elapsed().as_secs_f64();
         if datasets.is_empty() {
             return Ok(());
@@ -500,90 +651,62 @@ impl Flusher {
     }
 }
 
-/// Builds one dataset per (tenant, service), on as many threads as there are cores, and
-/// encodes them as one block.
-fn build_segment(
-    work: Vec<(String, Vec<ParsedProfile>)>,
-    max_stack_depth: usize,
-    block_id: &str,
-    object_key: &str,
+/// Finishes one dataset per (tenant, service), on as many of the write path's threads as
+/// there are cores, and encodes them as one block, datasets in (tenant, service) order.
+async fn build_segment(
+    mut builders: Vec<((String, String), DatasetBuilder)>,
+    block_id: String,
+    object_key: String,
 ) -> Result<(Vec<u8>, Vec<DatasetMeta>), StoreError> {
-    let mut groups: BTreeMap<(String, String), Vec<&ParsedProfile>> = BTreeMap::new();
-    for (tenant, profiles) in &work {
-        for profile in profiles {
-            groups
-                .entry((tenant.clone(), profile.service().to_string()))
-                .or_default()
-                .push(profile);
-        }
-    }
-    let groups: Vec<((String, String), Vec<&ParsedProfile>)> = groups.into_iter().collect();
-    let threads = kiln_model::priority::cores().min(groups.len()).max(1);
-    // Deal datasets to threads largest first, so one big service does not leave the
+    builders.sort_by(|(a, _), (b, _)| a.cmp(b));
+    let count = builders.len();
+    let threads = kiln_model::priority::cores().min(count).max(1);
+    // Deal builders to threads largest first, so one big service does not leave the
     // other threads idle.
-    let mut order: Vec<usize> = (0..groups.len()).collect();
-    order.sort_by_key(|index| std::cmp::Reverse(groups[*index].1.len()));
-    let mut assignments: Vec<Vec<usize>> = vec![Vec::new(); threads];
-    for (position, index) in order.into_iter().enumerate() {
-        assignments[position % threads].push(index);
+    let mut order: Vec<(usize, DatasetBuilder)> = builders
+        .into_iter()
+        .map(|(_, builder)| builder)
+        .enumerate()
+        .collect();
+    order.sort_by_cached_key(|(_, builder)| std::cmp::Reverse(builder.heap_bytes()));
+    let mut shares: Vec<Vec<(usize, DatasetBuilder)>> = (0..threads).map(|_| Vec::new()).collect();
+    for (position, entry) in order.into_iter().enumerate() {
+        shares[position % threads].push(entry);
     }
-    let build = |indexes: &[usize]| -> Vec<(usize, Dataset)> {
-        indexes
-            .iter()
-            .map(|index| {
-                let ((tenant, service), profiles) = &groups[*index];
-                let dataset = build_dataset(tenant, service, profiles, max_stack_depth);
-                (*index, dataset)
+    let finishing: Vec<_> = shares
+        .into_iter()
+        .map(|share| {
+            crate::cpu::spawn(move || {
+                share
+                    .into_iter()
+                    .map(|(index, builder)| (index, builder.finish()))
+                    .collect::<Vec<(usize, Dataset)>>()
             })
-            .collect()
-    };
-    // The first share is built on this thread: a flush of one service (most flushes of
-    // many services at a low rate) starts no thread at all.
-    let mut built: Vec<(usize, Dataset)> = std::thread::scope(|scope| {
-        let Some((here, elsewhere)) = assignments.split_first() else {
-            return Vec::new();
-        };
-        let handles: Vec<_> = elsewhere
-            .iter()
-            .map(|indexes| scope.spawn(|| build(indexes)))
-            .collect();
-        let mut built = build(here);
-        for handle in handles {
-            built.extend(handle.join().unwrap_or_default());
-        }
-        built
-    });
-    if built.len() != groups.len() {
-        return Err(StoreError::Build(
-            "a dataset builder thread panicked".to_string(),
-        ));
+        })
+        .collect();
+    let mut built: Vec<(usize, Dataset)> = Vec::with_capacity(count);
+    for share in finishing {
+        built.extend(share.await.map_err(StoreError::Task)?);
     }
     built.sort_by_key(|(index, _)| *index);
-    let datasets: Vec<Dataset> = built
-        .into_iter()
-        .map(|(_, dataset)| dataset)
-        .filter(|dataset| !dataset.profiles.is_empty())
-        .collect();
-    let metas = datasets
-        .iter()
-        .enumerate()
-        .map(|(row_group, dataset)| dataset_meta(dataset, block_id, object_key, row_group as u32))
-        .collect();
-    let block = encode_block(&datasets).map_err(StoreError::Encode)?;
-    Ok((block, metas))
-}
-
-fn build_dataset(
-    tenant: &str,
-    service: &str,
-    profiles: &[&ParsedProfile],
-    max_stack_depth: usize,
-) -> Dataset {
-    let mut builder = DatasetBuilder::new(tenant, service);
-    for profile in profiles {
-        builder.add_pprof(&profile.input(max_stack_depth));
-    }
-    builder.finish()
+    crate::cpu::spawn(move || {
+        let datasets: Vec<Dataset> = built
+            .into_iter()
+            .map(|(_, dataset)| dataset)
+            .filter(|dataset| !dataset.profiles.is_empty())
+            .collect();
+        let metas = datasets
+            .iter()
+            .enumerate()
+            .map(|(row_group, dataset)| {
+                dataset_meta(dataset, &block_id, &object_key, row_group as u32)
+            })
+            .collect();
+        let block = encode_block(&datasets).map_err(StoreError::Encode)?;
+        Ok((block, metas))
+    })
+    .await
+    .map_err(StoreError::Task)?
 }
 
 /// The metastore entry of `dataset`, stored as row group `row_group` of the block

@@ -35,8 +35,9 @@ pub struct ServerConfig {
     pub flush_min_gap_ms: u64,
     /// Flush a segment early at this many received bytes.
     pub flush_bytes: usize,
-    /// Memory of decoded profiles waiting for, or in, a flush; past it, writes get 429.
-    /// This bounds the write path's memory when clients send faster than it can store.
+    /// Memory of staged profiles (their batch's dataset builders) waiting for, or in, a
+    /// flush; past it, writes get 429. This bounds the write path's memory when clients
+    /// send faster than it can store.
     pub max_pending_bytes: usize,
     /// Default limits for every tenant.
     pub limits: Limits,

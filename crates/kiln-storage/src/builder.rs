@@ -86,6 +86,12 @@ impl<K: std::hash::Hash + Eq> Table<K> {
         self.rows.reserve(additional);
     }
 
+    /// Heap held by the rows themselves and the index (not by vectors inside rows).
+    fn heap_bytes(&self) -> usize {
+        self.rows.capacity() * std::mem::size_of::<K>()
+            + self.ids.capacity() * (std::mem::size_of::<u32>() + 1)
+    }
+
     /// Adds a row no interned row will ever map to (a sentinel).
     fn push_sentinel(&mut self, row: K) {
         self.rows.push(row);
@@ -658,6 +664,41 @@ impl DatasetBuilder {
                 samples,
             });
         }
+    }
+
+    /// About the heap this builder holds, cheap enough to ask after every profile: the
+    /// ingester counts an open batch by it (`max_pending_bytes`). Vectors inside rows (a
+    /// location's lines, a series' labels) are counted at their usual size of one or two
+    /// entries rather than walked.
+    pub fn heap_bytes(&self) -> usize {
+        const NESTED: usize = 32;
+        let samples: usize = self
+            .profiles
+            .iter()
+            .map(|profile| {
+                std::mem::size_of::<PendingProfile>()
+                    + profile.row.id.capacity()
+                    + profile.samples.capacity() * std::mem::size_of::<((u32, u32), i64)>()
+            })
+            .sum();
+        self.strings.heap_bytes()
+            + self.string_ids.capacity() * (std::mem::size_of::<u32>() + 1)
+            + self.mappings.heap_bytes()
+            + self.functions.heap_bytes()
+            + self.locations.heap_bytes()
+            + self.locations.rows.len() * NESTED
+            + self.stacks.heap_bytes()
+            + self.whole_stacks.capacity() * (std::mem::size_of::<(u128, u32)>() + 1)
+            + self.series.heap_bytes()
+            + self.series.rows.len() * NESTED
+            + self.label_sets.heap_bytes()
+            + self.label_sets.rows.len() * NESTED
+            + samples
+    }
+
+    /// Profiles added so far (one per sample type of each pprof).
+    pub fn is_empty(&self) -> bool {
+        self.profiles.is_empty()
     }
 
     pub fn finish(self) -> Dataset {
