@@ -525,6 +525,9 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     let sent_otlp_bytes = Arc::new(AtomicU64::new(0));
     // Refusals by HTTP status (0: no response).
     let errors = Arc::new(Mutex::new(std::collections::BTreeMap::<u16, u64>::new()));
+    // What the first write without a response failed with: a count alone does not say
+    // whether the server reset a connection, refused one, or the client timed out.
+    let first_transport_error = Arc::new(Mutex::new(None::<String>));
     let latencies = Arc::new(Mutex::new(Vec::<f64>::new()));
     let started = Instant::now();
     let mut threads = Vec::new();
@@ -540,6 +543,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
             urls[client % urls.len()].clone(),
         );
         let sent_otlp_bytes = sent_otlp_bytes.clone();
+        let first_transport_error = first_transport_error.clone();
         threads.push(std::thread::spawn(move || {
             let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(60)).build();
             let mut local = Vec::new();
@@ -610,7 +614,12 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
                                     .header("Retry-After")
                                     .and_then(|seconds| seconds.trim().parse::<f64>().ok()),
                             ),
-                            ureq::Error::Transport(_) => (0, None),
+                            ureq::Error::Transport(transport) => {
+                                if let Ok(mut first) = first_transport_error.lock() {
+                                    first.get_or_insert_with(|| transport.to_string());
+                                }
+                                (0, None)
+                            }
                         };
                         if status == 429 {
                             let wait = retry_after.unwrap_or(1.0).clamp(0.0, 5.0);
@@ -687,6 +696,13 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
             false => format!("  ({})", by_status.join(", ")),
         }
     );
+    if let Some(first) = first_transport_error
+        .lock()
+        .ok()
+        .and_then(|first| first.clone())
+    {
+        println!("  first without a response: {first}");
+    }
     if let (Some(before), Some(after)) = (cpu_before, cpu_after) {
         let cpu = after - before;
         println!(

@@ -3,13 +3,13 @@
 //! the block in the metastore in one transaction, and only then acknowledges every request
 //! in the batch.
 //!
-//! A batch (a [`Generation`]) holds one [`DatasetBuilder`] per (tenant, service), and a
-//! request interns its profiles into them as soon as they are parsed, on the core that
-//! parsed them ([`Ingester::stage`]); the decoded profile is dropped there. So what waits
-//! for a flush is the interned form, where a service's symbols are stored once however
-//! many of its profiles arrived: about a tenth of the decoded profiles it replaced under
-//! many clients (docs/benchmarks.md, "Memory of the write path"), and the flush is left
-//! with finishing, encoding and writing. A flush swaps the open generation for a fresh one
+//! A batch (a `Generation`) holds one [`DatasetBuilder`] per (tenant, service), and a
+//! request interns its profiles into them as soon as they are parsed, on the write path's
+//! threads (`Ingester::stage`, [`crate::cpu`]); the decoded profile is dropped there. So
+//! what waits for a flush is the interned form, where a service's symbols are stored once
+//! however many of its profiles arrived (at 1,000 clients 20–90 MiB where the decoded
+//! profiles reached 384 MiB: docs/benchmarks.md, "Memory of the write path"), and the
+//! flush is left with finishing, encoding and writing. A flush swaps the open generation for a fresh one
 //! under a lock that every staging request holds for its whole add, so each request lands
 //! whole in exactly one generation and waits for that one's result.
 //!
@@ -355,7 +355,7 @@ impl Ingester {
     }
 
     /// Interns a request's profiles into the open batch, whole, and drops their decoded
-    /// form. CPU work, run on a blocking thread.
+    /// form. CPU work, run on the write path's threads ([`crate::cpu::spawn`]).
     fn stage(&self, tenant: &str, profiles: Vec<ParsedProfile>) -> Result<Staged, IngestError> {
         let pending = self.pending_bytes.load(Ordering::Relaxed);
         if pending >= self.config.max_pending_bytes {
