@@ -882,7 +882,7 @@ fn stages(args: StagesArgs) -> anyhow::Result<()> {
                     export.profiles
                 }
             };
-            held_bytes += parsed.iter().map(|p| p.decoded_bytes).sum::<usize>();
+            held_bytes += parsed.iter().map(|p| p.decoded_bytes()).sum::<usize>();
             let started = Instant::now();
             for parsed in &parsed {
                 builder.add_pprof(&parsed.input(limits.max_stack_depth));

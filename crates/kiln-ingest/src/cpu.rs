@@ -97,16 +97,6 @@ pub async fn run_parser_waiting<T: Send + 'static>(
     timed(parse).await
 }
 
-/// Runs the interning of parsed profiles into the open batch (`Ingester::stage`) on the
-/// write path's threads. No permit: the pool is first come, first served, so a parsed
-/// profile, which holds its decoded memory until it is staged, waits behind at most the
-/// parses already admitted, never behind the queue of requests still to parse.
-pub(crate) async fn run_staging<T: Send + 'static>(
-    stage: impl FnOnce() -> Result<T, IngestError> + Send + 'static,
-) -> Result<T, IngestError> {
-    spawn(stage).await?
-}
-
 /// Why work handed to the write path's threads did not answer.
 #[derive(Debug, Error)]
 pub enum WorkerError {

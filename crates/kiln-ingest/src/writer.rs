@@ -127,12 +127,10 @@ impl Generation {
 
     fn builder(&self, tenant: &str, service: &str) -> Arc<Mutex<DatasetBuilder>> {
         let mut builders = self.builders.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(builder) = builders.get(&(tenant.to_string(), service.to_string())) {
-            return builder.clone();
-        }
-        let builder = Arc::new(Mutex::new(DatasetBuilder::new(tenant, service)));
-        builders.insert((tenant.to_string(), service.to_string()), builder.clone());
-        builder
+        builders
+            .entry((tenant.to_string(), service.to_string()))
+            .or_insert_with(|| Arc::new(Mutex::new(DatasetBuilder::new(tenant, service))))
+            .clone()
     }
 }
 
@@ -151,8 +149,10 @@ impl Staging {
         std::mem::replace(&mut *open, Arc::new(Generation::new(id)))
     }
 
+    /// The open generation's id, without the lock: only the flusher swaps, so between
+    /// its swaps this is exact.
     fn open_id(&self) -> u64 {
-        self.open.read().unwrap_or_else(PoisonError::into_inner).id
+        self.next_id.load(Ordering::SeqCst) - 1
     }
 }
 
@@ -350,7 +350,11 @@ impl Ingester {
             return Ok(());
         }
         let (ingester, tenant) = (self.clone(), tenant.to_string());
-        let staged = crate::cpu::run_staging(move || ingester.stage(&tenant, profiles)).await?;
+        // On the write path's threads, with no permit: their queue is first come, first
+        // served, so a parsed profile (holding its decoded memory until it is staged) waits
+        // behind at most the parses already admitted, never behind the requests still to
+        // parse.
+        let staged = crate::cpu::spawn(move || ingester.stage(&tenant, profiles)).await??;
         self.commit(staged, arrival).await
     }
 
@@ -416,7 +420,7 @@ impl Ingester {
     }
 }
 
-/// Writes admitted but not yet queued, and a wake-up for the flusher whenever one ends
+/// Writes admitted but not yet staged, and a wake-up for the flusher whenever one ends
 /// or a flush finishes.
 #[derive(Default)]
 struct Arrivals {
