@@ -37,6 +37,7 @@ use bytes::Bytes;
 use kiln_metastore::{
     BlockMeta, DatasetMeta, Exports, LeaseKey, Metastore, MetastoreError, RuleRecord,
 };
+use kiln_model::worker::Pool;
 use kiln_storage::format::{encode_block_as, BlockEncoding, Projection};
 use kiln_storage::ranged::{BlockTail, PartialBlock, TailCache};
 use kiln_storage::{Dataset, DatasetBuilder, ObjectStorage, StorageError};
@@ -66,7 +67,7 @@ pub enum CompactorError {
     #[error("encoding the merged block: {0}")]
     Encode(#[source] StorageError),
     #[error("compaction task failed: {0}")]
-    Task(#[from] tokio::task::JoinError),
+    Task(#[from] kiln_model::worker::WorkerError),
 }
 
 /// When a level's datasets of one (tenant, service) are merged into the next level.
@@ -198,7 +199,7 @@ pub struct CompactorMetrics {
     pub conflicts: Counter,
     pub input_bytes: Counter,
     pub output_bytes: Counter,
-    /// CPU time of merges (decode, merge, encode), on the blocking threads that run them.
+    /// CPU time of merges (decode, merge, encode), on the compactor's thread.
     pub merge_cpu_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     pub expired_datasets: Counter,
     pub deleted_objects: Counter,
@@ -277,6 +278,12 @@ pub struct Compactor {
     /// Block tails (footers) already fetched, so that the jobs of the services sharing a
     /// segment fetch its footer once between them (see [`kiln_storage::ranged`]).
     tails: Arc<std::sync::Mutex<TailCache>>,
+    /// The thread every merge step runs on. A job's builder grows over several steps and
+    /// is freed in its last: on tokio's blocking pool those steps landed on different
+    /// threads, each kept the pages it had allocated, and the RSS climbed by about 25 MiB
+    /// a job through a pass of level-1 merges (docs/benchmarks.md). On one thread the
+    /// freed pages are reused by the next job and handed back by `release_memory`.
+    merges: Arc<Pool>,
 }
 
 /// Memory for cached block tails; beyond it the oldest go (and are fetched again if needed).
@@ -316,6 +323,7 @@ impl Compactor {
             metrics: CompactorMetrics::default(),
             last_sweep_ms: Default::default(),
             tails: Arc::new(std::sync::Mutex::new(TailCache::new(TAIL_CACHE_BYTES))),
+            merges: Arc::new(Pool::start("kiln-compact", 1)),
         }
     }
 
@@ -486,20 +494,20 @@ impl Compactor {
         Ok(tail)
     }
 
-    /// Runs merge work on a blocking thread at background priority, its CPU counted.
+    /// Runs merge work on the compactor's thread (at background priority), its CPU counted.
     async fn background<T: Send + 'static>(
         &self,
         work: impl FnOnce() -> Result<T, CompactorError> + Send + 'static,
     ) -> Result<T, CompactorError> {
         let merge_cpu = self.metrics.merge_cpu_seconds.clone();
-        tokio::task::spawn_blocking(move || {
-            kiln_model::priority::background_thread();
-            let before = kiln_model::priority::thread_cpu_seconds();
-            let done = work();
-            merge_cpu.inc_by(kiln_model::priority::thread_cpu_seconds() - before);
-            done
-        })
-        .await?
+        self.merges
+            .spawn(move || {
+                let before = kiln_model::priority::thread_cpu_seconds();
+                let done = work();
+                merge_cpu.inc_by(kiln_model::priority::thread_cpu_seconds() - before);
+                done
+            })
+            .await?
     }
 
     /// `large`: hand the merge's memory back once it is encoded ([`Job::is_large`]).
@@ -516,26 +524,37 @@ impl Compactor {
         };
         // Each input dataset is read by its own byte range (a segment holds many services'
         // datasets, and this job needs only one of them), and merged before the next is
-        // fetched: a job holds one input's bytes at a time, not all of them.
+        // fetched: a job holds one input's bytes at a time, not all of them. The bytes are
+        // read on the compactor's thread, which frees them
+        // ([`ObjectStorage::get_range_blocking`] says why).
+        let runtime = tokio::runtime::Handle::current();
         let mut merge = Merge::new(&tenant, &service, rules);
         for input in &job.inputs {
             let tail = self.block_tail(&input.object_key).await?;
-            let (partial, fetched) = kiln_storage::ranged::read_dataset_bytes(
-                &self.storage,
-                &input.object_key,
-                &tail,
-                input.row_group as usize,
-            )
-            .await?;
-            self.metrics.input_bytes.inc_by(fetched);
-            let input = input.clone();
-            merge = self
+            let (input, storage, runtime) = (input.clone(), self.storage.clone(), runtime.clone());
+            let fetched;
+            (merge, fetched) = self
                 .background(move || {
                     let mut merge = merge;
+                    let row_group = input.row_group as usize;
+                    let bytes = match kiln_storage::ranged::dataset_fetch_range(&tail, row_group)? {
+                        Some(range) => {
+                            storage.get_range_blocking(&runtime, &input.object_key, range)?
+                        }
+                        None => Bytes::new(),
+                    };
+                    let fetched = bytes.len() as u64;
+                    let partial = kiln_storage::ranged::dataset_partial(
+                        &input.object_key,
+                        &tail,
+                        row_group,
+                        bytes,
+                    )?;
                     merge.add(&input, partial)?;
-                    Ok(merge)
+                    Ok((merge, fetched))
                 })
                 .await?;
+            self.metrics.input_bytes.inc_by(fetched);
         }
         // The block is named first, so its index entry is complete when built.
         let id = ulid::Ulid::new().to_string();
@@ -544,6 +563,8 @@ impl Compactor {
         let encoding = self.config.levels[job.key.level as usize]
             .compression
             .encoding();
+        let started = std::time::Instant::now();
+        let merged_bytes = merge.builder.heap_bytes();
         let (block, meta, exports) = self
             .background(move || {
                 let finished = merge.finish(&target, encoding);
@@ -555,6 +576,17 @@ impl Compactor {
             .await?;
         crash_point("compaction-merged");
         let size_bytes = block.len() as u64;
+        tracing::debug!(
+            tenant = %job.key.tenant,
+            service = %job.key.service,
+            level = job.key.level,
+            inputs = job.inputs.len(),
+            profiles = meta.profile_count,
+            merged_bytes,
+            block_bytes = size_bytes,
+            finish_ms = started.elapsed().as_millis() as u64,
+            "compaction merged"
+        );
         self.storage.put(&object_key, Bytes::from(block)).await?;
         self.metrics.output_bytes.inc_by(size_bytes);
         crash_point("compaction-uploaded");

@@ -16,10 +16,10 @@
 //! ([`run_parser_waiting`]).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
-use thiserror::Error;
+use kiln_model::worker::Pool;
 use tokio::sync::Semaphore;
 
 use crate::IngestError;
@@ -60,7 +60,7 @@ fn busy(waiting: usize, expected: Duration, max: Duration) -> IngestError {
     ))
 }
 
-/// Runs a CPU-bound parse of a client's request on the blocking pool once a core is
+/// Runs a CPU-bound parse of a client's request on the write path's threads once a core is
 /// free for it, or refuses when that would take longer than the maximum wait.
 pub async fn run_parser<T: Send + 'static>(
     parse: impl FnOnce() -> Result<T, IngestError> + Send + 'static,
@@ -97,84 +97,18 @@ pub async fn run_parser_waiting<T: Send + 'static>(
     timed(parse).await
 }
 
-/// Why work handed to the write path's threads did not answer.
-#[derive(Debug, Error)]
-pub enum WorkerError {
-    #[error("the task panicked")]
-    Panicked,
-    #[error("the write path's threads are gone")]
-    Stopped,
-}
-
-type Task = Box<dyn FnOnce() + Send>;
+pub use kiln_model::worker::WorkerError;
 
 /// The write path's threads: one per core, started on first use, for parsing, staging
-/// and building segments.
-///
-/// Not tokio's blocking pool: that one starts a thread whenever none is idle and keeps it
-/// for ten seconds, so under load this work spread over 30 to 40 threads. The allocator
-/// keeps a thread's freed pages until that thread allocates again, and each of those
-/// threads had freed a few decoded profiles and then sat idle: a 1,000-client server held
-/// 200 to 300 MiB that way (docs/benchmarks.md, "Memory of the write path"). A few
-/// threads that never idle long reuse their own freed memory. The queue is first in,
-/// first out, and its tasks are whole parses and builds (milliseconds), so a channel
-/// behind a mutex serves it; a work-stealing pool (rayon) is made for finer tasks and
-/// would be one more dependency for nothing here.
-static POOL: LazyLock<Option<std::sync::mpsc::Sender<Task>>> = LazyLock::new(start_pool);
-
-fn start_pool() -> Option<std::sync::mpsc::Sender<Task>> {
-    let (sender, receiver) = std::sync::mpsc::channel::<Task>();
-    let receiver = Arc::new(Mutex::new(receiver));
-    let mut started = 0;
-    for index in 0..kiln_model::priority::cores() {
-        let receiver = receiver.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("kiln-write-{index}"))
-            .spawn(move || {
-                kiln_model::priority::background_thread();
-                loop {
-                    // The guard is dropped at the end of this statement, before the task runs.
-                    let task = receiver
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .recv();
-                    match task {
-                        Ok(task) => task(),
-                        Err(_) => return,
-                    }
-                }
-            });
-        match spawned {
-            Ok(_) => started += 1,
-            Err(err) => tracing::warn!(error = %err, "cannot start a write path thread"),
-        }
-    }
-    (started > 0).then_some(sender)
-}
+/// and building segments ([`kiln_model::worker`] says why threads of its own).
+static POOL: LazyLock<Pool> =
+    LazyLock::new(|| Pool::start("kiln-write", kiln_model::priority::cores()));
 
 /// Hands `work` to the write path's threads at once; await the result when needed.
 pub fn spawn<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> impl std::future::Future<Output = Result<T, WorkerError>> {
-    let (sender, receiver) = tokio::sync::oneshot::channel();
-    let task: Task = Box::new(move || {
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
-        let _ = sender.send(result);
-    });
-    let queued = match &*POOL {
-        Some(pool) => pool.send(task).is_ok(),
-        None => false,
-    };
-    async move {
-        if !queued {
-            return Err(WorkerError::Stopped);
-        }
-        match receiver.await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(_)) => Err(WorkerError::Panicked),
-            Err(_) => Err(WorkerError::Stopped),
-        }
-    }
+    POOL.spawn(work)
 }
 
 async fn timed<T: Send + 'static>(

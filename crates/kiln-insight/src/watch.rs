@@ -332,22 +332,27 @@ impl Watcher {
             }
         }
         let in_flight = 2 * kiln_model::priority::cores();
+        let version_labels = self.config.version_labels.clone();
+        let derive: Arc<dyn Fn(&kiln_storage::Dataset) -> Summary + Send + Sync> =
+            Arc::new(move |dataset| summarize(dataset, &version_labels));
         // Collected first: a closure inside the stream's type would make the spawned
         // watcher's future not `Send` for every lifetime (a rustc limitation).
         let reads: Vec<_> = missing
             .iter()
-            .map(|(object, row_groups)| self.querier.load_indexes(object, row_groups))
+            .map(|(object, row_groups)| {
+                self.querier
+                    .derive_from_indexes(object, row_groups, derive.clone())
+            })
             .collect();
-        let read: Vec<Vec<Arc<kiln_storage::Dataset>>> = futures_util::stream::iter(reads)
+        let read: Vec<Vec<Summary>> = futures_util::stream::iter(reads)
             .buffered(in_flight)
             .try_collect()
             .await?;
         let mut summaries = self.summaries.lock().map_err(|_| InsightError::Poisoned)?;
-        for ((object, row_groups), datasets) in missing.iter().zip(read) {
-            for (row_group, dataset) in row_groups.iter().zip(datasets) {
+        for ((object, row_groups), read) in missing.iter().zip(read) {
+            for (row_group, summary) in row_groups.iter().zip(read) {
                 self.metrics.datasets_read.inc();
-                let summary = Arc::new(summarize(&dataset, &self.config.version_labels));
-                summaries.insert((object.to_string(), *row_group), (summary, look));
+                summaries.insert((object.to_string(), *row_group), (Arc::new(summary), look));
             }
         }
         Ok(metas

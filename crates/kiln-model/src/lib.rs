@@ -29,6 +29,7 @@ pub mod relabel;
 pub mod selector;
 pub mod speedscope;
 pub mod time;
+pub mod worker;
 
 pub use error::{ErrorKind, FormatError};
 pub use labels::{Label, Labels};

@@ -7,7 +7,7 @@ use futures_util::StreamExt;
 use kiln_metastore::{DatasetMeta, DatasetQuery, Metastore};
 use kiln_model::labels::{Labels, SERVICE_NAME};
 use kiln_model::selector::Selector;
-use kiln_storage::format::{decode_dataset, Projection};
+use kiln_storage::format::{decode_dataset, decode_datasets_each, Projection};
 use kiln_storage::ranged::TailCache;
 use kiln_storage::{Dataset, ObjectStorage};
 
@@ -406,37 +406,46 @@ impl Querier {
         Ok(dataset)
     }
 
-    /// Series and profile rows of datasets of one object, for what needs no samples
-    /// (which versions services run): the cached dataset where it is there, else decoded
-    /// without symbols or samples, a fraction of the work, and not cached. The object is
-    /// fetched once for all of them: a level-0 segment holds one dataset per service, and
-    /// a fetch per dataset would read it once per service.
-    pub async fn load_indexes(
+    /// What `derive` makes of the series and profile rows of datasets of one object, in
+    /// `row_groups`' order, for what needs no samples (which versions services run): from
+    /// the cached dataset where it is there, else from one decoded without symbols or
+    /// samples, a fraction of the work, and dropped once derived. The object is fetched,
+    /// and its footer parsed, once for all of them: a level-0 segment holds one dataset
+    /// per service. Each decoded dataset is dropped on the thread that decoded it, before
+    /// the next: the regression watcher once kept every dataset of a look until it had
+    /// them all, and its first look under load lifted the server by 500 MiB
+    /// (docs/benchmarks.md).
+    pub async fn derive_from_indexes<T: Send + 'static>(
         &self,
         object_key: &str,
         row_groups: &[u32],
-    ) -> Result<Vec<Arc<Dataset>>, QueryError> {
-        let mut loaded = Vec::with_capacity(row_groups.len());
-        let mut bytes = None;
-        for row_group in row_groups {
-            if let Some(dataset) =
-                self.cached(&(object_key.to_string(), *row_group), &Projection::INDEX)
-            {
-                loaded.push(dataset);
-                continue;
+        derive: Arc<dyn Fn(&Dataset) -> T + Send + Sync>,
+    ) -> Result<Vec<T>, QueryError> {
+        let mut derived: Vec<Option<T>> = Vec::with_capacity(row_groups.len());
+        let mut missing = Vec::new();
+        for (index, row_group) in row_groups.iter().enumerate() {
+            match self.cached(&(object_key.to_string(), *row_group), &Projection::INDEX) {
+                Some(dataset) => derived.push(Some(derive(&dataset))),
+                None => {
+                    derived.push(None);
+                    missing.push((index, *row_group as usize));
+                }
             }
-            if bytes.is_none() {
-                bytes = Some(self.storage.get(object_key).await?);
-            }
-            let object = bytes.clone().unwrap_or_default();
-            let row_group = *row_group as usize;
-            let dataset = tokio::task::spawn_blocking(move || {
-                decode_dataset(&object, row_group, Projection::INDEX)
+        }
+        if !missing.is_empty() {
+            let object = self.storage.get(object_key).await?;
+            let groups: Vec<usize> = missing.iter().map(|(_, row_group)| *row_group).collect();
+            let values = tokio::task::spawn_blocking(move || {
+                decode_datasets_each(&object, &groups, Projection::INDEX, |dataset| {
+                    derive(&dataset)
+                })
             })
             .await??;
-            loaded.push(Arc::new(dataset));
+            for ((index, _), value) in missing.iter().zip(values) {
+                derived[*index] = Some(value);
+            }
         }
-        Ok(loaded)
+        Ok(derived.into_iter().flatten().collect())
     }
 
     /// Selects and aggregates every matching dataset, in parallel.

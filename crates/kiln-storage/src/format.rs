@@ -563,6 +563,38 @@ pub fn decode_dataset_from<R: parquet::file::reader::ChunkReader + 'static>(
     guarded(|| decode_dataset_unguarded(reader, row_group, projection))
 }
 
+/// Decodes datasets `row_groups` of a block, parsing its footer once, and hands each to
+/// `each` as soon as it is decoded: a caller that keeps only what it derives from a
+/// dataset holds one at a time, and frees it on the thread that decoded it.
+pub fn decode_datasets_each<T>(
+    block: &Bytes,
+    row_groups: &[usize],
+    projection: Projection,
+    mut each: impl FnMut(Dataset) -> T,
+) -> Result<Vec<T>, StorageError> {
+    guarded(|| {
+        let reader = SerializedFileReader::new(block.clone())?;
+        let column_count = check_version(reader.metadata())?;
+        row_groups
+            .iter()
+            .map(|&row_group| {
+                if row_group >= reader.num_row_groups() {
+                    return Err(StorageError::Corrupt(format!(
+                        "row group {row_group} out of range ({})",
+                        reader.num_row_groups()
+                    )));
+                }
+                let group = reader.get_row_group(row_group)?;
+                Ok(each(decode_group(
+                    group.as_ref(),
+                    projection,
+                    column_count,
+                )?))
+            })
+            .collect()
+    })
+}
+
 /// [`decode_dataset_from`] with the block's footer already parsed (a block tail's), so
 /// that it is not parsed again for each dataset.
 pub fn decode_row_group<R: parquet::file::reader::ChunkReader + 'static>(

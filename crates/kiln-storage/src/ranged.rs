@@ -233,23 +233,41 @@ pub async fn read_dataset_bytes(
     tail: &BlockTail,
     row_group: usize,
 ) -> Result<(PartialBlock, u64), StorageError> {
-    let range = tail.dataset_range(row_group)?;
-    let (part, fetched) = if range.start >= tail.start {
-        (Bytes::new(), 0)
-    } else {
-        let end = range.end.min(tail.start);
-        let bytes = storage.get_range(key, range.start..end).await?;
-        if bytes.len() as u64 != end - range.start {
-            return Err(StorageError::Corrupt(format!(
-                "ranged read of {key} returned {} bytes, not {}",
-                bytes.len(),
-                end - range.start
-            )));
-        }
-        let fetched = bytes.len() as u64;
-        (bytes, fetched)
+    let fetched = match dataset_fetch_range(tail, row_group)? {
+        Some(range) => storage.get_range(key, range).await?,
+        None => Bytes::new(),
     };
-    Ok((dataset_parts(tail, range, part), fetched))
+    let len = fetched.len() as u64;
+    Ok((dataset_partial(key, tail, row_group, fetched)?, len))
+}
+
+/// The bytes of dataset `row_group` that `tail` does not hold, if any: what
+/// [`read_dataset_bytes`] fetches, for a caller that fetches them its own way.
+pub fn dataset_fetch_range(
+    tail: &BlockTail,
+    row_group: usize,
+) -> Result<Option<Range<u64>>, StorageError> {
+    let range = tail.dataset_range(row_group)?;
+    Ok((range.start < tail.start).then(|| range.start..range.end.min(tail.start)))
+}
+
+/// The parts to decode dataset `row_group` of object `key` from, given the bytes fetched
+/// for [`dataset_fetch_range`] (empty when there was nothing to fetch).
+pub fn dataset_partial(
+    key: &str,
+    tail: &BlockTail,
+    row_group: usize,
+    fetched: Bytes,
+) -> Result<PartialBlock, StorageError> {
+    let range = tail.dataset_range(row_group)?;
+    let expected = dataset_fetch_range(tail, row_group)?.map_or(0, |range| range.end - range.start);
+    if fetched.len() as u64 != expected {
+        return Err(StorageError::Corrupt(format!(
+            "ranged read of {key} returned {} bytes, not {expected}",
+            fetched.len()
+        )));
+    }
+    Ok(dataset_parts(tail, range, fetched))
 }
 
 /// The parts to decode a dataset from: its bytes before the tail (`before_tail`, fetched)
@@ -459,13 +477,48 @@ mod tests {
                 let tail = BlockTail::parse(block.slice(cut as usize..), block_len)
                     .unwrap()
                     .unwrap();
-                let before = block.slice(range.start as usize..cut as usize);
-                let partial = dataset_parts(&tail, range.clone(), before);
+                // What a caller fetching on its own thread is told to fetch, and given.
+                let fetched =
+                    dataset_fetch_range(&tail, index)
+                        .unwrap()
+                        .map_or_else(Bytes::new, |fetch| {
+                            assert_eq!(fetch, range.start..cut);
+                            block.slice(fetch.start as usize..fetch.end as usize)
+                        });
+                if !fetched.is_empty() {
+                    let short = fetched.slice(1..);
+                    assert!(dataset_partial("k", &tail, index, short).is_err());
+                }
+                let partial = dataset_partial("k", &tail, index, fetched).unwrap();
                 let dataset = decode_partial(partial, index, Projection::ALL)
                     .unwrap_or_else(|err| panic!("dataset {index} cut at {cut}: {err}"));
                 assert_eq!(dataset, whole, "dataset {index} cut at {cut}");
             }
         }
+    }
+
+    #[test]
+    fn datasets_decoded_one_at_a_time_from_one_footer_match_each_decoded_alone() {
+        let block = block_of(&["a", "b", "c", "d"]);
+        let services =
+            crate::format::decode_datasets_each(&block, &[3, 1], Projection::ALL, |dataset| {
+                let alone = decode_dataset(&block, dataset_index(&dataset), Projection::ALL);
+                assert_eq!(dataset, alone.unwrap());
+                dataset.service
+            })
+            .unwrap();
+        assert_eq!(services, ["d", "b"]);
+        let err = crate::format::decode_datasets_each(&block, &[0, 4], Projection::INDEX, |_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("row group 4 out of range (4)"), "{err}");
+    }
+
+    fn dataset_index(dataset: &Dataset) -> usize {
+        ["a", "b", "c", "d"]
+            .iter()
+            .position(|service| *service == dataset.service)
+            .unwrap()
     }
 
     #[test]

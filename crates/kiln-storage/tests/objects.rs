@@ -94,6 +94,45 @@ macro_rules! object_storage_suite {
                 assert!(store.list("nothing-here").await.unwrap().is_empty());
             }
 
+            /// Compaction reads its inputs on a thread of its own, off the runtime; what it
+            /// reads there must be what the async read returns.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_range_read_off_the_runtime_matches_the_async_read() {
+                let Some(fixture) = super::$backend() else {
+                    return;
+                };
+                let store = fixture.storage.clone();
+                let payload =
+                    Bytes::from((0..200_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>());
+                store
+                    .put("blocks/r.parquet", payload.clone())
+                    .await
+                    .unwrap();
+                let ranges = [0..100u64, 1_000..150_000, 199_990..200_000];
+                let runtime = tokio::runtime::Handle::current();
+                let read = std::thread::spawn(move || {
+                    let ranges = ranges.map(|range| {
+                        store
+                            .get_range_blocking(&runtime, "blocks/r.parquet", range)
+                            .unwrap()
+                    });
+                    let missing = store
+                        .get_range_blocking(&runtime, "blocks/missing.parquet", 0..10)
+                        .map(|_| ());
+                    (ranges, missing)
+                });
+                let (read, missing) = tokio::task::spawn_blocking(move || read.join().unwrap())
+                    .await
+                    .unwrap();
+                for (range, bytes) in [0..100usize, 1_000..150_000, 199_990..200_000]
+                    .into_iter()
+                    .zip(read)
+                {
+                    assert_eq!(bytes, payload.slice(range.clone()), "range {range:?}");
+                }
+                assert!(missing.is_err(), "a missing object is an error");
+            }
+
             #[tokio::test]
             async fn a_prefix_isolates_one_deployment_from_another() {
                 let Some(fixture) = super::$backend() else {
