@@ -21,8 +21,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::{StreamExt, TryStreamExt};
-
 use kiln_metastore::{DatasetMeta, RegressionRecord, VersionCheck};
 use kiln_model::labels::{Labels, SERVICE_NAME};
 use kiln_model::time::now_ms;
@@ -331,23 +329,21 @@ impl Watcher {
                 }
             }
         }
-        let in_flight = 2 * kiln_model::priority::cores();
         let version_labels = self.config.version_labels.clone();
         let derive: Arc<dyn Fn(&kiln_storage::Dataset) -> Summary + Send + Sync> =
             Arc::new(move |dataset| summarize(dataset, &version_labels));
-        // Collected first: a closure inside the stream's type would make the spawned
-        // watcher's future not `Send` for every lifetime (a rustc limitation).
-        let reads: Vec<_> = missing
-            .iter()
-            .map(|(object, row_groups)| {
+        // One object at a time: a look is background work once a minute, and each object
+        // read holds its bytes and its decoded strings table; four at once lifted a
+        // 1,000-client server by 100-160 MiB for a moment at each look
+        // (docs/benchmarks.md).
+        let mut read: Vec<Vec<Summary>> = Vec::with_capacity(missing.len());
+        for (object, row_groups) in &missing {
+            read.push(
                 self.querier
                     .derive_from_indexes(object, row_groups, derive.clone())
-            })
-            .collect();
-        let read: Vec<Vec<Summary>> = futures_util::stream::iter(reads)
-            .buffered(in_flight)
-            .try_collect()
-            .await?;
+                    .await?,
+            );
+        }
         let mut summaries = self.summaries.lock().map_err(|_| InsightError::Poisoned)?;
         for ((object, row_groups), read) in missing.iter().zip(read) {
             for (row_group, summary) in row_groups.iter().zip(read) {

@@ -732,6 +732,12 @@ impl DatasetBuilder {
             }
         }
         let mut profiles = self.profiles;
+        // Sized once: grown by doubling, the two largest vectors of a compaction's output
+        // were copied on each growth and could end up with twice the room they needed.
+        let samples: usize = profiles.iter().map(|pending| pending.samples.len()).sum();
+        dataset.sample_stack.reserve_exact(samples);
+        dataset.sample_value.reserve_exact(samples);
+        dataset.profiles.reserve_exact(profiles.len());
         profiles.sort_by(|a, b| {
             (a.row.series, a.row.time_nanos, &a.row.id).cmp(&(
                 b.row.series,

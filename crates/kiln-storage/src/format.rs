@@ -168,8 +168,63 @@ fn i64s(values: impl Iterator<Item = i64>) -> Column {
     Column::I64(values.collect())
 }
 
-/// Column `index` of a dataset, in schema order; `None` past the last. Made one at a time,
-/// so that encoding holds one column's copy of a dataset, not all of them.
+/// What column `index` of a dataset is written from, in schema order; `None` past the
+/// last. The tables that grow with the samples and stacks are written straight from the
+/// dataset's own vectors; the rest are made one at a time. Every table of a dataset is
+/// one Parquet record, written in one call (parquet-rs starts each call at a record
+/// boundary), so the writer buffers a whole column anyway; a copy of it beside that, and
+/// two level vectors as long as it, were 30 MB more at the peak of a compaction of a few
+/// thousand profiles (docs/benchmarks.md).
+fn column_source(dataset: &Dataset, index: usize) -> Option<Source<'_>> {
+    Some(match index {
+        15 => Source::U32(&dataset.location_mapping),
+        17 => Source::U32(&dataset.location_line_count),
+        18 => Source::U32(&dataset.line_function),
+        19 => Source::I64(&dataset.line_number),
+        20 => Source::U32(&dataset.stack_parent),
+        21 => Source::U32(&dataset.stack_location),
+        33 => Source::U32(&dataset.sample_stack),
+        34 => Source::I64(&dataset.sample_value),
+        35 => Source::U32(&dataset.sample_label_sample),
+        36 => Source::U32(&dataset.sample_label_name),
+        37 => Source::U32(&dataset.sample_label_value),
+        39 => Source::U32(&dataset.stack_sum_series),
+        40 => Source::U32(&dataset.stack_sum_stack),
+        41 => Source::I64(&dataset.stack_sum_value),
+        _ => Source::Made(dataset_column(dataset, index)?),
+    })
+}
+
+/// A column to write: made from the dataset's rows, or one of its vectors as it is.
+enum Source<'a> {
+    Made(Column),
+    U32(&'a [u32]),
+    I64(&'a [i64]),
+}
+
+impl Source<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Source::Made(column) => column.len(),
+            Source::U32(values) => values.len(),
+            Source::I64(values) => values.len(),
+        }
+    }
+}
+
+/// The levels of a repeated column of `count` values, one record (a dataset's table):
+/// every value defined, each but the first repeating. One vector serves both, as
+/// `(definition, repetition)` slices of it: the repetition levels are the definition
+/// levels shifted by one.
+fn repeated_levels(count: usize) -> Vec<i16> {
+    let mut levels = vec![1i16; count + 1];
+    levels[0] = 0;
+    levels
+}
+
+/// Column `index` of a dataset made from its rows, in schema order (see
+/// [`column_source`]). Made one at a time, so that encoding holds one column's copy of a
+/// dataset, not all of them.
 fn dataset_column(dataset: &Dataset, index: usize) -> Option<Column> {
     let bytes = |value: &str| ByteArray::from(value.as_bytes().to_vec());
     Some(match index {
@@ -203,13 +258,7 @@ fn dataset_column(dataset: &Dataset, index: usize) -> Option<Column> {
         12 => i32s(dataset.functions.iter().map(|f| f.system_name)),
         13 => i32s(dataset.functions.iter().map(|f| f.filename)),
         14 => i64s(dataset.functions.iter().map(|f| f.start_line)),
-        15 => i32s(dataset.location_mapping.iter().copied()),
         16 => i64s(dataset.location_address.iter().map(|a| *a as i64)),
-        17 => i32s(dataset.location_line_count.iter().copied()),
-        18 => i32s(dataset.line_function.iter().copied()),
-        19 => i64s(dataset.line_number.iter().copied()),
-        20 => i32s(dataset.stack_parent.iter().copied()),
-        21 => i32s(dataset.stack_location.iter().copied()),
         22 => i32s(dataset.series.iter().map(|s| s.profile_type)),
         23 => i32s(dataset.series.iter().map(|s| s.labels.len() as u32)),
         24 => i32s(
@@ -237,15 +286,7 @@ fn dataset_column(dataset: &Dataset, index: usize) -> Option<Column> {
         30 => i64s(dataset.profiles.iter().map(|p| p.period)),
         31 => i32s(dataset.profiles.iter().map(|p| p.type_index)),
         32 => i32s(dataset.profiles.iter().map(|p| p.sample_count)),
-        33 => i32s(dataset.sample_stack.iter().copied()),
-        34 => i64s(dataset.sample_value.iter().copied()),
-        35 => i32s(dataset.sample_label_sample.iter().copied()),
-        36 => i32s(dataset.sample_label_name.iter().copied()),
-        37 => i32s(dataset.sample_label_value.iter().copied()),
         38 => i64s(dataset.profiles.iter().map(|p| p.total)),
-        39 => i32s(dataset.stack_sum_series.iter().copied()),
-        40 => i32s(dataset.stack_sum_stack.iter().copied()),
-        41 => i64s(dataset.stack_sum_value.iter().copied()),
         _ => return None,
     })
 }
@@ -329,40 +370,44 @@ fn encode_version(
         let mut row_group = writer.next_row_group()?;
         let mut index = 0;
         while let Some(mut column_writer) = row_group.next_column()? {
-            let column = dataset_column(dataset, index).ok_or_else(|| {
+            let source = column_source(dataset, index).ok_or_else(|| {
                 StorageError::Corrupt("schema has more columns than the codec".into())
             })?;
             let top_level = index < columns::STRINGS.start;
-            let count = column.len();
-            let (definition, repetition): (Vec<i16>, Vec<i16>) = if top_level {
-                (Vec::new(), Vec::new())
+            let count = source.len();
+            let levels = if top_level {
+                Vec::new()
             } else if count == 0 {
-                (vec![0], vec![0])
+                vec![0]
             } else {
-                let mut repetition = vec![1i16; count];
-                repetition[0] = 0;
-                (vec![1i16; count], repetition)
+                repeated_levels(count)
             };
-            let (def, rep) = if top_level {
-                (None, None)
-            } else {
-                (Some(definition.as_slice()), Some(repetition.as_slice()))
+            let (def, rep) = match (top_level, count) {
+                (true, _) => (None, None),
+                (false, 0) => (Some(&levels[..]), Some(&levels[..])),
+                (false, _) => (Some(&levels[1..]), Some(&levels[..count])),
             };
-            match (column_writer.untyped(), &column) {
-                (ColumnWriter::Int32ColumnWriter(writer), Column::I32(values)) => {
+            match (column_writer.untyped(), &source) {
+                (ColumnWriter::Int32ColumnWriter(writer), Source::Made(Column::I32(values))) => {
                     writer.write_batch(values, def, rep)?;
                 }
-                (ColumnWriter::Int64ColumnWriter(writer), Column::I64(values)) => {
+                (ColumnWriter::Int32ColumnWriter(writer), Source::U32(values)) => {
+                    // Ids are written as Parquet's int32, bit for bit.
+                    writer.write_batch(bytemuck::cast_slice(values), def, rep)?;
+                }
+                (ColumnWriter::Int64ColumnWriter(writer), Source::Made(Column::I64(values))) => {
                     writer.write_batch(values, def, rep)?;
                 }
-                (ColumnWriter::ByteArrayColumnWriter(writer), Column::Bytes(values)) => {
+                (ColumnWriter::Int64ColumnWriter(writer), Source::I64(values)) => {
                     writer.write_batch(values, def, rep)?;
                 }
-                _ => {
-                    return Err(StorageError::Corrupt(format!(
-                        "column {index} has an unexpected type"
-                    )))
+                (
+                    ColumnWriter::ByteArrayColumnWriter(writer),
+                    Source::Made(Column::Bytes(values)),
+                ) => {
+                    writer.write_batch(values, def, rep)?;
                 }
+                _ => return Err(unexpected_type(index)),
             }
             column_writer.close()?;
             index += 1;
@@ -370,6 +415,10 @@ fn encode_version(
         row_group.close()?;
     }
     Ok(writer.into_inner()?)
+}
+
+fn unexpected_type(index: usize) -> StorageError {
+    StorageError::Corrupt(format!("column {index} has an unexpected type"))
 }
 
 fn read_column(reader: ColumnReader, top_level: bool) -> Result<Column, StorageError> {
@@ -945,6 +994,53 @@ mod tests {
             );
         }
         builder.finish()
+    }
+
+    /// The tables written from the dataset's own vectors (samples, sample labels, stacks,
+    /// locations, lines, stack sums), long ones, beside a small dataset in one block.
+    #[test]
+    fn tables_longer_than_a_chunk_round_trip_in_both_encodings() {
+        let functions: Vec<String> = (0..70_000).map(|i| format!("f{i}")).collect();
+        let stacks: Vec<[&str; 2]> = functions.iter().map(|f| [f.as_str(), "main"]).collect();
+        let labels = [("span_id", "s1")];
+        let samples: Vec<crate::testing::TestSample<'_>> = stacks
+            .iter()
+            .enumerate()
+            .map(|(i, stack)| (&stack[..], i as i64 + 1, &labels[..]))
+            .collect();
+        let mut builder = DatasetBuilder::new("t", "svc");
+        // Profiles of up to 14,000 samples, under the limit on one profile.
+        for (index, samples) in samples.chunks(14_000).enumerate() {
+            let id = format!("p{index}");
+            let labels = [("service_name", "svc")];
+            crate::testing::add_cpu_profile(&mut builder, &id, &labels, 1 + index as i64, samples);
+        }
+        let mut large = builder.finish();
+        large.sum_stacks();
+        for len in [
+            large.sample_value.len(),
+            large.sample_label_sample.len(),
+            large.stack_parent.len(),
+            large.location_mapping.len(),
+            large.line_function.len(),
+            large.stack_sum_value.len(),
+        ] {
+            assert!(len > 65_536, "{len}");
+        }
+        let small = dataset();
+        for encoding in [BlockEncoding::Segment, BlockEncoding::Compacted] {
+            let block = Bytes::from(
+                encode_block_as(&[large.clone(), small.clone()], encoding).expect("encodes"),
+            );
+            assert_eq!(
+                decode_dataset(&block, 0, Projection::ALL).expect("decodes"),
+                large
+            );
+            assert_eq!(
+                decode_dataset(&block, 1, Projection::ALL).expect("decodes"),
+                small
+            );
+        }
     }
 
     #[test]
