@@ -564,7 +564,10 @@ impl Compactor {
             .compression
             .encoding();
         let started = std::time::Instant::now();
-        let merged_bytes = merge.builder.heap_bytes();
+        // Walks the builder's profiles: asked only when the job's line will be logged.
+        let merged_bytes = tracing::enabled!(tracing::Level::DEBUG)
+            .then(|| merge.builder.heap_bytes())
+            .unwrap_or(0);
         let (block, meta, exports) = self
             .background(move || {
                 let finished = merge.finish(&target, encoding);

@@ -114,7 +114,7 @@ mod tests {
         assert!(name.is_some_and(|name| name.starts_with("kiln-test-")));
         let panicked = pool.spawn(|| -> u32 { panic!("boom") }).await;
         assert!(matches!(panicked, Err(WorkerError::Panicked)));
-        // The threads serve on after a panic, in order.
+        // The threads serve on after a panic.
         let pending: Vec<_> = (0..4u32).map(|i| pool.spawn(move || i * i)).collect();
         let mut results = Vec::new();
         for task in pending {

@@ -999,7 +999,7 @@ mod tests {
     /// The tables written from the dataset's own vectors (samples, sample labels, stacks,
     /// locations, lines, stack sums), long ones, beside a small dataset in one block.
     #[test]
-    fn tables_longer_than_a_chunk_round_trip_in_both_encodings() {
+    fn long_tables_written_from_the_datasets_vectors_round_trip_in_both_encodings() {
         let functions: Vec<String> = (0..70_000).map(|i| format!("f{i}")).collect();
         let stacks: Vec<[&str; 2]> = functions.iter().map(|f| [f.as_str(), "main"]).collect();
         let labels = [("span_id", "s1")];

@@ -171,7 +171,8 @@ impl ObjectStorage {
 
     /// [`ObjectStorage::get_range`] for a thread that may block (never an async worker): a
     /// local store's file is read right here, so the buffer is this thread's allocation; a
-    /// remote store's request runs on `runtime`.
+    /// remote store's request runs on `runtime`. A range running past the object's end
+    /// gives the bytes there are, on both.
     ///
     /// Why it matters: `object_store` reads local files on tokio's blocking pool, and a
     /// buffer allocated there and freed by the thread that consumed it stays with the
