@@ -272,6 +272,8 @@ impl Watcher {
             now_ms.saturating_mul(1_000_000),
         );
         let look = self.looks.fetch_add(1, Ordering::Relaxed) + 1;
+        let started = std::time::Instant::now();
+        let read_before = self.metrics.datasets_read.get();
         let mut found = Vec::new();
         for tenant in metastore.tenants().await? {
             // One listing per tenant, not one per service.
@@ -305,6 +307,13 @@ impl Watcher {
         if let Ok(mut summaries) = self.summaries.lock() {
             summaries.retain(|_, (_, used)| *used == look);
         }
+        tracing::debug!(
+            look,
+            datasets_read = self.metrics.datasets_read.get() - read_before,
+            findings = found.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "regression look"
+        );
         Ok(found)
     }
 

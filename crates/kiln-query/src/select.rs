@@ -7,7 +7,7 @@ use futures_util::StreamExt;
 use kiln_metastore::{DatasetMeta, DatasetQuery, Metastore};
 use kiln_model::labels::{Labels, SERVICE_NAME};
 use kiln_model::selector::Selector;
-use kiln_storage::format::{decode_dataset, decode_datasets_each, Projection};
+use kiln_storage::format::{decode_dataset, Projection};
 use kiln_storage::ranged::TailCache;
 use kiln_storage::{Dataset, ObjectStorage};
 
@@ -235,6 +235,9 @@ pub struct Querier {
     metrics: crate::metrics::QueryMetrics,
     /// The other query nodes large queries are split over, once the cluster is known.
     fanout: Arc<std::sync::OnceLock<crate::fanout::Fanout>>,
+    /// The thread that reads and decodes for [`Querier::derive_from_indexes`], started at
+    /// its first use ([`kiln_model::worker`] says why a thread of its own).
+    background: Arc<std::sync::OnceLock<kiln_model::worker::Pool>>,
 }
 
 /// Memory for cached segment footers.
@@ -250,6 +253,7 @@ impl Querier {
             tails: Arc::new(Mutex::new(TailCache::new(TAIL_CACHE_BYTES))),
             metrics: Default::default(),
             fanout: Arc::new(std::sync::OnceLock::new()),
+            background: Arc::new(std::sync::OnceLock::new()),
         }
     }
 
@@ -409,12 +413,16 @@ impl Querier {
     /// What `derive` makes of the series and profile rows of datasets of one object, in
     /// `row_groups`' order, for what needs no samples (which versions services run): from
     /// the cached dataset where it is there, else from one decoded without symbols or
-    /// samples, a fraction of the work, and dropped once derived. The object is fetched,
-    /// and its footer parsed, once for all of them: a level-0 segment holds one dataset
-    /// per service. Each decoded dataset is dropped on the thread that decoded it, before
-    /// the next: the regression watcher once kept every dataset of a look until it had
-    /// them all, and its first look under load lifted the server by 500 MiB
-    /// (docs/benchmarks.md).
+    /// samples, and dropped once derived.
+    ///
+    /// The object's footer is read and parsed once for all of them (a level-0 segment
+    /// holds one dataset per service), and of each dataset only the column chunks of its
+    /// strings, series and profile rows are fetched ([`kiln_storage::ranged::column_fetch`]),
+    /// a few percent of its bytes. They are fetched, decoded, derived from and dropped one
+    /// dataset at a time on one thread of the querier's own. The regression watcher once
+    /// kept every dataset of a look until it had them all (its first look under load
+    /// lifted the server by 500 MiB), and then fetched whole objects on tokio's blocking
+    /// threads, which kept what they had freed (docs/benchmarks.md).
     pub async fn derive_from_indexes<T: Send + 'static>(
         &self,
         object_key: &str,
@@ -433,14 +441,52 @@ impl Querier {
             }
         }
         if !missing.is_empty() {
-            let object = self.storage.get(object_key).await?;
+            let tail = if object_key.starts_with("segments/") {
+                TailCache::get_or_read(&self.tails, &self.storage, object_key)
+                    .await?
+                    .0
+            } else {
+                // Blocks are read once a look, for good: their footers would only push
+                // the segments' out of the cache that queries use.
+                Arc::new(
+                    kiln_storage::ranged::read_tail(&self.storage, object_key)
+                        .await?
+                        .0,
+                )
+            };
             let groups: Vec<usize> = missing.iter().map(|(_, row_group)| *row_group).collect();
-            let values = tokio::task::spawn_blocking(move || {
-                decode_datasets_each(&object, &groups, Projection::INDEX, |dataset| {
-                    derive(&dataset)
-                })
-            })
-            .await??;
+            let storage = self.storage.clone();
+            let runtime = tokio::runtime::Handle::current();
+            let key = object_key.to_string();
+            let read = move || -> Result<Vec<T>, QueryError> {
+                groups
+                    .iter()
+                    .map(|&row_group| {
+                        let plan = kiln_storage::ranged::column_fetch(
+                            &tail,
+                            row_group,
+                            Projection::INDEX,
+                        )?;
+                        let fetched = plan
+                            .ranges()
+                            .into_iter()
+                            .map(|range| storage.get_range_blocking(&runtime, &key, range))
+                            .collect::<Result<Vec<_>, _>>()?;
+                        let partial = plan.partial(&key, &tail, fetched)?;
+                        let dataset = checked(kiln_storage::ranged::decode_partial(
+                            partial,
+                            row_group,
+                            Projection::INDEX,
+                        ))?;
+                        Ok(derive(&dataset))
+                    })
+                    .collect()
+            };
+            let values = self
+                .background
+                .get_or_init(|| kiln_model::worker::Pool::start("kiln-index", 1))
+                .spawn(read)
+                .await??;
             for ((index, _), value) in missing.iter().zip(values) {
                 derived[*index] = Some(value);
             }

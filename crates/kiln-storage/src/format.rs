@@ -511,6 +511,18 @@ impl Projection {
             && (self.profiles_when_summed || !other.profiles_when_summed)
     }
 
+    /// Whether a decode may read a column at all, before or after the samples are
+    /// decided on: what a reader that fetches only some columns must fetch
+    /// ([`crate::ranged::column_fetch`]). The profile rows are read wherever a dataset has
+    /// no stack sums, and that is known only once its sums are read.
+    pub fn may_read(&self, column: usize) -> bool {
+        use columns::*;
+        self.wants(column)
+            || PROFILES.contains(&column)
+            || PROFILE_TOTALS.contains(&column)
+            || (SAMPLES.contains(&column) && self.samples != Samples::Skip)
+    }
+
     /// Whether a column is read before the samples are decided on.
     fn wants(&self, column: usize) -> bool {
         use columns::*;
@@ -610,38 +622,6 @@ pub fn decode_dataset_from<R: parquet::file::reader::ChunkReader + 'static>(
     projection: Projection,
 ) -> Result<Dataset, StorageError> {
     guarded(|| decode_dataset_unguarded(reader, row_group, projection))
-}
-
-/// Decodes datasets `row_groups` of a block, parsing its footer once, and hands each to
-/// `each` as soon as it is decoded: a caller that keeps only what it derives from a
-/// dataset holds one at a time, and frees it on the thread that decoded it.
-pub fn decode_datasets_each<T>(
-    block: &Bytes,
-    row_groups: &[usize],
-    projection: Projection,
-    mut each: impl FnMut(Dataset) -> T,
-) -> Result<Vec<T>, StorageError> {
-    guarded(|| {
-        let reader = SerializedFileReader::new(block.clone())?;
-        let column_count = check_version(reader.metadata())?;
-        row_groups
-            .iter()
-            .map(|&row_group| {
-                if row_group >= reader.num_row_groups() {
-                    return Err(StorageError::Corrupt(format!(
-                        "row group {row_group} out of range ({})",
-                        reader.num_row_groups()
-                    )));
-                }
-                let group = reader.get_row_group(row_group)?;
-                Ok(each(decode_group(
-                    group.as_ref(),
-                    projection,
-                    column_count,
-                )?))
-            })
-            .collect()
-    })
 }
 
 /// [`decode_dataset_from`] with the block's footer already parsed (a block tail's), so

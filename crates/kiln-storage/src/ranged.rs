@@ -13,7 +13,7 @@ use std::ops::Range;
 use bytes::{Buf, Bytes};
 use std::sync::Arc;
 
-use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::reader::{ChunkReader, Length};
 
 use crate::format::{decode_dataset_from, decode_row_group, Projection};
@@ -72,32 +72,15 @@ impl BlockTail {
             .map(|group| {
                 let mut range: Option<Range<u64>> = None;
                 for column in group.columns() {
-                    // `byte_range()` asserts these are not negative: a corrupt footer
-                    // would panic there instead of being refused.
-                    let start = column
-                        .dictionary_page_offset()
-                        .unwrap_or(column.data_page_offset());
-                    let length = column.compressed_size();
-                    let (Ok(start), Ok(length)) = (u64::try_from(start), u64::try_from(length))
-                    else {
-                        return Err(StorageError::Corrupt(format!(
-                            "column chunk at {start}+{length}: negative offset or size"
-                        )));
-                    };
-                    let end = start.checked_add(length).filter(|end| *end <= block_len);
-                    let Some(end) = end else {
-                        return Err(StorageError::Corrupt(format!(
-                            "column chunk at {start}+{length} is past the block's {block_len} bytes"
-                        )));
-                    };
+                    let chunk = chunk_range(column, block_len)?;
                     range = Some(match range {
-                        None => start..end,
-                        Some(range) => range.start.min(start)..range.end.max(end),
+                        None => chunk,
+                        Some(range) => range.start.min(chunk.start)..range.end.max(chunk.end),
                     });
                 }
                 Ok(range.unwrap_or(0..0))
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, StorageError>>()?;
         Ok(Ok(BlockTail {
             start: block_len - len,
             bytes,
@@ -204,6 +187,117 @@ impl TailCache {
     }
 }
 
+/// Where a column chunk lies in a block of `block_len` bytes. Parquet's `byte_range()`
+/// asserts the offset and size are not negative: a corrupt footer would panic there
+/// instead of being refused.
+fn chunk_range(column: &ColumnChunkMetaData, block_len: u64) -> Result<Range<u64>, StorageError> {
+    let start = column
+        .dictionary_page_offset()
+        .unwrap_or(column.data_page_offset());
+    let length = column.compressed_size();
+    let (Ok(start), Ok(length)) = (u64::try_from(start), u64::try_from(length)) else {
+        return Err(StorageError::Corrupt(format!(
+            "column chunk at {start}+{length}: negative offset or size"
+        )));
+    };
+    match start.checked_add(length).filter(|end| *end <= block_len) {
+        Some(end) => Ok(start..end),
+        None => Err(StorageError::Corrupt(format!(
+            "column chunk at {start}+{length} is past the block's {block_len} bytes"
+        ))),
+    }
+}
+
+/// The column chunks of one dataset that a decode with a [`Projection`] may read, for a
+/// reader that fetches only those: the regression watcher reads a dataset's series and
+/// profile rows, a few percent of its bytes, thousands of datasets a minute under load,
+/// and fetched each whole object for them.
+#[derive(Debug, Clone)]
+pub struct ColumnFetch {
+    /// The wanted chunks, adjacent ones joined, in block order.
+    chunks: Vec<Range<u64>>,
+    /// Where the tail the fetch was planned against begins; bytes from there on are in it.
+    tail_start: u64,
+}
+
+/// Plans the fetch of dataset `row_group`'s column chunks that `projection` may read.
+pub fn column_fetch(
+    tail: &BlockTail,
+    row_group: usize,
+    projection: Projection,
+) -> Result<ColumnFetch, StorageError> {
+    let group = tail.metadata.row_groups().get(row_group).ok_or_else(|| {
+        StorageError::Corrupt(format!(
+            "row group {row_group} out of range ({})",
+            tail.datasets.len()
+        ))
+    })?;
+    let mut wanted = group
+        .columns()
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| projection.may_read(*index))
+        .map(|(_, column)| chunk_range(column, tail.block_len))
+        .collect::<Result<Vec<_>, _>>()?;
+    wanted.sort_by_key(|range| range.start);
+    let mut chunks: Vec<Range<u64>> = Vec::with_capacity(wanted.len());
+    for range in wanted {
+        match chunks.last_mut() {
+            Some(last) if range.start <= last.end => last.end = last.end.max(range.end),
+            _ => chunks.push(range),
+        }
+    }
+    Ok(ColumnFetch {
+        chunks,
+        tail_start: tail.start,
+    })
+}
+
+impl ColumnFetch {
+    /// The byte ranges to fetch, in order: the wanted chunks' bytes before the tail.
+    pub fn ranges(&self) -> Vec<Range<u64>> {
+        self.chunks
+            .iter()
+            .filter(|chunk| chunk.start < self.tail_start)
+            .map(|chunk| chunk.start..chunk.end.min(self.tail_start))
+            .collect()
+    }
+
+    /// The parts to decode the dataset from, given the bytes fetched for each of
+    /// [`ColumnFetch::ranges`], in order, and the tail the fetch was planned against. A
+    /// chunk that runs on into the tail is joined with the tail's bytes, as in
+    /// [`dataset_partial`]; a column not fetched is an error when read, not zeros.
+    pub fn partial(
+        &self,
+        key: &str,
+        tail: &BlockTail,
+        fetched: Vec<Bytes>,
+    ) -> Result<PartialBlock, StorageError> {
+        let ranges = self.ranges();
+        if tail.start != self.tail_start || fetched.len() != ranges.len() {
+            return Err(StorageError::Corrupt(format!(
+                "ranged read of {key}: {} parts for {} ranges",
+                fetched.len(),
+                ranges.len()
+            )));
+        }
+        let mut parts = Vec::with_capacity(fetched.len() + 1);
+        // `ranges` are the chunks starting before the tail, a prefix of them in order.
+        for ((chunk, range), bytes) in self.chunks.iter().zip(&ranges).zip(fetched) {
+            let expected = range.end - range.start;
+            if bytes.len() as u64 != expected {
+                return Err(StorageError::Corrupt(format!(
+                    "ranged read of {key} at {} returned {} bytes, not {expected}",
+                    range.start,
+                    bytes.len()
+                )));
+            }
+            parts.push(part_before_tail(tail, chunk, bytes));
+        }
+        Ok(with_tail(tail, parts))
+    }
+}
+
 /// Fetches a block's tail: one suffix read, or two when the footer is larger than a guess.
 /// Returns the tail and the bytes fetched.
 pub async fn read_tail(
@@ -271,20 +365,28 @@ pub fn dataset_partial(
 }
 
 /// The parts to decode a dataset from: its bytes before the tail (`before_tail`, fetched)
-/// and the tail. When the dataset runs on into the tail, its bytes are joined into one
-/// part: the Parquet reader streams a page header from one offset and cannot cross from
-/// one part into the next.
+/// and the tail.
 fn dataset_parts(tail: &BlockTail, range: Range<u64>, before_tail: Bytes) -> PartialBlock {
-    let mut parts = Vec::with_capacity(2);
+    with_tail(tail, vec![part_before_tail(tail, &range, before_tail)])
+}
+
+/// The part (offset, bytes) for `range`, given its bytes before the tail (`fetched`). When
+/// the range runs on into the tail, the tail's bytes are joined on: the Parquet reader
+/// streams a page header from one offset and cannot cross from one part into the next.
+fn part_before_tail(tail: &BlockTail, range: &Range<u64>, fetched: Bytes) -> (u64, Bytes) {
     if range.start < tail.start && range.end > tail.start {
         let overlap = (range.end - tail.start).min(tail.bytes.len() as u64) as usize;
-        let mut joined = Vec::with_capacity(before_tail.len() + overlap);
-        joined.extend_from_slice(&before_tail);
+        let mut joined = Vec::with_capacity(fetched.len() + overlap);
+        joined.extend_from_slice(&fetched);
         joined.extend_from_slice(&tail.bytes[..overlap]);
-        parts.push((range.start, Bytes::from(joined)));
+        (range.start, Bytes::from(joined))
     } else {
-        parts.push((range.start, before_tail));
+        (range.start, fetched)
     }
+}
+
+/// `parts` and the tail, with the tail's parsed footer.
+fn with_tail(tail: &BlockTail, mut parts: Vec<(u64, Bytes)>) -> PartialBlock {
     parts.push((tail.start, tail.bytes.clone()));
     PartialBlock {
         block_len: tail.block_len,
@@ -457,19 +559,26 @@ mod tests {
         }
     }
 
+    /// [`block_of`] and its tail of exactly the footer.
+    fn block_and_footer(services: &[&str]) -> (Bytes, BlockTail) {
+        let block = block_of(services);
+        let block_len = block.len() as u64;
+        let needed = BlockTail::parse(block.slice(block.len() - 16..), block_len)
+            .unwrap()
+            .unwrap_err();
+        let tail = BlockTail::parse(block.slice(block.len() - needed as usize..), block_len)
+            .unwrap()
+            .unwrap();
+        (block, tail)
+    }
+
     /// Wherever the fetched tail begins, even inside a dataset (a segment with one big
     /// dataset and a 64 KiB tail), the dataset decodes: its bytes are joined across the cut.
     #[test]
     fn a_dataset_cut_by_the_tail_decodes_at_every_cut() {
         let services = ["a", "b"];
-        let block = block_of(&services);
+        let (block, whole_tail) = block_and_footer(&services);
         let block_len = block.len() as u64;
-        let exact = BlockTail::parse(block.slice(block.len() - 16..), block_len)
-            .unwrap()
-            .unwrap_err();
-        let whole_tail = BlockTail::parse(block.slice(block.len() - exact as usize..), block_len)
-            .unwrap()
-            .unwrap();
         for index in 0..services.len() {
             let range = whole_tail.dataset_range(index).unwrap();
             let whole = decode_dataset(&block, index, Projection::ALL).unwrap();
@@ -497,28 +606,64 @@ mod tests {
         }
     }
 
+    /// Fetching only the chunks a projection reads decodes the same dataset as the whole
+    /// block, wherever the tail begins, and fetches less than the dataset's bytes where
+    /// the projection leaves tables out.
     #[test]
-    fn datasets_decoded_one_at_a_time_from_one_footer_match_each_decoded_alone() {
-        let block = block_of(&["a", "b", "c", "d"]);
-        let services =
-            crate::format::decode_datasets_each(&block, &[3, 1], Projection::ALL, |dataset| {
-                let alone = decode_dataset(&block, dataset_index(&dataset), Projection::ALL);
-                assert_eq!(dataset, alone.unwrap());
-                dataset.service
-            })
-            .unwrap();
-        assert_eq!(services, ["d", "b"]);
-        let err = crate::format::decode_datasets_each(&block, &[0, 4], Projection::INDEX, |_| ())
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("row group 4 out of range (4)"), "{err}");
-    }
-
-    fn dataset_index(dataset: &Dataset) -> usize {
-        ["a", "b", "c", "d"]
-            .iter()
-            .position(|service| *service == dataset.service)
+    fn a_projections_columns_alone_decode_as_the_whole_block_at_every_cut() {
+        let services = ["a", "b", "c"];
+        let (block, whole_tail) = block_and_footer(&services);
+        let block_len = block.len() as u64;
+        let needed = block_len - whole_tail.bytes().0;
+        for projection in [Projection::INDEX, Projection::SUMMED, Projection::ALL] {
+            for index in 0..services.len() {
+                let range = whole_tail.dataset_range(index).unwrap();
+                let whole = decode_dataset(&block, index, projection).unwrap();
+                let planned = column_fetch(&whole_tail, index, projection).unwrap();
+                let fetched: u64 = planned.ranges().iter().map(|r| r.end - r.start).sum();
+                if projection == Projection::ALL {
+                    assert_eq!(fetched, range.end - range.start);
+                } else {
+                    assert!(fetched < range.end - range.start, "{projection:?}");
+                }
+                for cut in range.start..=range.end {
+                    let tail = BlockTail::parse(block.slice(cut as usize..), block_len)
+                        .unwrap()
+                        .unwrap();
+                    let plan = column_fetch(&tail, index, projection).unwrap();
+                    let parts: Vec<Bytes> = plan
+                        .ranges()
+                        .iter()
+                        .map(|r| block.slice(r.start as usize..r.end as usize))
+                        .collect();
+                    if let Some(first) = parts.first().filter(|part| !part.is_empty()) {
+                        let mut short = parts.clone();
+                        short[0] = first.slice(1..);
+                        assert!(plan.partial("k", &tail, short).is_err());
+                    }
+                    let partial = plan.partial("k", &tail, parts).unwrap();
+                    let dataset = decode_partial(partial, index, projection)
+                        .unwrap_or_else(|err| panic!("dataset {index} cut at {cut}: {err}"));
+                    assert_eq!(
+                        dataset, whole,
+                        "{projection:?}, dataset {index} cut at {cut}"
+                    );
+                }
+            }
+        }
+        // A plan is for the tail it was made against.
+        let other = BlockTail::parse(block.slice(block.len() - needed as usize - 1..), block_len)
             .unwrap()
+            .unwrap();
+        let plan = column_fetch(&whole_tail, 0, Projection::INDEX).unwrap();
+        let parts: Vec<Bytes> = plan
+            .ranges()
+            .iter()
+            .map(|r| block.slice(r.start as usize..r.end as usize))
+            .collect();
+        assert!(plan.partial("k", &whole_tail, parts.clone()).is_ok());
+        assert!(plan.partial("k", &other, parts).is_err());
+        assert!(column_fetch(&whole_tail, 3, Projection::INDEX).is_err());
     }
 
     #[test]
