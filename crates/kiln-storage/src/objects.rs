@@ -185,16 +185,32 @@ impl ObjectStorage {
         key: &str,
         range: std::ops::Range<u64>,
     ) -> Result<Bytes, StorageError> {
-        use std::io::{Read, Seek, SeekFrom};
         let Some(root) = &self.local_root else {
             return runtime.block_on(self.get_range(key, range));
         };
-        let len = range.end.saturating_sub(range.start);
         let mut file = std::fs::File::open(root.join(key))?;
-        file.seek(SeekFrom::Start(range.start))?;
-        let mut buffer = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
-        file.take(len).read_to_end(&mut buffer)?;
-        Ok(Bytes::from(buffer))
+        read_file_range(&mut file, range)
+    }
+
+    /// [`ObjectStorage::get_range_blocking`] for several ranges of one object, in order. A
+    /// remote store is asked once through `object_store`'s `get_ranges`, which joins ranges
+    /// under 1 MiB apart into one request: a dataset's few column chunks, or those of every
+    /// dataset of a small segment, cost one GET instead of one each.
+    pub fn get_ranges_blocking(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        key: &str,
+        ranges: &[std::ops::Range<u64>],
+    ) -> Result<Vec<Bytes>, StorageError> {
+        let Some(root) = &self.local_root else {
+            return runtime
+                .block_on(async { Ok(self.store.get_ranges(&Path::from(key), ranges).await?) });
+        };
+        let mut file = std::fs::File::open(root.join(key))?;
+        ranges
+            .iter()
+            .map(|range| read_file_range(&mut file, range.clone()))
+            .collect()
     }
 
     /// Deletes an object. One already gone is fine: deletions are retried after a crash.
@@ -242,4 +258,17 @@ fn sync_file_and_parent(file: &std::path::Path) -> std::io::Result<()> {
         std::fs::File::open(parent)?.sync_all()?;
     }
     Ok(())
+}
+
+/// The bytes of `range` of a local file, or those there are before its end.
+fn read_file_range(
+    file: &mut std::fs::File,
+    range: std::ops::Range<u64>,
+) -> Result<Bytes, StorageError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let len = range.end.saturating_sub(range.start);
+    file.seek(SeekFrom::Start(range.start))?;
+    let mut buffer = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    file.take(len).read_to_end(&mut buffer)?;
+    Ok(Bytes::from(buffer))
 }

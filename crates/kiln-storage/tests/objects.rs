@@ -122,6 +122,19 @@ macro_rules! object_storage_suite {
                     let past_end = store
                         .get_range_blocking(&runtime, "blocks/r.parquet", 199_990..200_010)
                         .map(|bytes| bytes.len());
+                    // Several at once (joined into fewer requests where remote) read the same.
+                    let together = store
+                        .get_ranges_blocking(
+                            &runtime,
+                            "blocks/r.parquet",
+                            &[0..100u64, 1_000..150_000, 199_990..200_000],
+                        )
+                        .unwrap();
+                    assert_eq!(together, ranges);
+                    let missing_together = store
+                        .get_ranges_blocking(&runtime, "blocks/missing.parquet", &[0..10])
+                        .map(|_| ());
+                    assert!(missing_together.is_err());
                     (ranges, (missing, past_end))
                 });
                 let (read, (missing, past_end)) =
