@@ -529,7 +529,7 @@ impl Compactor {
         // datasets, and this job needs only one of them), and merged before the next is
         // fetched: a job holds one input's bytes at a time, not all of them. The bytes are
         // read on the compactor's thread, which frees them
-        // ([`ObjectStorage::get_range_blocking`] says why).
+        // ([`ObjectStorage::get_ranges_blocking`] says why).
         let runtime = tokio::runtime::Handle::current();
         let mut merge = Merge::new(&tenant, &service, rules);
         for input in &job.inputs {
@@ -539,20 +539,15 @@ impl Compactor {
             (merge, fetched) = self
                 .background(move || {
                     let mut merge = merge;
-                    let row_group = input.row_group as usize;
-                    let bytes = match kiln_storage::ranged::dataset_fetch_range(&tail, row_group)? {
-                        Some(range) => {
-                            storage.get_range_blocking(&runtime, &input.object_key, range)?
-                        }
-                        None => Bytes::new(),
-                    };
-                    let fetched = bytes.len() as u64;
-                    let partial = kiln_storage::ranged::dataset_partial(
-                        &input.object_key,
+                    let plan = kiln_storage::ranged::column_fetch(
                         &tail,
-                        row_group,
-                        bytes,
+                        input.row_group as usize,
+                        Projection::ALL,
                     )?;
+                    let bytes =
+                        storage.get_ranges_blocking(&runtime, &input.object_key, &plan.ranges())?;
+                    let fetched = bytes.iter().map(|bytes| bytes.len() as u64).sum();
+                    let partial = plan.partial(&input.object_key, &tail, bytes)?;
                     merge.add(&input, partial)?;
                     Ok((merge, fetched))
                 })

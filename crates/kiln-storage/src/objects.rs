@@ -169,33 +169,19 @@ impl ObjectStorage {
         Ok(self.store.get_range(&Path::from(key), range).await?)
     }
 
-    /// [`ObjectStorage::get_range`] for a thread that may block (never an async worker): a
-    /// local store's file is read right here, so the buffer is this thread's allocation; a
-    /// remote store's request runs on `runtime`. A range running past the object's end
-    /// gives the bytes there are, on both.
+    /// [`ObjectStorage::get_range`] for several ranges of one object, in order, for a
+    /// thread that may block (never an async worker): a local store's file is read right
+    /// here, so the buffers are this thread's allocations; a remote store is asked once,
+    /// on `runtime`, through `object_store`'s `get_ranges`, which joins ranges under 1 MiB
+    /// apart into one request (a dataset's few column chunks, or those of every dataset of
+    /// a small segment, cost one GET). A range running past the object's end gives the
+    /// bytes there are.
     ///
     /// Why it matters: `object_store` reads local files on tokio's blocking pool, and a
     /// buffer allocated there and freed by the thread that consumed it stays with the
     /// allocating thread until that thread allocates the same size again. Compaction read
     /// its level-1 inputs (4 MB each) that way, and the server's RSS climbed by about
     /// 25 MiB a merge through a pass (docs/benchmarks.md).
-    pub fn get_range_blocking(
-        &self,
-        runtime: &tokio::runtime::Handle,
-        key: &str,
-        range: std::ops::Range<u64>,
-    ) -> Result<Bytes, StorageError> {
-        let Some(root) = &self.local_root else {
-            return runtime.block_on(self.get_range(key, range));
-        };
-        let mut file = std::fs::File::open(root.join(key))?;
-        read_file_range(&mut file, range)
-    }
-
-    /// [`ObjectStorage::get_range_blocking`] for several ranges of one object, in order. A
-    /// remote store is asked once through `object_store`'s `get_ranges`, which joins ranges
-    /// under 1 MiB apart into one request: a dataset's few column chunks, or those of every
-    /// dataset of a small segment, cost one GET instead of one each.
     pub fn get_ranges_blocking(
         &self,
         runtime: &tokio::runtime::Handle,

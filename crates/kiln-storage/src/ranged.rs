@@ -266,8 +266,10 @@ impl ColumnFetch {
 
     /// The parts to decode the dataset from, given the bytes fetched for each of
     /// [`ColumnFetch::ranges`], in order, and the tail the fetch was planned against. A
-    /// chunk that runs on into the tail is joined with the tail's bytes, as in
-    /// [`dataset_partial`]; a column not fetched is an error when read, not zeros.
+    /// chunk that runs on into the tail is joined with the tail's bytes (the Parquet reader
+    /// cannot cross from one part into the next); a column not fetched is an error when
+    /// read, not zeros. With [`Projection::ALL`] this is the whole dataset, as compaction
+    /// and queries read it.
     pub fn partial(
         &self,
         key: &str,
@@ -325,55 +327,21 @@ pub async fn read_tail(
     }
 }
 
-/// Fetches the bytes of dataset `row_group` that `tail` does not already hold. Returns
-/// them with the bytes fetched.
+/// Fetches the bytes of dataset `row_group` that `tail` does not already hold: its
+/// [`column_fetch`] with every column. Returns them with the bytes fetched.
 pub async fn read_dataset_bytes(
     storage: &ObjectStorage,
     key: &str,
     tail: &BlockTail,
     row_group: usize,
 ) -> Result<(PartialBlock, u64), StorageError> {
-    let fetched = match dataset_fetch_range(tail, row_group)? {
-        Some(range) => storage.get_range(key, range).await?,
-        None => Bytes::new(),
-    };
-    let len = fetched.len() as u64;
-    Ok((dataset_partial(key, tail, row_group, fetched)?, len))
-}
-
-/// The bytes of dataset `row_group` that `tail` does not hold, if any: what
-/// [`read_dataset_bytes`] fetches, for a caller that fetches them its own way.
-pub fn dataset_fetch_range(
-    tail: &BlockTail,
-    row_group: usize,
-) -> Result<Option<Range<u64>>, StorageError> {
-    let range = tail.dataset_range(row_group)?;
-    Ok((range.start < tail.start).then(|| range.start..range.end.min(tail.start)))
-}
-
-/// The parts to decode dataset `row_group` of object `key` from, given the bytes fetched
-/// for [`dataset_fetch_range`] (empty when there was nothing to fetch).
-pub fn dataset_partial(
-    key: &str,
-    tail: &BlockTail,
-    row_group: usize,
-    fetched: Bytes,
-) -> Result<PartialBlock, StorageError> {
-    let range = tail.dataset_range(row_group)?;
-    let expected = dataset_fetch_range(tail, row_group)?.map_or(0, |range| range.end - range.start);
-    if fetched.len() as u64 != expected {
-        return Err(StorageError::Corrupt(format!(
-            "ranged read of {key} returned {} bytes, not {expected}",
-            fetched.len()
-        )));
+    let plan = column_fetch(tail, row_group, Projection::ALL)?;
+    let mut fetched = Vec::new();
+    for range in plan.ranges() {
+        fetched.push(storage.get_range(key, range).await?);
     }
-    Ok(dataset_parts(tail, range, fetched))
-}
-
-/// The parts to decode a dataset from: its bytes before the tail (`before_tail`, fetched)
-/// and the tail.
-fn dataset_parts(tail: &BlockTail, range: Range<u64>, before_tail: Bytes) -> PartialBlock {
-    with_tail(tail, vec![part_before_tail(tail, &range, before_tail)])
+    let len = fetched.iter().map(|bytes| bytes.len() as u64).sum();
+    Ok((plan.partial(key, tail, fetched)?, len))
 }
 
 /// The part (offset, bytes) for `range`, given its bytes before the tail (`fetched`). When
@@ -592,19 +560,20 @@ mod tests {
                 let tail = BlockTail::parse(block.slice(cut as usize..), block_len)
                     .unwrap()
                     .unwrap();
-                // What a caller fetching on its own thread is told to fetch, and given.
-                let fetched =
-                    dataset_fetch_range(&tail, index)
-                        .unwrap()
-                        .map_or_else(Bytes::new, |fetch| {
-                            assert_eq!(fetch, range.start..cut);
-                            block.slice(fetch.start as usize..fetch.end as usize)
-                        });
-                if !fetched.is_empty() {
-                    let short = fetched.slice(1..);
-                    assert!(dataset_partial("k", &tail, index, short).is_err());
+                // Every column: the dataset's bytes before the cut, in one range.
+                let plan = column_fetch(&tail, index, Projection::ALL).unwrap();
+                let ranges = plan.ranges();
+                let expected = (cut > range.start).then_some(range.start..cut);
+                assert_eq!(ranges, expected.into_iter().collect::<Vec<_>>());
+                let fetched: Vec<Bytes> = ranges
+                    .iter()
+                    .map(|r| block.slice(r.start as usize..r.end as usize))
+                    .collect();
+                if let Some(first) = fetched.first() {
+                    let short = vec![first.slice(1..)];
+                    assert!(plan.partial("k", &tail, short).is_err());
                 }
-                let partial = dataset_partial("k", &tail, index, fetched).unwrap();
+                let partial = plan.partial("k", &tail, fetched).unwrap();
                 let dataset = decode_partial(partial, index, Projection::ALL)
                     .unwrap_or_else(|err| panic!("dataset {index} cut at {cut}: {err}"));
                 assert_eq!(dataset, whole, "dataset {index} cut at {cut}");
