@@ -74,6 +74,11 @@ pub struct IngestArgs {
     /// pair, as a shared pool of connections from many small services does.
     #[arg(long)]
     instances: Option<usize>,
+    /// Each service sends the profiles of one program (service `i` replays file `i` modulo
+    /// the files), as a real service does, so its symbols repeat from one profile to the
+    /// next. Off, every client replays every file in turn, whatever its service.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    program_per_service: bool,
     /// Profiles per second in all, spread evenly over the clients (0: each client sends
     /// its next profile as soon as the last is acknowledged). A fixed rate is the
     /// many-services regime: each service sends a profile every few seconds.
@@ -477,7 +482,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
         .map(|file| file.otlp.first().map_or(0, |(_, proto)| *proto))
         .sum();
     println!(
-        "kiln bench ingest: {} files ({:.1} MB gzip, {:.1} MB pprof{}), {} clients, {} services{}{}, {} s, compaction {}, server {}",
+        "kiln bench ingest: {} files ({:.1} MB gzip, {:.1} MB pprof{}), {} clients, {} services{}{}{}, {} s, compaction {}, server {}",
         files.len(),
         total_bytes as f64 / 1e6,
         total_pprof_bytes as f64 / 1e6,
@@ -490,6 +495,11 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
         args.instances
             .map(|n| format!(" x {n} instances"))
             .unwrap_or_default(),
+        if args.program_per_service {
+            ", one program each"
+        } else {
+            ""
+        },
         if args.rate > 0.0 {
             format!(" at {} profiles/s", args.rate)
         } else {
@@ -513,6 +523,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
         }
     );
     let series = args.instances.map(|instances| services * instances.max(1));
+    let program_per_service = args.program_per_service;
     // Each client's share of the rate: its n-th send is due at n / per_client seconds,
     // offset so that the clients do not send in bursts.
     let per_client = args.rate / args.clients.max(1) as f64;
@@ -565,13 +576,16 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
                     }
                 }
                 sent_count += 1;
-                let file = &files[index % files.len()];
                 let (service_index, instance) = match series {
                     Some(series) => {
                         let pair = (client + sent_count as usize * clients) % series;
                         (pair % services, pair / services)
                     }
                     None => (client % services, client),
+                };
+                let file = match program_per_service {
+                    true => &files[service_index % files.len()],
+                    false => &files[index % files.len()],
                 };
                 let service = format!("bench-svc-{service_index}");
                 let now = kiln_model::time::now_nanos() / 1_000_000_000;

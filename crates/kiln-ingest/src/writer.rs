@@ -9,7 +9,9 @@
 //! what waits for a flush is the interned form, where a service's symbols are stored once
 //! however many of its profiles arrived (at 1,000 clients 20–90 MiB where the decoded
 //! profiles reached 384 MiB: docs/benchmarks.md, "Memory of the write path"), and the
-//! flush is left with finishing, encoding and writing. A flush swaps the open generation for a fresh one
+//! flush is left with finishing, encoding and writing. A service's builder outlives its
+//! batch: the flush takes only the dataset of its profiles, and the next batch of that
+//! service starts from the builder's symbol tables ([`WarmBuilders`]). A flush swaps the open generation for a fresh one
 //! under a lock that every staging request holds for its whole add, so each request lands
 //! whole in exactly one generation and waits for that one's result.
 //!
@@ -38,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kiln_metastore::{BlockMeta, DatasetMeta, Metastore};
+use kiln_storage::builder::Taken;
 use kiln_storage::format::encode_block;
 use kiln_storage::{Dataset, DatasetBuilder, ObjectStorage};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -125,11 +128,16 @@ impl Generation {
         }
     }
 
-    fn builder(&self, tenant: &str, service: &str) -> Arc<Mutex<DatasetBuilder>> {
+    fn builder(
+        &self,
+        tenant: &str,
+        service: &str,
+        warm: &WarmBuilders,
+    ) -> Arc<Mutex<DatasetBuilder>> {
         let mut builders = self.builders.lock().unwrap_or_else(PoisonError::into_inner);
         builders
             .entry((tenant.to_string(), service.to_string()))
-            .or_insert_with(|| Arc::new(Mutex::new(DatasetBuilder::new(tenant, service))))
+            .or_insert_with(|| Arc::new(Mutex::new(warm.take(tenant, service))))
             .clone()
     }
 }
@@ -139,6 +147,7 @@ impl Generation {
 struct Staging {
     open: RwLock<Arc<Generation>>,
     next_id: AtomicU64,
+    warm: Arc<WarmBuilders>,
 }
 
 impl Staging {
@@ -147,6 +156,17 @@ impl Staging {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let mut open = self.open.write().unwrap_or_else(PoisonError::into_inner);
         std::mem::replace(&mut *open, Arc::new(Generation::new(id)))
+    }
+
+    /// [`Staging::swap`] when no add is in progress; `None` when it would wait.
+    fn try_swap(&self) -> Option<Arc<Generation>> {
+        let mut open = match self.open.try_write() {
+            Ok(open) => open,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        Some(std::mem::replace(&mut *open, Arc::new(Generation::new(id))))
     }
 
     /// The open generation's id, without the lock: only the flusher swaps, so between
@@ -177,6 +197,8 @@ pub struct WriterMetrics {
     pub batch_requests: Histogram,
     /// Bytes counted against `max_pending_bytes` now.
     pub pending_bytes: Gauge,
+    /// Heap of the symbol tables kept warm between flushes ([`WarmBuilders`]).
+    pub warm_bytes: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -195,6 +217,7 @@ impl WriterMetrics {
             flush_reasons: Family::default(),
             batch_requests: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
             pending_bytes: Gauge::default(),
+            warm_bytes: Gauge::default(),
         }
     }
 
@@ -240,6 +263,94 @@ impl WriterMetrics {
             "Memory of the staged profiles waiting for, or in, a flush, counted against max_pending_bytes",
             self.pending_bytes.clone(),
         );
+        registry.register(
+            "kiln_ingest_warm_symbol_bytes",
+            "Memory of the services' symbol tables kept between flushes, at most an eighth of max_pending_bytes",
+            self.warm_bytes.clone(),
+        );
+    }
+}
+
+/// How long a service's symbol tables are kept without a flush of that service.
+const WARM_FOR: Duration = Duration::from_secs(60);
+/// Tables holding more than this many rows per row the last flush used are mostly other
+/// profiles' symbols: walking them at each flush would cost more than the lookups save,
+/// so they are dropped.
+const WARM_MAX_ROWS_PER_USED: usize = 8;
+
+/// Each service's dataset builder, kept between flushes with its symbol tables so that
+/// the next batch of that service interns what it knows with one lookup per symbol
+/// (`DatasetBuilder::take_dataset` writes only the rows a flush uses). Bounded: at most
+/// an eighth of `max_pending_bytes` in all and a quarter of that per service, tables
+/// mostly unused are dropped, and so is a service not flushed for [`WARM_FOR`].
+struct WarmBuilders {
+    budget: usize,
+    inner: Mutex<WarmInner>,
+    gauge: Gauge,
+}
+
+#[derive(Default)]
+struct WarmInner {
+    builders: HashMap<ServiceKey, (DatasetBuilder, usize, Instant)>,
+    bytes: usize,
+}
+
+impl WarmBuilders {
+    fn new(max_pending_bytes: usize, gauge: Gauge) -> Self {
+        WarmBuilders {
+            budget: max_pending_bytes / 8,
+            inner: Mutex::default(),
+            gauge,
+        }
+    }
+
+    /// The service's warm builder, or a new one.
+    fn take(&self, tenant: &str, service: &str) -> DatasetBuilder {
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = (tenant.to_string(), service.to_string());
+        match inner.builders.remove(&key) {
+            Some((builder, bytes, _)) => {
+                inner.bytes -= bytes;
+                self.gauge.set(inner.bytes as i64);
+                builder
+            }
+            None => DatasetBuilder::new(tenant, service),
+        }
+    }
+
+    /// Keeps a builder whose profiles a flush took, if it is worth keeping and fits: a
+    /// new one, to see whether the next flush finds its symbols, or a warm one where it
+    /// did (at least half of the rows the flush used were known). A service whose
+    /// symbols churn, or that sends several programs under one name, starts afresh.
+    fn give_back(&self, key: ServiceKey, builder: DatasetBuilder, taken: &Taken) {
+        let used = taken.used_rows.max(1);
+        let paid = !taken.warm || taken.new_rows * 2 <= used;
+        if !paid || builder.symbol_rows() > used * WARM_MAX_ROWS_PER_USED {
+            return;
+        }
+        let bytes = builder.heap_bytes();
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        let WarmInner {
+            builders,
+            bytes: held,
+        } = &mut *inner;
+        builders.retain(|_, (_, kept, returned)| {
+            let keep = now.duration_since(*returned) < WARM_FOR;
+            if !keep {
+                *held -= *kept;
+            }
+            keep
+        });
+        // A newer batch of the service may have returned its builder first: one is kept.
+        if let Some((_, kept, _)) = builders.remove(&key) {
+            *held -= kept;
+        }
+        if bytes <= self.budget / 4 && *held + bytes <= self.budget {
+            *held += bytes;
+            builders.insert(key, (builder, bytes, now));
+        }
+        self.gauge.set(*held as i64);
     }
 }
 
@@ -264,11 +375,15 @@ impl Ingester {
         let (sender, receiver) = mpsc::channel(4096);
         let pending_bytes = Arc::new(AtomicUsize::new(0));
         let arrivals = Arc::new(Arrivals::default());
+        let metrics = WriterMetrics::new();
         let staging = Arc::new(Staging {
             open: RwLock::new(Arc::new(Generation::new(0))),
             next_id: AtomicU64::new(1),
+            warm: Arc::new(WarmBuilders::new(
+                config.max_pending_bytes,
+                metrics.warm_bytes.clone(),
+            )),
         });
-        let metrics = WriterMetrics::new();
         let flusher = Flusher {
             storage,
             metastore,
@@ -375,7 +490,7 @@ impl Ingester {
             .unwrap_or_else(PoisonError::into_inner);
         let mut grown = 0;
         for group in by_service.chunk_by(|a, b| a.service() == b.service()) {
-            let builder = open.builder(tenant, group[0].service());
+            let builder = open.builder(tenant, group[0].service(), &self.staging.warm);
             let mut builder = builder.lock().unwrap_or_else(PoisonError::into_inner);
             let before = builder.heap_bytes();
             for profile in group {
@@ -525,9 +640,18 @@ impl Flusher {
             };
             // The swap waits for adds in progress, a few milliseconds at most: off the
             // async workers, and not queued behind the parses on the write path's threads.
-            let staging = flusher.staging.clone();
-            let Ok(generation) = tokio::task::spawn_blocking(move || staging.swap()).await else {
-                break;
+            // With none in progress (most flushes at a low rate) it is taken here, without
+            // the hand-off to a blocking thread and back.
+            let generation = match flusher.staging.try_swap() {
+                Some(generation) => generation,
+                None => {
+                    let staging = flusher.staging.clone();
+                    let Ok(generation) = tokio::task::spawn_blocking(move || staging.swap()).await
+                    else {
+                        break;
+                    };
+                    generation
+                }
             };
             flusher.flushing.fetch_add(1, Ordering::SeqCst);
             last_started = Some(tokio::time::Instant::now());
@@ -612,8 +736,13 @@ impl Flusher {
         // The block is named first, so its datasets' index entries are complete when built.
         let block_id = ulid::Ulid::new().to_string();
         let object_key = format!("segments/{block_id}.parquet");
-        let (block, datasets) =
-            build_segment(builders, block_id.clone(), object_key.clone()).await?;
+        let (block, datasets) = build_segment(
+            builders,
+            self.staging.warm.clone(),
+            block_id.clone(),
+            object_key.clone(),
+        )
+        .await?;
         let build_seconds = build_started.elapsed().as_secs_f64();
         if datasets.is_empty() {
             return Ok(());
@@ -658,7 +787,8 @@ impl Flusher {
 /// Finishes one dataset per (tenant, service), on as many of the write path's threads as
 /// there are cores, and encodes them as one block, datasets in (tenant, service) order.
 async fn build_segment(
-    mut builders: Vec<((String, String), DatasetBuilder)>,
+    mut builders: Vec<(ServiceKey, DatasetBuilder)>,
+    warm: Arc<WarmBuilders>,
     block_id: String,
     object_key: String,
 ) -> Result<(Vec<u8>, Vec<DatasetMeta>), StoreError> {
@@ -667,50 +797,73 @@ async fn build_segment(
     let threads = kiln_model::priority::cores().min(count).max(1);
     // Deal builders to threads largest first, so one big service does not leave the
     // other threads idle.
-    let mut order: Vec<(usize, DatasetBuilder)> = builders
+    let mut order: Vec<(usize, ServiceKey, DatasetBuilder)> = builders
         .into_iter()
-        .map(|(_, builder)| builder)
         .enumerate()
+        .map(|(index, (key, builder))| (index, key, builder))
         .collect();
-    order.sort_by_cached_key(|(_, builder)| std::cmp::Reverse(builder.heap_bytes()));
-    let mut shares: Vec<Vec<(usize, DatasetBuilder)>> = (0..threads).map(|_| Vec::new()).collect();
+    order.sort_by_cached_key(|(_, _, builder)| std::cmp::Reverse(builder.heap_bytes()));
+    type Share = Vec<(usize, ServiceKey, DatasetBuilder)>;
+    let mut shares: Vec<Share> = (0..threads).map(|_| Vec::new()).collect();
     for (position, entry) in order.into_iter().enumerate() {
         shares[position % threads].push(entry);
+    }
+    let finish = move |share: Share, warm: &WarmBuilders| -> Vec<(usize, Dataset)> {
+        share
+            .into_iter()
+            .map(|(index, key, mut builder)| {
+                let taken = builder.take_dataset();
+                warm.give_back(key, builder, &taken);
+                (index, taken.dataset)
+            })
+            .collect()
+    };
+    if let [share] = &mut shares[..] {
+        // One thread's work (a flush of one service, most flushes at a low rate): finished
+        // and encoded in one task, one hand-off to the write path's threads instead of two.
+        let share = std::mem::take(share);
+        return crate::cpu::spawn(move || {
+            encode_segment(finish(share, &warm), &block_id, &object_key)
+        })
+        .await
+        .map_err(StoreError::Task)?;
     }
     let finishing: Vec<_> = shares
         .into_iter()
         .map(|share| {
-            crate::cpu::spawn(move || {
-                share
-                    .into_iter()
-                    .map(|(index, builder)| (index, builder.finish()))
-                    .collect::<Vec<(usize, Dataset)>>()
-            })
+            let warm = warm.clone();
+            crate::cpu::spawn(move || finish(share, &warm))
         })
         .collect();
     let mut built: Vec<(usize, Dataset)> = Vec::with_capacity(count);
     for share in finishing {
         built.extend(share.await.map_err(StoreError::Task)?);
     }
+    crate::cpu::spawn(move || encode_segment(built, &block_id, &object_key))
+        .await
+        .map_err(StoreError::Task)?
+}
+
+/// Encodes finished datasets as one segment, in the order of their indices (the sorted
+/// (tenant, service) order), leaving out those that hold no profile.
+fn encode_segment(
+    mut built: Vec<(usize, Dataset)>,
+    block_id: &str,
+    object_key: &str,
+) -> Result<(Vec<u8>, Vec<DatasetMeta>), StoreError> {
     built.sort_by_key(|(index, _)| *index);
-    crate::cpu::spawn(move || {
-        let datasets: Vec<Dataset> = built
-            .into_iter()
-            .map(|(_, dataset)| dataset)
-            .filter(|dataset| !dataset.profiles.is_empty())
-            .collect();
-        let metas = datasets
-            .iter()
-            .enumerate()
-            .map(|(row_group, dataset)| {
-                dataset_meta(dataset, &block_id, &object_key, row_group as u32)
-            })
-            .collect();
-        let block = encode_block(&datasets).map_err(StoreError::Encode)?;
-        Ok((block, metas))
-    })
-    .await
-    .map_err(StoreError::Task)?
+    let datasets: Vec<Dataset> = built
+        .into_iter()
+        .map(|(_, dataset)| dataset)
+        .filter(|dataset| !dataset.profiles.is_empty())
+        .collect();
+    let metas = datasets
+        .iter()
+        .enumerate()
+        .map(|(row_group, dataset)| dataset_meta(dataset, block_id, object_key, row_group as u32))
+        .collect();
+    let block = encode_block(&datasets).map_err(StoreError::Encode)?;
+    Ok((block, metas))
 }
 
 /// The metastore entry of `dataset`, stored as row group `row_group` of the block

@@ -22,17 +22,26 @@ fn profile(pprof: &[u8], service: &str, id: String) -> ParsedProfile {
     from_pprof_bytes(pprof, context, &Limits::default()).expect("fixture parses")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_requests_land_whole_once_and_release_their_memory() {
-    let dir = tempfile::tempdir().unwrap();
+/// A local block directory and a SQLite metastore in `dir`.
+async fn open(dir: &tempfile::TempDir) -> (ObjectStorage, Metastore) {
     let storage =
         ObjectStorage::open(&format!("file://{}", dir.path().join("blocks").display())).unwrap();
     let metastore = Metastore::open(&format!("sqlite://{}", dir.path().join("m.db").display()))
         .await
         .unwrap();
-    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/parca-two-stacks.pb.gz");
-    let pprof = std::fs::read(fixture).unwrap();
+    (storage, metastore)
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+    std::fs::read(path.join(name)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_land_whole_once_and_release_their_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (storage, metastore) = open(&dir).await;
+    let pprof = fixture("parca-two-stacks.pb.gz");
     let (ingester, flusher) =
         Ingester::start(storage, metastore.clone(), IngesterConfig::default());
 
@@ -81,6 +90,115 @@ async fn concurrent_requests_land_whole_once_and_release_their_memory() {
     let left: u64 = per_segment.values().map(|(left, _)| left).sum();
     assert_eq!(left, REQUESTS as u64, "every profile once");
 
+    drop(ingester);
+    flusher.await.unwrap();
+}
+
+/// The datasets of `service` in the order their segments were written (ULIDs sort by
+/// time; one flush per write here), decoded from storage.
+async fn written(
+    metastore: &Metastore,
+    storage: &ObjectStorage,
+    service: &str,
+) -> Vec<kiln_storage::Dataset> {
+    let mut datasets = metastore
+        .list_datasets(DatasetQuery {
+            tenant: "t".into(),
+            service: Some(service.into()),
+            from_nanos: i64::MIN,
+            to_nanos: i64::MAX,
+        })
+        .await
+        .unwrap();
+    datasets.sort_by(|a, b| a.block_id.cmp(&b.block_id));
+    let mut decoded = Vec::new();
+    for meta in datasets {
+        let block = storage.get(&meta.object_key).await.unwrap();
+        let dataset = kiln_storage::format::decode_dataset(
+            &block,
+            meta.row_group as usize,
+            kiln_storage::format::Projection::ALL,
+        )
+        .unwrap();
+        dataset.check().unwrap();
+        decoded.push(dataset);
+    }
+    decoded
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_services_symbols_stay_warm_between_flushes_within_their_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let (storage, metastore) = open(&dir).await;
+    let (cpu, other) = (
+        fixture("pprof-report-sample.cpu.pb.gz"),
+        fixture("parca-profile-with-labels.pb.gz"),
+    );
+    let (ingester, flusher) = Ingester::start(
+        storage.clone(),
+        metastore.clone(),
+        IngesterConfig::default(),
+    );
+    // One write after another, each a flush of its own. A service's tables are kept after
+    // its first flush, and after each flush that found at least half of its rows known;
+    // a profile of another program under the same name starts them afresh.
+    for (id, pprof, kept) in [
+        ("a", &cpu, true),
+        ("b", &cpu, true),
+        ("c", &other, false),
+        ("d", &cpu, true),
+    ] {
+        let profiles = vec![profile(pprof, "svc", id.to_string())];
+        ingester.write("t", profiles).await.unwrap();
+        let warm = ingester.metrics().warm_bytes.get();
+        assert_eq!(warm > 0, kept, "after write {id}: {warm} bytes kept");
+    }
+    let datasets = written(&metastore, &storage, "svc").await;
+    assert_eq!(datasets.len(), 4);
+    // The second segment, written from warm tables, holds the same profile as the first,
+    // built fresh (which also kept the strings no row of the profile uses).
+    let (first, second) = (&datasets[0], &datasets[1]);
+    let text = |dataset: &kiln_storage::Dataset, id: u32| dataset.strings[id as usize].to_string();
+    let names = |dataset: &kiln_storage::Dataset| {
+        let functions = dataset.functions.iter();
+        functions
+            .map(|f| {
+                (
+                    text(dataset, f.name),
+                    text(dataset, f.filename),
+                    f.start_line,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(second), names(first));
+    assert_eq!(second.line_function, first.line_function);
+    assert_eq!(second.stack_parent, first.stack_parent);
+    assert_eq!(second.stack_location, first.stack_location);
+    assert_eq!(second.sample_stack, first.sample_stack);
+    assert_eq!(second.sample_value, first.sample_value);
+    assert!(second.strings.len() <= first.strings.len());
+    let totals = |dataset: &kiln_storage::Dataset| {
+        let profiles = dataset.profiles.iter();
+        profiles
+            .map(|p| (p.total, p.sample_count))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(totals(second), totals(first));
+    drop(ingester);
+    flusher.await.unwrap();
+
+    // With a budget too small for one service's tables, nothing is kept.
+    let config = IngesterConfig {
+        max_pending_bytes: 64 << 10,
+        ..IngesterConfig::default()
+    };
+    let (ingester, flusher) = Ingester::start(storage, metastore, config);
+    ingester
+        .write("t", vec![profile(&cpu, "small", "d".into())])
+        .await
+        .unwrap();
+    assert_eq!(ingester.metrics().warm_bytes.get(), 0);
     drop(ingester);
     flusher.await.unwrap();
 }

@@ -153,6 +153,21 @@ pub struct DatasetBuilder {
     label_sets: Table<Vec<(u32, u32)>>,
     profiles: Vec<PendingProfile>,
     truncated_location: Option<u32>,
+    /// [`DatasetBuilder::symbol_rows`] after the last [`DatasetBuilder::take_dataset`],
+    /// if there was one.
+    rows_at_take: Option<usize>,
+}
+
+/// What [`DatasetBuilder::take_dataset`] took, and how warm the tables were for it.
+pub struct Taken {
+    pub dataset: Dataset,
+    /// Rows the dataset holds.
+    pub used_rows: usize,
+    /// Rows the builder's tables gained since the previous take (all of them for the
+    /// first), an upper bound of the used rows that were not known already.
+    pub new_rows: usize,
+    /// Whether there was a previous take (the tables were warm).
+    pub warm: bool,
 }
 
 impl DatasetBuilder {
@@ -173,6 +188,7 @@ impl DatasetBuilder {
             label_sets: Table::new(),
             profiles: Vec::new(),
             truncated_location: None,
+            rows_at_take: None,
         };
         builder.intern("");
         // Sentinels: mapping 0 means "no mapping" even when a profile has an all-zero
@@ -559,24 +575,11 @@ impl DatasetBuilder {
                 if index == 0 {
                     return 0; // the "no mapping" sentinel
                 }
-                self.mappings.intern(MappingRow {
-                    filename: string(row.filename),
-                    build_id: string(row.build_id),
-                    ..*row
-                })
+                self.mappings.intern(row.map_strings(string))
             })
             .collect();
-        let functions: Vec<u32> = dataset
-            .functions
-            .iter()
-            .map(|row| {
-                self.functions.intern(FunctionRow {
-                    name: string(row.name),
-                    system_name: string(row.system_name),
-                    filename: string(row.filename),
-                    start_line: row.start_line,
-                })
-            })
+        let functions: Vec<u32> = (dataset.functions.iter())
+            .map(|row| self.functions.intern(row.map_strings(string)))
             .collect();
         let line_offsets = dataset.location_line_offsets();
         let locations: Vec<u32> = (0..dataset.location_mapping.len())
@@ -611,16 +614,7 @@ impl DatasetBuilder {
         let series: Vec<u32> = dataset
             .series
             .iter()
-            .map(|row| {
-                self.series.intern(SeriesRow {
-                    profile_type: string(row.profile_type),
-                    labels: row
-                        .labels
-                        .iter()
-                        .map(|(name, value)| (string(*name), string(*value)))
-                        .collect(),
-                })
-            })
+            .map(|row| self.series.intern(row.map_strings(string)))
             .collect();
         // Per-sample label sets, rebuilt from the sample label rows (sorted by sample).
         let mut sample_sets = vec![0u32; dataset.sample_stack.len()];
@@ -701,6 +695,175 @@ impl DatasetBuilder {
         self.profiles.is_empty()
     }
 
+    /// Rows held by the symbol tables (strings, mappings, functions, locations, stack
+    /// nodes, series and sample label sets), used or not by the profiles added since the
+    /// last [`DatasetBuilder::take_dataset`].
+    pub fn symbol_rows(&self) -> usize {
+        self.strings.len()
+            + self.mappings.rows.len()
+            + self.functions.rows.len()
+            + self.locations.rows.len()
+            + self.stacks.rows.len()
+            + self.series.rows.len()
+            + self.label_sets.rows.len()
+    }
+
+    /// The dataset of the profiles added since the last call, holding only the rows they
+    /// use, renumbered in the order the builder first saw them (so a stack node's parent
+    /// still precedes it). The builder keeps its tables and drops the profiles: the next
+    /// flush of a busy service then finds the functions it knows with one lookup each
+    /// instead of interning them afresh, about 2.4× cheaper per profile
+    /// (docs/benchmarks.md).
+    pub fn take_dataset(&mut self) -> Taken {
+        let mut profiles = std::mem::take(&mut self.profiles);
+        // Mark what the profiles use, from the samples outwards; `USED` until renumbered.
+        const UNUSED: u32 = u32::MAX;
+        const USED: u32 = 0;
+        let mut stack_ids = vec![UNUSED; self.stacks.rows.len()];
+        let mut set_ids = vec![UNUSED; self.label_sets.rows.len()];
+        let mut series_ids = vec![UNUSED; self.series.rows.len()];
+        stack_ids[0] = USED;
+        set_ids[0] = USED;
+        for pending in &profiles {
+            series_ids[pending.row.series as usize] = USED;
+            for ((stack, set), _) in &pending.samples {
+                set_ids[*set as usize] = USED;
+                let mut node = *stack as usize;
+                while stack_ids[node] == UNUSED {
+                    stack_ids[node] = USED;
+                    node = self.stacks.rows[node].0 as usize;
+                }
+            }
+        }
+        let mut location_ids = vec![UNUSED; self.locations.rows.len()];
+        for (node, (_, location)) in self.stacks.rows.iter().enumerate().skip(1) {
+            if stack_ids[node] != UNUSED {
+                location_ids[*location as usize] = USED;
+            }
+        }
+        let mut function_ids = vec![UNUSED; self.functions.rows.len()];
+        let mut mapping_ids = vec![UNUSED; self.mappings.rows.len()];
+        mapping_ids[0] = USED;
+        for (location, row) in self.locations.rows.iter().enumerate() {
+            if location_ids[location] != UNUSED {
+                mapping_ids[row.mapping as usize] = USED;
+                for (function, _) in &row.lines {
+                    function_ids[*function as usize] = USED;
+                }
+            }
+        }
+        let mut string_ids = vec![UNUSED; self.strings.len()];
+        string_ids[0] = USED;
+        let mut mark_string = |id: u32| string_ids[id as usize] = USED;
+        for row in kept_rows(&self.mappings.rows, &mapping_ids) {
+            row.string_ids().into_iter().for_each(&mut mark_string);
+        }
+        for row in kept_rows(&self.functions.rows, &function_ids) {
+            row.string_ids().into_iter().for_each(&mut mark_string);
+        }
+        for row in kept_rows(&self.series.rows, &series_ids) {
+            row.string_ids().for_each(&mut mark_string);
+        }
+        for set in kept_rows(&self.label_sets.rows, &set_ids) {
+            set.iter()
+                .flat_map(|(name, value)| [*name, *value])
+                .for_each(&mut mark_string);
+        }
+        let mut rows = 0;
+        for ids in [
+            &mut stack_ids,
+            &mut set_ids,
+            &mut series_ids,
+            &mut location_ids,
+            &mut function_ids,
+            &mut mapping_ids,
+            &mut string_ids,
+        ] {
+            let mut next = 0;
+            for id in ids.iter_mut().filter(|id| **id != UNUSED) {
+                *id = next;
+                next += 1;
+            }
+            rows += next as usize;
+        }
+
+        let string = |id: u32| string_ids[id as usize];
+        let mut dataset = Dataset {
+            tenant: self.tenant.clone(),
+            service: self.service.clone(),
+            min_time_nanos: i64::MAX,
+            max_time_nanos: i64::MIN,
+            ..Default::default()
+        };
+        let used = |ids: &[u32], index: usize| ids[index] != UNUSED;
+        dataset.strings = (0..self.strings.len())
+            .filter(|index| used(&string_ids, *index))
+            .map(|index| &self.strings[index])
+            .collect();
+        dataset.mappings = kept_rows(&self.mappings.rows, &mapping_ids)
+            .map(|row| row.map_strings(string))
+            .collect();
+        dataset.functions = kept_rows(&self.functions.rows, &function_ids)
+            .map(|row| row.map_strings(string))
+            .collect();
+        for (_, location) in (self.locations.rows.iter().enumerate())
+            .filter(|(index, _)| used(&location_ids, *index))
+        {
+            dataset
+                .location_mapping
+                .push(mapping_ids[location.mapping as usize]);
+            dataset.location_address.push(location.address);
+            dataset
+                .location_line_count
+                .push(location.lines.len() as u32);
+            for (function, line) in &location.lines {
+                dataset.line_function.push(function_ids[*function as usize]);
+                dataset.line_number.push(*line);
+            }
+        }
+        for (node, (parent, location)) in self.stacks.rows.iter().enumerate() {
+            if used(&stack_ids, node) {
+                let root = node == 0;
+                dataset
+                    .stack_parent
+                    .push(if root { 0 } else { stack_ids[*parent as usize] });
+                dataset.stack_location.push(if root {
+                    0
+                } else {
+                    location_ids[*location as usize]
+                });
+            }
+        }
+        dataset.series = kept_rows(&self.series.rows, &series_ids)
+            .map(|row| row.map_strings(string))
+            .collect();
+        let label_sets: Vec<Vec<(u32, u32)>> = (self.label_sets.rows.iter().enumerate())
+            .filter(|(index, _)| used(&set_ids, *index))
+            .map(|(_, set)| {
+                set.iter()
+                    .map(|(name, value)| (string(*name), string(*value)))
+                    .collect()
+            })
+            .collect();
+        for pending in &mut profiles {
+            pending.row.series = series_ids[pending.row.series as usize];
+            for ((stack, set), _) in &mut pending.samples {
+                *stack = stack_ids[*stack as usize];
+                *set = set_ids[*set as usize];
+            }
+        }
+        emit_profiles(&mut dataset, profiles, &label_sets);
+        let total = self.symbol_rows();
+        let taken = Taken {
+            dataset,
+            used_rows: rows,
+            new_rows: total - self.rows_at_take.unwrap_or(0),
+            warm: self.rows_at_take.is_some(),
+        };
+        self.rows_at_take = Some(total);
+        taken
+    }
+
     pub fn finish(self) -> Dataset {
         let mut dataset = Dataset {
             tenant: self.tenant,
@@ -731,55 +894,73 @@ impl DatasetBuilder {
                 dataset.line_number.push(*line);
             }
         }
-        let mut profiles = self.profiles;
-        // Sized once: grown by doubling, the two largest vectors of a compaction's output
-        // were copied on each growth and could end up with twice the room they needed.
-        let samples: usize = profiles.iter().map(|pending| pending.samples.len()).sum();
-        dataset.sample_stack.reserve_exact(samples);
-        dataset.sample_value.reserve_exact(samples);
-        dataset.profiles.reserve_exact(profiles.len());
-        profiles.sort_by(|a, b| {
-            (a.row.series, a.row.time_nanos, &a.row.id).cmp(&(
-                b.row.series,
-                b.row.time_nanos,
-                &b.row.id,
-            ))
-        });
-        for pending in profiles {
-            let mut samples = pending.samples;
-            samples.sort_unstable_by_key(|(key, _)| *key);
-            samples.dedup_by(|(key, value), (kept_key, kept)| {
-                let same = key == kept_key;
-                if same {
-                    *kept = kept.saturating_add(*value);
-                }
-                same
-            });
-            let mut row = pending.row;
-            row.sample_count = samples.len() as u32;
-            dataset.min_time_nanos = dataset.min_time_nanos.min(row.time_nanos);
-            dataset.max_time_nanos = dataset.max_time_nanos.max(row.time_nanos);
-            // A merged input's row carries its old total: summed afresh here.
-            row.total = 0;
-            for ((stack, label_set), value) in samples {
-                row.total = row.total.saturating_add(value);
-                if label_set != 0 {
-                    let sample = dataset.sample_stack.len() as u32;
-                    for (name, value) in &self.label_sets.rows[label_set as usize] {
-                        dataset.sample_label_sample.push(sample);
-                        dataset.sample_label_name.push(*name);
-                        dataset.sample_label_value.push(*value);
-                    }
-                }
-                dataset.sample_stack.push(stack);
-                dataset.sample_value.push(value);
-            }
-            dataset.profiles.push(row);
-        }
-        if dataset.profiles.is_empty() {
-            dataset.min_time_nanos = 0;
-            dataset.max_time_nanos = 0;
-        }
+        emit_profiles(&mut dataset, self.profiles, &self.label_sets.rows);
         dataset
+    }
+}
+
+/// The rows whose new id in `ids` is set (not `u32::MAX`).
+fn kept_rows<'a, T>(rows: &'a [T], ids: &'a [u32]) -> impl Iterator<Item = &'a T> + 'a {
+    rows.iter()
+        .zip(ids)
+        .filter(|(_, id)| **id != u32::MAX)
+        .map(|(row, _)| row)
+}
+
+/// Sorts the profiles by (series, time, id), sums each one's repeated (stack, label set)
+/// samples, and appends them with their sample labels (`label_sets`, by set id) to the
+/// dataset, whose symbol tables the ids already index.
+fn emit_profiles(
+    dataset: &mut Dataset,
+    mut profiles: Vec<PendingProfile>,
+    label_sets: &[Vec<(u32, u32)>],
+) {
+    // Sized once: grown by doubling, the two largest vectors of a compaction's output
+    // were copied on each growth and could end up with twice the room they needed.
+    let samples: usize = profiles.iter().map(|pending| pending.samples.len()).sum();
+    dataset.sample_stack.reserve_exact(samples);
+    dataset.sample_value.reserve_exact(samples);
+    dataset.profiles.reserve_exact(profiles.len());
+    profiles.sort_by(|a, b| {
+        (a.row.series, a.row.time_nanos, &a.row.id).cmp(&(
+            b.row.series,
+            b.row.time_nanos,
+            &b.row.id,
+        ))
+    });
+    for pending in profiles {
+        let mut samples = pending.samples;
+        samples.sort_unstable_by_key(|(key, _)| *key);
+        samples.dedup_by(|(key, value), (kept_key, kept)| {
+            let same = key == kept_key;
+            if same {
+                *kept = kept.saturating_add(*value);
+            }
+            same
+        });
+        let mut row = pending.row;
+        row.sample_count = samples.len() as u32;
+        dataset.min_time_nanos = dataset.min_time_nanos.min(row.time_nanos);
+        dataset.max_time_nanos = dataset.max_time_nanos.max(row.time_nanos);
+        // A merged input's row carries its old total: summed afresh here.
+        row.total = 0;
+        for ((stack, label_set), value) in samples {
+            row.total = row.total.saturating_add(value);
+            if label_set != 0 {
+                let sample = dataset.sample_stack.len() as u32;
+                for (name, value) in &label_sets[label_set as usize] {
+                    dataset.sample_label_sample.push(sample);
+                    dataset.sample_label_name.push(*name);
+                    dataset.sample_label_value.push(*value);
+                }
+            }
+            dataset.sample_stack.push(stack);
+            dataset.sample_value.push(value);
+        }
+        dataset.profiles.push(row);
+    }
+    if dataset.profiles.is_empty() {
+        dataset.min_time_nanos = 0;
+        dataset.max_time_nanos = 0;
     }
 }

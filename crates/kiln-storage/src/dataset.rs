@@ -32,6 +32,53 @@ pub struct SeriesRow {
     pub labels: Vec<(u32, u32)>,
 }
 
+// Rows that name strings: a builder moving a row into another id space (a merge, or a
+// flush taking the rows it uses) maps or marks exactly these ids.
+impl MappingRow {
+    pub fn string_ids(&self) -> [u32; 2] {
+        [self.filename, self.build_id]
+    }
+
+    pub fn map_strings(&self, string: impl Fn(u32) -> u32) -> MappingRow {
+        MappingRow {
+            filename: string(self.filename),
+            build_id: string(self.build_id),
+            ..*self
+        }
+    }
+}
+
+impl FunctionRow {
+    pub fn string_ids(&self) -> [u32; 3] {
+        [self.name, self.system_name, self.filename]
+    }
+
+    pub fn map_strings(&self, string: impl Fn(u32) -> u32) -> FunctionRow {
+        FunctionRow {
+            name: string(self.name),
+            system_name: string(self.system_name),
+            filename: string(self.filename),
+            start_line: self.start_line,
+        }
+    }
+}
+
+impl SeriesRow {
+    pub fn string_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        let labels = self.labels.iter().flat_map(|(name, value)| [*name, *value]);
+        std::iter::once(self.profile_type).chain(labels)
+    }
+
+    pub fn map_strings(&self, string: impl Fn(u32) -> u32) -> SeriesRow {
+        SeriesRow {
+            profile_type: string(self.profile_type),
+            labels: (self.labels.iter())
+                .map(|(name, value)| (string(*name), string(*value)))
+                .collect(),
+        }
+    }
+}
+
 /// One profile of one series; its samples follow those of the previous row.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ProfileRow {

@@ -10,8 +10,6 @@ pub enum StorageError {
     Corrupt(String),
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
-    #[error("fsync task failed: {0}")]
-    Task(#[source] tokio::task::JoinError),
     #[error("invalid object store url {url:?}: {message}")]
     InvalidUrl { url: String, message: String },
 }

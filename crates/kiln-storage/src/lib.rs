@@ -18,6 +18,8 @@ pub mod ranged;
 pub mod strings;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+#[cfg(test)]
+mod warm_tests;
 
 pub use builder::DatasetBuilder;
 pub use dataset::{Dataset, ProfileRow, SeriesRow};

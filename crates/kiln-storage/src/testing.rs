@@ -2,6 +2,7 @@
 //! feature (a dev-dependency's).
 
 use kiln_model::build::{Frame, ProfileBuilder};
+use kiln_model::pprof::Profile;
 use kiln_model::{Labels, ProfileType};
 
 use crate::builder::{PprofInput, TypePlan};
@@ -10,14 +11,8 @@ use crate::DatasetBuilder;
 /// One stack of a test profile: frames innermost first, its value and sample labels.
 pub type TestSample<'a> = (&'a [&'a str], i64, &'a [(&'a str, &'a str)]);
 
-/// Adds one CPU profile of `samples` (frames in `main.c`, line 1) with these series labels.
-pub fn add_cpu_profile(
-    builder: &mut DatasetBuilder,
-    id: &str,
-    labels: &[(&str, &str)],
-    time_nanos: i64,
-    samples: &[TestSample<'_>],
-) {
+/// A CPU profile of `samples` (frames in `main.c`, line 1).
+pub fn cpu_profile(time_nanos: i64, samples: &[TestSample<'_>]) -> Profile {
     let mut profile = ProfileBuilder::new(&[("cpu", "nanoseconds")], None, 0);
     for (frames, value, sample_labels) in samples {
         let stack: Vec<u32> = frames
@@ -34,7 +29,18 @@ pub fn add_cpu_profile(
             .collect();
         profile.add(&stack, &[*value], sample_labels);
     }
-    let profile = profile.finish(time_nanos, 10);
+    profile.finish(time_nanos, 10)
+}
+
+/// Adds one CPU profile of `samples` (frames in `main.c`, line 1) with these series labels.
+pub fn add_cpu_profile(
+    builder: &mut DatasetBuilder,
+    id: &str,
+    labels: &[(&str, &str)],
+    time_nanos: i64,
+    samples: &[TestSample<'_>],
+) {
+    let profile = cpu_profile(time_nanos, samples);
     let index = kiln_model::pprof::validate(&profile, &Default::default()).expect("valid");
     let types = [TypePlan {
         value_index: 0,
