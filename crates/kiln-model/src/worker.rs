@@ -11,12 +11,16 @@
 //! allocator can hand it back from the thread that freed it.
 //!
 //! The queue is first in, first out, and its tasks are whole parses, builds and merge
-//! steps (milliseconds to seconds), so a channel behind a mutex serves it; a
-//! work-stealing pool (rayon) is made for finer tasks and would be one more dependency
-//! for nothing here. The threads run at background priority ([`crate::priority`]).
+//! steps (milliseconds to seconds), so a deque behind a mutex serves it; a work-stealing
+//! pool (rayon) is made for finer tasks and would be one more dependency for nothing
+//! here. Idle threads wait on a condition variable, and a new task wakes one of them. A
+//! channel's receiver behind a mutex, as before, woke two: the one waiting in the
+//! receiver, then, as it let the mutex go, the one waiting for the mutex, only for that
+//! one to wait again (docs/benchmarks.md counts the futex calls). The threads run at
+//! background priority ([`crate::priority`]).
 
-use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use thiserror::Error;
 
@@ -31,35 +35,58 @@ pub enum WorkerError {
 
 type Task = Box<dyn FnOnce() + Send>;
 
+/// The tasks waiting for a thread, and whether the pool is gone.
+#[derive(Default)]
+struct Queue {
+    state: Mutex<QueueState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct QueueState {
+    tasks: VecDeque<Task>,
+    closed: bool,
+}
+
+impl Queue {
+    /// The next task, waiting for one; `None` once the pool is dropped and every task
+    /// queued before has run.
+    fn next(&self) -> Option<Task> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if let Some(task) = state.tasks.pop_front() {
+                return Some(task);
+            }
+            if state.closed {
+                return None;
+            }
+            state = self
+                .ready
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
 /// A fixed set of threads serving one queue.
 pub struct Pool {
     /// None when no thread could be started: every task then fails with `Stopped`.
-    sender: Option<Sender<Task>>,
+    queue: Option<Arc<Queue>>,
 }
 
 impl Pool {
     /// Starts `threads` threads named `{name}-{index}`; they end when the pool is dropped.
     pub fn start(name: &str, threads: usize) -> Pool {
-        let (sender, receiver) = std::sync::mpsc::channel::<Task>();
-        let receiver = Arc::new(Mutex::new(receiver));
+        let queue = Arc::new(Queue::default());
         let mut started = 0;
         for index in 0..threads.max(1) {
-            let receiver = receiver.clone();
+            let queue = queue.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("{name}-{index}"))
                 .spawn(move || {
                     crate::priority::background_thread();
-                    loop {
-                        // The guard is dropped at the end of this statement, before the
-                        // task runs.
-                        let task = receiver
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .recv();
-                        match task {
-                            Ok(task) => task(),
-                            Err(_) => return,
-                        }
+                    while let Some(task) = queue.next() {
+                        task();
                     }
                 });
             match spawned {
@@ -68,7 +95,7 @@ impl Pool {
             }
         }
         Pool {
-            sender: (started > 0).then_some(sender),
+            queue: (started > 0).then_some(queue),
         }
     }
 
@@ -83,8 +110,14 @@ impl Pool {
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
             let _ = sender.send(result);
         });
-        let queued = match &self.sender {
-            Some(queue) => queue.send(task).is_ok(),
+        let queued = match &self.queue {
+            Some(queue) => {
+                let mut state = queue.state.lock().unwrap_or_else(PoisonError::into_inner);
+                state.tasks.push_back(task);
+                drop(state);
+                queue.ready.notify_one();
+                true
+            }
             None => false,
         };
         async move {
@@ -96,6 +129,20 @@ impl Pool {
                 Ok(Err(_)) => Err(WorkerError::Panicked),
                 Err(_) => Err(WorkerError::Stopped),
             }
+        }
+    }
+}
+
+impl Drop for Pool {
+    /// The threads end once they have run what is queued.
+    fn drop(&mut self) {
+        if let Some(queue) = &self.queue {
+            queue
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .closed = true;
+            queue.ready.notify_all();
         }
     }
 }
@@ -121,5 +168,24 @@ mod tests {
             results.push(task.await.expect("the task runs"));
         }
         assert_eq!(results, vec![0, 1, 4, 9]);
+    }
+
+    #[tokio::test]
+    async fn tasks_queued_before_the_pool_is_dropped_still_run() {
+        let pool = Pool::start("kiln-test-drop", 2);
+        let pending: Vec<_> = (0..6u64)
+            .map(|i| {
+                pool.spawn(move || {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    i
+                })
+            })
+            .collect();
+        drop(pool);
+        let mut results = Vec::new();
+        for task in pending {
+            results.push(task.await.expect("a queued task runs"));
+        }
+        assert_eq!(results, vec![0, 1, 2, 3, 4, 5]);
     }
 }
