@@ -153,9 +153,8 @@ struct Staging {
 impl Staging {
     /// Closes the open generation and opens the next; waits for adds in progress.
     fn swap(&self) -> Arc<Generation> {
-        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let mut open = self.open.write().unwrap_or_else(PoisonError::into_inner);
-        std::mem::replace(&mut *open, Arc::new(Generation::new(id)))
+        self.open_next(&mut open)
     }
 
     /// [`Staging::swap`] when no add is in progress; `None` when it would wait.
@@ -165,8 +164,13 @@ impl Staging {
             Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return None,
         };
+        Some(self.open_next(&mut open))
+    }
+
+    /// Puts a new generation in `open`'s place (under the write lock) and returns the old.
+    fn open_next(&self, open: &mut Arc<Generation>) -> Arc<Generation> {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
-        Some(std::mem::replace(&mut *open, Arc::new(Generation::new(id))))
+        std::mem::replace(open, Arc::new(Generation::new(id)))
     }
 
     /// The open generation's id, without the lock: only the flusher swaps, so between

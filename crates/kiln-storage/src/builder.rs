@@ -736,20 +736,16 @@ impl DatasetBuilder {
             }
         }
         let mut location_ids = vec![UNUSED; self.locations.rows.len()];
-        for (node, (_, location)) in self.stacks.rows.iter().enumerate().skip(1) {
-            if stack_ids[node] != UNUSED {
-                location_ids[*location as usize] = USED;
-            }
+        for (_, location) in kept_rows(&self.stacks.rows[1..], &stack_ids[1..]) {
+            location_ids[*location as usize] = USED;
         }
         let mut function_ids = vec![UNUSED; self.functions.rows.len()];
         let mut mapping_ids = vec![UNUSED; self.mappings.rows.len()];
         mapping_ids[0] = USED;
-        for (location, row) in self.locations.rows.iter().enumerate() {
-            if location_ids[location] != UNUSED {
-                mapping_ids[row.mapping as usize] = USED;
-                for (function, _) in &row.lines {
-                    function_ids[*function as usize] = USED;
-                }
+        for row in kept_rows(&self.locations.rows, &location_ids) {
+            mapping_ids[row.mapping as usize] = USED;
+            for (function, _) in &row.lines {
+                function_ids[*function as usize] = USED;
             }
         }
         let mut string_ids = vec![UNUSED; self.strings.len()];
@@ -795,9 +791,8 @@ impl DatasetBuilder {
             max_time_nanos: i64::MIN,
             ..Default::default()
         };
-        let used = |ids: &[u32], index: usize| ids[index] != UNUSED;
         dataset.strings = (0..self.strings.len())
-            .filter(|index| used(&string_ids, *index))
+            .filter(|index| string_ids[*index] != UNUSED)
             .map(|index| &self.strings[index])
             .collect();
         dataset.mappings = kept_rows(&self.mappings.rows, &mapping_ids)
@@ -806,9 +801,7 @@ impl DatasetBuilder {
         dataset.functions = kept_rows(&self.functions.rows, &function_ids)
             .map(|row| row.map_strings(string))
             .collect();
-        for (_, location) in (self.locations.rows.iter().enumerate())
-            .filter(|(index, _)| used(&location_ids, *index))
-        {
+        for location in kept_rows(&self.locations.rows, &location_ids) {
             dataset
                 .location_mapping
                 .push(mapping_ids[location.mapping as usize]);
@@ -821,25 +814,20 @@ impl DatasetBuilder {
                 dataset.line_number.push(*line);
             }
         }
-        for (node, (parent, location)) in self.stacks.rows.iter().enumerate() {
-            if used(&stack_ids, node) {
-                let root = node == 0;
-                dataset
-                    .stack_parent
-                    .push(if root { 0 } else { stack_ids[*parent as usize] });
-                dataset.stack_location.push(if root {
-                    0
-                } else {
-                    location_ids[*location as usize]
-                });
-            }
+        // The root sentinel, then the nodes it leads to (the root has no location).
+        dataset.stack_parent.push(0);
+        dataset.stack_location.push(0);
+        for (parent, location) in kept_rows(&self.stacks.rows[1..], &stack_ids[1..]) {
+            dataset.stack_parent.push(stack_ids[*parent as usize]);
+            dataset
+                .stack_location
+                .push(location_ids[*location as usize]);
         }
         dataset.series = kept_rows(&self.series.rows, &series_ids)
             .map(|row| row.map_strings(string))
             .collect();
-        let label_sets: Vec<Vec<(u32, u32)>> = (self.label_sets.rows.iter().enumerate())
-            .filter(|(index, _)| used(&set_ids, *index))
-            .map(|(_, set)| {
+        let label_sets: Vec<Vec<(u32, u32)>> = kept_rows(&self.label_sets.rows, &set_ids)
+            .map(|set| {
                 set.iter()
                     .map(|(name, value)| (string(*name), string(*value)))
                     .collect()

@@ -102,37 +102,34 @@ fn fixture(name: &str) -> Profile {
 struct Add<'a>(&'a str, &'a Profile, bool);
 
 fn add(builder: &mut DatasetBuilder, what: &Add<'_>) {
-    match what {
-        Add(id, profile, per_sample) => {
-            let index = pprof::validate(profile, &ProfileLimits::default()).expect("valid");
-            let types: Vec<TypePlan> = profile
-                .sample_type
-                .iter()
-                .enumerate()
-                .map(|(value_index, sample_type)| TypePlan {
-                    value_index,
-                    profile_type: ProfileType::parse(&format!(
-                        "test:{}:{}:cpu:nanoseconds",
-                        profile.string_or_empty(sample_type.r#type),
-                        profile.string_or_empty(sample_type.unit)
-                    ))
-                    .expect("profile type"),
-                    scale: None,
-                })
-                .collect();
-            builder.add_pprof(&PprofInput {
-                profile,
-                index: &index,
-                id,
-                time_nanos: 1_000,
-                duration_nanos: 10,
-                labels: &Labels::from_pairs([("service_name", "svc")]),
-                types: &types,
-                max_stack_depth: 64,
-                sample_labels_per_sample: *per_sample,
-            });
-        }
-    }
+    let Add(id, profile, per_sample) = what;
+    let index = pprof::validate(profile, &ProfileLimits::default()).expect("valid");
+    let types: Vec<TypePlan> = profile
+        .sample_type
+        .iter()
+        .enumerate()
+        .map(|(value_index, sample_type)| TypePlan {
+            value_index,
+            profile_type: ProfileType::parse(&format!(
+                "test:{}:{}:cpu:nanoseconds",
+                profile.string_or_empty(sample_type.r#type),
+                profile.string_or_empty(sample_type.unit)
+            ))
+            .expect("profile type"),
+            scale: None,
+        })
+        .collect();
+    builder.add_pprof(&PprofInput {
+        profile,
+        index: &index,
+        id,
+        time_nanos: 1_000,
+        duration_nanos: 10,
+        labels: &Labels::from_pairs([("service_name", "svc")]),
+        types: &types,
+        max_stack_depth: 64,
+        sample_labels_per_sample: *per_sample,
+    });
 }
 
 #[test]
