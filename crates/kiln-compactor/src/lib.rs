@@ -151,6 +151,12 @@ pub struct CompactorConfig {
     pub orphan_age_ms: i64,
     /// How long a lease holds before another compactor may take over (milliseconds).
     pub lease_ms: i64,
+    /// Compaction is behind once level-0 datasets have waited longer than this for their
+    /// merge, on average (milliseconds; 0: never): the write path then spaces its
+    /// flushes, 25 ms per second over, until it catches up (kiln-ingest `backoff.rs`).
+    /// Level 0's own `max_age_ms` by default, which a service merged by age waits at
+    /// most, and one merged by count far less.
+    pub max_wait_ms: u64,
     /// Days of data kept; 0 keeps everything. Set from the tenant limits (one place to
     /// configure retention, which ingest also enforces), not from this section.
     #[serde(skip)]
@@ -190,6 +196,7 @@ impl Default for CompactorConfig {
             grace_ms: 300_000,
             orphan_age_ms: 3_600_000,
             lease_ms: 600_000,
+            max_wait_ms: 10_000,
             retention_days: 31,
             tenant_retention_days: HashMap::new(),
         }

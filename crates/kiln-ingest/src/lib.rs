@@ -7,6 +7,7 @@
 //! flush, and every request in it is acknowledged only after both succeed. Batches are adaptive: an
 //! idle server flushes at once, a busy one gathers what arrives during each flush.
 
+mod backoff;
 pub mod cpu;
 pub mod error;
 pub mod limits;

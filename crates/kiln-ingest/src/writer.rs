@@ -28,7 +28,8 @@
 //! none) holds an adaptive flush until that long after the previous one started: a fleet
 //! of services each sending rarely then shares segments, so level 0 holds fewer, larger
 //! datasets for compaction and fresh queries, for up to that much more ack latency. Off by
-//! default because closed-loop clients pay it on every write (docs/benchmarks.md).
+//! default because closed-loop clients pay it on every write (docs/benchmarks.md). While
+//! compaction is behind, the gap grows with its backlog ([`crate::backoff`]).
 //!
 //! A failure anywhere fails every request of that batch with a 5xx; since the metastore
 //! registration is the last step, a failed batch is never visible to readers.
@@ -51,6 +52,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
+use crate::backoff::{Backoff, BackoffMetrics};
 use crate::error::StoreError;
 use crate::{IngestError, ParsedProfile};
 
@@ -72,6 +74,10 @@ pub struct IngesterConfig {
     pub max_stack_depth: usize,
     /// An adaptive flush starts at least this long after the previous one started.
     pub min_gap: Duration,
+    /// While level-0 datasets wait longer than this for their merge on average, adaptive
+    /// flushes are spaced further apart (`compaction.max_wait_ms`; see
+    /// [`crate::backoff`]). `None` when nothing compacts.
+    pub max_compaction_wait: Option<Duration>,
 }
 
 impl Default for IngesterConfig {
@@ -88,6 +94,7 @@ impl Default for IngesterConfig {
             max_concurrent_flushes: 4,
             max_stack_depth: 1000,
             min_gap: Duration::ZERO,
+            max_compaction_wait: None,
         }
     }
 }
@@ -203,6 +210,7 @@ pub struct WriterMetrics {
     pub pending_bytes: Gauge,
     /// Heap of the symbol tables kept warm between flushes ([`WarmBuilders`]).
     pub warm_bytes: Gauge,
+    backoff: BackoffMetrics,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -222,6 +230,7 @@ impl WriterMetrics {
             batch_requests: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
             pending_bytes: Gauge::default(),
             warm_bytes: Gauge::default(),
+            backoff: BackoffMetrics::default(),
         }
     }
 
@@ -271,6 +280,21 @@ impl WriterMetrics {
             "kiln_ingest_warm_symbol_bytes",
             "Memory of the services' symbol tables kept between flushes, at most an eighth of max_pending_bytes",
             self.warm_bytes.clone(),
+        );
+        registry.register(
+            "kiln_ingest_compaction_backlog_datasets",
+            "Level-0 datasets waiting for their merge, as the write path last read them",
+            self.backoff.datasets.clone(),
+        );
+        registry.register(
+            "kiln_ingest_compaction_wait_seconds",
+            "Mean time level-0 datasets have waited for their merge, as the write path last read it",
+            self.backoff.wait_seconds.clone(),
+        );
+        registry.register(
+            "kiln_ingest_flush_backoff_seconds",
+            "Extra spacing between flushes while level-0 datasets wait longer than compaction.max_wait_ms",
+            self.backoff.gap_seconds.clone(),
         );
     }
 }
@@ -366,6 +390,7 @@ pub struct Ingester {
     pending_bytes: Arc<AtomicUsize>,
     arrivals: Arc<Arrivals>,
     staging: Arc<Staging>,
+    backoff: Arc<Backoff>,
     config: IngesterConfig,
     metrics: WriterMetrics,
 }
@@ -378,6 +403,7 @@ impl Ingester {
     ) -> (Ingester, tokio::task::JoinHandle<()>) {
         let (sender, receiver) = mpsc::channel(4096);
         let pending_bytes = Arc::new(AtomicUsize::new(0));
+        let backoff = Arc::new(Backoff::default());
         let arrivals = Arc::new(Arrivals::default());
         let metrics = WriterMetrics::new();
         let staging = Arc::new(Staging {
@@ -397,8 +423,20 @@ impl Ingester {
             staging: staging.clone(),
             flushing: AtomicUsize::new(0),
             last_flush_micros: AtomicU64::new(5_000),
+            backoff: backoff.clone(),
             metrics: metrics.clone(),
         };
+        if let Some(bound) = config.max_compaction_wait {
+            let weak = sender.downgrade();
+            crate::backoff::spawn(
+                flusher.metastore.clone(),
+                flusher.backoff.clone(),
+                metrics.backoff.clone(),
+                bound,
+                config.flush_interval,
+                move || weak.upgrade().is_some(),
+            );
+        }
         let handle = tokio::spawn(flusher.run(receiver));
         (
             Ingester {
@@ -406,6 +444,7 @@ impl Ingester {
                 pending_bytes,
                 arrivals,
                 staging,
+                backoff,
                 config,
                 metrics,
             },
@@ -415,6 +454,11 @@ impl Ingester {
 
     pub fn metrics(&self) -> &WriterMetrics {
         &self.metrics
+    }
+
+    /// The spacing between flushes asked now because compaction lags ([`crate::backoff`]).
+    pub fn flush_backoff(&self) -> Duration {
+        self.backoff.gap()
     }
 
     fn full(&self, pending: usize) -> IngestError {
@@ -570,6 +614,8 @@ struct Flusher {
     flushing: AtomicUsize,
     /// How long the last flush took.
     last_flush_micros: AtomicU64,
+    /// Spacing asked while compaction lags.
+    backoff: Arc<Backoff>,
     metrics: WriterMetrics,
 }
 
@@ -598,7 +644,8 @@ impl Flusher {
                     break "size";
                 }
                 let mut wake = deadline;
-                let earliest = last_started.map_or(opened, |at| at + flusher.config.min_gap);
+                let gap = flusher.config.min_gap.max(flusher.backoff.gap());
+                let earliest = last_started.map_or(opened, |at| at + gap);
                 if flusher.config.adaptive
                     && flusher.flushing.load(Ordering::SeqCst) == 0
                     && tokio::time::Instant::now() < earliest

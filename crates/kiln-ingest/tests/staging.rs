@@ -202,3 +202,101 @@ async fn a_services_symbols_stay_warm_between_flushes_within_their_budget() {
     drop(ingester);
     flusher.await.unwrap();
 }
+
+/// Compaction's backlog is read from the metastore: level-0 datasets that waited an hour
+/// space the flushes, up to `flush_interval`; once they are merged away (here, expired)
+/// the flushes run at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushes_are_spaced_while_compaction_is_behind_and_not_once_it_catches_up() {
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let (storage, metastore) = open(&dir).await;
+    let hour_ago = kiln_model::time::now_ms() - 3_600_000;
+    let stale = kiln_metastore::BlockMeta {
+        id: "stale".into(),
+        object_key: "segments/stale.parquet".into(),
+        level: 0,
+        size_bytes: 1,
+        created_at_ms: hour_ago,
+        deleted_at_ms: None,
+    };
+    let datasets = (0..500)
+        .map(|row_group| kiln_metastore::DatasetMeta {
+            block_id: "stale".into(),
+            object_key: stale.object_key.clone(),
+            tenant: "t".into(),
+            service: "old".into(),
+            row_group,
+            min_time_nanos: hour_ago * 1_000_000,
+            max_time_nanos: hour_ago * 1_000_000,
+            profile_types: vec!["process_cpu:cpu:nanoseconds:cpu:nanoseconds".into()],
+            profile_count: 1,
+        })
+        .collect();
+    metastore.register_block(stale, datasets).await.unwrap();
+    let interval = Duration::from_millis(400);
+    let config = IngesterConfig {
+        flush_interval: interval,
+        max_compaction_wait: Some(Duration::from_secs(10)),
+        ..IngesterConfig::default()
+    };
+    let (ingester, flusher) = Ingester::start(storage, metastore.clone(), config);
+    let pprof = fixture("parca-two-stacks.pb.gz");
+    let sequential_writes = |ingester: Ingester, first: usize| {
+        let pprof = pprof.clone();
+        async move {
+            // The first write's flush starts the spacing; the next three are timed.
+            let mut started = Instant::now();
+            for write in first..first + 4 {
+                if write == first + 1 {
+                    started = Instant::now();
+                }
+                ingester
+                    .write("t", vec![profile(&pprof, "api", format!("w{write}"))])
+                    .await
+                    .unwrap();
+            }
+            started.elapsed()
+        }
+    };
+
+    // Waits (20 s at most) until the gap the backlog reader set is `wanted`.
+    let gap_becomes = |wanted: Duration| {
+        let ingester = ingester.clone();
+        async move {
+            let waited = Instant::now();
+            while ingester.flush_backoff() != wanted {
+                assert!(
+                    waited.elapsed() < Duration::from_secs(20),
+                    "the gap stayed at {:?}, not {wanted:?}",
+                    ingester.flush_backoff()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    gap_becomes(interval).await;
+    let spaced = sequential_writes(ingester.clone(), 0).await;
+    assert!(
+        spaced >= interval * 3 - Duration::from_millis(60),
+        "three writes took {spaced:?}, less than three gaps of {interval:?}"
+    );
+
+    // Compaction catches up.
+    assert_eq!(
+        metastore
+            .expire_datasets("t", (hour_ago + 1) * 1_000_000)
+            .await
+            .unwrap(),
+        500
+    );
+    gap_becomes(Duration::ZERO).await;
+    let prompt = sequential_writes(ingester.clone(), 10).await;
+    assert!(
+        prompt < interval,
+        "three writes took {prompt:?} with compaction caught up"
+    );
+    drop(ingester);
+    flusher.await.unwrap();
+}

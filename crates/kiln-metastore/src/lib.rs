@@ -131,6 +131,9 @@ const MIGRATIONS: &[&str] = &[
         lease_expires_at_ms BIGINT NOT NULL,
         left_at_ms BIGINT
      );",
+    // 6: the write path polls how far compaction is behind (`level_backlog`), and the
+    // compactor lists a level's blocks, without scanning every block of the retention.
+    "CREATE INDEX blocks_by_level ON blocks (level, deleted_at_ms, created_at_ms);",
 ];
 
 /// Outbox states: a pending row still takes contributions to its step.
@@ -200,6 +203,22 @@ pub struct BlockMeta {
     #[serde(default)]
     pub deleted_at_ms: Option<i64>,
 }
+
+/// What waits at one level: for level 0, the datasets compaction has not merged yet, and
+/// so how far behind it is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LevelBacklog {
+    /// Live datasets of the level.
+    pub datasets: u64,
+    /// The mean creation time of their blocks (ms); `None` when the level is empty. For
+    /// level 0, now minus this is how long a dataset has waited for its merge, on average.
+    pub mean_created_at_ms: Option<i64>,
+}
+
+/// [`LevelBacklog`]'s statement, the same SQL for both backends (`$1`: the level).
+const LEVEL_BACKLOG: &str = "SELECT count(*), CAST(avg(b.created_at_ms) AS BIGINT)
+    FROM datasets d JOIN blocks b ON b.id = d.block_id
+    WHERE b.level = $1 AND b.deleted_at_ms IS NULL";
 
 /// Which dataset: its block and row group.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -451,6 +470,12 @@ impl Metastore {
         level: u32,
     ) -> Result<Vec<(DatasetMeta, i64)>, MetastoreError> {
         dispatch!(self.datasets_at_level(level))
+    }
+
+    /// What waits at `level`: indexed aggregates over its live blocks, cheap enough to
+    /// poll every second while compaction keeps the level small.
+    pub async fn level_backlog(&self, level: u32) -> Result<LevelBacklog, MetastoreError> {
+        dispatch!(self.level_backlog(level))
     }
 
     pub async fn acquire_lease(

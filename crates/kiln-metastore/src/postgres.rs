@@ -14,9 +14,9 @@ use tokio_postgres::{NoTls, Row};
 
 use crate::now_ms;
 use crate::{
-    BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, MetastoreError,
-    NodeRecord, OutboxSample, RegressionRecord, RuleRecord, VersionCheck, CLAIMED, DELIVERED,
-    MIGRATIONS, PENDING,
+    BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, LevelBacklog,
+    MetastoreError, NodeRecord, OutboxSample, RegressionRecord, RuleRecord, VersionCheck, CLAIMED,
+    DELIVERED, LEVEL_BACKLOG, MIGRATIONS, PENDING,
 };
 
 /// Any 64-bit key no other user of the database is likely to pick: "kilnmeta".
@@ -174,6 +174,15 @@ impl PostgresMetastore {
         rows.iter()
             .map(|row| Ok((dataset_from_row(row)?, row.try_get::<_, i64>(9)?)))
             .collect()
+    }
+
+    pub async fn level_backlog(&self, level: u32) -> Result<LevelBacklog, MetastoreError> {
+        let client = self.client().await?;
+        let row = client.query_one(LEVEL_BACKLOG, &[&(level as i32)]).await?;
+        Ok(LevelBacklog {
+            datasets: row.try_get::<_, i64>(0)? as u64,
+            mean_created_at_ms: row.try_get(1)?,
+        })
     }
 
     pub async fn acquire_lease(

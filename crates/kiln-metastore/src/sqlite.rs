@@ -9,9 +9,9 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::now_ms;
 use crate::{
-    BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, MetastoreError,
-    NodeRecord, OutboxSample, RegressionRecord, RuleRecord, VersionCheck, CLAIMED, DELIVERED,
-    MIGRATIONS, PENDING,
+    BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, LevelBacklog,
+    MetastoreError, NodeRecord, OutboxSample, RegressionRecord, RuleRecord, VersionCheck, CLAIMED,
+    DELIVERED, LEVEL_BACKLOG, MIGRATIONS, PENDING,
 };
 
 #[derive(Clone)]
@@ -166,6 +166,19 @@ impl SqliteMetastore {
                 Ok((dataset_from_row(row)?, row.get::<_, i64>(9)?))
             })?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    pub async fn level_backlog(&self, level: u32) -> Result<LevelBacklog, MetastoreError> {
+        self.with(move |connection| {
+            let mut statement = connection.prepare_cached(LEVEL_BACKLOG)?;
+            Ok(statement.query_row(params![level], |row| {
+                Ok(LevelBacklog {
+                    datasets: row.get::<_, i64>(0)? as u64,
+                    mean_created_at_ms: row.get(1)?,
+                })
+            })?)
         })
         .await
     }

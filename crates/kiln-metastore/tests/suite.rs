@@ -5,8 +5,9 @@
 //! between concurrent writers that a shared metastore must settle.
 
 use kiln_metastore::{
-    BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, Metastore, MetastoreError,
-    NodeRecord, NodeState, OutboxSample, RegressionRecord, RuleRecord, RuleSample, VersionCheck,
+    BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, LevelBacklog, Metastore,
+    MetastoreError, NodeRecord, NodeState, OutboxSample, RegressionRecord, RuleRecord, RuleSample,
+    VersionCheck,
 };
 
 fn sample(series: &str, step_start_ms: i64, value: i64) -> RuleSample {
@@ -129,7 +130,7 @@ macro_rules! metastore_suite {
                 };
                 let url = fixture.url.clone();
                 let metastore = fixture.metastore.clone();
-                assert_eq!(metastore.schema_version().await.unwrap(), 5);
+                assert_eq!(metastore.schema_version().await.unwrap(), 6);
                 metastore
                     .register_block(
                         block("b1"),
@@ -143,7 +144,7 @@ macro_rules! metastore_suite {
                 // Reopening applies no migration twice and keeps the data.
                 drop(metastore);
                 let metastore = Metastore::open(&url).await.unwrap();
-                assert_eq!(metastore.schema_version().await.unwrap(), 5);
+                assert_eq!(metastore.schema_version().await.unwrap(), 6);
                 assert_eq!(metastore.list_blocks().await.unwrap(), vec![block("b1")]);
 
                 let found = metastore
@@ -234,6 +235,10 @@ macro_rules! metastore_suite {
                     return;
                 };
                 let metastore = fixture.metastore.clone();
+                assert_eq!(
+                    metastore.level_backlog(0).await.unwrap(),
+                    LevelBacklog::default()
+                );
                 // Two segments; s1 holds two services, s2 one.
                 metastore
                     .register_block(
@@ -251,6 +256,25 @@ macro_rules! metastore_suite {
                     .unwrap();
                 let at_zero = metastore.datasets_at_level(0).await.unwrap();
                 assert_eq!(at_zero.len(), 3);
+                metastore
+                    .register_block(
+                        BlockMeta {
+                            created_at_ms: 9,
+                            ..block("s3")
+                        },
+                        vec![dataset("s3", 0, "t", "db", 30, 40)],
+                    )
+                    .await
+                    .unwrap();
+                // Datasets are counted, and their blocks' times averaged per dataset:
+                // (1 + 1 + 1 + 9) / 4 (a whole number: SQLite truncates, PostgreSQL rounds).
+                assert_eq!(
+                    metastore.level_backlog(0).await.unwrap(),
+                    LevelBacklog {
+                        datasets: 4,
+                        mean_created_at_ms: Some(3),
+                    }
+                );
 
                 // Compact api's two datasets into c1.
                 metastore
@@ -277,6 +301,21 @@ macro_rules! metastore_suite {
                 assert!(state("s1").is_none());
                 assert!(state("c1").is_none());
                 assert_eq!(metastore.datasets_at_level(1).await.unwrap().len(), 1);
+                // s2 left the backlog; s1 (web still waits) and s3 did not.
+                assert_eq!(
+                    metastore.level_backlog(0).await.unwrap(),
+                    LevelBacklog {
+                        datasets: 2,
+                        mean_created_at_ms: Some(5),
+                    }
+                );
+                assert_eq!(
+                    metastore.level_backlog(1).await.unwrap(),
+                    LevelBacklog {
+                        datasets: 1,
+                        mean_created_at_ms: Some(1),
+                    }
+                );
 
                 // A second compactor with the same, now stale, inputs changes nothing.
                 let stale = metastore
@@ -320,7 +359,7 @@ macro_rules! metastore_suite {
                     .into_iter()
                     .map(|b| b.id)
                     .collect();
-                assert_eq!(ids, vec!["c1".to_string(), "s1".to_string()]);
+                assert_eq!(ids, vec!["c1", "s1", "s3"]);
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -250,5 +250,9 @@ mod tests {
             config.compaction.max_job_profiles,
             defaults.compaction.max_job_profiles
         );
+        assert_eq!(
+            config.compaction.max_wait_ms,
+            defaults.compaction.max_wait_ms
+        );
     }
 }

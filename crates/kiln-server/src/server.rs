@@ -105,6 +105,11 @@ impl Server {
                 flush_interval: Duration::from_millis(config.flush_interval_ms.max(1)),
                 adaptive: config.flush_adaptive,
                 min_gap: Duration::from_millis(config.flush_min_gap_ms),
+                // On every node with compaction on, whichever node runs it: the backlog
+                // is read from the shared metastore.
+                max_compaction_wait: (config.compaction.enabled
+                    && config.compaction.max_wait_ms > 0)
+                    .then(|| Duration::from_millis(config.compaction.max_wait_ms)),
                 flush_bytes: config.flush_bytes,
                 max_pending_bytes: config.max_pending_bytes,
                 max_stack_depth: config.limits.max_stack_depth,
