@@ -135,6 +135,9 @@ struct WatchMetrics {
     checks: Family<OutcomeLabels, Counter>,
     webhook_failures: Counter,
     datasets_read: Counter,
+    /// Counted when a look ends, so that a reader of `datasets_read` can tell a quiet
+    /// moment from a look still reading.
+    looks: Counter,
 }
 
 /// A version: (profile type, version label, value).
@@ -247,6 +250,11 @@ impl Watcher {
             self.metrics.datasets_read.clone(),
         );
         registry.register(
+            "kiln_regressions_looks",
+            "Looks for new versions completed",
+            self.metrics.looks.clone(),
+        );
+        registry.register(
             "kiln_regressions_webhook_failures",
             "Findings the webhook did not accept after retries (they stay listed by the API)",
             self.metrics.webhook_failures.clone(),
@@ -323,6 +331,7 @@ impl Watcher {
         if let Ok(mut summaries) = self.summaries.lock() {
             summaries.retain(|_, (_, used)| *used == look);
         }
+        self.metrics.looks.inc();
         tracing::debug!(
             look,
             datasets_read = self.metrics.datasets_read.get() - read_before,

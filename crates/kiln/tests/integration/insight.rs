@@ -318,35 +318,48 @@ fn compare_ranks_with_confidence_and_the_watcher_finds_a_planted_regression(back
     assert!(server
         .metrics()
         .contains("kiln_regressions_detected_total{change=\"increase\"} 1"));
-    // Each dataset is read once while it stays in the lookback: five more looks read none.
-    let datasets_read = |server: &TestServer| -> u64 {
+    // Each dataset is read once while it stays in the lookback: later looks read none.
+    let counter = |server: &TestServer, name: &str| -> u64 {
         let metrics = server.metrics();
         let line = metrics
             .lines()
-            .find(|line| line.starts_with("kiln_regressions_datasets_read_total "))
+            .find(|line| line.starts_with(&format!("{name} ")))
             .unwrap_or_else(|| panic!("{metrics}"));
         line.rsplit(' ').next().unwrap().parse().unwrap()
     };
-    // (A look may be under way, reading the last segments flushed: wait for one quiet
-    // second. Re-reading every look, it would never come.)
+    let datasets_read =
+        |server: &TestServer| counter(server, "kiln_regressions_datasets_read_total");
+    let two_more_looks = |server: &TestServer| {
+        let looks = |server: &TestServer| counter(server, "kiln_regressions_looks_total");
+        let target = looks(server) + 2;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while looks(server) < target {
+            assert!(Instant::now() < deadline, "the watcher stopped looking");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // Quiet: two whole looks read nothing. (A look under way may still be reading the
+    // last segments flushed; it ends before the second look counted from now.)
     let deadline = Instant::now() + Duration::from_secs(20);
+    let mut read = datasets_read(&server);
+    assert!(read > 0);
     loop {
-        let read = datasets_read(&server);
-        assert!(read > 0);
-        std::thread::sleep(Duration::from_millis(1_000));
-        if datasets_read(&server) == read {
+        two_more_looks(&server);
+        let now_read = datasets_read(&server);
+        if now_read == read {
             break;
         }
+        read = now_read;
         assert!(
             Instant::now() < deadline,
             "the watcher keeps reading datasets"
         );
     }
     // Datasets of the last `settle_ms` (60 s) are not read: they are level 0, which
-    // compaction moves within seconds. Seven looks later, none of these was read.
-    let read = datasets_read(&server);
+    // compaction moves within seconds. Two whole looks after they are written, none of
+    // them was read.
     push_service(&server, "team-a", "fresh", "1.0", now_s, false);
-    std::thread::sleep(Duration::from_millis(1_500));
+    two_more_looks(&server);
     assert_eq!(datasets_read(&server), read);
     let deadline = Instant::now() + Duration::from_secs(30);
     while hooked.lock().unwrap().len() < findings.len() {
