@@ -98,17 +98,14 @@ pub(crate) fn spawn(
             });
             let gap = backoff.gap();
             let next = gap_for(wait, bound, ceiling);
-            if gap.is_zero() != next.is_zero() {
+            let (datasets, wait_ms) = (backlog.datasets, wait.as_millis() as u64);
+            if gap.is_zero() && !next.is_zero() {
+                tracing::info!(datasets, wait_ms, "compaction is behind: flushes spaced");
+            } else if !gap.is_zero() && next.is_zero() {
                 tracing::info!(
-                    datasets = backlog.datasets,
-                    mean_wait_ms = wait.as_millis() as u64,
-                    gap_ms = next.as_millis() as u64,
-                    "{}",
-                    if next.is_zero() {
-                        "compaction caught up: flushes no longer spaced"
-                    } else {
-                        "compaction is behind: flushes spaced"
-                    }
+                    datasets,
+                    wait_ms,
+                    "compaction caught up: flushes no longer spaced"
                 );
             }
             backoff

@@ -148,12 +148,6 @@ fn agent_metrics(agent: &AgentChild) -> String {
         .unwrap()
 }
 
-fn metric_value(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-}
-
 /// An agent child and where it serves its metrics.
 pub(crate) struct AgentChild {
     child: Child,

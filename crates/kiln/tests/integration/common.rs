@@ -269,6 +269,11 @@ impl TestServer {
         self.get("/metrics").1
     }
 
+    /// One unlabelled sample of the server's `/metrics`.
+    pub fn metric(&self, name: &str) -> f64 {
+        metric_value(&self.metrics(), name)
+    }
+
     pub fn runtime(&self) -> &tokio::runtime::Runtime {
         self.runtime.as_ref().expect("runtime")
     }
@@ -644,4 +649,11 @@ impl ServerChild {
         }
         panic!("the server did not become ready");
     }
+}
+
+/// The value of the unlabelled sample `name` in a Prometheus text exposition.
+pub fn metric_value(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
 }

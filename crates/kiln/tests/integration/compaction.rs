@@ -27,13 +27,6 @@ on_every_backend!(
     compaction_reads_each_segment_about_once,
 );
 
-fn counter(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {metrics}"))
-}
-
 /// Segments hold one dataset per service; compaction fetches each service's dataset by
 /// its byte range, so it reads what was written about once, however many services share
 /// a segment (it read a whole segment per service before: 20× here).
@@ -78,9 +71,9 @@ fn compaction_reads_each_segment_about_once(backend: Backend) {
     let levels = compressed_as_their_level_says(&server, &runtime, &store);
     assert!(levels.iter().all(|&level| level == 1), "{levels:?}");
     let metrics = server.metrics();
-    let written = counter(&metrics, "kiln_ingest_segment_bytes_total");
-    let read = counter(&metrics, "kiln_compaction_input_bytes_total");
-    let segments = counter(&metrics, "kiln_ingest_flushes_total");
+    let written = metric_value(&metrics, "kiln_ingest_segment_bytes_total");
+    let read = metric_value(&metrics, "kiln_compaction_input_bytes_total");
+    let segments = metric_value(&metrics, "kiln_ingest_flushes_total");
     assert!(segments >= 3.0, "{segments} segments");
     println!(
         "compaction read {read} bytes of {written} segment bytes ({:.3}×)",

@@ -32,13 +32,6 @@ fn read_until_closed(stream: &mut TcpStream) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
-fn metric(server: &TestServer, name: &str) -> f64 {
-    let text = server.metrics();
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-}
-
 #[test]
 fn a_declared_body_over_the_limit_is_refused_before_it_is_sent() {
     let server = TestServer::start();
@@ -172,16 +165,16 @@ fn connections_past_the_cap_are_answered_429_and_closed() {
     }
     assert_eq!(status, 200, "slots were not freed");
     assert_eq!(
-        metric(&server, "kiln_http_connections_refused_total"),
+        server.metric("kiln_http_connections_refused_total"),
         f64::from(refused)
     );
     // A slot frees as soon as the server sees one client go; the others follow as
     // it reads their EOFs, so the gauge is awaited rather than read once.
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut open = metric(&server, "kiln_http_connections_open");
+    let mut open = server.metric("kiln_http_connections_open");
     while open > 2.0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
-        open = metric(&server, "kiln_http_connections_open");
+        open = server.metric("kiln_http_connections_open");
     }
     assert!(open <= 2.0, "{open} connections still open");
 }

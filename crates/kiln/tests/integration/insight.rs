@@ -319,14 +319,7 @@ fn compare_ranks_with_confidence_and_the_watcher_finds_a_planted_regression(back
         .metrics()
         .contains("kiln_regressions_detected_total{change=\"increase\"} 1"));
     // Each dataset is read once while it stays in the lookback: later looks read none.
-    let counter = |server: &TestServer, name: &str| -> u64 {
-        let metrics = server.metrics();
-        let line = metrics
-            .lines()
-            .find(|line| line.starts_with(&format!("{name} ")))
-            .unwrap_or_else(|| panic!("{metrics}"));
-        line.rsplit(' ').next().unwrap().parse().unwrap()
-    };
+    let counter = |server: &TestServer, name: &str| server.metric(name) as u64;
     let datasets_read =
         |server: &TestServer| counter(server, "kiln_regressions_datasets_read_total");
     let two_more_looks = |server: &TestServer| {
