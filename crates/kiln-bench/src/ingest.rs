@@ -927,9 +927,8 @@ fn stages(args: StagesArgs) -> anyhow::Result<()> {
             ),
         };
         for row_group in 0..datasets.len() {
-            let dataset = kiln_storage::format::decode_row_group(
+            let dataset = tail.decode(
                 block.clone(),
-                tail.metadata(),
                 row_group,
                 kiln_storage::format::Projection::ALL,
             )?;

@@ -42,6 +42,7 @@ use kiln_storage::format::{encode_block_as, BlockEncoding, Projection};
 use kiln_storage::ranged::{BlockTail, PartialBlock, TailCache};
 use kiln_storage::{Dataset, DatasetBuilder, ObjectStorage, StorageError};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -213,6 +214,8 @@ pub struct CompactorMetrics {
     pub merge_cpu_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     pub expired_datasets: Counter,
     pub deleted_objects: Counter,
+    /// Memory held by the cached tails of blocks not yet read to the end.
+    pub tail_cache_bytes: Gauge,
 }
 
 impl CompactorMetrics {
@@ -251,6 +254,11 @@ impl CompactorMetrics {
             "kiln_deleted_objects",
             "Objects deleted after their grace period",
             self.deleted_objects.clone(),
+        );
+        registry.register(
+            "kiln_compaction_tail_cache_bytes",
+            "Memory held by the footers of blocks whose datasets compaction has still to read",
+            self.tail_cache_bytes.clone(),
         );
     }
 }
@@ -501,7 +509,27 @@ impl Compactor {
     async fn block_tail(&self, key: &str) -> Result<Arc<BlockTail>, CompactorError> {
         let (tail, fetched) = TailCache::get_or_read(&self.tails, &self.storage, key).await?;
         self.metrics.input_bytes.inc_by(fetched);
+        if fetched > 0 {
+            let bytes = self.lock_tails().bytes();
+            self.metrics.tail_cache_bytes.set(bytes as i64);
+        }
         Ok(tail)
+    }
+
+    /// Counts one dataset of block `key` as merged: the block goes once every dataset of
+    /// it is, so its tail is not kept past its last reader.
+    fn tail_read(&self, key: &str) {
+        let mut tails = self.lock_tails();
+        tails.read_once(key);
+        self.metrics.tail_cache_bytes.set(tails.bytes() as i64);
+    }
+
+    /// The cache holds only whole entries: a lock poisoned by a panic elsewhere still
+    /// guards a consistent cache.
+    fn lock_tails(&self) -> std::sync::MutexGuard<'_, TailCache> {
+        self.tails
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Runs merge work on the compactor's thread (at background priority), its CPU counted.
@@ -539,9 +567,9 @@ impl Compactor {
         // ([`ObjectStorage::get_ranges_blocking`] says why).
         let runtime = tokio::runtime::Handle::current();
         let mut merge = Merge::new(&tenant, &service, rules);
-        for input in &job.inputs {
-            let tail = self.block_tail(&input.object_key).await?;
-            let (input, storage, runtime) = (input.clone(), self.storage.clone(), runtime.clone());
+        for meta in &job.inputs {
+            let tail = self.block_tail(&meta.object_key).await?;
+            let (input, storage, runtime) = (meta.clone(), self.storage.clone(), runtime.clone());
             let fetched;
             (merge, fetched) = self
                 .background(move || {
@@ -560,6 +588,7 @@ impl Compactor {
                 })
                 .await?;
             self.metrics.input_bytes.inc_by(fetched);
+            self.tail_read(&meta.object_key);
         }
         // The block is named first, so its index entry is complete when built.
         let id = ulid::Ulid::new().to_string();

@@ -13,10 +13,14 @@ use std::ops::Range;
 use bytes::{Buf, Bytes};
 use std::sync::Arc;
 
-use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData, ParquetMetaDataReader};
+use parquet::basic::Compression;
+use parquet::file::metadata::{
+    ColumnChunkMetaData, ParquetMetaData, ParquetMetaDataReader, RowGroupMetaData,
+};
 use parquet::file::reader::{ChunkReader, Length};
+use parquet::schema::types::SchemaDescPtr;
 
-use crate::format::{decode_dataset_from, decode_row_group, Projection};
+use crate::format::{check_version, decode_dataset_from, decode_row_group, Projection};
 use crate::{Dataset, ObjectStorage, StorageError};
 
 /// Parquet's trailer: a 4-byte little-endian footer length and the `PAR1` magic.
@@ -24,18 +28,140 @@ const TRAILER: u64 = 8;
 /// First guess at the tail to fetch; a footer larger than this costs a second read.
 const TAIL_GUESS: u64 = 64 << 10;
 
-/// The end of a block, holding at least its footer, and where each dataset's bytes are.
+/// The end of a block: its parsed footer, and the bytes of datasets that lay in the
+/// fetched tail (all of a small block's).
 #[derive(Debug, Clone)]
 pub struct BlockTail {
     /// Offset of `bytes` in the block.
     start: u64,
+    /// The tail's bytes up to the footer. The footer's own bytes are not kept once parsed.
     bytes: Bytes,
     block_len: u64,
     /// Byte range of each dataset (row group), in block offsets.
     datasets: Vec<Range<u64>>,
     /// The parsed footer, kept: a segment's footer describes every service's dataset,
     /// and parsing it again for each one made compaction quadratic in the services.
-    metadata: Arc<ParquetMetaData>,
+    footer: Arc<Footer>,
+}
+
+/// What reading a dataset needs of a block's footer, and no more. Parquet's own parsed
+/// footer keeps 424 bytes per column chunk (statistics, encodings, index offsets, level
+/// histograms, held inline whether present or not): 355 KiB for a segment of 19
+/// services, and compaction keeps the footers of the segments it has still to merge
+/// (64 MiB of a saturated server's RSS). This keeps 48 bytes per chunk, and builds
+/// Parquet's metadata of one row group when a dataset is read.
+#[derive(Debug)]
+pub struct Footer {
+    schema: SchemaDescPtr,
+    /// Columns of the block's format version (checked when the footer was parsed).
+    column_count: usize,
+    groups: Vec<Group>,
+}
+
+#[derive(Debug)]
+struct Group {
+    rows: i64,
+    chunks: Box<[Chunk]>,
+}
+
+/// One column chunk: where it lies and how to read it.
+#[derive(Debug, Clone, Copy)]
+struct Chunk {
+    /// Its bytes, dictionary page first if it has one (checked against the block).
+    start: u64,
+    end: u64,
+    data_page_offset: i64,
+    has_dictionary: bool,
+    uncompressed_size: i64,
+    values: i64,
+    codec: Compression,
+}
+
+impl Footer {
+    fn new(metadata: &ParquetMetaData, block_len: u64) -> Result<Footer, StorageError> {
+        let column_count = check_version(metadata)?;
+        let groups = metadata
+            .row_groups()
+            .iter()
+            .map(|group| {
+                let chunks = group
+                    .columns()
+                    .iter()
+                    .map(|column| {
+                        let range = chunk_range(column, block_len)?;
+                        Ok(Chunk {
+                            start: range.start,
+                            end: range.end,
+                            data_page_offset: column.data_page_offset(),
+                            has_dictionary: column.dictionary_page_offset().is_some(),
+                            uncompressed_size: column.uncompressed_size(),
+                            values: column.num_values(),
+                            codec: column.compression(),
+                        })
+                    })
+                    .collect::<Result<Box<[Chunk]>, StorageError>>()?;
+                Ok(Group {
+                    rows: group.num_rows(),
+                    chunks,
+                })
+            })
+            .collect::<Result<Vec<_>, StorageError>>()?;
+        Ok(Footer {
+            schema: metadata.file_metadata().schema_descr_ptr(),
+            column_count,
+            groups,
+        })
+    }
+
+    fn group(&self, row_group: usize) -> Result<&Group, StorageError> {
+        self.groups.get(row_group).ok_or_else(|| {
+            StorageError::Corrupt(format!(
+                "row group {row_group} out of range ({})",
+                self.groups.len()
+            ))
+        })
+    }
+
+    /// Parquet's metadata of row group `row_group`, for its reader.
+    fn row_group(&self, row_group: usize) -> Result<RowGroupMetaData, StorageError> {
+        let group = self.group(row_group)?;
+        let columns = self.schema.columns();
+        if columns.len() != group.chunks.len() {
+            return Err(StorageError::Corrupt(format!(
+                "row group {row_group} has {} columns, the schema {}",
+                group.chunks.len(),
+                columns.len()
+            )));
+        }
+        let chunks = group
+            .chunks
+            .iter()
+            .zip(columns)
+            .map(|(chunk, column)| {
+                ColumnChunkMetaData::builder(column.clone())
+                    .set_compression(chunk.codec)
+                    .set_num_values(chunk.values)
+                    .set_total_compressed_size((chunk.end - chunk.start) as i64)
+                    .set_total_uncompressed_size(chunk.uncompressed_size)
+                    .set_data_page_offset(chunk.data_page_offset)
+                    .set_dictionary_page_offset(chunk.has_dictionary.then_some(chunk.start as i64))
+                    .build()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(RowGroupMetaData::builder(self.schema.clone())
+            .set_num_rows(group.rows)
+            .set_column_metadata(chunks)
+            .build()?)
+    }
+
+    fn memory_size(&self) -> usize {
+        self.groups
+            .iter()
+            .map(|group| {
+                std::mem::size_of::<Group>() + group.chunks.len() * std::mem::size_of::<Chunk>()
+            })
+            .sum()
+    }
 }
 
 impl BlockTail {
@@ -64,29 +190,30 @@ impl BlockTail {
         if needed > len {
             return Ok(Err(needed));
         }
-        let footer = &bytes[(len - needed) as usize..(len - TRAILER) as usize];
-        let metadata = ParquetMetaDataReader::decode_metadata(footer)?;
-        let datasets = metadata
-            .row_groups()
+        let footer_at = (len - needed) as usize;
+        let metadata =
+            ParquetMetaDataReader::decode_metadata(&bytes[footer_at..(len - TRAILER) as usize])?;
+        let footer = Footer::new(&metadata, block_len)?;
+        let datasets = footer
+            .groups
             .iter()
             .map(|group| {
-                let mut range: Option<Range<u64>> = None;
-                for column in group.columns() {
-                    let chunk = chunk_range(column, block_len)?;
-                    range = Some(match range {
-                        None => chunk,
-                        Some(range) => range.start.min(chunk.start)..range.end.max(chunk.end),
-                    });
-                }
-                Ok(range.unwrap_or(0..0))
+                let start = group.chunks.iter().map(|chunk| chunk.start).min();
+                let end = group.chunks.iter().map(|chunk| chunk.end).max();
+                start.zip(end).map_or(0..0, |(start, end)| start..end)
             })
-            .collect::<Result<Vec<_>, StorageError>>()?;
+            .collect();
+        // Copied, so that the footer's bytes (and the rest of the fetched buffer) are freed.
+        let bytes = match footer_at {
+            0 => Bytes::new(),
+            _ => Bytes::copy_from_slice(&bytes[..footer_at]),
+        };
         Ok(Ok(BlockTail {
             start: block_len - len,
             bytes,
             block_len,
             datasets,
-            metadata: Arc::new(metadata),
+            footer: Arc::new(footer),
         }))
     }
 
@@ -100,9 +227,16 @@ impl BlockTail {
         })
     }
 
-    /// The parsed footer, for [`crate::format::decode_row_group`].
-    pub fn metadata(&self) -> &ParquetMetaData {
-        &self.metadata
+    /// Decodes dataset `row_group` from `reader`, which holds (at least) its bytes, with
+    /// this footer instead of parsing the block's again.
+    pub fn decode<R: ChunkReader + 'static>(
+        &self,
+        reader: R,
+        row_group: usize,
+        projection: Projection,
+    ) -> Result<Dataset, StorageError> {
+        let group = self.footer.row_group(row_group)?;
+        decode_row_group(reader, &group, self.footer.column_count, projection)
     }
 
     /// How many datasets the block holds.
@@ -119,18 +253,33 @@ impl BlockTail {
     pub fn size_bytes(&self) -> usize {
         self.bytes.len()
             + self.datasets.len() * std::mem::size_of::<Range<u64>>()
-            + self.metadata.memory_size()
+            + self.footer.memory_size()
     }
 }
 
 /// Block tails by object key, oldest evicted first, within a memory budget. A segment's
 /// tail locates every service's dataset in it: the compactor's jobs for the services of
 /// a segment, and the queries reading several of its datasets, fetch and parse it once.
+///
+/// A reader that reads each dataset of a block once (compaction, whose merges then
+/// delete the block) says so with [`TailCache::read_once`], and a tail goes as soon as
+/// its last dataset is read. Without that, the tails of segments already merged away
+/// filled the budget for good under load: 64 MiB of a saturated server's RSS.
 pub struct TailCache {
-    tails: std::collections::HashMap<String, Arc<BlockTail>>,
-    order: std::collections::VecDeque<String>,
+    tails: std::collections::HashMap<String, Cached>,
+    /// Keys in insertion order, each with the sequence number of its insertion: a key
+    /// dropped by `read_once` and cached again is not evicted by its stale place here.
+    order: std::collections::VecDeque<(String, u64)>,
     bytes: usize,
     capacity: usize,
+    inserted: u64,
+}
+
+struct Cached {
+    tail: Arc<BlockTail>,
+    sequence: u64,
+    /// Datasets not yet counted by `read_once`.
+    unread: usize,
 }
 
 impl TailCache {
@@ -140,11 +289,36 @@ impl TailCache {
             order: Default::default(),
             bytes: 0,
             capacity,
+            inserted: 0,
         }
     }
 
     pub fn get(&self, key: &str) -> Option<Arc<BlockTail>> {
-        self.tails.get(key).cloned()
+        self.tails.get(key).map(|cached| cached.tail.clone())
+    }
+
+    /// Memory held by the cached tails.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Counts one dataset of `key` as read, by a reader that will not read it again; the
+    /// tail is dropped once every dataset of its block is. Counting one twice (a job
+    /// retried) only drops the tail early: the next read fetches it again.
+    pub fn read_once(&mut self, key: &str) {
+        let Some(cached) = self.tails.get_mut(key) else {
+            return;
+        };
+        cached.unread = cached.unread.saturating_sub(1);
+        if cached.unread == 0 {
+            self.remove(key);
+        }
+    }
+
+    fn remove(&mut self, key: &str) {
+        if let Some(cached) = self.tails.remove(key) {
+            self.bytes -= cached.tail.size_bytes();
+        }
     }
 
     /// The tail of object `key`, from `cache` or fetched and kept there, with the bytes
@@ -174,15 +348,39 @@ impl TailCache {
             return;
         }
         self.bytes += tail.size_bytes();
-        self.tails.insert(key.to_string(), tail);
-        self.order.push_back(key.to_string());
+        self.inserted += 1;
+        let sequence = self.inserted;
+        let unread = tail.dataset_count();
+        self.tails.insert(
+            key.to_string(),
+            Cached {
+                tail,
+                sequence,
+                unread,
+            },
+        );
+        self.order.push_back((key.to_string(), sequence));
         while self.bytes > self.capacity {
-            let Some(oldest) = self.order.pop_front() else {
+            let Some((oldest, sequence)) = self.order.pop_front() else {
                 break;
             };
-            if let Some(tail) = self.tails.remove(&oldest) {
-                self.bytes -= tail.size_bytes();
+            if self
+                .tails
+                .get(&oldest)
+                .is_some_and(|cached| cached.sequence == sequence)
+            {
+                self.remove(&oldest);
             }
+        }
+        // Places left by tails that `read_once` dropped: keep the queue as short as the
+        // cache, so it does not grow with every tail ever read.
+        if self.order.len() > 2 * self.tails.len() + 16 {
+            let tails = &self.tails;
+            self.order.retain(|(key, sequence)| {
+                tails
+                    .get(key)
+                    .is_some_and(|cached| cached.sequence == *sequence)
+            });
         }
     }
 }
@@ -227,19 +425,14 @@ pub fn column_fetch(
     row_group: usize,
     projection: Projection,
 ) -> Result<ColumnFetch, StorageError> {
-    let group = tail.metadata.row_groups().get(row_group).ok_or_else(|| {
-        StorageError::Corrupt(format!(
-            "row group {row_group} out of range ({})",
-            tail.datasets.len()
-        ))
-    })?;
-    let mut wanted = group
-        .columns()
+    let group = tail.footer.group(row_group)?;
+    let mut wanted: Vec<Range<u64>> = group
+        .chunks
         .iter()
         .enumerate()
         .filter(|(index, _)| projection.may_read(*index))
-        .map(|(_, column)| chunk_range(column, tail.block_len))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|(_, chunk)| chunk.start..chunk.end)
+        .collect();
     wanted.sort_by_key(|range| range.start);
     let mut chunks: Vec<Range<u64>> = Vec::with_capacity(wanted.len());
     for range in wanted {
@@ -365,7 +558,7 @@ fn with_tail(tail: &BlockTail, mut parts: Vec<(u64, Bytes)>) -> PartialBlock {
     PartialBlock {
         block_len: tail.block_len,
         parts,
-        metadata: Some(tail.metadata.clone()),
+        footer: Some(tail.footer.clone()),
     }
 }
 
@@ -375,8 +568,11 @@ pub fn decode_partial(
     row_group: usize,
     projection: Projection,
 ) -> Result<Dataset, StorageError> {
-    match block.metadata.clone() {
-        Some(metadata) => decode_row_group(block, &metadata, row_group, projection),
+    match block.footer.clone() {
+        Some(footer) => {
+            let group = footer.row_group(row_group)?;
+            decode_row_group(block, &group, footer.column_count, projection)
+        }
         None => decode_dataset_from(block, row_group, projection),
     }
 }
@@ -389,7 +585,7 @@ pub struct PartialBlock {
     /// (offset in the block, bytes); may be empty or adjacent.
     parts: Vec<(u64, Bytes)>,
     /// The block's footer, when its tail was parsed already.
-    metadata: Option<Arc<ParquetMetaData>>,
+    footer: Option<Arc<Footer>>,
 }
 
 impl PartialBlock {
@@ -398,7 +594,7 @@ impl PartialBlock {
         PartialBlock {
             block_len,
             parts,
-            metadata: None,
+            footer: None,
         }
     }
 
@@ -471,6 +667,54 @@ mod tests {
         Bytes::from(encode_block(&datasets).unwrap())
     }
 
+    fn whole_tail(services: &[&str]) -> Arc<BlockTail> {
+        let block = block_of(services);
+        let len = block.len() as u64;
+        Arc::new(BlockTail::parse(block, len).unwrap().unwrap())
+    }
+
+    #[test]
+    fn a_tail_read_to_the_end_is_dropped_and_eviction_skips_stale_places() {
+        let three = whole_tail(&["a", "b", "c"]);
+        let size = three.size_bytes();
+        let mut cache = TailCache::new(2 * size + size / 2);
+        cache.insert("s1", three.clone());
+        cache.read_once("s1");
+        cache.read_once("s1");
+        assert!(cache.get("s1").is_some(), "one dataset is still unread");
+        assert_eq!(cache.bytes(), size);
+        cache.read_once("s1");
+        assert!(cache.get("s1").is_none(), "every dataset was read");
+        assert_eq!(cache.bytes(), 0);
+        cache.read_once("unknown"); // harmless
+
+        // Cached again after the drop: its first place in the queue is stale, so filling
+        // the cache evicts the oldest live tail ("s2"), not the re-read "s1".
+        cache.insert("s2", three.clone());
+        cache.insert("s1", three.clone());
+        cache.insert("s3", three.clone());
+        assert!(cache.get("s2").is_none(), "the oldest live tail is evicted");
+        assert!(cache.get("s1").is_some() && cache.get("s3").is_some());
+        assert_eq!(cache.bytes(), 2 * size);
+
+        // Tails read to the end do not leave their places behind for good. (The first
+        // one's insertion evicts "s1": three tails would be over the budget.)
+        for round in 0..1_000 {
+            let key = format!("r{round}");
+            cache.insert(&key, three.clone());
+            for _ in 0..3 {
+                cache.read_once(&key);
+            }
+        }
+        assert_eq!(cache.bytes(), size);
+        assert!(cache.get("s3").is_some());
+        assert!(
+            cache.order.len() <= 2 * cache.tails.len() + 16,
+            "{}",
+            cache.order.len()
+        );
+    }
+
     #[test]
     fn every_dataset_decodes_from_the_tail_and_its_own_range() {
         let services = ["a", "b", "c", "d"];
@@ -482,6 +726,9 @@ mod tests {
         let tail = BlockTail::parse(block.slice(block.len() - needed as usize..), block_len)
             .unwrap()
             .unwrap();
+        // The tail holds exactly the footer, whose bytes it does not keep once parsed.
+        assert!(tail.bytes.is_empty());
+        let footer = (tail.start, block.slice(tail.start as usize..));
         let mut previous_end = 4; // after the leading PAR1
         for (index, service) in services.iter().enumerate() {
             let range = tail.dataset_range(index).unwrap();
@@ -499,14 +746,14 @@ mod tests {
                         range.start,
                         block.slice(range.start as usize..range.end as usize),
                     ),
-                    (tail.start, tail.bytes.clone()),
+                    footer.clone(),
                 ],
-                metadata: None,
+                footer: None,
             };
             let whole = decode_dataset(&block, index, Projection::ALL).unwrap();
             // Decoded with the footer parsed again, and with the tail's parsed footer.
             let with_footer = PartialBlock {
-                metadata: Some(tail.metadata.clone()),
+                footer: Some(tail.footer.clone()),
                 ..partial.clone()
             };
             let dataset = decode_partial(partial, index, Projection::ALL).unwrap();
@@ -520,13 +767,13 @@ mod tests {
         let range = tail.dataset_range(0).unwrap();
         let missing = PartialBlock {
             block_len,
-            parts: vec![(tail.start, tail.bytes.clone())],
-            metadata: Some(tail.metadata.clone()),
+            parts: vec![footer.clone()],
+            footer: Some(tail.footer.clone()),
         };
         if range.end <= tail.start {
             assert!(decode_partial(missing.clone(), 0, Projection::ALL).is_err());
             let missing = PartialBlock {
-                metadata: None,
+                footer: None,
                 ..missing
             };
             assert!(decode_partial(missing, 0, Projection::ALL).is_err());

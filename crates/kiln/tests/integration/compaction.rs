@@ -88,6 +88,12 @@ fn compaction_reads_each_segment_about_once(backend: Backend) {
         read >= 0.5 * written,
         "read {read} of {written}: not everything was compacted"
     );
+    // Every dataset of every segment is merged: no segment's footer is kept for later.
+    assert_eq!(
+        metric_value(&metrics, "kiln_compaction_tail_cache_bytes"),
+        0.0,
+        "footers kept after their segments were merged away"
+    );
     // Every service's profiles are all still there.
     for service in 0..SERVICES {
         let query = format!(
