@@ -510,7 +510,7 @@ impl Compactor {
         let (tail, fetched) = TailCache::get_or_read(&self.tails, &self.storage, key).await?;
         self.metrics.input_bytes.inc_by(fetched);
         if fetched > 0 {
-            let bytes = self.lock_tails().bytes();
+            let bytes = TailCache::lock(&self.tails).bytes();
             self.metrics.tail_cache_bytes.set(bytes as i64);
         }
         Ok(tail)
@@ -519,17 +519,9 @@ impl Compactor {
     /// Counts one dataset of block `key` as merged: the block goes once every dataset of
     /// it is, so its tail is not kept past its last reader.
     fn tail_read(&self, key: &str) {
-        let mut tails = self.lock_tails();
+        let mut tails = TailCache::lock(&self.tails);
         tails.read_once(key);
         self.metrics.tail_cache_bytes.set(tails.bytes() as i64);
-    }
-
-    /// The cache holds only whole entries: a lock poisoned by a panic elsewhere still
-    /// guards a consistent cache.
-    fn lock_tails(&self) -> std::sync::MutexGuard<'_, TailCache> {
-        self.tails
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Runs merge work on the compactor's thread (at background priority), its CPU counted.

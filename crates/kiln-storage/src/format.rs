@@ -978,8 +978,6 @@ mod tests {
         builder.finish()
     }
 
-    /// The tables written from the dataset's own vectors (samples, sample labels, stacks,
-    /// locations, lines, stack sums), long ones, beside a small dataset in one block.
     /// Segments leave column statistics out (no Kiln reader uses them, and they were half
     /// of a segment's footer); compacted zstd blocks keep them for other readers.
     #[test]
@@ -996,10 +994,8 @@ mod tests {
                 .iter()
                 .filter(|chunk| chunk.statistics().is_some())
                 .count();
-            match with_statistics {
-                true => assert_eq!(counted, COLUMN_COUNT, "{encoding:?}"),
-                false => assert_eq!(counted, 0, "{encoding:?}"),
-            }
+            let expected = if with_statistics { COLUMN_COUNT } else { 0 };
+            assert_eq!(counted, expected, "{encoding:?}");
             assert_eq!(
                 decode_dataset(&block, 0, Projection::ALL).expect("decodes"),
                 dataset()
@@ -1007,6 +1003,8 @@ mod tests {
         }
     }
 
+    /// The tables written from the dataset's own vectors (samples, sample labels, stacks,
+    /// locations, lines, stack sums), long ones, beside a small dataset in one block.
     #[test]
     fn long_tables_written_from_the_datasets_vectors_round_trip_in_both_encodings() {
         let functions: Vec<String> = (0..70_000).map(|i| format!("f{i}")).collect();

@@ -37,8 +37,6 @@ pub struct BlockTail {
     /// The tail's bytes up to the footer. The footer's own bytes are not kept once parsed.
     bytes: Bytes,
     block_len: u64,
-    /// Byte range of each dataset (row group), in block offsets.
-    datasets: Vec<Range<u64>>,
     /// The parsed footer, kept: a segment's footer describes every service's dataset,
     /// and parsing it again for each one made compaction quadratic in the services.
     footer: Arc<Footer>,
@@ -194,15 +192,6 @@ impl BlockTail {
         let metadata =
             ParquetMetaDataReader::decode_metadata(&bytes[footer_at..(len - TRAILER) as usize])?;
         let footer = Footer::new(&metadata, block_len)?;
-        let datasets = footer
-            .groups
-            .iter()
-            .map(|group| {
-                let start = group.chunks.iter().map(|chunk| chunk.start).min();
-                let end = group.chunks.iter().map(|chunk| chunk.end).max();
-                start.zip(end).map_or(0..0, |(start, end)| start..end)
-            })
-            .collect();
         // Copied, so that the footer's bytes (and the rest of the fetched buffer) are freed.
         let bytes = match footer_at {
             0 => Bytes::new(),
@@ -212,19 +201,16 @@ impl BlockTail {
             start: block_len - len,
             bytes,
             block_len,
-            datasets,
             footer: Arc::new(footer),
         }))
     }
 
     /// Where dataset `row_group` lies in the block.
     pub fn dataset_range(&self, row_group: usize) -> Result<Range<u64>, StorageError> {
-        self.datasets.get(row_group).cloned().ok_or_else(|| {
-            StorageError::Corrupt(format!(
-                "row group {row_group} out of range ({})",
-                self.datasets.len()
-            ))
-        })
+        let chunks = &self.footer.group(row_group)?.chunks;
+        let start = chunks.iter().map(|chunk| chunk.start).min().unwrap_or(0);
+        let end = chunks.iter().map(|chunk| chunk.end).max().unwrap_or(0);
+        Ok(start..end)
     }
 
     /// Decodes dataset `row_group` from `reader`, which holds (at least) its bytes, with
@@ -241,7 +227,7 @@ impl BlockTail {
 
     /// How many datasets the block holds.
     pub fn dataset_count(&self) -> usize {
-        self.datasets.len()
+        self.footer.groups.len()
     }
 
     /// Offset in the block of the tail's first byte, and the tail's bytes.
@@ -251,9 +237,7 @@ impl BlockTail {
 
     /// Memory held, for a cache's budget.
     pub fn size_bytes(&self) -> usize {
-        self.bytes.len()
-            + self.datasets.len() * std::mem::size_of::<Range<u64>>()
-            + self.footer.memory_size()
+        self.bytes.len() + self.footer.memory_size()
     }
 }
 
@@ -321,25 +305,27 @@ impl TailCache {
         }
     }
 
+    /// Locks a shared cache. The cache holds only whole entries, so a lock poisoned by a
+    /// panic elsewhere still guards a consistent map and is used as is.
+    pub fn lock(cache: &std::sync::Mutex<TailCache>) -> std::sync::MutexGuard<'_, TailCache> {
+        cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// The tail of object `key`, from `cache` or fetched and kept there, with the bytes
-    /// fetched (0 when cached). The cache holds only whole entries, so a lock poisoned by
-    /// a panic elsewhere still guards a consistent map and is used as is.
+    /// fetched (0 when cached).
     pub async fn get_or_read(
         cache: &std::sync::Mutex<TailCache>,
         storage: &ObjectStorage,
         key: &str,
     ) -> Result<(Arc<BlockTail>, u64), StorageError> {
-        let lock = || {
-            cache
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-        };
-        if let Some(tail) = lock().get(key) {
+        if let Some(tail) = Self::lock(cache).get(key) {
             return Ok((tail, 0));
         }
         let (tail, fetched) = read_tail(storage, key).await?;
         let tail = Arc::new(tail);
-        lock().insert(key, tail.clone());
+        Self::lock(cache).insert(key, tail.clone());
         Ok((tail, fetched))
     }
 
