@@ -34,6 +34,10 @@ pub struct QueryBudget {
     /// blocks read for a long range are small (stack sums, no samples), so the default
     /// holds a month of a busy service's flame graph (docs/benchmarks.md).
     pub cache_bytes: u64,
+    /// Memory for each dataset's share of the flame graphs asked (0: none kept), so that
+    /// a flame graph asked again reads only the datasets that are new since
+    /// (`crate::tree_cache`).
+    pub tree_cache_bytes: u64,
 }
 
 impl Default for QueryBudget {
@@ -44,6 +48,7 @@ impl Default for QueryBudget {
             timeout_ms: 60_000,
             max_concurrent_per_tenant: 8,
             cache_bytes: 256 << 20,
+            tree_cache_bytes: 64 << 20,
         }
     }
 }

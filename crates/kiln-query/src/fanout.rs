@@ -344,17 +344,16 @@ pub async fn local_tree(
     request: &SelectRequest,
 ) -> Result<FlameTree, QueryError> {
     let type_id = crate::merge::exact_type(request)?;
-    // Each dataset is folded into the tree as it comes and dropped: a month of blocks is
-    // never in memory at once.
+    // Each dataset's share is folded into the tree as it comes and dropped (a month of
+    // blocks is never in memory at once), or kept for the next flame graph of this shape
+    // (crate::tree_cache).
     let mut tree = FlameTree::default();
     let request = SelectRequest {
         values_only: true,
         ..request.clone()
     };
     querier
-        .select_each(&request, |selection| {
-            tree.add_selection(&selection, type_id)
-        })
+        .fold_dataset_trees(&request, type_id, |share| tree.add_dataset_tree(share))
         .await?;
     Ok(tree)
 }

@@ -44,6 +44,7 @@ pub mod series;
 pub mod source;
 pub mod symbols;
 pub mod tree;
+pub mod tree_cache;
 
 pub use budget::QueryBudget;
 pub use error::QueryError;

@@ -6,6 +6,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -17,6 +18,8 @@ struct SourceLabel {
 pub struct QueryMetrics {
     aggregated: Family<SourceLabel, Counter>,
     loads: Family<SourceLabel, Counter>,
+    /// Memory of the flame graphs' kept shares (`query.tree_cache_bytes`).
+    tree_cache_bytes: Gauge,
     /// Queries split over other query nodes, and the shares sent.
     fanned_out: Counter,
     shares_sent: Counter,
@@ -33,8 +36,13 @@ impl QueryMetrics {
         );
         registry.register(
             "kiln_query_dataset_loads",
-            "Datasets a query needed, by where they came from: cache or storage",
+            "Datasets a query needed, by where they came from: cache, storage, or tree_cache (a flame graph's kept share of the dataset)",
             self.loads.clone(),
+        );
+        registry.register(
+            "kiln_query_tree_cache_bytes",
+            "Memory of the flame graphs' kept shares of datasets (query.tree_cache_bytes)",
+            self.tree_cache_bytes.clone(),
         );
         registry.register(
             "kiln_query_fanned_out",
@@ -65,6 +73,22 @@ impl QueryMetrics {
     pub(crate) fn aggregated(&self, summed: bool) {
         let source = if summed { "stack_sums" } else { "samples" };
         self.aggregated.get_or_create(&SourceLabel { source }).inc();
+    }
+
+    /// A flame graph's lookup of a dataset's kept share; a miss reads the dataset.
+    pub(crate) fn tree_looked_up(&self, hit: bool) {
+        if hit {
+            self.loads
+                .get_or_create(&SourceLabel {
+                    source: "tree_cache",
+                })
+                .inc();
+        }
+    }
+
+    pub(crate) fn tree_cache_holds(&self, bytes: u64) {
+        self.tree_cache_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     pub(crate) fn loaded(&self, cached: bool) {

@@ -228,6 +228,8 @@ pub struct Querier {
     metastore: Metastore,
     storage: ObjectStorage,
     cache: Arc<DatasetCache>,
+    /// Each dataset's share of the flame graphs asked ([`crate::tree_cache`]).
+    trees: Arc<crate::tree_cache::TreeCache>,
     /// Footers of segments read, so each of a segment's datasets is read by its own byte
     /// range without parsing the footer again.
     tails: Arc<Mutex<TailCache>>,
@@ -249,6 +251,9 @@ impl Querier {
             metastore,
             storage,
             cache: Arc::new(DatasetCache::new(crate::QueryBudget::default().cache_bytes)),
+            trees: Arc::new(crate::tree_cache::TreeCache::new(
+                crate::QueryBudget::default().tree_cache_bytes,
+            )),
             budget: Arc::new(crate::budget::Budget::new(crate::QueryBudget::default())),
             tails: Arc::new(Mutex::new(TailCache::new(TAIL_CACHE_BYTES))),
             metrics: Default::default(),
@@ -271,9 +276,14 @@ impl Querier {
         &self.metrics
     }
 
+    pub(crate) fn trees(&self) -> Arc<crate::tree_cache::TreeCache> {
+        self.trees.clone()
+    }
+
     /// The same querier with another budget for what clients ask.
     pub fn with_budget(mut self, budget: crate::QueryBudget) -> Self {
         self.cache = Arc::new(DatasetCache::new(budget.cache_bytes));
+        self.trees = Arc::new(crate::tree_cache::TreeCache::new(budget.tree_cache_bytes));
         self.budget = Arc::new(crate::budget::Budget::new(budget));
         self
     }
@@ -515,13 +525,32 @@ impl Querier {
     pub async fn select_each(
         &self,
         request: &SelectRequest,
-        mut each: impl FnMut(DatasetSelection),
+        each: impl FnMut(DatasetSelection),
+    ) -> Result<(), QueryError> {
+        self.select_map(request, |_| None, |_, selection| Some(selection), each)
+            .await
+    }
+
+    /// [`Self::select_each`] with each selection turned into what the caller folds by
+    /// `map`, on the blocking thread that aggregated it, and `cached` asked first for
+    /// each dataset: what it answers is handed on without reading the dataset.
+    pub(crate) async fn select_map<T: Send + 'static>(
+        &self,
+        request: &SelectRequest,
+        cached: impl Fn(&DatasetMeta) -> Option<T>,
+        map: impl Fn(&DatasetMeta, DatasetSelection) -> Option<T> + Clone + Send + 'static,
+        mut each: impl FnMut(T),
     ) -> Result<(), QueryError> {
         let metas = self.datasets_within_budget(request).await?;
         let request = Arc::new(request.clone());
         let tasks = metas.into_iter().map(|meta| {
             let request = request.clone();
+            let map = map.clone();
+            let hit = cached(&meta);
             async move {
+                if hit.is_some() {
+                    return Ok(hit);
+                }
                 let mut dataset = self.load_for(&meta, &request).await?;
                 // A dataset named by another node is read only if it is this tenant's.
                 if request.datasets.is_some() && dataset.tenant != request.tenant {
@@ -537,9 +566,14 @@ impl Querier {
                 {
                     dataset = self.load(&meta).await?;
                 }
-                tokio::task::spawn_blocking(move || aggregate(dataset, &request))
-                    .await
-                    .map_err(QueryError::Task)
+                let metrics = self.metrics.clone();
+                tokio::task::spawn_blocking(move || {
+                    let selection = aggregate(dataset, &request)?;
+                    metrics.aggregated(selection.summed);
+                    map(&meta, selection)
+                })
+                .await
+                .map_err(QueryError::Task)
             }
         });
         // A few datasets in flight per core: all cores stay busy, while decoding buffers
@@ -547,9 +581,8 @@ impl Querier {
         let in_flight = 2 * kiln_model::priority::cores();
         let mut results = futures_util::stream::iter(tasks).buffered(in_flight);
         while let Some(result) = results.next().await {
-            if let Some(selection) = result? {
-                self.metrics.aggregated(selection.summed);
-                each(selection);
+            if let Some(folded) = result? {
+                each(folded);
             }
         }
         Ok(())

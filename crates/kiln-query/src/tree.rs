@@ -290,58 +290,146 @@ impl<V: Weight> Tree<V> {
 }
 
 impl FlameTree {
-    /// Adds one dataset's values of `type_id` (totals are left to compute once). Each
-    /// stack node is resolved to a tree node once, from its parent's tree node, so names
-    /// are looked up once per distinct stack prefix rather than once per sample.
+    /// Adds one dataset's values of `type_id` (totals are left to compute once).
     pub fn add_selection(&mut self, selection: &DatasetSelection, type_id: &str) {
+        self.add_dataset_tree(&DatasetTree::new(selection, type_id));
+    }
+
+    /// Adds one dataset's share, matching its nodes to this tree's by parent and name.
+    /// Each of its names is looked up here once, not once per node that carries it.
+    pub fn add_dataset_tree(&mut self, part: &DatasetTree) {
+        let mut name_ids = vec![u32::MAX; part.names.len()];
+        let mut mapped = Vec::with_capacity(part.parent.len());
+        mapped.push(0u32);
+        for index in 1..part.parent.len() {
+            let local = part.name[index] as usize;
+            let name = match name_ids[local] {
+                u32::MAX => {
+                    let id = self.name_id(part.names.get(local).unwrap_or(""));
+                    name_ids[local] = id;
+                    id
+                }
+                id => id,
+            };
+            let node = self.child(mapped[part.parent[index] as usize], name);
+            let value = part.self_value[index];
+            if value != 0 {
+                self.add_self(node, value);
+            }
+            mapped.push(node);
+        }
+    }
+}
+
+/// One dataset's share of a flame graph of one type: every frame of the stacks that
+/// carry value, with its parent, name and self value, names in one buffer. It is what a
+/// dataset contributes to every query with the same type and selector that covers the
+/// whole dataset, at a small fraction of the decoded dataset's memory (its other types,
+/// series, locations and unused symbols are gone), so [`crate::tree_cache`] keeps these
+/// rather than decoded datasets for flame graphs. Nodes may repeat a (parent, name) pair
+/// (two locations of one function); adding the share to a tree merges them.
+#[derive(Debug, Default)]
+pub struct DatasetTree {
+    names: kiln_storage::strings::Strings,
+    /// Per node (node 0 the root), parents before children.
+    parent: Vec<u32>,
+    name: Vec<u32>,
+    self_value: Vec<i64>,
+}
+
+impl DatasetTree {
+    /// The share of `type_id` in `selection`. Each stack node becomes its location's
+    /// frames under its parent's last frame; a dataset's string is copied once, however
+    /// many frames name it.
+    pub fn new(selection: &DatasetSelection, type_id: &str) -> DatasetTree {
+        let mut tree = DatasetTree {
+            parent: vec![0],
+            name: vec![0],
+            self_value: vec![0],
+            ..Default::default()
+        };
         let dataset = &selection.dataset;
         let Some(values) = selection
             .local_type(type_id)
             .and_then(|local| selection.values.get(local))
         else {
-            return;
+            return tree;
         };
         let names = FrameNames::new(dataset);
-        let stack_count = dataset.stack_parent.len();
+        let stack_count = dataset.stack_parent.len().min(values.len());
         // Which stack nodes carry value or lead to one: only those get tree nodes.
         let mut needed = vec![false; stack_count];
         for node in (1..stack_count).rev() {
             if values[node] != 0 || needed[node] {
                 needed[node] = true;
                 let parent = dataset.stack_parent[node] as usize;
-                if parent != 0 {
+                if parent != 0 && parent < stack_count {
                     needed[parent] = true;
                 }
             }
         }
         let mut tree_node = vec![0u32; stack_count];
-        // The tree's name of each of the dataset's strings, looked up on first use: a
-        // function's name is hashed once per dataset, not once per stack node it is in.
+        // This tree's name of each of the dataset's strings, on first use; names that are
+        // no string of the dataset (`[unknown]`, addresses) by text.
         let mut name_of_string = vec![u32::MAX; dataset.strings.len()];
+        let mut other_names: HashMap<String, u32> = HashMap::new();
         // Parents precede children in the stack table, so one forward pass suffices.
         for node in 1..stack_count {
             if !needed[node] {
                 continue;
             }
-            let mut current = tree_node[dataset.stack_parent[node] as usize];
+            let mut current = tree_node
+                .get(dataset.stack_parent[node] as usize)
+                .copied()
+                .unwrap_or(0);
             names.for_each_frame_id(dataset.stack_location[node], |string, frame| {
                 let name = match string.and_then(|id| name_of_string.get_mut(id as usize)) {
                     Some(known) if *known != u32::MAX => *known,
                     Some(unknown) => {
-                        *unknown = self.name_id(frame);
+                        *unknown = tree.names.len() as u32;
+                        tree.names.push(frame);
                         *unknown
                     }
-                    None => self.name_id(frame),
+                    None => match other_names.get(frame) {
+                        Some(id) => *id,
+                        None => {
+                            let id = tree.names.len() as u32;
+                            tree.names.push(frame);
+                            other_names.insert(frame.to_string(), id);
+                            id
+                        }
+                    },
                 };
-                current = self.child(current, name);
+                tree.parent.push(current);
+                tree.name.push(name);
+                tree.self_value.push(0);
+                current = (tree.parent.len() - 1) as u32;
             });
             tree_node[node] = current;
-            let value = values[node];
-            if value != 0 {
-                let node = &mut self.nodes[current as usize];
-                node.self_value = node.self_value.saturating_add(value);
+            if current != 0 {
+                tree.self_value[current as usize] =
+                    tree.self_value[current as usize].saturating_add(values[node]);
             }
         }
+        tree.parent.shrink_to_fit();
+        tree.name.shrink_to_fit();
+        tree.self_value.shrink_to_fit();
+        tree
+    }
+
+    /// Nodes, the root included.
+    pub fn len(&self) -> usize {
+        self.parent.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.parent.len() <= 1
+    }
+
+    /// What this share holds in memory, for the cache's budget.
+    pub fn heap_bytes(&self) -> usize {
+        self.names.heap_bytes()
+            + self.parent.len() * (2 * std::mem::size_of::<u32>() + std::mem::size_of::<i64>())
     }
 }
 

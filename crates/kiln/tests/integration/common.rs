@@ -274,6 +274,15 @@ impl TestServer {
         metric_value(&self.metrics(), name)
     }
 
+    /// A counter's sample of `/metrics`, labels included in `series`; 0 before its first
+    /// increment, when a labelled counter is not exposed yet.
+    pub fn counter(&self, series: &str) -> f64 {
+        self.metrics()
+            .lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
     pub fn runtime(&self) -> &tokio::runtime::Runtime {
         self.runtime.as_ref().expect("runtime")
     }

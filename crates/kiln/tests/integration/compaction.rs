@@ -139,15 +139,7 @@ fn compressed_as_their_level_says(
 
 /// Datasets the server aggregated from their stack sums since it started.
 fn summed_datasets(server: &TestServer) -> f64 {
-    server
-        .metrics()
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix(r#"kiln_query_datasets_aggregated_total{source="stack_sums"} "#)?
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0.0)
+    server.counter(r#"kiln_query_datasets_aggregated_total{source="stack_sums"}"#)
 }
 
 /// Every answer a client could ask of this data, in canonical form.

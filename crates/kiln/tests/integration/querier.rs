@@ -510,6 +510,76 @@ fn label_queries_see_series_in_range() {
     assert_eq!(stats.oldest_profile_time, loaded.base * 1000);
 }
 
+/// Datasets whose share of a flame graph came from the kept shares (`tree_cache`).
+fn shares_reused(server: &TestServer) -> f64 {
+    server.counter(r#"kiln_query_dataset_loads_total{source="tree_cache"}"#)
+}
+
+/// A flame graph asked again is built from its datasets' kept shares, and equals the
+/// first; a query of another selector, type or tenant is not served another's shares.
+#[test]
+fn a_flame_graph_asked_again_is_built_from_kept_shares() {
+    let loaded = loaded();
+    let server = &loaded.server;
+    let api = merge_request(&loaded, r#"{service_name="api"}"#);
+    let ask = |request: &api::SelectMergeStacktracesRequest, tenant: Option<&str>| {
+        call::<_, api::SelectMergeStacktracesResponse>(
+            server,
+            "SelectMergeStacktraces",
+            request,
+            tenant,
+        )
+    };
+    let first = ask(&api, None);
+    assert_eq!(shares_reused(server), 0.0, "nothing was asked before");
+    let second = ask(&api, None);
+    let reused = shares_reused(server);
+    assert!(
+        reused >= 1.0,
+        "the second flame graph read every dataset again"
+    );
+    assert_eq!(second, first);
+    assert_eq!(
+        first.flamegraph.as_ref().map_or(0, |graph| graph.total),
+        2 * loaded.fixture_total
+    );
+    // Another selector over the same datasets gets its own shares, not api's.
+    let web = merge_request(&loaded, r#"{service_name="web"}"#);
+    assert_eq!(flame_total(server, &web, None), loaded.fixture_total);
+    let everything = merge_request(&loaded, "");
+    assert_eq!(
+        flame_total(server, &everything, None),
+        3 * loaded.fixture_total
+    );
+    // Another type of the same profiles.
+    let samples = api::SelectMergeStacktracesRequest {
+        profile_type_id: "process_cpu:samples:count:cpu:nanoseconds".to_string(),
+        ..api.clone()
+    };
+    let profile = fixture(FIXTURE);
+    assert_eq!(
+        flame_total(server, &samples, None),
+        2 * pprof_total(&profile, 0)
+    );
+    // Another tenant asking the same shape sees only its own profile.
+    assert_eq!(
+        flame_total(server, &everything, Some("other")),
+        loaded.fixture_total
+    );
+    assert_eq!(
+        shares_reused(server),
+        reused,
+        "only the repeat reused shares"
+    );
+    // Asked again, each of them reuses its own.
+    assert_eq!(flame_total(server, &web, None), loaded.fixture_total);
+    assert_eq!(
+        flame_total(server, &everything, Some("other")),
+        loaded.fixture_total
+    );
+    assert!(shares_reused(server) >= reused + 2.0);
+}
+
 #[test]
 fn no_method_shows_another_tenants_data() {
     let loaded = loaded();

@@ -1,0 +1,211 @@
+//! Flame graphs asked again: each dataset's share of one, kept.
+//!
+//! A flame graph of every service up to now, asked every few seconds while ingest runs,
+//! reads the same compacted blocks each time. A block of a service with a large symbol
+//! table decodes to about 3 MB whatever its profile count (every symbol of the service,
+//! and stack sums of each of its series), so twenty such services' blocks outgrow the
+//! decoded-dataset cache within a minute, and each query decodes them again: 1.4-2.3 s
+//! at p99 (docs/benchmarks.md, "Queries while ingesting"). And a query whose datasets
+//! are all cached still aggregates each block's series and resolves its names again.
+//!
+//! What a dataset adds to a flame graph depends only on the dataset, the profile type and
+//! the selector, as long as the query's range covers the dataset whole (then no profile
+//! of it is left out; [`SelectRequest::summable`]). That share ([`DatasetTree`]) holds
+//! only the frames of one type's stacks, a fraction of the decoded dataset, and adding it
+//! to the result is one hash lookup per frame. So flame graphs keep shares here, by
+//! (tenant, object, row group, type, selector), and read a dataset only for a share they
+//! do not find. Blocks never change once written, so shares never go stale; eviction is
+//! by memory (`query.tree_cache_bytes`), scan-resistant as the dataset cache is.
+
+use std::sync::Arc;
+
+use kiln_metastore::DatasetMeta;
+
+use crate::select::{Querier, SelectRequest};
+use crate::tree::DatasetTree;
+use crate::QueryError;
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct TreeKey {
+    tenant: String,
+    object_key: String,
+    row_group: u32,
+    type_id: String,
+    selector: String,
+}
+
+#[derive(Clone)]
+struct Entry {
+    tree: Arc<DatasetTree>,
+    /// The dataset's own time range: a share serves a query only where the query covers
+    /// it whole.
+    min_nanos: i64,
+    max_nanos: i64,
+    bytes: u64,
+}
+
+#[derive(Clone)]
+struct EntryBytes;
+
+impl quick_cache::Weighter<TreeKey, Entry> for EntryBytes {
+    fn weight(&self, _key: &TreeKey, entry: &Entry) -> u64 {
+        entry.bytes.max(1)
+    }
+}
+
+/// Shares of flame graphs by dataset and query shape.
+pub(crate) struct TreeCache {
+    entries: Option<quick_cache::sync::Cache<TreeKey, Entry, EntryBytes>>,
+    capacity: u64,
+}
+
+/// A guess at the average share, only to size the cache's tables.
+const TYPICAL_ENTRY_BYTES: u64 = 64 << 10;
+
+impl TreeCache {
+    pub(crate) fn new(capacity: u64) -> Self {
+        let entries = (capacity > 0).then(|| {
+            let items = usize::try_from(capacity / TYPICAL_ENTRY_BYTES).unwrap_or(usize::MAX);
+            quick_cache::sync::Cache::with_weighter(items.max(16), capacity, EntryBytes)
+        });
+        TreeCache { entries, capacity }
+    }
+
+    fn get(&self, key: &TreeKey, request: &SelectRequest) -> Option<Arc<DatasetTree>> {
+        self.entries
+            .as_ref()?
+            .get(key)
+            .filter(|entry| request.summable(entry.min_nanos, entry.max_nanos))
+            .map(|entry| entry.tree)
+    }
+
+    fn insert(&self, key: TreeKey, tree: &Arc<DatasetTree>, min_nanos: i64, max_nanos: i64) {
+        let Some(entries) = &self.entries else {
+            return;
+        };
+        let bytes = (tree.heap_bytes() + std::mem::size_of::<Entry>()) as u64;
+        if bytes > self.capacity {
+            return;
+        }
+        entries.insert(
+            key,
+            Entry {
+                tree: tree.clone(),
+                min_nanos,
+                max_nanos,
+                bytes,
+            },
+        );
+    }
+
+    /// Memory the shares kept take.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.entries.as_ref().map_or(0, |entries| entries.weight())
+    }
+}
+
+impl Querier {
+    /// Every matching dataset's share of the flame graph of `type_id`, handed to `each`
+    /// in dataset order: kept shares where the query covers their dataset whole, else
+    /// read, aggregated and kept for the next query of the same shape.
+    pub async fn fold_dataset_trees(
+        &self,
+        request: &SelectRequest,
+        type_id: &str,
+        mut each: impl FnMut(&DatasetTree),
+    ) -> Result<(), QueryError> {
+        let trees = self.trees();
+        let key = {
+            let tenant = request.tenant.clone();
+            let type_id = type_id.to_string();
+            let selector = request.selector.to_string();
+            move |meta: &DatasetMeta| TreeKey {
+                tenant: tenant.clone(),
+                object_key: meta.object_key.clone(),
+                row_group: meta.row_group,
+                type_id: type_id.clone(),
+                selector: selector.clone(),
+            }
+        };
+        let metrics = self.metrics().clone();
+        let gauge = metrics.clone();
+        let shared = Arc::new(request.clone());
+        let type_id = type_id.to_string();
+        let lookup = {
+            let trees = trees.clone();
+            let key = key.clone();
+            move |meta: &DatasetMeta| {
+                // Only a dataset the query covers whole can have a share that serves it.
+                if !request.summable(meta.min_time_nanos, meta.max_time_nanos) {
+                    return None;
+                }
+                let hit = trees.get(&key(meta), request);
+                metrics.tree_looked_up(hit.is_some());
+                hit
+            }
+        };
+        let build = move |meta: &DatasetMeta, selection: crate::select::DatasetSelection| {
+            let tree = Arc::new(DatasetTree::new(&selection, &type_id));
+            let dataset = &selection.dataset;
+            if shared.summable(dataset.min_time_nanos, dataset.max_time_nanos) {
+                trees.insert(
+                    key(meta),
+                    &tree,
+                    dataset.min_time_nanos,
+                    dataset.max_time_nanos,
+                );
+                gauge.tree_cache_holds(trees.bytes());
+            }
+            Some(tree)
+        };
+        self.select_map(request, lookup, build, |tree| each(&tree))
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(object: &str) -> TreeKey {
+        TreeKey {
+            tenant: "t".to_string(),
+            object_key: object.to_string(),
+            row_group: 0,
+            type_id: "cpu".to_string(),
+            selector: "{}".to_string(),
+        }
+    }
+
+    fn over(from_nanos: i64, to_nanos: i64) -> SelectRequest {
+        SelectRequest {
+            from_nanos,
+            to_nanos,
+            ..Default::default()
+        }
+    }
+
+    /// A share serves only queries that cover its dataset whole, and nothing is kept
+    /// without a budget.
+    #[test]
+    fn a_share_serves_queries_that_cover_its_dataset_whole() {
+        let cache = TreeCache::new(1 << 20);
+        let tree = Arc::new(DatasetTree::default());
+        cache.insert(key("a"), &tree, 100, 200);
+        assert!(cache.get(&key("a"), &over(100, 200)).is_some());
+        assert!(cache.get(&key("a"), &over(0, 1_000)).is_some());
+        assert!(cache.get(&key("a"), &over(150, 1_000)).is_none());
+        assert!(cache.get(&key("a"), &over(0, 199)).is_none());
+        let filtered = SelectRequest {
+            call_site: vec!["main".to_string()],
+            ..over(0, 1_000)
+        };
+        assert!(cache.get(&key("a"), &filtered).is_none());
+        assert!(cache.get(&key("b"), &over(0, 1_000)).is_none());
+        assert!(cache.bytes() > 0);
+        let none = TreeCache::new(0);
+        none.insert(key("a"), &tree, 100, 200);
+        assert!(none.get(&key("a"), &over(0, 1_000)).is_none());
+        assert_eq!(none.bytes(), 0);
+    }
+}
