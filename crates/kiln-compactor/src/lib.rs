@@ -207,6 +207,8 @@ impl Default for CompactorConfig {
 #[derive(Clone, Default)]
 pub struct CompactorMetrics {
     pub jobs: Counter,
+    /// Jobs that moved a lone level-0 dataset by copying its column chunks.
+    pub copies: Counter,
     pub conflicts: Counter,
     pub input_bytes: Counter,
     pub output_bytes: Counter,
@@ -224,6 +226,11 @@ impl CompactorMetrics {
             "kiln_compaction_jobs",
             "Compactions committed",
             self.jobs.clone(),
+        );
+        registry.register(
+            "kiln_compaction_copies",
+            "Lone level-0 datasets moved out of their segment by copying their column chunks, not merged",
+            self.copies.clone(),
         );
         registry.register(
             "kiln_compaction_conflicts",
@@ -474,10 +481,16 @@ impl Compactor {
 
     /// Merges one group; false when it lost a race (lease held elsewhere or inputs gone).
     async fn compact(&self, job: Job) -> Result<bool, CompactorError> {
-        if !self
-            .metastore
-            .acquire_lease(job.key.clone(), &self.owner, self.config.lease_ms)
-            .await?
+        // A lease only spares two compactors the same work: the swap itself fails when its
+        // inputs are gone. A lone level-0 dataset is copied (`copy_lone`), cheaper than the
+        // two metastore commits (each an fsync) that taking and releasing a lease cost,
+        // and with many services at a low rate most jobs are such moves.
+        let leased = !(job.key.level == 0 && job.inputs.len() == 1);
+        if leased
+            && !self
+                .metastore
+                .acquire_lease(job.key.clone(), &self.owner, self.config.lease_ms)
+                .await?
         {
             return Ok(false);
         }
@@ -488,9 +501,11 @@ impl Compactor {
         if large {
             kiln_model::priority::release_memory();
         }
-        self.metastore
-            .release_lease(job.key.clone(), &self.owner)
-            .await?;
+        if leased {
+            self.metastore
+                .release_lease(job.key.clone(), &self.owner)
+                .await?;
+        }
         match result {
             Ok(()) => {
                 self.metrics.jobs.inc();
@@ -552,6 +567,20 @@ impl Compactor {
             }
             _ => None,
         };
+        let encoding = self.config.levels[job.key.level as usize]
+            .compression
+            .encoding();
+        if job.key.level == 0 && job.inputs.len() == 1 && rules.is_none() {
+            if let Some((block_id, object_key, block, meta)) =
+                self.copy_lone(&job.inputs[0], encoding).await?
+            {
+                crash_point("compaction-merged");
+                self.swap(job, block_id, object_key, block, meta, Exports::default())
+                    .await?;
+                self.metrics.copies.inc();
+                return Ok(());
+            }
+        }
         // Each input dataset is read by its own byte range (a segment holds many services'
         // datasets, and this job needs only one of them), and merged before the next is
         // fetched: a job holds one input's bytes at a time, not all of them. The bytes are
@@ -586,9 +615,6 @@ impl Compactor {
         let id = ulid::Ulid::new().to_string();
         let object_key = format!("blocks/{id}.parquet");
         let target = (id.clone(), object_key.clone());
-        let encoding = self.config.levels[job.key.level as usize]
-            .compression
-            .encoding();
         let started = std::time::Instant::now();
         // Walks the builder's profiles: asked only when the job's line will be logged.
         let merged_bytes = tracing::enabled!(tracing::Level::DEBUG)
@@ -616,6 +642,81 @@ impl Compactor {
             finish_ms = started.elapsed().as_millis() as u64,
             "compaction merged"
         );
+        self.swap(job, id, object_key, block, meta, exports).await
+    }
+
+    /// Moves a lone level-0 dataset out of its segment into a block of its own by copying
+    /// its column chunks ([`kiln_storage::ranged::copy_dataset`]): with hundreds of
+    /// services each sending a profile every few seconds, most level-0 groups are due by
+    /// age with one dataset, and merging one input decodes and encodes it only to write
+    /// the same columns. `None` when its chunks are not as the level's encoding writes
+    /// them; it is merged then. The copy is read back (its series and profile rows) and
+    /// must hold the job's tenant and service, as a merge's input must.
+    async fn copy_lone(
+        &self,
+        input: &DatasetMeta,
+        encoding: BlockEncoding,
+    ) -> Result<Option<(String, String, Vec<u8>, DatasetMeta)>, CompactorError> {
+        let tail = self.block_tail(&input.object_key).await?;
+        let id = ulid::Ulid::new().to_string();
+        let object_key = format!("blocks/{id}.parquet");
+        let (source, storage, runtime) = (
+            input.clone(),
+            self.storage.clone(),
+            tokio::runtime::Handle::current(),
+        );
+        let (copied, fetched) = self
+            .background(move || {
+                let row_group = source.row_group as usize;
+                let plan = kiln_storage::ranged::column_fetch(&tail, row_group, Projection::ALL)?;
+                let bytes =
+                    storage.get_ranges_blocking(&runtime, &source.object_key, &plan.ranges())?;
+                let fetched = bytes.iter().map(|bytes| bytes.len() as u64).sum::<u64>();
+                let partial = plan.partial(&source.object_key, &tail, bytes)?;
+                let Some(block) =
+                    kiln_storage::ranged::copy_dataset(&partial, row_group, encoding)?
+                else {
+                    return Ok((None, fetched));
+                };
+                let name = format!("{}#{}", source.object_key, source.row_group);
+                let copy = kiln_storage::format::decode_dataset(
+                    &Bytes::from(block.clone()),
+                    0,
+                    Projection::INDEX,
+                )
+                .map_err(|source| CompactorError::Unreadable {
+                    dataset: name.clone(),
+                    source,
+                })?;
+                holds(&copy, name, &source.tenant, &source.service)?;
+                Ok((Some(block), fetched))
+            })
+            .await?;
+        self.metrics.input_bytes.inc_by(fetched);
+        self.tail_read(&input.object_key);
+        Ok(copied.map(|block| {
+            let meta = DatasetMeta {
+                block_id: id.clone(),
+                object_key: object_key.clone(),
+                row_group: 0,
+                ..input.clone()
+            };
+            (id, object_key, block, meta)
+        }))
+    }
+
+    /// Uploads a job's block and swaps it for the job's inputs in one metastore
+    /// transaction.
+    async fn swap(
+        &self,
+        job: &Job,
+        id: String,
+        object_key: String,
+        block: Vec<u8>,
+        meta: DatasetMeta,
+        exports: Exports,
+    ) -> Result<(), CompactorError> {
+        let size_bytes = block.len() as u64;
         self.storage.put(&object_key, Bytes::from(block)).await?;
         self.metrics.output_bytes.inc_by(size_bytes);
         crash_point("compaction-uploaded");
@@ -727,6 +828,26 @@ fn crash_point(point: &str) {
     kiln_model::crash::point(point);
 }
 
+/// An input read for a job of `tenant`'s `service` must be theirs: a metastore row that
+/// names the wrong dataset must not move another service's profiles.
+fn holds(
+    dataset: &Dataset,
+    name: String,
+    tenant: &str,
+    service: &str,
+) -> Result<(), CompactorError> {
+    if dataset.tenant != tenant || dataset.service != service {
+        return Err(CompactorError::Corrupt(
+            name,
+            format!(
+                "holds {}/{}, not {tenant}/{service}",
+                dataset.tenant, dataset.service
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// One compaction's merge, fed its inputs one at a time (each decoded from the byte
 /// ranges fetched for it) and encoded at the end as a one-dataset block.
 struct Merge {
@@ -763,15 +884,7 @@ impl Merge {
         dataset
             .check()
             .map_err(|err| CompactorError::Corrupt(name.clone(), err))?;
-        if dataset.tenant != self.tenant || dataset.service != self.service {
-            return Err(CompactorError::Corrupt(
-                name,
-                format!(
-                    "holds {}/{}, not {}/{}",
-                    dataset.tenant, dataset.service, self.tenant, self.service
-                ),
-            ));
-        }
+        holds(&dataset, name, &self.tenant, &self.service)?;
         if let Some((hook, rules)) = &self.rules {
             let found = hook(rules, &dataset);
             self.exports.targets = found.targets;

@@ -349,6 +349,15 @@ fn writer_properties(
         .build())
 }
 
+/// A writer of blocks of the current format version, as `encoding` writes them.
+pub(crate) fn block_writer(
+    encoding: BlockEncoding,
+) -> Result<SerializedFileWriter<Vec<u8>>, StorageError> {
+    let schema = Arc::new(parse_message_type(SCHEMA)?);
+    let properties = Arc::new(writer_properties(encoding, FORMAT_VERSION)?);
+    Ok(SerializedFileWriter::new(Vec::new(), schema, properties)?)
+}
+
 /// Encodes datasets into one block object as a segment; dataset `i` is row group `i`.
 pub fn encode_block(datasets: &[Dataset]) -> Result<Vec<u8>, StorageError> {
     encode_block_as(datasets, BlockEncoding::Segment)

@@ -13,14 +13,18 @@ use std::ops::Range;
 use bytes::{Buf, Bytes};
 use std::sync::Arc;
 
-use parquet::basic::Compression;
+use parquet::basic::{Compression, Encoding};
+use parquet::column::writer::ColumnCloseResult;
 use parquet::file::metadata::{
     ColumnChunkMetaData, ParquetMetaData, ParquetMetaDataReader, RowGroupMetaData,
 };
 use parquet::file::reader::{ChunkReader, Length};
 use parquet::schema::types::SchemaDescPtr;
 
-use crate::format::{check_version, decode_dataset_from, decode_row_group, Projection};
+use crate::format::{
+    block_writer, check_version, decode_dataset_from, decode_row_group, BlockEncoding, Projection,
+    COLUMN_COUNT,
+};
 use crate::{Dataset, ObjectStorage, StorageError};
 
 /// Parquet's trailer: a 4-byte little-endian footer length and the `PAR1` magic.
@@ -628,6 +632,67 @@ impl ChunkReader for PartialBlock {
     }
 }
 
+/// Dataset `row_group` of `block` as a block of its own, its column chunks copied byte
+/// for byte. Compaction moves a service's lone dataset out of a segment so that the
+/// segment can go; a merge of one input would decode it and encode the same columns
+/// again (docs/benchmarks.md, "A lone dataset is copied"). `None` when the chunks are not
+/// as `encoding` writes them (another codec, an older format version, a footer not
+/// parsed): such a dataset is merged instead.
+pub fn copy_dataset(
+    block: &PartialBlock,
+    row_group: usize,
+    encoding: BlockEncoding,
+) -> Result<Option<Vec<u8>>, StorageError> {
+    let Some(footer) = &block.footer else {
+        return Ok(None);
+    };
+    // Segments' codec; a compacted block's zstd level is not in its footer.
+    let codec = match encoding {
+        BlockEncoding::Segment => Compression::SNAPPY,
+        BlockEncoding::Compacted => return Ok(None),
+    };
+    let group = footer.group(row_group)?;
+    if footer.column_count != COLUMN_COUNT
+        || group
+            .chunks
+            .iter()
+            .any(|chunk| chunk.codec != codec || chunk.has_dictionary)
+    {
+        return Ok(None);
+    }
+    let metadata = footer.row_group(row_group)?;
+    let mut writer = block_writer(encoding)?;
+    let mut out = writer.next_row_group()?;
+    for (chunk, column) in group.chunks.iter().zip(metadata.columns()) {
+        let length = chunk.end - chunk.start;
+        // What the segment's writer recorded of the chunk but the compact footer does not
+        // keep: plain values, RLE levels, no dictionary (`format::writer_properties`).
+        let column = ColumnChunkMetaData::builder(column.column_descr_ptr())
+            .set_compression(chunk.codec)
+            .set_encodings(vec![Encoding::PLAIN, Encoding::RLE])
+            .set_num_values(chunk.values)
+            .set_total_compressed_size(length as i64)
+            .set_total_uncompressed_size(chunk.uncompressed_size)
+            .set_data_page_offset(chunk.data_page_offset)
+            .build()?;
+        // A chunk lies within one of the block's parts (a range running on into the tail
+        // was joined to it when fetched), which the writer reads from in one go.
+        out.append_column(
+            block,
+            ColumnCloseResult {
+                bytes_written: length,
+                rows_written: group.rows.max(0) as u64,
+                metadata: column,
+                bloom_filter: None,
+                column_index: None,
+                offset_index: None,
+            },
+        )?;
+    }
+    out.close()?;
+    Ok(Some(writer.into_inner()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -699,6 +764,64 @@ mod tests {
             "{}",
             cache.order.len()
         );
+    }
+
+    /// A dataset copied out of a segment chunk by chunk is a block of its own that
+    /// decodes to the same dataset, whichever row group it was; a codec the copy would
+    /// not keep is left to a merge.
+    #[test]
+    fn a_copied_dataset_decodes_as_it_did_in_its_segment() {
+        let services = ["a", "b", "c", "d"];
+        let block = block_of(&services);
+        let block_len = block.len() as u64;
+        // The shortest tail: the footer alone.
+        let needed = BlockTail::parse(block.slice(block.len() - 16..), block_len)
+            .unwrap()
+            .unwrap_err();
+        // A dataset's parts as compaction fetches them, with the tail cut `cut` bytes
+        // before the block's end.
+        let parts = |cut: u64, row_group: usize| {
+            let tail = BlockTail::parse(block.slice((block_len - cut) as usize..), block_len)
+                .unwrap()
+                .unwrap();
+            let plan = column_fetch(&tail, row_group, Projection::ALL).unwrap();
+            let bytes = plan
+                .ranges()
+                .into_iter()
+                .map(|range| block.slice(range.start as usize..range.end as usize))
+                .collect();
+            plan.partial("s", &tail, bytes).unwrap()
+        };
+        // At every cut of the tail, from the footer alone through the datasets' bytes.
+        for cut in (needed..block_len).step_by(97) {
+            for (row_group, service) in services.iter().enumerate() {
+                let partial = parts(cut, row_group);
+                let copy = copy_dataset(&partial, row_group, BlockEncoding::Segment)
+                    .unwrap()
+                    .expect("a segment's dataset is copied");
+                let copy = Bytes::from(copy);
+                let decoded = decode_dataset(&copy, 0, Projection::ALL).unwrap();
+                assert_eq!(decoded.service, *service);
+                assert_eq!(
+                    decoded,
+                    decode_dataset(&block, row_group, Projection::ALL).unwrap(),
+                    "cut {cut}, row group {row_group}"
+                );
+                assert_eq!(crate::format::dataset_bytes(&copy).unwrap().len(), 1);
+                assert_eq!(crate::format::block_compression(&copy).unwrap(), ["SNAPPY"]);
+                assert!(
+                    copy_dataset(&partial, row_group, BlockEncoding::Compacted)
+                        .unwrap()
+                        .is_none(),
+                    "zstd blocks are merged"
+                );
+            }
+        }
+        // Without a parsed footer there is nothing to copy by.
+        let bare = PartialBlock::new(block_len, vec![(0, block.clone())]);
+        assert!(copy_dataset(&bare, 0, BlockEncoding::Segment)
+            .unwrap()
+            .is_none());
     }
 
     #[test]

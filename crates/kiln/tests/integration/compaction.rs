@@ -25,7 +25,53 @@ on_every_backend!(
     compaction_changes_no_answer_and_leaves_one_block_per_service,
     retention_removes_only_what_is_older_than_the_window,
     compaction_reads_each_segment_about_once,
+    a_lone_dataset_is_copied_out_of_its_segment,
 );
+
+/// A service with one dataset at level 0 gets a level-1 block of it by a copy of its
+/// column chunks, not a merge: its segment goes, the block is as its level says (snappy),
+/// and every answer is the same before and after.
+fn a_lone_dataset_is_copied_out_of_its_segment(backend: Backend) {
+    let server = TestServer::start_on(backend, no_compaction);
+    let base = 1_700_000_000;
+    for (service, name) in [("solo", FIXTURES[0]), ("other", FIXTURES[3])] {
+        let (status, text) = server.post(
+            &format!(
+                "/ingest?name={service}&format=pprof&from={base}&until={}",
+                base + 10
+            ),
+            &fixture(name),
+        );
+        assert_eq!(status, 200, "{text}");
+    }
+    let (start, end) = ((base - 10) * 1000, (base + 600) * 1000);
+    let before = answers(&server, start, end);
+    let server = server.restart_with(eager_compaction);
+    let (runtime, store) = server.open_metastore();
+    wait_until("both datasets moved to level 1", || {
+        let blocks = runtime.block_on(store.list_blocks()).unwrap();
+        blocks
+            .iter()
+            .filter(|b| b.deleted_at_ms.is_none())
+            .all(|b| b.level == 1)
+            && runtime.block_on(store.datasets_at_level(1)).unwrap().len() == 2
+    });
+    assert_eq!(server.metric("kiln_compaction_copies_total"), 2.0);
+    assert_eq!(
+        compressed_as_their_level_says(&server, &runtime, &store),
+        [1, 1]
+    );
+    assert_eq!(answers(&server, start, end), before);
+    wait_until("the segments deleted", || {
+        server
+            .object_keys()
+            .iter()
+            .all(|key| key.starts_with("blocks/"))
+    });
+    // They read back after a restart too.
+    let server = server.restart_with(no_compaction);
+    assert_eq!(answers(&server, start, end), before);
+}
 
 /// Segments hold one dataset per service; compaction fetches each service's dataset by
 /// its byte range, so it reads what was written about once, however many services share
