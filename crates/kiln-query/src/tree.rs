@@ -433,6 +433,22 @@ impl DatasetTree {
     }
 }
 
+#[cfg(test)]
+impl DatasetTree {
+    /// Adds a frame named `name` under the root, with self value 1.
+    pub(crate) fn push_for_test(&mut self, name: &str) {
+        if self.parent.is_empty() {
+            self.parent.push(0);
+            self.name.push(0);
+            self.self_value.push(0);
+        }
+        self.parent.push(0);
+        self.name.push(self.names.len() as u32);
+        self.names.push(name);
+        self.self_value.push(1);
+    }
+}
+
 /// Builds the merged tree of one type id from all selections.
 pub fn build_tree(selections: &[DatasetSelection], type_id: &str) -> FlameTree {
     let mut tree = FlameTree::default();

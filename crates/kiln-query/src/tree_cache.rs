@@ -64,10 +64,10 @@ const TYPICAL_ENTRY_BYTES: u64 = 64 << 10;
 
 impl TreeCache {
     pub(crate) fn new(capacity: u64) -> Self {
-        let entries = (capacity > 0).then(|| {
-            let items = usize::try_from(capacity / TYPICAL_ENTRY_BYTES).unwrap_or(usize::MAX);
-            quick_cache::sync::Cache::with_weighter(items.max(16), capacity, EntryBytes)
-        });
+        // One shard, as the dataset cache ([`crate::select::weighed_cache`]): large
+        // shares would otherwise never be kept.
+        let entries = (capacity > 0)
+            .then(|| crate::select::weighed_cache(capacity, TYPICAL_ENTRY_BYTES, EntryBytes));
         TreeCache { entries, capacity }
     }
 
@@ -203,6 +203,13 @@ mod tests {
         assert!(cache.get(&key("a"), &filtered).is_none());
         assert!(cache.get(&key("b"), &over(0, 1_000)).is_none());
         assert!(cache.bytes() > 0);
+        // A share of a third of the budget is kept: shards would each have only a part
+        // of it.
+        let budget = TreeCache::new(64 << 20);
+        let mut large = DatasetTree::default();
+        large.push_for_test(&"f".repeat(20 << 20));
+        budget.insert(key("large"), &Arc::new(large), 100, 200);
+        assert!(budget.get(&key("large"), &over(0, 1_000)).is_some());
         let none = TreeCache::new(0);
         none.insert(key("a"), &tree, 100, 200);
         assert!(none.get(&key("a"), &over(0, 1_000)).is_none());
