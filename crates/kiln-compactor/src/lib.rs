@@ -335,6 +335,15 @@ impl Job {
         const LARGE_JOB_PROFILES: u64 = 200;
         self.inputs.iter().map(|d| d.profile_count).sum::<u64>() >= LARGE_JOB_PROFILES
     }
+
+    /// A service's one level-0 dataset, moved out of its segment by a copy of its column
+    /// chunks (`Compactor::copy_lone`) unless recording rules must read it, and without a
+    /// lease either way: a lease only spares two compactors the same work (the swap fails
+    /// when its inputs are gone), and taking and releasing one are two metastore commits,
+    /// each an fsync, where with many services at a low rate most jobs are such moves.
+    fn is_lone(&self) -> bool {
+        self.key.level == 0 && self.inputs.len() == 1
+    }
 }
 
 impl Compactor {
@@ -481,11 +490,7 @@ impl Compactor {
 
     /// Merges one group; false when it lost a race (lease held elsewhere or inputs gone).
     async fn compact(&self, job: Job) -> Result<bool, CompactorError> {
-        // A lease only spares two compactors the same work: the swap itself fails when its
-        // inputs are gone. A lone level-0 dataset is copied (`copy_lone`), cheaper than the
-        // two metastore commits (each an fsync) that taking and releasing a lease cost,
-        // and with many services at a low rate most jobs are such moves.
-        let leased = !(job.key.level == 0 && job.inputs.len() == 1);
+        let leased = !job.is_lone();
         if leased
             && !self
                 .metastore
@@ -570,13 +575,10 @@ impl Compactor {
         let encoding = self.config.levels[job.key.level as usize]
             .compression
             .encoding();
-        if job.key.level == 0 && job.inputs.len() == 1 && rules.is_none() {
-            if let Some((block_id, object_key, block, meta)) =
-                self.copy_lone(&job.inputs[0], encoding).await?
-            {
+        if job.is_lone() && rules.is_none() {
+            if let Some((block, meta)) = self.copy_lone(&job.inputs[0], encoding).await? {
                 crash_point("compaction-merged");
-                self.swap(job, block_id, object_key, block, meta, Exports::default())
-                    .await?;
+                self.swap(job, block, meta, Exports::default()).await?;
                 self.metrics.copies.inc();
                 return Ok(());
             }
@@ -595,15 +597,7 @@ impl Compactor {
             (merge, fetched) = self
                 .background(move || {
                     let mut merge = merge;
-                    let plan = kiln_storage::ranged::column_fetch(
-                        &tail,
-                        input.row_group as usize,
-                        Projection::ALL,
-                    )?;
-                    let bytes =
-                        storage.get_ranges_blocking(&runtime, &input.object_key, &plan.ranges())?;
-                    let fetched = bytes.iter().map(|bytes| bytes.len() as u64).sum();
-                    let partial = plan.partial(&input.object_key, &tail, bytes)?;
+                    let (partial, fetched) = fetch_dataset(&storage, &runtime, &tail, &input)?;
                     merge.add(&input, partial)?;
                     Ok((merge, fetched))
                 })
@@ -614,7 +608,7 @@ impl Compactor {
         // The block is named first, so its index entry is complete when built.
         let id = ulid::Ulid::new().to_string();
         let object_key = format!("blocks/{id}.parquet");
-        let target = (id.clone(), object_key.clone());
+        let target = (id, object_key);
         let started = std::time::Instant::now();
         // Walks the builder's profiles: asked only when the job's line will be logged.
         let merged_bytes = tracing::enabled!(tracing::Level::DEBUG)
@@ -642,7 +636,7 @@ impl Compactor {
             finish_ms = started.elapsed().as_millis() as u64,
             "compaction merged"
         );
-        self.swap(job, id, object_key, block, meta, exports).await
+        self.swap(job, Bytes::from(block), meta, exports).await
     }
 
     /// Moves a lone level-0 dataset out of its segment into a block of its own by copying
@@ -656,10 +650,8 @@ impl Compactor {
         &self,
         input: &DatasetMeta,
         encoding: BlockEncoding,
-    ) -> Result<Option<(String, String, Vec<u8>, DatasetMeta)>, CompactorError> {
+    ) -> Result<Option<(Bytes, DatasetMeta)>, CompactorError> {
         let tail = self.block_tail(&input.object_key).await?;
-        let id = ulid::Ulid::new().to_string();
-        let object_key = format!("blocks/{id}.parquet");
         let (source, storage, runtime) = (
             input.clone(),
             self.storage.clone(),
@@ -667,27 +659,20 @@ impl Compactor {
         );
         let (copied, fetched) = self
             .background(move || {
+                let (partial, fetched) = fetch_dataset(&storage, &runtime, &tail, &source)?;
                 let row_group = source.row_group as usize;
-                let plan = kiln_storage::ranged::column_fetch(&tail, row_group, Projection::ALL)?;
-                let bytes =
-                    storage.get_ranges_blocking(&runtime, &source.object_key, &plan.ranges())?;
-                let fetched = bytes.iter().map(|bytes| bytes.len() as u64).sum::<u64>();
-                let partial = plan.partial(&source.object_key, &tail, bytes)?;
                 let Some(block) =
                     kiln_storage::ranged::copy_dataset(&partial, row_group, encoding)?
                 else {
                     return Ok((None, fetched));
                 };
+                let block = Bytes::from(block);
                 let name = format!("{}#{}", source.object_key, source.row_group);
-                let copy = kiln_storage::format::decode_dataset(
-                    &Bytes::from(block.clone()),
-                    0,
-                    Projection::INDEX,
-                )
-                .map_err(|source| CompactorError::Unreadable {
-                    dataset: name.clone(),
-                    source,
-                })?;
+                let copy = kiln_storage::format::decode_dataset(&block, 0, Projection::INDEX)
+                    .map_err(|source| CompactorError::Unreadable {
+                        dataset: name.clone(),
+                        source,
+                    })?;
                 holds(&copy, name, &source.tenant, &source.service)?;
                 Ok((Some(block), fetched))
             })
@@ -695,36 +680,35 @@ impl Compactor {
         self.metrics.input_bytes.inc_by(fetched);
         self.tail_read(&input.object_key);
         Ok(copied.map(|block| {
+            let id = ulid::Ulid::new().to_string();
             let meta = DatasetMeta {
-                block_id: id.clone(),
-                object_key: object_key.clone(),
+                object_key: format!("blocks/{id}.parquet"),
+                block_id: id,
                 row_group: 0,
                 ..input.clone()
             };
-            (id, object_key, block, meta)
+            (block, meta)
         }))
     }
 
-    /// Uploads a job's block and swaps it for the job's inputs in one metastore
-    /// transaction.
+    /// Uploads a job's block, named by `meta` (its one dataset), and swaps it for the
+    /// job's inputs in one metastore transaction.
     async fn swap(
         &self,
         job: &Job,
-        id: String,
-        object_key: String,
-        block: Vec<u8>,
+        block: Bytes,
         meta: DatasetMeta,
         exports: Exports,
     ) -> Result<(), CompactorError> {
         let size_bytes = block.len() as u64;
-        self.storage.put(&object_key, Bytes::from(block)).await?;
+        self.storage.put(&meta.object_key, block).await?;
         self.metrics.output_bytes.inc_by(size_bytes);
         crash_point("compaction-uploaded");
         self.metastore
             .replace_datasets(
                 BlockMeta {
-                    id,
-                    object_key,
+                    id: meta.block_id.clone(),
+                    object_key: meta.object_key.clone(),
                     level: job.key.level + 1,
                     size_bytes,
                     created_at_ms: now_ms(),
@@ -826,6 +810,20 @@ fn chunks(datasets: &[DatasetMeta], max_inputs: usize, max_profiles: u64) -> Vec
 /// `garbage-object-deleted` (see [`kiln_model::crash::point`]).
 fn crash_point(point: &str) {
     kiln_model::crash::point(point);
+}
+
+/// Fetches dataset `input`'s byte ranges (its block's tail at hand), on the compactor's
+/// thread: the bytes and how many were read.
+fn fetch_dataset(
+    storage: &ObjectStorage,
+    runtime: &tokio::runtime::Handle,
+    tail: &BlockTail,
+    input: &DatasetMeta,
+) -> Result<(PartialBlock, u64), CompactorError> {
+    let plan = kiln_storage::ranged::column_fetch(tail, input.row_group as usize, Projection::ALL)?;
+    let bytes = storage.get_ranges_blocking(runtime, &input.object_key, &plan.ranges())?;
+    let fetched = bytes.iter().map(|bytes| bytes.len() as u64).sum();
+    Ok((plan.partial(&input.object_key, tail, bytes)?, fetched))
 }
 
 /// An input read for a job of `tenant`'s `service` must be theirs: a metastore row that

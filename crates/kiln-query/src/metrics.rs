@@ -75,15 +75,13 @@ impl QueryMetrics {
         self.aggregated.get_or_create(&SourceLabel { source }).inc();
     }
 
-    /// A flame graph's lookup of a dataset's kept share; a miss reads the dataset.
-    pub(crate) fn tree_looked_up(&self, hit: bool) {
-        if hit {
-            self.loads
-                .get_or_create(&SourceLabel {
-                    source: "tree_cache",
-                })
-                .inc();
-        }
+    /// A flame graph took a dataset's kept share instead of reading the dataset.
+    pub(crate) fn share_reused(&self) {
+        self.loads
+            .get_or_create(&SourceLabel {
+                source: "tree_cache",
+            })
+            .inc();
     }
 
     pub(crate) fn tree_cache_holds(&self, bytes: u64) {

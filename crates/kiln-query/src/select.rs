@@ -540,18 +540,22 @@ impl Querier {
         request: &SelectRequest,
         each: impl FnMut(DatasetSelection),
     ) -> Result<(), QueryError> {
-        self.select_map(request, |_| None, |_, selection| Some(selection), each)
+        self.select_map(request, |_| None, |_, _, selection| Some(selection), each)
             .await
     }
 
     /// [`Self::select_each`] with each selection turned into what the caller folds by
-    /// `map`, on the blocking thread that aggregated it, and `cached` asked first for
-    /// each dataset: what it answers is handed on without reading the dataset.
+    /// `map` (given the dataset's listing and the request too), on the blocking thread
+    /// that aggregated it, and `cached` asked first for each dataset: what it answers is
+    /// handed on without reading the dataset.
     pub(crate) async fn select_map<T: Send + 'static>(
         &self,
         request: &SelectRequest,
         cached: impl Fn(&DatasetMeta) -> Option<T>,
-        map: impl Fn(&DatasetMeta, DatasetSelection) -> Option<T> + Clone + Send + 'static,
+        map: impl Fn(&DatasetMeta, &SelectRequest, DatasetSelection) -> Option<T>
+            + Clone
+            + Send
+            + 'static,
         mut each: impl FnMut(T),
     ) -> Result<(), QueryError> {
         let metas = self.datasets_within_budget(request).await?;
@@ -583,7 +587,7 @@ impl Querier {
                 tokio::task::spawn_blocking(move || {
                     let selection = aggregate(dataset, &request)?;
                     metrics.aggregated(selection.summed);
-                    map(&meta, selection)
+                    map(&meta, &request, selection)
                 })
                 .await
                 .map_err(QueryError::Task)

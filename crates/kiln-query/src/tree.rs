@@ -417,15 +417,6 @@ impl DatasetTree {
         tree
     }
 
-    /// Nodes, the root included.
-    pub fn len(&self) -> usize {
-        self.parent.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.parent.len() <= 1
-    }
-
     /// What this share holds in memory, for the cache's budget.
     pub fn heap_bytes(&self) -> usize {
         self.names.heap_bytes()

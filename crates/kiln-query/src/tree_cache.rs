@@ -25,13 +25,14 @@ use crate::select::{Querier, SelectRequest};
 use crate::tree::DatasetTree;
 use crate::QueryError;
 
+/// A dataset and the shape of the flame graphs its share serves. The shape is built once
+/// per query and shared by its keys, so a lookup copies only the object key.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub(crate) struct TreeKey {
-    tenant: String,
     object_key: String,
     row_group: u32,
-    type_id: String,
-    selector: String,
+    /// Tenant, profile type and selector.
+    shape: Arc<(String, String, String)>,
 }
 
 #[derive(Clone)]
@@ -115,46 +116,43 @@ impl Querier {
         mut each: impl FnMut(&DatasetTree),
     ) -> Result<(), QueryError> {
         let trees = self.trees();
-        let key = {
-            let tenant = request.tenant.clone();
-            let type_id = type_id.to_string();
-            let selector = request.selector.to_string();
-            move |meta: &DatasetMeta| TreeKey {
-                tenant: tenant.clone(),
-                object_key: meta.object_key.clone(),
-                row_group: meta.row_group,
-                type_id: type_id.clone(),
-                selector: selector.clone(),
-            }
+        let shape = Arc::new((
+            request.tenant.clone(),
+            type_id.to_string(),
+            request.selector.to_string(),
+        ));
+        let key = move |meta: &DatasetMeta| TreeKey {
+            object_key: meta.object_key.clone(),
+            row_group: meta.row_group,
+            shape: shape.clone(),
         };
         let metrics = self.metrics().clone();
-        let gauge = metrics.clone();
-        let shared = Arc::new(request.clone());
-        let type_id = type_id.to_string();
         let lookup = {
-            let trees = trees.clone();
-            let key = key.clone();
+            let (trees, key, metrics) = (trees.clone(), key.clone(), metrics.clone());
             move |meta: &DatasetMeta| {
                 // Only a dataset the query covers whole can have a share that serves it.
                 if !request.summable(meta.min_time_nanos, meta.max_time_nanos) {
                     return None;
                 }
-                let hit = trees.get(&key(meta), request);
-                metrics.tree_looked_up(hit.is_some());
-                hit
+                let hit = trees.get(&key(meta), request)?;
+                metrics.share_reused();
+                Some(hit)
             }
         };
-        let build = move |meta: &DatasetMeta, selection: crate::select::DatasetSelection| {
+        let type_id = type_id.to_string();
+        let build = move |meta: &DatasetMeta,
+                          request: &SelectRequest,
+                          selection: crate::select::DatasetSelection| {
             let tree = Arc::new(DatasetTree::new(&selection, &type_id));
             let dataset = &selection.dataset;
-            if shared.summable(dataset.min_time_nanos, dataset.max_time_nanos) {
+            if request.summable(dataset.min_time_nanos, dataset.max_time_nanos) {
                 trees.insert(
                     key(meta),
                     &tree,
                     dataset.min_time_nanos,
                     dataset.max_time_nanos,
                 );
-                gauge.tree_cache_holds(trees.bytes());
+                metrics.tree_cache_holds(trees.bytes());
             }
             Some(tree)
         };
@@ -169,11 +167,9 @@ mod tests {
 
     fn key(object: &str) -> TreeKey {
         TreeKey {
-            tenant: "t".to_string(),
             object_key: object.to_string(),
             row_group: 0,
-            type_id: "cpu".to_string(),
-            selector: "{}".to_string(),
+            shape: Arc::new(("t".to_string(), "cpu".to_string(), "{}".to_string())),
         }
     }
 
