@@ -40,8 +40,6 @@ pub enum StoreError {
     Encode(#[source] kiln_storage::StorageError),
     #[error("the segment builder task failed: {0}")]
     Task(#[source] crate::cpu::WorkerError),
-    #[error("the segment's commit task failed: {0}")]
-    Commit(#[source] tokio::task::JoinError),
     #[error("{0}")]
     Storage(#[source] kiln_storage::StorageError),
     #[error("{0}")]
@@ -72,10 +70,9 @@ impl StoreError {
         match self {
             StoreError::Storage(err) => err.kind(),
             StoreError::Metastore(err) => err.kind(),
-            StoreError::Build(_)
-            | StoreError::Encode(_)
-            | StoreError::Task(_)
-            | StoreError::Commit(_) => ErrorKind::Internal,
+            StoreError::Build(_) | StoreError::Encode(_) | StoreError::Task(_) => {
+                ErrorKind::Internal
+            }
         }
     }
 }

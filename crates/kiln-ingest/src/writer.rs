@@ -778,13 +778,6 @@ impl Flusher {
         generation.done.send_replace(Some(result));
     }
 
-    /// Finishes, encodes, writes and registers a segment. All but finishing the shares of
-    /// a large flush runs on one blocking thread, which waits for the fsyncs and the
-    /// metastore's commit itself: a flush of one service (most flushes at a low rate)
-    /// leaves the async workers once and comes back once. Encoding on the write path's
-    /// threads, the put and the commit each on tokio's blocking pool, was three round
-    /// trips, each waking an idle async worker to go on (docs/benchmarks.md, "A flush
-    /// commits on one thread").
     async fn write_segment(
         &self,
         builders: Vec<((String, String), DatasetBuilder)>,
@@ -794,135 +787,112 @@ impl Flusher {
         // The block is named first, so its datasets' index entries are complete when built.
         let block_id = ulid::Ulid::new().to_string();
         let object_key = format!("segments/{block_id}.parquet");
-        let finishing = finish_builders(builders, &self.staging.warm).await?;
-        let warm = self.staging.warm.clone();
-        let (storage, metastore) = (self.storage.clone(), self.metastore.clone());
-        let runtime = tokio::runtime::Handle::current();
-        let commit = move || -> Result<Option<Committed>, StoreError> {
-            let built = match finishing {
-                Finishing::Done(built) => built,
-                Finishing::Share(share) => finish_share(share, &warm),
-            };
-            let (block, datasets) = encode_segment(built, &block_id, &object_key)?;
-            let build_seconds = build_started.elapsed().as_secs_f64();
-            if datasets.is_empty() {
-                return Ok(None);
-            }
-            let size_bytes = block.len() as u64;
-            let put_started = Instant::now();
-            storage
-                .put_blocking(&runtime, &object_key, Bytes::from(block))
-                .map_err(StoreError::Storage)?;
-            let put_seconds = put_started.elapsed().as_secs_f64();
-            let block_meta = BlockMeta {
-                id: block_id.clone(),
-                object_key,
-                level: 0,
-                size_bytes,
-                created_at_ms: kiln_model::time::now_ms(),
-                deleted_at_ms: None,
-            };
-            let register_started = Instant::now();
-            metastore
-                .register_block_blocking(&runtime, block_meta, datasets)
-                .map_err(StoreError::Metastore)?;
-            Ok(Some(Committed {
-                block_id,
-                size_bytes,
-                build_seconds,
-                put_seconds,
-                register_seconds: register_started.elapsed().as_secs_f64(),
-            }))
-        };
-        let Some(committed) = tokio::task::spawn_blocking(commit)
-            .await
-            .map_err(StoreError::Commit)??
-        else {
+        let (block, datasets) = build_segment(
+            builders,
+            self.staging.warm.clone(),
+            block_id.clone(),
+            object_key.clone(),
+        )
+        .await?;
+        let build_seconds = build_started.elapsed().as_secs_f64();
+        if datasets.is_empty() {
             return Ok(());
+        }
+        let size_bytes = block.len() as u64;
+        let put_started = Instant::now();
+        self.storage
+            .put(&object_key, Bytes::from(block))
+            .await
+            .map_err(StoreError::Storage)?;
+        let put_seconds = put_started.elapsed().as_secs_f64();
+        let block_meta = BlockMeta {
+            id: block_id.clone(),
+            object_key: object_key.clone(),
+            level: 0,
+            size_bytes,
+            created_at_ms: kiln_model::time::now_ms(),
+            deleted_at_ms: None,
         };
+        let register_started = Instant::now();
+        self.metastore
+            .register_block(block_meta, datasets)
+            .await
+            .map_err(StoreError::Metastore)?;
+        let register_seconds = register_started.elapsed().as_secs_f64();
         self.metrics.flushes.inc();
-        self.metrics.segment_bytes.inc_by(committed.size_bytes);
+        self.metrics.segment_bytes.inc_by(size_bytes);
         self.metrics.profiles_written.inc_by(profile_count as u64);
         tracing::debug!(
-            block = %committed.block_id,
-            bytes = committed.size_bytes,
+            block = %block_id,
+            bytes = size_bytes,
             profiles = profile_count,
-            build_seconds = committed.build_seconds,
-            put_seconds = committed.put_seconds,
-            register_seconds = committed.register_seconds,
+            build_seconds,
+            put_seconds,
+            register_seconds,
             "flushed segment"
         );
         Ok(())
     }
 }
 
-/// What a committed segment reports to the flusher's metrics and log.
-struct Committed {
-    block_id: String,
-    size_bytes: u64,
-    build_seconds: f64,
-    put_seconds: f64,
-    register_seconds: f64,
-}
-
-/// A flush's builders, with their index in (tenant, service) order, as dealt to one thread.
-type Share = Vec<(usize, ServiceKey, DatasetBuilder)>;
-
-/// A flush's datasets: finished on the write path's threads when there is more than one
-/// thread's work, or the one share, left to finish where the segment is committed.
-enum Finishing {
-    Done(Vec<(usize, Dataset)>),
-    Share(Share),
-}
-
-/// Deals the builders to as many of the write path's threads as there are cores and
-/// finishes them there, unless one thread's work is all there is.
-async fn finish_builders(
+/// Finishes one dataset per (tenant, service), on as many of the write path's threads as
+/// there are cores, and encodes them as one block, datasets in (tenant, service) order.
+async fn build_segment(
     mut builders: Vec<(ServiceKey, DatasetBuilder)>,
-    warm: &Arc<WarmBuilders>,
-) -> Result<Finishing, StoreError> {
+    warm: Arc<WarmBuilders>,
+    block_id: String,
+    object_key: String,
+) -> Result<(Vec<u8>, Vec<DatasetMeta>), StoreError> {
     builders.sort_by(|(a, _), (b, _)| a.cmp(b));
     let count = builders.len();
     let threads = kiln_model::priority::cores().min(count).max(1);
     // Deal builders to threads largest first, so one big service does not leave the
     // other threads idle.
-    let mut order: Share = builders
+    let mut order: Vec<(usize, ServiceKey, DatasetBuilder)> = builders
         .into_iter()
         .enumerate()
         .map(|(index, (key, builder))| (index, key, builder))
         .collect();
     order.sort_by_cached_key(|(_, _, builder)| std::cmp::Reverse(builder.heap_bytes()));
+    type Share = Vec<(usize, ServiceKey, DatasetBuilder)>;
     let mut shares: Vec<Share> = (0..threads).map(|_| Vec::new()).collect();
     for (position, entry) in order.into_iter().enumerate() {
         shares[position % threads].push(entry);
     }
-    if shares.len() == 1 {
-        return Ok(Finishing::Share(shares.pop().unwrap_or_default()));
+    let finish = move |share: Share, warm: &WarmBuilders| -> Vec<(usize, Dataset)> {
+        share
+            .into_iter()
+            .map(|(index, key, mut builder)| {
+                let taken = builder.take_dataset();
+                warm.give_back(key, builder, &taken);
+                (index, taken.dataset)
+            })
+            .collect()
+    };
+    if let [share] = &mut shares[..] {
+        // One thread's work (a flush of one service, most flushes at a low rate): finished
+        // and encoded in one task, one hand-off to the write path's threads instead of two.
+        let share = std::mem::take(share);
+        return crate::cpu::spawn(move || {
+            encode_segment(finish(share, &warm), &block_id, &object_key)
+        })
+        .await
+        .map_err(StoreError::Task)?;
     }
     let finishing: Vec<_> = shares
         .into_iter()
         .map(|share| {
             let warm = warm.clone();
-            crate::cpu::spawn(move || finish_share(share, &warm))
+            crate::cpu::spawn(move || finish(share, &warm))
         })
         .collect();
     let mut built: Vec<(usize, Dataset)> = Vec::with_capacity(count);
     for share in finishing {
         built.extend(share.await.map_err(StoreError::Task)?);
     }
-    Ok(Finishing::Done(built))
-}
-
-/// Takes each builder's dataset and gives the builder back to be kept warm.
-fn finish_share(share: Share, warm: &WarmBuilders) -> Vec<(usize, Dataset)> {
-    share
-        .into_iter()
-        .map(|(index, key, mut builder)| {
-            let taken = builder.take_dataset();
-            warm.give_back(key, builder, &taken);
-            (index, taken.dataset)
-        })
-        .collect()
+    crate::cpu::spawn(move || encode_segment(built, &block_id, &object_key))
+        .await
+        .map_err(StoreError::Task)?
 }
 
 /// Encodes finished datasets as one segment, in the order of their indices (the sorted

@@ -454,23 +454,6 @@ impl Metastore {
         dispatch!(self.register_block(block, datasets))
     }
 
-    /// [`Metastore::register_block`] for a thread that may block (never an async worker):
-    /// SQLite commits right here, without a hand-off to tokio's blocking pool and back;
-    /// PostgreSQL is asked on `runtime`.
-    pub fn register_block_blocking(
-        &self,
-        runtime: &tokio::runtime::Handle,
-        block: BlockMeta,
-        datasets: Vec<DatasetMeta>,
-    ) -> Result<(), MetastoreError> {
-        match self {
-            Metastore::Sqlite(sqlite) => sqlite.register_block_blocking(block, datasets),
-            Metastore::Postgres(postgres) => {
-                runtime.block_on(postgres.register_block(block, datasets))
-            }
-        }
-    }
-
     pub async fn list_datasets(
         &self,
         query: DatasetQuery,

@@ -94,9 +94,12 @@ impl SqliteMetastore {
         work: impl FnOnce(&mut Connection) -> Result<T, MetastoreError> + Send + 'static,
     ) -> Result<T, MetastoreError> {
         let connection = self.connection.clone();
-        tokio::task::spawn_blocking(move || with_connection(&connection, work))
-            .await
-            .map_err(MetastoreError::Task)?
+        tokio::task::spawn_blocking(move || {
+            let mut guard = connection.lock().map_err(|_| MetastoreError::Poisoned)?;
+            work(&mut guard)
+        })
+        .await
+        .map_err(MetastoreError::Task)?
     }
 
     pub async fn register_block(
@@ -104,19 +107,13 @@ impl SqliteMetastore {
         block: BlockMeta,
         datasets: Vec<DatasetMeta>,
     ) -> Result<(), MetastoreError> {
-        self.with(move |connection| register(connection, &block, &datasets))
-            .await
-    }
-
-    /// [`SqliteMetastore::register_block`] on this thread, which may block.
-    pub fn register_block_blocking(
-        &self,
-        block: BlockMeta,
-        datasets: Vec<DatasetMeta>,
-    ) -> Result<(), MetastoreError> {
-        with_connection(&self.connection, |connection| {
-            register(connection, &block, &datasets)
+        self.with(move |connection| {
+            let transaction = connection.transaction()?;
+            insert_block(&transaction, &block, &datasets)?;
+            transaction.commit()?;
+            Ok(())
         })
+        .await
     }
 
     pub async fn list_datasets(
@@ -798,25 +795,6 @@ fn rule_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RuleRecord> {
         live_from_ms: row.get(4)?,
         updated_at_ms: row.get(5)?,
     })
-}
-
-fn with_connection<T>(
-    connection: &Mutex<Connection>,
-    work: impl FnOnce(&mut Connection) -> Result<T, MetastoreError>,
-) -> Result<T, MetastoreError> {
-    let mut guard = connection.lock().map_err(|_| MetastoreError::Poisoned)?;
-    work(&mut guard)
-}
-
-fn register(
-    connection: &mut Connection,
-    block: &BlockMeta,
-    datasets: &[DatasetMeta],
-) -> Result<(), MetastoreError> {
-    let transaction = connection.transaction()?;
-    insert_block(&transaction, block, datasets)?;
-    transaction.commit()?;
-    Ok(())
 }
 
 fn insert_block(

@@ -140,29 +140,6 @@ impl ObjectStorage {
         Ok(())
     }
 
-    /// [`ObjectStorage::put`] for a thread that may block (never an async worker), with the
-    /// same durability. A remote store is written on `runtime`. A local file is written
-    /// right here, as `object_store` writes it (a `#`-numbered staging file beside it,
-    /// synced, renamed into place, its directory synced), because `object_store` would
-    /// hand that work to tokio's blocking pool again: the write path commits from a
-    /// blocking thread, and a second hand-off (and the wake-ups of the async workers it
-    /// costs) is most of what a small flush spends outside its own work
-    /// (docs/benchmarks.md, "A flush commits on one thread").
-    pub fn put_blocking(
-        &self,
-        runtime: &tokio::runtime::Handle,
-        key: &str,
-        data: Bytes,
-    ) -> Result<(), StorageError> {
-        let Some(root) = &self.local_root else {
-            return runtime.block_on(self.put(key, data));
-        };
-        // object_store's checks (no `..`, no empty part), then the file the blocking
-        // readers open (`root.join(key)`).
-        Path::parse(key).map_err(object_store::Error::from)?;
-        write_durably(&root.join(key), &data)
-    }
-
     pub async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
         let path = Path::from(key);
         Ok(self.store.get(&path).await?.bytes().await?)
@@ -257,67 +234,6 @@ impl ObjectStorage {
     }
 }
 
-/// Writes `dest` so that, once this returns, it survives a crash of the machine whole or
-/// not at all: `dest#N` (which `object_store` lists as no object) is written and synced,
-/// renamed to `dest`, and the directory synced. Missing directories are made, and their
-/// parents synced.
-fn write_durably(dest: &std::path::Path, data: &[u8]) -> Result<(), StorageError> {
-    use std::io::Write;
-    let parent = dest
-        .parent()
-        .ok_or_else(|| std::io::Error::other("an object path has a parent directory"))?;
-    let mut suffix = 1u32;
-    let (mut file, staging) = loop {
-        let mut staging = dest.as_os_str().to_owned();
-        staging.push(format!("#{suffix}"));
-        let staging = std::path::PathBuf::from(staging);
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&staging)
-        {
-            Ok(file) => break (file, staging),
-            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => suffix += 1,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => make_dirs_durably(parent)?,
-            Err(err) => return Err(err.into()),
-        }
-    };
-    let written = file
-        .write_all(data)
-        .and_then(|()| file.sync_all())
-        .and_then(|()| std::fs::rename(&staging, dest))
-        .and_then(|()| std::fs::File::open(parent)?.sync_all());
-    if let Err(err) = written {
-        let _ = std::fs::remove_file(&staging);
-        return Err(err.into());
-    }
-    Ok(())
-}
-
-/// Creates `dir` and any missing parents, syncing each parent in which one was made.
-fn make_dirs_durably(dir: &std::path::Path) -> Result<(), StorageError> {
-    let mut missing = Vec::new();
-    let mut at = dir;
-    while !at.exists() {
-        missing.push(at);
-        at = match at.parent() {
-            Some(parent) => parent,
-            None => break,
-        };
-    }
-    for made in missing.into_iter().rev() {
-        match std::fs::create_dir(made) {
-            Ok(()) => {}
-            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(err) => return Err(err.into()),
-        }
-        if let Some(parent) = made.parent() {
-            std::fs::File::open(parent)?.sync_all()?;
-        }
-    }
-    Ok(())
-}
-
 /// The bytes of `range` of a local file, or those there are before its end.
 fn read_file_range(
     file: &mut std::fs::File,
@@ -329,63 +245,4 @@ fn read_file_range(
     let mut buffer = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
     file.take(len).read_to_end(&mut buffer)?;
     Ok(Bytes::from(buffer))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A blocking put lands where `object_store` reads and lists it, makes the directories
-    /// it needs, replaces an object whole, leaves no staging file, and refuses a key that
-    /// would leave the store.
-    #[test]
-    fn a_blocking_put_is_an_object_like_any_other() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("a runtime");
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let storage =
-            ObjectStorage::open(dir.path().to_str().expect("a UTF-8 path")).expect("a local store");
-        let handle = runtime.handle().clone();
-        for (key, data) in [
-            ("segments/a.parquet", &b"first"[..]),
-            ("segments/deeper/b.parquet", b"second"),
-            ("segments/a.parquet", b"replaced"),
-        ] {
-            storage
-                .put_blocking(&handle, key, Bytes::from_static(data))
-                .expect("put");
-            let read = runtime.block_on(storage.get(key)).expect("get");
-            assert_eq!(&read[..], data, "{key}");
-        }
-        let listed = runtime
-            .block_on(storage.list_keys("segments"))
-            .expect("list");
-        assert_eq!(
-            listed,
-            ["segments/a.parquet", "segments/deeper/b.parquet"],
-            "listed"
-        );
-        let mut files: Vec<String> = std::fs::read_dir(dir.path().join("segments"))
-            .expect("the directory")
-            .map(|entry| {
-                entry
-                    .expect("an entry")
-                    .file_name()
-                    .to_string_lossy()
-                    .into()
-            })
-            .collect();
-        files.sort();
-        assert_eq!(files, ["a.parquet", "deeper"], "no staging file is left");
-        for bad in ["../outside.parquet", "segments//b.parquet"] {
-            assert!(
-                storage
-                    .put_blocking(&handle, bad, Bytes::from_static(b"x"))
-                    .is_err(),
-                "{bad} was written"
-            );
-        }
-        assert!(!dir.path().join("../outside.parquet").exists());
-    }
 }
