@@ -6,7 +6,7 @@
 //! object hold every table of many datasets, so the write path does one PUT per flush and
 //! a reader fetches only the column chunks it needs of the one row group it needs.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
@@ -21,7 +21,7 @@ use parquet::file::reader::{FileReader, RowGroupReader, SerializedFileReader};
 use parquet::file::serialized_reader::SerializedRowGroupReader;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
-use parquet::schema::types::ColumnPath;
+use parquet::schema::types::{ColumnPath, Type};
 
 use crate::dataset::{Dataset, FunctionRow, MappingRow, ProfileRow, SeriesRow};
 use crate::strings::Strings;
@@ -349,12 +349,35 @@ fn writer_properties(
         .build())
 }
 
+/// The current schema and `encoding`'s writer properties, made once per process. Made
+/// for each block, parsing the forty-column schema's text was 1.4 % of the server's CPU
+/// where most flushes hold one small dataset (500 services at 40 profiles/s in all;
+/// docs/benchmarks.md, "The schema is parsed once").
+fn current_format(
+    encoding: BlockEncoding,
+) -> Result<(Arc<Type>, Arc<WriterProperties>), StorageError> {
+    type Made = (Arc<Type>, Arc<WriterProperties>);
+    static SEGMENT: OnceLock<Made> = OnceLock::new();
+    static COMPACTED: OnceLock<Made> = OnceLock::new();
+    let cell = match encoding {
+        BlockEncoding::Segment => &SEGMENT,
+        BlockEncoding::Compacted => &COMPACTED,
+    };
+    if let Some(made) = cell.get() {
+        return Ok(made.clone());
+    }
+    let made = (
+        Arc::new(parse_message_type(SCHEMA)?),
+        Arc::new(writer_properties(encoding, FORMAT_VERSION)?),
+    );
+    Ok(cell.get_or_init(|| made).clone())
+}
+
 /// A writer of blocks of the current format version, as `encoding` writes them.
 pub(crate) fn block_writer(
     encoding: BlockEncoding,
 ) -> Result<SerializedFileWriter<Vec<u8>>, StorageError> {
-    let schema = Arc::new(parse_message_type(SCHEMA)?);
-    let properties = Arc::new(writer_properties(encoding, FORMAT_VERSION)?);
+    let (schema, properties) = current_format(encoding)?;
     Ok(SerializedFileWriter::new(Vec::new(), schema, properties)?)
 }
 
@@ -368,11 +391,12 @@ pub fn encode_block_as(
     datasets: &[Dataset],
     encoding: BlockEncoding,
 ) -> Result<Vec<u8>, StorageError> {
-    encode_version(datasets, encoding, SCHEMA, FORMAT_VERSION)
+    encode_with(datasets, block_writer(encoding)?)
 }
 
-/// Encodes with a schema and the version it is: the current one, or in tests an older one
-/// whose columns are a prefix of the current ones.
+/// Encodes with a schema and the version it claims, for tests: an older one (whose columns
+/// are a prefix of the current ones), or one not yet known.
+#[cfg(test)]
 fn encode_version(
     datasets: &[Dataset],
     encoding: BlockEncoding,
@@ -381,7 +405,17 @@ fn encode_version(
 ) -> Result<Vec<u8>, StorageError> {
     let schema = Arc::new(parse_message_type(schema)?);
     let properties = Arc::new(writer_properties(encoding, version)?);
-    let mut writer = SerializedFileWriter::new(Vec::new(), schema, properties)?;
+    encode_with(
+        datasets,
+        SerializedFileWriter::new(Vec::new(), schema, properties)?,
+    )
+}
+
+/// Writes each dataset as a row group of `writer`, and closes it.
+fn encode_with(
+    datasets: &[Dataset],
+    mut writer: SerializedFileWriter<Vec<u8>>,
+) -> Result<Vec<u8>, StorageError> {
     for dataset in datasets {
         let mut row_group = writer.next_row_group()?;
         let mut index = 0;
