@@ -350,7 +350,7 @@ fn writer_properties(
 }
 
 /// The current schema and `encoding`'s writer properties, made once per process. Made
-/// for each block, parsing the forty-column schema's text was 1.4 % of the server's CPU
+/// for each block, parsing the forty-column schema's text was 1.5 % of the server's CPU
 /// where most flushes hold one small dataset (500 services at 40 profiles/s in all;
 /// docs/benchmarks.md, "The schema is parsed once").
 fn current_format(
