@@ -35,14 +35,7 @@ fn a_lone_dataset_is_copied_out_of_its_segment(backend: Backend) {
     let server = TestServer::start_on(backend, no_compaction);
     let base = 1_700_000_000;
     for (service, name) in [("solo", FIXTURES[0]), ("other", FIXTURES[3])] {
-        let (status, text) = server.post(
-            &format!(
-                "/ingest?name={service}&format=pprof&from={base}&until={}",
-                base + 10
-            ),
-            &fixture(name),
-        );
-        assert_eq!(status, 200, "{text}");
+        post_pprof(&server, service, base, &fixture(name));
     }
     let (start, end) = ((base - 10) * 1000, (base + 600) * 1000);
     let before = answers(&server, start, end);
@@ -298,6 +291,19 @@ fn canonical_tree(bytes: &[u8]) -> Vec<(String, i64)> {
     nodes
 }
 
+/// Posts `pprof` to `/ingest` as `name` (with its `{labels}`) for the ten seconds from
+/// `from`, and asserts it was acknowledged.
+fn post_pprof(server: &TestServer, name: &str, from: i64, pprof: &[u8]) {
+    let (status, text) = server.post(
+        &format!(
+            "/ingest?name={name}&format=pprof&from={from}&until={}",
+            from + 10
+        ),
+        pprof,
+    );
+    assert_eq!(status, 200, "{text}");
+}
+
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !done() {
@@ -314,14 +320,8 @@ fn compaction_changes_no_answer_and_leaves_one_block_per_service(backend: Backen
         for (index, name) in FIXTURES.iter().enumerate() {
             for (service, instance) in [("api", "a"), ("web", "b")] {
                 let from = base + round * 60 + index as i64;
-                let (status, text) = server.post(
-                    &format!(
-                        "/ingest?name={service}{{instance={instance}}}&format=pprof&from={from}&until={}",
-                        from + 10
-                    ),
-                    &fixture(name),
-                );
-                assert_eq!(status, 200, "{text}");
+                let name_and_labels = format!("{service}{{instance={instance}}}");
+                post_pprof(server, &name_and_labels, from, &fixture(name));
             }
         }
         std::thread::sleep(Duration::from_millis(120)); // let this round flush on its own
@@ -390,14 +390,7 @@ fn retention_removes_only_what_is_older_than_the_window(backend: Backend) {
     // One profile 40 days old, one 20 days old, one from now; two services.
     for (service, age_days) in [("old", 40), ("mid", 20), ("new", 0)] {
         let from = now - age_days * day - 60;
-        let (status, text) = server.post(
-            &format!(
-                "/ingest?name={service}&format=pprof&from={from}&until={}",
-                from + 10
-            ),
-            &profile,
-        );
-        assert_eq!(status, 200, "{text}");
+        post_pprof(&server, service, from, &profile);
         std::thread::sleep(Duration::from_millis(120));
     }
     let (start, end) = ((now - 60 * day) * 1000, (now + 60) * 1000);
