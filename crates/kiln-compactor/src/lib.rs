@@ -20,7 +20,10 @@
 //! 4. blocks left without datasets are tombstoned and their objects deleted after the
 //!    grace period, so queries that listed them just before can still read them.
 //!
-//! A level-0 dataset is compacted exactly once: its swap deletes it. That makes the first
+//! A level-0 dataset is compacted exactly once: its swap deletes it, or, when it is alone
+//! in its segment, its service has at most one other due, and its tenant has no rules,
+//! the segment itself is raised to level 1 (one row update, no object written; see
+//! [`promotable`]). That makes the first
 //! compaction the one moment each profile is seen exactly once, so recording rules
 //! ([`RuleHook`], kiln-rules) are evaluated there, over the inputs, and their samples are
 //! committed in the same transaction as the swap.
@@ -209,6 +212,8 @@ pub struct CompactorMetrics {
     pub jobs: Counter,
     /// Jobs that moved a lone level-0 dataset by copying its column chunks.
     pub copies: Counter,
+    /// Jobs that raised a segment holding one lone dataset to level 1 in place.
+    pub promotions: Counter,
     pub conflicts: Counter,
     pub input_bytes: Counter,
     pub output_bytes: Counter,
@@ -231,6 +236,11 @@ impl CompactorMetrics {
             "kiln_compaction_copies",
             "Lone level-0 datasets moved out of their segment by copying their column chunks, not merged",
             self.copies.clone(),
+        );
+        registry.register(
+            "kiln_compaction_promotions",
+            "Segments holding one lone level-0 dataset raised to level 1 in place, neither copied nor merged",
+            self.promotions.clone(),
         );
         registry.register(
             "kiln_compaction_conflicts",
@@ -311,6 +321,10 @@ pub struct Compactor {
     merges: Arc<Pool>,
 }
 
+/// The most datasets of a level-0 job that [`promotable`] raises instead of merging: up to
+/// two, level 1 holds at most twice the datasets a merge would have left it.
+const PROMOTE_MAX_INPUTS: usize = 2;
+
 /// Memory for cached block tails; beyond it the oldest go (and are fetched again if needed).
 const TAIL_CACHE_BYTES: usize = 64 << 20;
 
@@ -336,14 +350,50 @@ impl Job {
         self.inputs.iter().map(|d| d.profile_count).sum::<u64>() >= LARGE_JOB_PROFILES
     }
 
-    /// A service's one level-0 dataset, moved out of its segment by a copy of its column
-    /// chunks (`Compactor::copy_lone`) unless recording rules must read it, and without a
+    /// A service's one level-0 dataset left after [`promotable`] ones were raised, moved
+    /// out of the segment it shares by a copy of its column chunks
+    /// (`Compactor::copy_lone`) unless recording rules must read it, and without a
     /// lease either way: a lease only spares two compactors the same work (the swap fails
     /// when its inputs are gone), and taking and releasing one are two metastore commits,
     /// each an fsync, where with many services at a low rate most jobs are such moves.
     fn is_lone(&self) -> bool {
         self.key.level == 0 && self.inputs.len() == 1
     }
+}
+
+/// Of level 0's due jobs, the blocks that can be raised to level 1 in place
+/// ([`Metastore::promote_blocks`]): segments holding one dataset (`alone`), in a job of at
+/// most [`PROMOTE_MAX_INPUTS`], of a tenant without recording rules, where level 1 is
+/// written as segments are (snappy).
+///
+/// With many services at a low rate most flushes hold one service, so most segments hold
+/// one dataset of a profile or two, and a service has one or two of them when its group is
+/// due. Copying such a dataset out would write the same bytes again, with an upload and a
+/// metastore commit of its own; merging two would decode and encode both, for a dataset
+/// that level 1 merges again within minutes anyway. Raised, each costs a row update in
+/// one transaction per pass, and level 1's merge is its first (docs/benchmarks.md). A
+/// larger group is merged as before, so that level 1 (which merges ten datasets at a
+/// time) holds few, larger datasets, and so do the levels above it; so is a dataset that
+/// shares its segment, where level 0 turns one object per flush into one per service.
+fn promotable(
+    jobs: &[Job],
+    alone: &HashSet<String>,
+    compression: LevelCompression,
+    ruled: &HashSet<String>,
+) -> Vec<String> {
+    if compression != LevelCompression::Snappy {
+        return Vec::new();
+    }
+    jobs.iter()
+        .filter(|job| {
+            job.key.level == 0
+                && job.inputs.len() <= PROMOTE_MAX_INPUTS
+                && !ruled.contains(&job.key.tenant)
+        })
+        .flat_map(|job| &job.inputs)
+        .filter(|input| alone.contains(&input.block_id))
+        .map(|input| input.block_id.clone())
+        .collect()
 }
 
 impl Compactor {
@@ -412,7 +462,17 @@ impl Compactor {
     pub async fn run_pass(&self, now_ms: i64) -> Result<PassReport, CompactorError> {
         let mut report = PassReport::default();
         for level in 0..self.config.levels.len() as u32 {
-            for job in self.due_jobs(level, now_ms).await? {
+            let (mut jobs, alone) = self.due_jobs(level, now_ms).await?;
+            if level == 0 && !alone.is_empty() {
+                let promoted = self.promote(&jobs, &alone).await?;
+                for job in &mut jobs {
+                    job.inputs
+                        .retain(|input| !promoted.contains(&input.block_id));
+                }
+                jobs.retain(|job| !job.inputs.is_empty());
+                report.compactions += promoted.len();
+            }
+            for job in jobs {
                 let (tenant, service) = (job.key.tenant.clone(), job.key.service.clone());
                 let full = job.full;
                 match self.compact(job).await {
@@ -434,12 +494,58 @@ impl Compactor {
         Ok(report)
     }
 
+    /// Raises the [`promotable`] blocks of level 0's due jobs to level 1 in one metastore
+    /// transaction; returns those raised. The rest (a block changed since it was listed)
+    /// are merged or copied with their job's other inputs.
+    async fn promote(
+        &self,
+        jobs: &[Job],
+        alone: &HashSet<String>,
+    ) -> Result<HashSet<String>, CompactorError> {
+        let compression = self.config.levels[0].compression;
+        if promotable(jobs, alone, compression, &HashSet::new()).is_empty() {
+            return Ok(HashSet::new());
+        }
+        // Read before the promotion, as a job reads them before its merge: a rule saved
+        // later starts with the next job.
+        let ruled: HashSet<String> = match &self.rules {
+            Some(_) => self
+                .metastore
+                .recording_rules(None)
+                .await?
+                .into_iter()
+                .map(|rule| rule.tenant)
+                .collect(),
+            None => HashSet::new(),
+        };
+        let candidates = promotable(jobs, alone, compression, &ruled);
+        let promoted = self.metastore.promote_blocks(candidates, 0).await?;
+        let count = promoted.len() as u64;
+        self.metrics.jobs.inc_by(count);
+        self.metrics.promotions.inc_by(count);
+        Ok(promoted.into_iter().collect())
+    }
+
     /// Groups the live datasets of `level` by (tenant, service, window) and returns the
-    /// groups that are due.
-    async fn due_jobs(&self, level: u32, now_ms: i64) -> Result<Vec<Job>, CompactorError> {
+    /// groups that are due, and the blocks that held one live dataset when listed.
+    async fn due_jobs(
+        &self,
+        level: u32,
+        now_ms: i64,
+    ) -> Result<(Vec<Job>, HashSet<String>), CompactorError> {
         let policy = &self.config.levels[level as usize];
         let mut groups: BTreeMap<(String, String, i64), Vec<(DatasetMeta, i64)>> = BTreeMap::new();
-        for (dataset, created_at_ms) in self.metastore.datasets_at_level(level).await? {
+        let listed = self.metastore.datasets_at_level(level).await?;
+        let mut per_block: HashMap<&str, usize> = HashMap::new();
+        for (dataset, _) in &listed {
+            *per_block.entry(dataset.block_id.as_str()).or_default() += 1;
+        }
+        let alone: HashSet<String> = per_block
+            .into_iter()
+            .filter(|(_, count)| *count == 1)
+            .map(|(block, _)| block.to_string())
+            .collect();
+        for (dataset, created_at_ms) in listed {
             let window = match policy.window_ms {
                 window if window > 0 => (dataset.min_time_nanos / NANOS_PER_MS).div_euclid(window),
                 _ => 0,
@@ -485,7 +591,7 @@ impl Compactor {
                 });
             }
         }
-        Ok(jobs)
+        Ok((jobs, alone))
     }
 
     /// Merges one group; false when it lost a race (lease held elsewhere or inputs gone).

@@ -16,7 +16,7 @@ use crate::now_ms;
 use crate::{
     BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, LevelBacklog,
     MetastoreError, NodeRecord, OutboxSample, RegressionRecord, RuleRecord, VersionCheck, CLAIMED,
-    DELIVERED, LEVEL_BACKLOG, MIGRATIONS, PENDING,
+    DELIVERED, LEVEL_BACKLOG, MIGRATIONS, PENDING, PROMOTE_BLOCK,
 };
 
 /// Any 64-bit key no other user of the database is likely to pick: "kilnmeta".
@@ -256,6 +256,25 @@ impl PostgresMetastore {
         add_exports(&transaction, &exports).await?;
         transaction.commit().await?;
         Ok(())
+    }
+
+    pub async fn promote_blocks(
+        &self,
+        block_ids: Vec<String>,
+        level: u32,
+    ) -> Result<Vec<String>, MetastoreError> {
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await?;
+        let update = transaction.prepare_cached(PROMOTE_BLOCK).await?;
+        let (level, now) = (level as i32, now_ms());
+        let mut promoted = Vec::new();
+        for id in block_ids {
+            if transaction.execute(&update, &[&id, &level, &now]).await? == 1 {
+                promoted.push(id);
+            }
+        }
+        transaction.commit().await?;
+        Ok(promoted)
     }
 
     pub async fn recording_rules(

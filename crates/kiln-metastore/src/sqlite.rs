@@ -11,7 +11,7 @@ use crate::now_ms;
 use crate::{
     BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, LevelBacklog,
     MetastoreError, NodeRecord, OutboxSample, RegressionRecord, RuleRecord, VersionCheck, CLAIMED,
-    DELIVERED, LEVEL_BACKLOG, MIGRATIONS, PENDING,
+    DELIVERED, LEVEL_BACKLOG, MIGRATIONS, PENDING, PROMOTE_BLOCK,
 };
 
 #[derive(Clone)]
@@ -254,6 +254,31 @@ impl SqliteMetastore {
             add_exports(&transaction, &exports)?;
             transaction.commit()?;
             Ok(())
+        })
+        .await
+    }
+
+    pub async fn promote_blocks(
+        &self,
+        block_ids: Vec<String>,
+        level: u32,
+    ) -> Result<Vec<String>, MetastoreError> {
+        self.with(move |connection| {
+            let transaction = connection.transaction()?;
+            let mut promoted = Vec::new();
+            {
+                // SQLite takes `$2` as a name, bound in order of first use; `?2` is the
+                // second parameter, as PostgreSQL's `$2` is.
+                let mut update = transaction.prepare_cached(&PROMOTE_BLOCK.replace('$', "?"))?;
+                let now = now_ms();
+                for id in block_ids {
+                    if update.execute(params![id, level, now])? == 1 {
+                        promoted.push(id);
+                    }
+                }
+            }
+            transaction.commit()?;
+            Ok(promoted)
         })
         .await
     }

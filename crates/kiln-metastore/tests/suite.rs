@@ -71,6 +71,40 @@ fn dataset(
     }
 }
 
+/// Swaps `dataset` for the same dataset in a new level-1 block `into`, as a copy does.
+async fn move_to_level_1(metastore: &Metastore, dataset: DatasetMeta, into: &str) {
+    let reference = dataset.reference();
+    let moved = DatasetMeta {
+        block_id: into.to_string(),
+        object_key: format!("segments/{into}.parquet"),
+        row_group: 0,
+        ..dataset
+    };
+    metastore
+        .replace_datasets(
+            level(block(into), 1),
+            vec![moved],
+            vec![reference],
+            Exports::default(),
+        )
+        .await
+        .unwrap();
+}
+
+/// A level-0 segment `id` holding tenant t's services api and web, both over [10, 20].
+async fn register_api_and_web(metastore: &Metastore, id: &str) {
+    metastore
+        .register_block(
+            block(id),
+            vec![
+                dataset(id, 0, "t", "api", 10, 20),
+                dataset(id, 1, "t", "web", 10, 20),
+            ],
+        )
+        .await
+        .unwrap();
+}
+
 fn query(tenant: &str, service: Option<&str>, from: i64, to: i64) -> DatasetQuery {
     DatasetQuery {
         tenant: tenant.to_string(),
@@ -240,16 +274,7 @@ macro_rules! metastore_suite {
                     LevelBacklog::default()
                 );
                 // Two segments; s1 holds two services, s2 one.
-                metastore
-                    .register_block(
-                        block("s1"),
-                        vec![
-                            dataset("s1", 0, "t", "api", 10, 20),
-                            dataset("s1", 1, "t", "web", 10, 20),
-                        ],
-                    )
-                    .await
-                    .unwrap();
+                register_api_and_web(&metastore, "s1").await;
                 metastore
                     .register_block(block("s2"), vec![dataset("s2", 0, "t", "api", 30, 40)])
                     .await
@@ -360,6 +385,74 @@ macro_rules! metastore_suite {
                     .map(|b| b.id)
                     .collect();
                 assert_eq!(ids, vec!["c1", "s1", "s3"]);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn only_live_blocks_holding_one_dataset_are_promoted_in_place() {
+                let Some(fixture) = super::$backend().await else {
+                    return;
+                };
+                let metastore = fixture.metastore.clone();
+                // s1 holds two services, s2 and s3 one each; s3's is then merged away,
+                // which tombstones s3; c1 is already at level 1.
+                register_api_and_web(&metastore, "s1").await;
+                for id in ["s2", "s3"] {
+                    metastore
+                        .register_block(block(id), vec![dataset(id, 0, "t", "db", 30, 40)])
+                        .await
+                        .unwrap();
+                }
+                move_to_level_1(&metastore, dataset("s3", 0, "t", "db", 30, 40), "c1").await;
+                let ids = |ids: &[&str]| ids.iter().map(|id| id.to_string()).collect::<Vec<_>>();
+                let promoted = metastore
+                    .promote_blocks(ids(&["s1", "s2", "s3", "c1", "absent"]), 0)
+                    .await
+                    .unwrap();
+                assert_eq!(promoted, ids(&["s2"]));
+                let blocks = metastore.list_blocks().await.unwrap();
+                let of = |id: &str| blocks.iter().find(|b| b.id == id).unwrap().clone();
+                let s2 = of("s2");
+                assert_eq!(
+                    (s2.level, s2.object_key.as_str(), s2.deleted_at_ms),
+                    (1, "segments/s2.parquet", None)
+                );
+                assert!(s2.created_at_ms > 1, "a promoted block's age starts again");
+                assert_eq!((of("s1").level, of("s3").level, of("c1").level), (0, 0, 1));
+                // The dataset is where it was, and counted at its new level only.
+                let at_one: Vec<DatasetMeta> = metastore
+                    .datasets_at_level(1)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|(dataset, _)| dataset)
+                    .collect();
+                assert!(
+                    at_one.contains(&dataset("s2", 0, "t", "db", 30, 40)),
+                    "{at_one:?}"
+                );
+                assert_eq!(metastore.level_backlog(0).await.unwrap().datasets, 2);
+                assert_eq!(metastore.level_backlog(1).await.unwrap().datasets, 2);
+                // Raised once: a second call (another compactor's) changes nothing.
+                assert!(metastore
+                    .promote_blocks(ids(&["s2"]), 0)
+                    .await
+                    .unwrap()
+                    .is_empty());
+                assert_eq!(
+                    metastore.promote_blocks(ids(&["s2"]), 1).await.unwrap(),
+                    ids(&["s2"])
+                );
+                // Once one of s1's datasets is merged away, s1 holds one and is promoted.
+                move_to_level_1(&metastore, dataset("s1", 0, "t", "api", 10, 20), "c2").await;
+                assert_eq!(
+                    metastore.promote_blocks(ids(&["s1"]), 0).await.unwrap(),
+                    ids(&["s1"])
+                );
+                assert!(metastore
+                    .promote_blocks(Vec::new(), 0)
+                    .await
+                    .unwrap()
+                    .is_empty());
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,17 +26,34 @@ on_every_backend!(
     retention_removes_only_what_is_older_than_the_window,
     compaction_reads_each_segment_about_once,
     a_lone_dataset_is_copied_out_of_its_segment,
+    a_segment_holding_one_lone_dataset_is_promoted_in_place,
 );
 
-/// A service with one dataset at level 0 gets a level-1 block of it by a copy of its
-/// column chunks, not a merge: its segment goes, the block is as its level says (snappy),
-/// and every answer is the same before and after.
+/// Without compaction, and every write that arrives within two seconds of a batch's
+/// first in that batch's flush: writes sent together share one segment.
+fn writes_sent_together_share_a_segment(config: &mut ServerConfig) {
+    no_compaction(config);
+    config.flush_adaptive = false;
+    config.flush_interval_ms = 2_000;
+}
+
+/// A service with one dataset at level 0, in a segment it shares, gets a level-1 block of
+/// it by a copy of its column chunks, not a merge: the segment goes, the block is as its
+/// level says (snappy), and every answer is the same before and after.
 fn a_lone_dataset_is_copied_out_of_its_segment(backend: Backend) {
-    let server = TestServer::start_on(backend, no_compaction);
+    let server = TestServer::start_on(backend, writes_sent_together_share_a_segment);
     let base = 1_700_000_000;
-    for (service, name) in [("solo", FIXTURES[0]), ("other", FIXTURES[3])] {
-        post_pprof(&server, service, base, &fixture(name));
-    }
+    std::thread::scope(|scope| {
+        for (service, name) in [("solo", FIXTURES[0]), ("other", FIXTURES[3])] {
+            let server = &server;
+            scope.spawn(move || post_pprof(server, service, base, &fixture(name)));
+        }
+    });
+    assert_eq!(
+        server.object_keys().len(),
+        1,
+        "both services in one segment"
+    );
     let (start, end) = ((base - 10) * 1000, (base + 600) * 1000);
     let before = answers(&server, start, end);
     let server = server.restart_with(eager_compaction);
@@ -50,18 +67,74 @@ fn a_lone_dataset_is_copied_out_of_its_segment(backend: Backend) {
             && runtime.block_on(store.datasets_at_level(1)).unwrap().len() == 2
     });
     assert_eq!(server.metric("kiln_compaction_copies_total"), 2.0);
+    assert_eq!(server.metric("kiln_compaction_promotions_total"), 0.0);
     assert_eq!(
         compressed_as_their_level_says(&server, &runtime, &store),
         [1, 1]
     );
     assert_eq!(answers(&server, start, end), before);
-    wait_until("the segments deleted", || {
+    wait_until("the segment deleted", || {
         server
             .object_keys()
             .iter()
             .all(|key| key.starts_with("blocks/"))
     });
     // They read back after a restart too.
+    let server = server.restart_with(no_compaction);
+    assert_eq!(answers(&server, start, end), before);
+}
+
+/// A level-0 dataset alone in its segment (a flush of one service, as most are with many
+/// services at a low rate) is raised to level 1 with its segment, even beside others of
+/// its service: no object is written for it, and level 1 merges them. Here `solo`'s two
+/// segments are raised and then merged into one level-2 block, and `other`'s one segment
+/// stays, at level 1; every answer is the same before and after, and after a restart.
+fn a_segment_holding_one_lone_dataset_is_promoted_in_place(backend: Backend) {
+    let server = TestServer::start_on(backend, no_compaction);
+    let base = 1_700_000_000;
+    for (service, from, name) in [
+        ("solo", base, FIXTURES[0]),
+        ("solo", base + 10, FIXTURES[1]),
+        ("other", base, FIXTURES[3]),
+    ] {
+        post_pprof(&server, service, from, &fixture(name));
+    }
+    let segments = server.object_keys();
+    assert_eq!(segments.len(), 3, "one segment per write: {segments:?}");
+    let (runtime, store) = server.open_metastore();
+    let other_segment = runtime
+        .block_on(store.datasets_at_level(0))
+        .unwrap()
+        .into_iter()
+        .find(|(dataset, _)| dataset.service == "other")
+        .map(|(dataset, _)| dataset.object_key)
+        .unwrap();
+    drop(store);
+    let (start, end) = ((base - 10) * 1000, (base + 600) * 1000);
+    let before = answers(&server, start, end);
+    let server = server.restart_with(eager_compaction);
+    let (runtime, store) = server.open_metastore();
+    wait_until(
+        "solo at level 2 and other at level 1, the rest deleted",
+        || {
+            let blocks = runtime.block_on(store.list_blocks()).unwrap();
+            let mut levels: Vec<u32> = blocks.iter().map(|b| b.level).collect();
+            levels.sort();
+            levels == [1, 2]
+                && blocks.iter().all(|b| b.deleted_at_ms.is_none())
+                && server.object_keys().len() == 2
+        },
+    );
+    assert_eq!(server.metric("kiln_compaction_promotions_total"), 3.0);
+    assert_eq!(server.metric("kiln_compaction_copies_total"), 0.0);
+    let blocks = runtime.block_on(store.list_blocks()).unwrap();
+    let level_of = |key: &str| blocks.iter().find(|b| b.object_key == key).map(|b| b.level);
+    assert_eq!(level_of(&other_segment), Some(1), "{blocks:?}");
+    assert_eq!(
+        compressed_as_their_level_says(&server, &runtime, &store),
+        [1, 2]
+    );
+    assert_eq!(answers(&server, start, end), before);
     let server = server.restart_with(no_compaction);
     assert_eq!(answers(&server, start, end), before);
 }
@@ -313,18 +386,26 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 }
 
 fn compaction_changes_no_answer_and_leaves_one_block_per_service(backend: Backend) {
-    let server = TestServer::start_on(backend, no_compaction);
+    let server = TestServer::start_on(backend, writes_sent_together_share_a_segment);
     let base = 1_700_000_000;
-    // A round is a separate flush (segment) holding both services.
+    // A round is sent at once, so it is one flush (segment) holding both services: level 0
+    // then has datasets to merge, not segments of one dataset to raise as they are.
     let post_round = |server: &TestServer, round: i64| {
-        for (index, name) in FIXTURES.iter().enumerate() {
-            for (service, instance) in [("api", "a"), ("web", "b")] {
-                let from = base + round * 60 + index as i64;
-                let name_and_labels = format!("{service}{{instance={instance}}}");
-                post_pprof(server, &name_and_labels, from, &fixture(name));
+        let segments = server.object_keys().len();
+        std::thread::scope(|scope| {
+            for (index, name) in FIXTURES.iter().enumerate() {
+                for (service, instance) in [("api", "a"), ("web", "b")] {
+                    let from = base + round * 60 + index as i64;
+                    let name_and_labels = format!("{service}{{instance={instance}}}");
+                    scope.spawn(move || post_pprof(server, &name_and_labels, from, &fixture(name)));
+                }
             }
-        }
-        std::thread::sleep(Duration::from_millis(120)); // let this round flush on its own
+        });
+        assert_eq!(
+            server.object_keys().len(),
+            segments + 1,
+            "round {round} in one segment"
+        );
     };
     for round in 0..3 {
         post_round(&server, round);
@@ -370,7 +451,7 @@ fn compaction_changes_no_answer_and_leaves_one_block_per_service(backend: Backen
         "no answer used the stack sums"
     );
     // And they still are after a restart.
-    let server = server.restart_with(no_compaction);
+    let server = server.restart_with(writes_sent_together_share_a_segment);
     assert_eq!(answers(&server, start, end), before);
 
     // One more round: its level-1 block and the first one (snappy) merge into a level-2
