@@ -361,10 +361,10 @@ impl Job {
     }
 }
 
-/// Of level 0's due jobs, the blocks that can be raised to level 1 in place
+/// Of level 0's due jobs, the inputs whose blocks can be raised to level 1 in place
 /// ([`Metastore::promote_blocks`]): segments holding one dataset (`alone`), in a job of at
-/// most [`PROMOTE_MAX_INPUTS`], of a tenant without recording rules, where level 1 is
-/// written as segments are (snappy).
+/// most [`PROMOTE_MAX_INPUTS`], where level 1 is written as segments are (snappy). Those
+/// of tenants with recording rules are then left out (`Compactor::promote`).
 ///
 /// With many services at a low rate most flushes hold one service, so most segments hold
 /// one dataset of a profile or two, and a service has one or two of them when its group is
@@ -375,24 +375,18 @@ impl Job {
 /// larger group is merged as before, so that level 1 (which merges ten datasets at a
 /// time) holds few, larger datasets, and so do the levels above it; so is a dataset that
 /// shares its segment, where level 0 turns one object per flush into one per service.
-fn promotable(
-    jobs: &[Job],
+fn promotable<'a>(
+    jobs: &'a [Job],
     alone: &HashSet<String>,
     compression: LevelCompression,
-    ruled: &HashSet<String>,
-) -> Vec<String> {
+) -> Vec<&'a DatasetMeta> {
     if compression != LevelCompression::Snappy {
         return Vec::new();
     }
     jobs.iter()
-        .filter(|job| {
-            job.key.level == 0
-                && job.inputs.len() <= PROMOTE_MAX_INPUTS
-                && !ruled.contains(&job.key.tenant)
-        })
+        .filter(|job| job.key.level == 0 && job.inputs.len() <= PROMOTE_MAX_INPUTS)
         .flat_map(|job| &job.inputs)
         .filter(|input| alone.contains(&input.block_id))
-        .map(|input| input.block_id.clone())
         .collect()
 }
 
@@ -502,8 +496,8 @@ impl Compactor {
         jobs: &[Job],
         alone: &HashSet<String>,
     ) -> Result<HashSet<String>, CompactorError> {
-        let compression = self.config.levels[0].compression;
-        if promotable(jobs, alone, compression, &HashSet::new()).is_empty() {
+        let candidates = promotable(jobs, alone, self.config.levels[0].compression);
+        if candidates.is_empty() {
             return Ok(HashSet::new());
         }
         // Read before the promotion, as a job reads them before its merge: a rule saved
@@ -518,8 +512,12 @@ impl Compactor {
                 .collect(),
             None => HashSet::new(),
         };
-        let candidates = promotable(jobs, alone, compression, &ruled);
-        let promoted = self.metastore.promote_blocks(candidates, 0).await?;
+        let blocks = candidates
+            .into_iter()
+            .filter(|input| !ruled.contains(&input.tenant))
+            .map(|input| input.block_id.clone())
+            .collect();
+        let promoted = self.metastore.promote_blocks(blocks, 0).await?;
         let count = promoted.len() as u64;
         self.metrics.jobs.inc_by(count);
         self.metrics.promotions.inc_by(count);
@@ -527,7 +525,8 @@ impl Compactor {
     }
 
     /// Groups the live datasets of `level` by (tenant, service, window) and returns the
-    /// groups that are due, and the blocks that held one live dataset when listed.
+    /// groups that are due, and at level 0 the segments that held one live dataset when
+    /// listed (the only level [`promotable`] raises from).
     async fn due_jobs(
         &self,
         level: u32,
@@ -536,15 +535,10 @@ impl Compactor {
         let policy = &self.config.levels[level as usize];
         let mut groups: BTreeMap<(String, String, i64), Vec<(DatasetMeta, i64)>> = BTreeMap::new();
         let listed = self.metastore.datasets_at_level(level).await?;
-        let mut per_block: HashMap<&str, usize> = HashMap::new();
-        for (dataset, _) in &listed {
-            *per_block.entry(dataset.block_id.as_str()).or_default() += 1;
-        }
-        let alone: HashSet<String> = per_block
-            .into_iter()
-            .filter(|(_, count)| *count == 1)
-            .map(|(block, _)| block.to_string())
-            .collect();
+        let alone = match level {
+            0 => blocks_holding_one(&listed),
+            _ => HashSet::new(),
+        };
         for (dataset, created_at_ms) in listed {
             let window = match policy.window_ms {
                 window if window > 0 => (dataset.min_time_nanos / NANOS_PER_MS).div_euclid(window),
@@ -890,6 +884,19 @@ impl Compactor {
         self.metrics.deleted_objects.inc_by(deleted as u64);
         Ok(deleted)
     }
+}
+
+/// The blocks among `listed` that hold exactly one of its datasets.
+fn blocks_holding_one(listed: &[(DatasetMeta, i64)]) -> HashSet<String> {
+    let mut per_block: HashMap<&str, usize> = HashMap::new();
+    for (dataset, _) in listed {
+        *per_block.entry(dataset.block_id.as_str()).or_default() += 1;
+    }
+    per_block
+        .into_iter()
+        .filter(|(_, count)| *count == 1)
+        .map(|(block, _)| block.to_string())
+        .collect()
 }
 
 /// Consecutive runs of `datasets` with at most `max_inputs` datasets and `max_profiles`
