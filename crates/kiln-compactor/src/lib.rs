@@ -219,6 +219,9 @@ pub struct CompactorMetrics {
     pub output_bytes: Counter,
     /// CPU time of merges (decode, merge, encode), on the compactor's thread.
     pub merge_cpu_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    /// CPU time of compaction in all: its merges, and its planning, metastore
+    /// transactions and uploads wherever they ran ([`kiln_model::priority::CpuAccount`]).
+    pub cpu_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     pub expired_datasets: Counter,
     pub deleted_objects: Counter,
     /// Memory held by the cached tails of blocks not yet read to the end.
@@ -256,6 +259,11 @@ impl CompactorMetrics {
             "kiln_compaction_merge_cpu_seconds",
             "CPU time spent merging and encoding compacted blocks",
             self.merge_cpu_seconds.clone(),
+        );
+        registry.register(
+            "kiln_compaction_cpu_seconds",
+            "CPU time of compaction in all: merges, planning, metastore transactions and the polls of its reads and uploads (not a local store's file writes, which object_store runs on the shared blocking pool)",
+            self.cpu_seconds.clone(),
         );
         registry.register(
             "kiln_compaction_output_bytes",
@@ -426,8 +434,12 @@ impl Compactor {
         tokio::spawn(async move {
             let interval = Duration::from_millis(self.config.interval_ms.max(10));
             let catching_up = (interval / 10).max(Duration::from_millis(10));
+            let cpu = self.metrics.cpu_seconds.clone();
+            let account = kiln_model::priority::CpuAccount::new(move |seconds| {
+                cpu.inc_by(seconds);
+            });
             loop {
-                let pause = match self.run_pass(now_ms()).await {
+                let pause = match account.scope(self.run_pass(now_ms())).await {
                     Ok(report) => {
                         if report != PassReport::default() {
                             tracing::debug!(?report, "compaction pass");
@@ -650,11 +662,17 @@ impl Compactor {
         work: impl FnOnce() -> Result<T, CompactorError> + Send + 'static,
     ) -> Result<T, CompactorError> {
         let merge_cpu = self.metrics.merge_cpu_seconds.clone();
+        // The pass's account, when it runs in one: the merge thread is not polled in it.
+        let account = kiln_model::priority::current_account();
         self.merges
             .spawn(move || {
                 let before = kiln_model::priority::thread_cpu_seconds();
                 let done = work();
-                merge_cpu.inc_by(kiln_model::priority::thread_cpu_seconds() - before);
+                let used = kiln_model::priority::thread_cpu_seconds() - before;
+                merge_cpu.inc_by(used);
+                if let Some(account) = account {
+                    account.charge(used);
+                }
                 done
             })
             .await?

@@ -94,9 +94,11 @@ impl SqliteMetastore {
         work: impl FnOnce(&mut Connection) -> Result<T, MetastoreError> + Send + 'static,
     ) -> Result<T, MetastoreError> {
         let connection = self.connection.clone();
+        // A transaction is charged to the role that asked for it (compaction's commits).
+        let account = kiln_model::priority::current_account();
         tokio::task::spawn_blocking(move || {
             let mut guard = connection.lock().map_err(|_| MetastoreError::Poisoned)?;
-            work(&mut guard)
+            kiln_model::priority::charge_blocking(account.as_ref(), || work(&mut guard))
         })
         .await
         .map_err(MetastoreError::Task)?

@@ -70,3 +70,141 @@ pub fn release_memory() {
         release();
     }
 }
+
+/// CPU seconds charged to one role of the server (compaction) wherever its work runs: the
+/// polls of its futures on the async workers ([`CpuAccount::scope`]), and the blocking work
+/// those futures hand to other threads through [`charge_blocking`] (a metastore
+/// transaction). Measuring only a role's own thread missed most of it: compaction's
+/// SQLite commits, uploads and hand-offs ran on threads it shares with ingest, and a
+/// benchmark counted less than half of compaction's cost (docs/benchmarks.md).
+#[derive(Clone)]
+pub struct CpuAccount {
+    record: std::sync::Arc<dyn Fn(f64) + Send + Sync>,
+}
+
+impl std::fmt::Debug for CpuAccount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CpuAccount")
+    }
+}
+
+tokio::task_local! {
+    static ACCOUNT: CpuAccount;
+}
+
+impl CpuAccount {
+    /// An account that hands each charge, in CPU seconds, to `record` (a metric's counter).
+    pub fn new(record: impl Fn(f64) + Send + Sync + 'static) -> Self {
+        CpuAccount {
+            record: std::sync::Arc::new(record),
+        }
+    }
+
+    /// Adds `seconds` of CPU used elsewhere (a thread of the role's own).
+    pub fn charge(&self, seconds: f64) {
+        if seconds > 0.0 {
+            (self.record)(seconds);
+        }
+    }
+
+    /// Runs `future` with this account as its task's: the CPU of each of its polls, and
+    /// of the blocking work it hands off through [`charge_blocking`], is charged here.
+    pub async fn scope<F: std::future::Future>(&self, future: F) -> F::Output {
+        let account = self.clone();
+        Metered {
+            inner: Box::pin(ACCOUNT.scope(self.clone(), future)),
+            account,
+        }
+        .await
+    }
+}
+
+/// A future whose polls are timed in the polling thread's CPU clock.
+struct Metered<F> {
+    inner: std::pin::Pin<Box<F>>,
+    account: CpuAccount,
+}
+
+impl<F: std::future::Future> std::future::Future for Metered<F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let before = thread_cpu_seconds();
+        let polled = self.inner.as_mut().poll(context);
+        self.account.charge(thread_cpu_seconds() - before);
+        polled
+    }
+}
+
+/// The calling task's account, if it runs inside [`CpuAccount::scope`]: to be taken
+/// before work is handed to another thread, and given to [`charge_blocking`] there.
+pub fn current_account() -> Option<CpuAccount> {
+    ACCOUNT.try_with(CpuAccount::clone).ok()
+}
+
+/// Runs `work` on the calling thread, charging its CPU to `account` when there is one.
+pub fn charge_blocking<T>(account: Option<&CpuAccount>, work: impl FnOnce() -> T) -> T {
+    let Some(account) = account else {
+        return work();
+    };
+    let before = thread_cpu_seconds();
+    let done = work();
+    account.charge(thread_cpu_seconds() - before);
+    done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    /// Spins for `seconds` of this thread's CPU.
+    fn burn(seconds: f64) {
+        let until = thread_cpu_seconds() + seconds;
+        while thread_cpu_seconds() < until {
+            std::hint::spin_loop();
+        }
+    }
+
+    fn account() -> (CpuAccount, Arc<AtomicU64>) {
+        let micros = Arc::new(AtomicU64::new(0));
+        let counted = micros.clone();
+        let account = CpuAccount::new(move |seconds| {
+            counted.fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+        });
+        (account, micros)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_scope_is_charged_its_polls_and_the_blocking_work_it_hands_off() {
+        let (account, micros) = account();
+        account
+            .scope(async {
+                burn(0.02);
+                let handed = current_account();
+                assert!(handed.is_some(), "the scope's account is the task's");
+                tokio::task::spawn_blocking(move || {
+                    charge_blocking(handed.as_ref(), || burn(0.05))
+                })
+                .await
+                .expect("blocking work");
+                tokio::task::yield_now().await;
+                burn(0.02);
+            })
+            .await;
+        let charged = micros.load(Ordering::Relaxed);
+        assert!(
+            (90_000..200_000).contains(&charged),
+            "charged {charged} µs for 90 ms of work"
+        );
+        // Outside a scope nothing is charged, and blocking work has no account to take.
+        assert!(current_account().is_none());
+        burn(0.02);
+        charge_blocking(current_account().as_ref(), || burn(0.02));
+        assert_eq!(micros.load(Ordering::Relaxed), charged);
+    }
+}

@@ -127,6 +127,15 @@ fn a_segment_holding_one_lone_dataset_is_promoted_in_place(backend: Backend) {
     );
     assert_eq!(server.metric("kiln_compaction_promotions_total"), 3.0);
     assert_eq!(server.metric("kiln_compaction_copies_total"), 0.0);
+    // Compaction's CPU counts its merge and, beyond it, its planning and transactions.
+    let (cpu, merge) = (
+        server.metric("kiln_compaction_cpu_seconds_total"),
+        server.metric("kiln_compaction_merge_cpu_seconds_total"),
+    );
+    assert!(
+        merge > 0.0 && cpu > merge,
+        "compaction {cpu} s, merges {merge} s"
+    );
     let blocks = runtime.block_on(store.list_blocks()).unwrap();
     let level_of = |key: &str| blocks.iter().find(|b| b.object_key == key).map(|b| b.level);
     assert_eq!(level_of(&other_segment), Some(1), "{blocks:?}");
