@@ -48,6 +48,11 @@ pub struct StagesArgs {
     /// where each service has a profile or two per flush and per-dataset costs dominate.
     #[arg(long, default_value_t = 0)]
     profiles_per_dataset: usize,
+    /// Datasets per block (0: a round's datasets in one). With `--profiles-per-dataset 1`,
+    /// one is the segment of a flush at 40 profiles/s over 500 services: one profile in
+    /// it, so every block's fixed costs (writer, footer) are paid per profile.
+    #[arg(long, default_value_t = 0)]
+    datasets_per_block: usize,
     /// The wire format parsed: `otlp` sends each file as the OTLP request
     /// `request_from_pprof` makes of it, and `decode` then covers reading the request and
     /// converting it to pprofs (`parse_export_proto`, validation included).
@@ -938,30 +943,36 @@ fn stages(args: StagesArgs) -> anyhow::Result<()> {
             build += started.elapsed();
         }
         datasets_built += datasets.len();
-        let started = Instant::now();
-        let block = bytes::Bytes::from(kiln_storage::format::encode_block(&datasets)?);
-        encode += started.elapsed();
-        block_bytes += block.len();
-        // The read path's share: what a query pays to decode these datasets whole, the
-        // footer parsed once per block as the server's tail cache does.
-        let started = Instant::now();
-        let tail = match kiln_storage::ranged::BlockTail::parse(block.clone(), block.len() as u64)?
-        {
-            Ok(tail) => tail,
-            Err(needed) => anyhow::bail!(
-                "a block of {} bytes whole, yet {needed} wanted",
-                block.len()
-            ),
+        let per_block = match args.datasets_per_block {
+            0 => datasets.len().max(1),
+            count => count,
         };
-        for row_group in 0..datasets.len() {
-            let dataset = tail.decode(
-                block.clone(),
-                row_group,
-                kiln_storage::format::Projection::ALL,
-            )?;
-            drop(dataset);
+        for group in datasets.chunks(per_block) {
+            let started = Instant::now();
+            let block = bytes::Bytes::from(kiln_storage::format::encode_block(group)?);
+            encode += started.elapsed();
+            block_bytes += block.len();
+            // The read path's share: what a query pays to decode these datasets whole, the
+            // footer parsed once per block as the server's tail cache does.
+            let started = Instant::now();
+            let tail =
+                match kiln_storage::ranged::BlockTail::parse(block.clone(), block.len() as u64)? {
+                    Ok(tail) => tail,
+                    Err(needed) => anyhow::bail!(
+                        "a block of {} bytes whole, yet {needed} wanted",
+                        block.len()
+                    ),
+                };
+            for row_group in 0..group.len() {
+                let dataset = tail.decode(
+                    block.clone(),
+                    row_group,
+                    kiln_storage::format::Projection::ALL,
+                )?;
+                drop(dataset);
+            }
+            read_back += started.elapsed();
         }
-        read_back += started.elapsed();
     }
     let megabytes = (gzip_bytes * args.rounds) as f64 / 1e6;
     let total = inflate + decode + plan + build + encode;
@@ -1007,9 +1018,13 @@ fn stages(args: StagesArgs) -> anyhow::Result<()> {
         held_bytes as f64 / raw_bytes.max(1) as f64
     );
     println!(
-        "block size     {:.1} % of the gzip pprof ({} datasets per round)",
+        "block size     {:.1} % of the gzip pprof ({} datasets per round, {})",
         100.0 * block_bytes as f64 / (gzip_bytes * args.rounds) as f64,
-        datasets_built / args.rounds.max(1)
+        datasets_built / args.rounds.max(1),
+        match args.datasets_per_block {
+            0 => "one block".to_string(),
+            count => format!("{count} per block"),
+        }
     );
     Ok(())
 }

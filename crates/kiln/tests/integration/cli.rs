@@ -158,6 +158,25 @@ fn the_benchmarks_run_on_the_fixtures() {
     };
     let stages = run(&["stages", "--rounds", "1"]);
     assert!(stages.contains("all stages"), "{stages}");
+    // A flush of one profile: as many datasets, and blocks, as files.
+    let single = run(&[
+        "stages",
+        "--rounds",
+        "1",
+        "--profiles-per-dataset",
+        "1",
+        "--datasets-per-block",
+        "1",
+    ]);
+    let files = single
+        .split_once("kiln bench stages: ")
+        .and_then(|(_, rest)| rest.split_once(" files"))
+        .map(|(count, _)| count.to_string())
+        .unwrap_or_else(|| panic!("{single}"));
+    assert!(
+        single.contains(&format!("({files} datasets per round, 1 per block)")),
+        "{single}"
+    );
     let query = run(&[
         "query",
         "--days",
