@@ -79,6 +79,9 @@ fn stalled_bodies_and_headers_are_cut_off() {
     for _ in 0..40 {
         std::thread::sleep(Duration::from_millis(100));
         if stream.write_all(b"x").is_err() {
+            // The server answered and closed between two bytes (with bytes of ours unread,
+            // so with a reset): its answer is still to be read (raced once in CI).
+            answer.push_str(&read_until_closed(&mut stream));
             break;
         }
         stream.set_nonblocking(true).unwrap();
