@@ -666,9 +666,7 @@ impl Compactor {
         let account = kiln_model::priority::current_account();
         self.merges
             .spawn(move || {
-                let before = kiln_model::priority::thread_cpu_seconds();
-                let done = work();
-                let used = kiln_model::priority::thread_cpu_seconds() - before;
+                let (done, used) = kiln_model::priority::with_thread_cpu(work);
                 merge_cpu.inc_by(used);
                 if let Some(account) = account {
                     account.charge(used);

@@ -132,9 +132,8 @@ impl<F: std::future::Future> std::future::Future for Metered<F> {
         mut self: std::pin::Pin<&mut Self>,
         context: &mut std::task::Context<'_>,
     ) -> std::task::Poll<F::Output> {
-        let before = thread_cpu_seconds();
-        let polled = self.inner.as_mut().poll(context);
-        self.account.charge(thread_cpu_seconds() - before);
+        let (polled, used) = with_thread_cpu(|| self.inner.as_mut().poll(context));
+        self.account.charge(used);
         polled
     }
 }
@@ -150,10 +149,16 @@ pub fn charge_blocking<T>(account: Option<&CpuAccount>, work: impl FnOnce() -> T
     let Some(account) = account else {
         return work();
     };
+    let (done, used) = with_thread_cpu(work);
+    account.charge(used);
+    done
+}
+
+/// Runs `work` on the calling thread, with the CPU seconds it used there.
+pub fn with_thread_cpu<T>(work: impl FnOnce() -> T) -> (T, f64) {
     let before = thread_cpu_seconds();
     let done = work();
-    account.charge(thread_cpu_seconds() - before);
-    done
+    (done, thread_cpu_seconds() - before)
 }
 
 #[cfg(test)]
