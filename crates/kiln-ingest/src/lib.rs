@@ -21,4 +21,4 @@ pub mod writer;
 pub use error::IngestError;
 pub use limits::{InFlight, Limits, TenantLimits};
 pub use parse::ParsedProfile;
-pub use writer::{Arrival, Ingester, IngesterConfig};
+pub use writer::{Arrival, Ingester, IngesterConfig, Written};

@@ -119,6 +119,21 @@ pub async fn parse_ingest(
     body: Bytes,
     limits: &Limits,
 ) -> Result<Vec<ParsedProfile>, IngestError> {
+    run_parser(prepare_ingest(params, content_type, body, limits).await?).await
+}
+
+/// A request's CPU work, to run on the write path's threads: decompress, decode, convert.
+pub type ParseJob = Box<dyn FnOnce() -> Result<Vec<ParsedProfile>, IngestError> + Send>;
+
+/// [`parse_ingest`] up to its CPU work: the parameters are checked and a multipart body
+/// split here, and the returned job does the rest, so that a caller can stage the profiles
+/// on the thread that parsed them (`Ingester::parse_and_write`).
+pub async fn prepare_ingest(
+    params: &HashMap<String, String>,
+    content_type: &str,
+    body: Bytes,
+    limits: &Limits,
+) -> Result<ParseJob, IngestError> {
     let name = params.get("name").ok_or_else(|| {
         IngestError::BadRequest("the name parameter is required (name=app.cpu{tags})".into())
     })?;
@@ -189,9 +204,9 @@ pub async fn parse_ingest(
                 .as_ref()
                 .map(|known| known.profile_type.name.clone());
             let limits = *limits;
-            let parsed =
-                run_parser(move || from_pprof_bytes(&pprof_body, context, &limits)).await?;
-            Ok(vec![parsed])
+            Ok(Box::new(move || {
+                Ok(vec![from_pprof_bytes(&pprof_body, context, &limits)?])
+            }))
         }
         BodyFormat::Folded => {
             // A suffix is only split off the name when it is a known kind; no suffix means CPU.
@@ -203,20 +218,18 @@ pub async fn parse_ingest(
             context.name = Some(profile_type.name.clone());
             context.scale = scale;
             let limits = *limits;
-            let parsed = run_parser(move || {
+            Ok(Box::new(move || {
                 let text =
                     kiln_model::compress::maybe_gunzip(&body, limits.max_decompressed_bytes)?;
                 let stacks = folded::parse(&text, limits.max_samples_per_profile)?;
                 let profile = folded::to_pprof(&stacks, &profile_type);
-                from_pprof(profile, context, body.len(), &limits)
-            })
-            .await?;
-            Ok(vec![parsed])
+                Ok(vec![from_pprof(profile, context, body.len(), &limits)?])
+            }))
         }
         BodyFormat::Speedscope => {
             let known = name.kind.clone().unwrap_or_else(default_legacy_type);
             let limits = *limits;
-            let parsed = run_parser(move || {
+            Ok(Box::new(move || {
                 let text =
                     kiln_model::compress::maybe_gunzip(&body, limits.max_decompressed_bytes)?;
                 let profile_type = &known.profile_type;
@@ -251,21 +264,22 @@ pub async fn parse_ingest(
                     speedscope::Unit::Count => {}
                 }
                 context.sample_labels_per_sample = true;
-                from_pprof(parsed.profile, context, body.len(), &limits)
-            })
-            .await?;
-            Ok(vec![parsed])
+                Ok(vec![from_pprof(
+                    parsed.profile,
+                    context,
+                    body.len(),
+                    &limits,
+                )?])
+            }))
         }
         BodyFormat::PerfScript => {
             let limits = *limits;
-            let parsed = run_parser(move || {
+            Ok(Box::new(move || {
                 let text =
                     kiln_model::compress::maybe_gunzip(&body, limits.max_decompressed_bytes)?;
                 let profile = perf_script::parse(&text, limits.max_samples_per_profile)?;
-                from_pprof(profile, context, body.len(), &limits)
-            })
-            .await?;
-            Ok(vec![parsed])
+                Ok(vec![from_pprof(profile, context, body.len(), &limits)?])
+            }))
         }
         BodyFormat::Jfr => {
             let (recording, contexts) = if content_type.starts_with("multipart/form-data") {
@@ -275,7 +289,7 @@ pub async fn parse_ingest(
             };
             let interval_nanos = (1e9 / sample_rate.unwrap_or(100.0)).round() as i64;
             let limits = *limits;
-            run_parser(move || {
+            Ok(Box::new(move || {
                 let data =
                     kiln_model::compress::maybe_gunzip(&recording, limits.max_decompressed_bytes)?;
                 let contexts = decode_contexts(&contexts)?;
@@ -301,8 +315,7 @@ pub async fn parse_ingest(
                         from_pprof(recording.profile, context, share, &limits)
                     })
                     .collect()
-            })
-            .await
+            }))
         }
     }
 }

@@ -471,7 +471,7 @@ impl Ingester {
     /// Refuses at once while the write queue is full: checked before a request's body is
     /// read and parsed, so that an overloaded server spends nothing on what it would
     /// refuse after parsing. The [`Arrival`] it returns tells the flusher a write is on
-    /// its way until it is handed to [`Ingester::write_arrived`] or dropped.
+    /// its way until it is handed to [`Ingester::parse_and_write`] or dropped.
     pub fn check_room(&self) -> Result<Arrival, IngestError> {
         let pending = self.pending_bytes.load(Ordering::Relaxed);
         if pending >= self.config.max_pending_bytes {
@@ -489,26 +489,41 @@ impl Ingester {
         tenant: &str,
         profiles: Vec<ParsedProfile>,
     ) -> Result<(), IngestError> {
-        self.queue(tenant, profiles, None).await
+        self.queue(tenant, profiles).await
     }
 
-    /// As [`Ingester::write`], for a request admitted by [`Ingester::check_room`]: its
-    /// arrival ends once the profiles are staged, so the flusher need not wait for it.
-    pub async fn write_arrived(
+    /// Parses a request on the write path's threads ([`crate::cpu::run_parser`]), stages
+    /// its profiles there right after, and waits until they are durable. Parsing and then
+    /// staging as two tasks handed each request to those threads and back twice; with
+    /// many services at a low rate each such round trip wakes parked threads, a few
+    /// percent of the server's CPU (docs/benchmarks.md). `parse` returns the profiles and
+    /// whatever else the caller answers with. The request's `arrival`
+    /// ([`Ingester::check_room`]) ends once its profiles are staged, so the flusher need
+    /// not wait for it.
+    pub async fn parse_and_write<T: Send + 'static>(
         &self,
         tenant: &str,
-        profiles: Vec<ParsedProfile>,
+        parse: impl FnOnce() -> Result<(Vec<ParsedProfile>, T), IngestError> + Send + 'static,
         arrival: Arrival,
-    ) -> Result<(), IngestError> {
-        self.queue(tenant, profiles, Some(arrival)).await
+    ) -> Result<(T, Written), IngestError> {
+        let (ingester, tenant) = (self.clone(), tenant.to_string());
+        let (staged, answer, written) = crate::cpu::run_parser(move || {
+            let (profiles, answer) = parse()?;
+            let written = Written::of(&profiles);
+            let staged = match profiles.is_empty() {
+                true => None,
+                false => Some(ingester.stage(&tenant, profiles)?),
+            };
+            Ok((staged, answer, written))
+        })
+        .await?;
+        if let Some(staged) = staged {
+            self.commit(staged, Some(arrival)).await?;
+        }
+        Ok((answer, written))
     }
 
-    async fn queue(
-        &self,
-        tenant: &str,
-        profiles: Vec<ParsedProfile>,
-        arrival: Option<Arrival>,
-    ) -> Result<(), IngestError> {
+    async fn queue(&self, tenant: &str, profiles: Vec<ParsedProfile>) -> Result<(), IngestError> {
         if profiles.is_empty() {
             return Ok(());
         }
@@ -518,7 +533,7 @@ impl Ingester {
         // behind at most the parses already admitted, never behind the requests still to
         // parse.
         let staged = crate::cpu::spawn(move || ingester.stage(&tenant, profiles)).await??;
-        self.commit(staged, arrival).await
+        self.commit(staged, None).await
     }
 
     /// Interns a request's profiles into the open batch, whole, and drops their decoded
@@ -579,6 +594,31 @@ impl Ingester {
             Some(Ok(())) => Ok(()),
             Some(Err(err)) => Err(IngestError::Store(err)),
             None => Err(IngestError::ShuttingDown),
+        }
+    }
+}
+
+/// What a request wrote: for the caller's counters, and the warnings its client should
+/// see, each once.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Written {
+    pub bytes: usize,
+    pub profiles: usize,
+    pub warnings: Vec<String>,
+}
+
+impl Written {
+    pub fn of(profiles: &[ParsedProfile]) -> Self {
+        let mut warnings: Vec<String> = Vec::new();
+        for warning in profiles.iter().flat_map(|p| &p.warnings) {
+            if !warnings.contains(warning) {
+                warnings.push(warning.clone());
+            }
+        }
+        Written {
+            bytes: profiles.iter().map(|p| p.received_bytes).sum(),
+            profiles: profiles.len(),
+            warnings,
         }
     }
 }
@@ -787,38 +827,45 @@ impl Flusher {
         // The block is named first, so its datasets' index entries are complete when built.
         let block_id = ulid::Ulid::new().to_string();
         let object_key = format!("segments/{block_id}.parquet");
-        let (block, datasets) = build_segment(
+        let landing = self.storage.is_local().then(|| Landing {
+            storage: self.storage.clone(),
+            metastore: self.metastore.is_embedded().then(|| self.metastore.clone()),
+            runtime: tokio::runtime::Handle::current(),
+            arrivals: self.arrivals.clone(),
+        });
+        let mut segment = build_segment(
             builders,
             self.staging.warm.clone(),
             block_id.clone(),
             object_key.clone(),
+            landing,
         )
         .await?;
         let build_seconds = build_started.elapsed().as_secs_f64();
-        if datasets.is_empty() {
+        if segment.datasets.is_empty() {
             return Ok(());
         }
-        let size_bytes = block.len() as u64;
-        let put_started = Instant::now();
-        self.storage
-            .put(&object_key, Bytes::from(block))
-            .await
-            .map_err(StoreError::Storage)?;
-        let put_seconds = put_started.elapsed().as_secs_f64();
-        let block_meta = BlockMeta {
-            id: block_id.clone(),
-            object_key: object_key.clone(),
-            level: 0,
-            size_bytes,
-            created_at_ms: kiln_model::time::now_ms(),
-            deleted_at_ms: None,
-        };
-        let register_started = Instant::now();
-        self.metastore
-            .register_block(block_meta, datasets)
-            .await
-            .map_err(StoreError::Metastore)?;
-        let register_seconds = register_started.elapsed().as_secs_f64();
+        let size_bytes = segment.size_bytes;
+        if let Some(block) = segment.block.take() {
+            let put_started = Instant::now();
+            self.storage
+                .put(&object_key, Bytes::from(block))
+                .await
+                .map_err(StoreError::Storage)?;
+            segment.put_seconds = put_started.elapsed().as_secs_f64();
+        }
+        if !segment.registered {
+            let register_started = Instant::now();
+            self.metastore
+                .register_block(
+                    segment_block(&block_id, &object_key, size_bytes),
+                    segment.datasets,
+                )
+                .await
+                .map_err(StoreError::Metastore)?;
+            segment.register_seconds = register_started.elapsed().as_secs_f64();
+        }
+        let (put_seconds, register_seconds) = (segment.put_seconds, segment.register_seconds);
         self.metrics.flushes.inc();
         self.metrics.segment_bytes.inc_by(size_bytes);
         self.metrics.profiles_written.inc_by(profile_count as u64);
@@ -835,14 +882,113 @@ impl Flusher {
     }
 }
 
+/// The metastore row of a segment, registered now.
+fn segment_block(block_id: &str, object_key: &str, size_bytes: u64) -> BlockMeta {
+    BlockMeta {
+        id: block_id.to_string(),
+        object_key: object_key.to_string(),
+        level: 0,
+        size_bytes,
+        created_at_ms: kiln_model::time::now_ms(),
+        deleted_at_ms: None,
+    }
+}
+
+/// A flush's segment, as [`build_segment`] leaves it.
+struct Segment {
+    /// Its datasets' entries; none when no dataset held a profile (nothing to write).
+    datasets: Vec<DatasetMeta>,
+    size_bytes: u64,
+    /// The encoded block, still to store; `None` once stored by the thread that encoded it.
+    block: Option<Vec<u8>>,
+    /// Registered by the thread that encoded it.
+    registered: bool,
+    put_seconds: f64,
+    register_seconds: f64,
+}
+
+impl Segment {
+    fn encoded(block: Vec<u8>, datasets: Vec<DatasetMeta>) -> Self {
+        Segment {
+            datasets,
+            size_bytes: block.len() as u64,
+            block: Some(block),
+            registered: false,
+            put_seconds: 0.0,
+            register_seconds: 0.0,
+        }
+    }
+}
+
+/// Where a segment encoded by one thread is stored, and registered, by that same thread:
+/// a local store (its put is a file write and two `fsync`s), and SQLite when the metastore
+/// is (its commit is one more), while no other write is on its way. With many services at
+/// a low rate most flushes are one service's one profile, and the two hand-offs to tokio's
+/// blocking threads and back (each a wake-up of a parked thread) cost a few percent of
+/// the server's CPU (docs/benchmarks.md). The thread waits out the `fsync`s, though, and
+/// it is one of the threads that parse: with writes coming in (16 clients in a closed
+/// loop) that cost a tenth of the throughput, so the block is then handed back to be
+/// stored on the runtime, as a cloud store's or PostgreSQL's always is (the write path's
+/// threads must not wait on the network).
+struct Landing {
+    storage: ObjectStorage,
+    metastore: Option<Metastore>,
+    runtime: tokio::runtime::Handle,
+    arrivals: Arc<Arrivals>,
+}
+
+impl Landing {
+    /// No write is being read or parsed now, so none waits for this thread.
+    fn is_quiet(&self) -> bool {
+        self.arrivals.count.load(Ordering::SeqCst) == 0
+    }
+
+    fn land(
+        self,
+        block: Vec<u8>,
+        datasets: Vec<DatasetMeta>,
+        block_id: &str,
+        object_key: &str,
+    ) -> Result<Segment, StoreError> {
+        let size_bytes = block.len() as u64;
+        let started = Instant::now();
+        self.storage
+            .put_blocking(&self.runtime, object_key, Bytes::from(block))
+            .map_err(StoreError::Storage)?;
+        let mut segment = Segment {
+            datasets,
+            size_bytes,
+            block: None,
+            registered: false,
+            put_seconds: started.elapsed().as_secs_f64(),
+            register_seconds: 0.0,
+        };
+        if let Some(metastore) = &self.metastore {
+            let started = Instant::now();
+            metastore
+                .register_block_blocking(
+                    &self.runtime,
+                    segment_block(block_id, object_key, size_bytes),
+                    segment.datasets.clone(),
+                )
+                .map_err(StoreError::Metastore)?;
+            segment.registered = true;
+            segment.register_seconds = started.elapsed().as_secs_f64();
+        }
+        Ok(segment)
+    }
+}
+
 /// Finishes one dataset per (tenant, service), on as many of the write path's threads as
 /// there are cores, and encodes them as one block, datasets in (tenant, service) order.
+/// When one thread does it all, that thread also stores the block where `landing` allows.
 async fn build_segment(
     mut builders: Vec<(ServiceKey, DatasetBuilder)>,
     warm: Arc<WarmBuilders>,
     block_id: String,
     object_key: String,
-) -> Result<(Vec<u8>, Vec<DatasetMeta>), StoreError> {
+    landing: Option<Landing>,
+) -> Result<Segment, StoreError> {
     builders.sort_by(|(a, _), (b, _)| a.cmp(b));
     let count = builders.len();
     let threads = kiln_model::priority::cores().min(count).max(1);
@@ -874,7 +1020,13 @@ async fn build_segment(
         // and encoded in one task, one hand-off to the write path's threads instead of two.
         let share = std::mem::take(share);
         return crate::cpu::spawn(move || {
-            encode_segment(finish(share, &warm), &block_id, &object_key)
+            let (block, datasets) = encode_segment(finish(share, &warm), &block_id, &object_key)?;
+            match landing {
+                Some(landing) if !datasets.is_empty() && landing.is_quiet() => {
+                    landing.land(block, datasets, &block_id, &object_key)
+                }
+                _ => Ok(Segment::encoded(block, datasets)),
+            }
         })
         .await
         .map_err(StoreError::Task)?;
@@ -890,9 +1042,11 @@ async fn build_segment(
     for share in finishing {
         built.extend(share.await.map_err(StoreError::Task)?);
     }
-    crate::cpu::spawn(move || encode_segment(built, &block_id, &object_key))
-        .await
-        .map_err(StoreError::Task)?
+    let (block, datasets) =
+        crate::cpu::spawn(move || encode_segment(built, &block_id, &object_key))
+            .await
+            .map_err(StoreError::Task)??;
+    Ok(Segment::encoded(block, datasets))
 }
 
 /// Encodes finished datasets as one segment, in the order of their indices (the sorted

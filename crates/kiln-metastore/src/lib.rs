@@ -462,6 +462,28 @@ impl Metastore {
         dispatch!(self.register_block(block, datasets))
     }
 
+    /// Whether this is the embedded SQLite: a commit is then local work (and an fsync),
+    /// cheap enough to run on the thread that wrote the block
+    /// ([`Metastore::register_block_blocking`]).
+    pub fn is_embedded(&self) -> bool {
+        matches!(self, Metastore::Sqlite(_))
+    }
+
+    /// [`Metastore::register_block`] from a thread outside the runtime, blocked until it
+    /// commits: SQLite commits on that thread, with no hand-off to a blocking thread and
+    /// back; PostgreSQL is driven on `runtime`.
+    pub fn register_block_blocking(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        block: BlockMeta,
+        datasets: Vec<DatasetMeta>,
+    ) -> Result<(), MetastoreError> {
+        match self {
+            Metastore::Sqlite(store) => store.register_block_blocking(block, datasets),
+            Metastore::Postgres(store) => runtime.block_on(store.register_block(block, datasets)),
+        }
+    }
+
     pub async fn list_datasets(
         &self,
         query: DatasetQuery,

@@ -109,13 +109,22 @@ impl SqliteMetastore {
         block: BlockMeta,
         datasets: Vec<DatasetMeta>,
     ) -> Result<(), MetastoreError> {
-        self.with(move |connection| {
-            let transaction = connection.transaction()?;
-            insert_block(&transaction, &block, &datasets)?;
-            transaction.commit()?;
-            Ok(())
-        })
-        .await
+        self.with(move |connection| register(connection, &block, &datasets))
+            .await
+    }
+
+    /// [`SqliteMetastore::register_block`] on the calling thread, which it blocks; for a
+    /// thread off the runtime.
+    pub fn register_block_blocking(
+        &self,
+        block: BlockMeta,
+        datasets: Vec<DatasetMeta>,
+    ) -> Result<(), MetastoreError> {
+        let mut guard = self
+            .connection
+            .lock()
+            .map_err(|_| MetastoreError::Poisoned)?;
+        register(&mut guard, &block, &datasets)
     }
 
     pub async fn list_datasets(
@@ -822,6 +831,18 @@ fn rule_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RuleRecord> {
         live_from_ms: row.get(4)?,
         updated_at_ms: row.get(5)?,
     })
+}
+
+/// A block and its datasets, registered in one transaction.
+fn register(
+    connection: &mut Connection,
+    block: &BlockMeta,
+    datasets: &[DatasetMeta],
+) -> Result<(), MetastoreError> {
+    let transaction = connection.transaction()?;
+    insert_block(&transaction, block, datasets)?;
+    transaction.commit()?;
+    Ok(())
 }
 
 fn insert_block(

@@ -263,6 +263,49 @@ macro_rules! metastore_suite {
                     .is_empty());
             }
 
+            /// The write path registers a segment from the thread that wrote it, off the
+            /// runtime: the same rows, all or nothing, as the async registration.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_registration_off_the_runtime_commits_as_the_async_one_does() {
+                let Some(fixture) = super::$backend().await else {
+                    return;
+                };
+                let metastore = fixture.metastore.clone();
+                let runtime = tokio::runtime::Handle::current();
+                let registering = metastore.clone();
+                let good = vec![
+                    dataset("b1", 0, "t", "api", 10, 20),
+                    dataset("b1", 1, "t", "web", 15, 25),
+                ];
+                // A repeated row group fails the whole transaction.
+                let bad = vec![
+                    dataset("bad", 0, "t", "a", 1, 2),
+                    dataset("bad", 0, "t", "b", 1, 2),
+                ];
+                let registered = std::thread::spawn(move || {
+                    let register = |id: &str, datasets| {
+                        registering.register_block_blocking(&runtime, block(id), datasets)
+                    };
+                    (register("b1", good), register("bad", bad))
+                });
+                let (good, bad) = tokio::task::spawn_blocking(move || registered.join().unwrap())
+                    .await
+                    .unwrap();
+                good.unwrap();
+                assert!(bad.is_err(), "a repeated row group must fail");
+                assert_eq!(metastore.list_blocks().await.unwrap(), vec![block("b1")]);
+                assert_eq!(
+                    metastore
+                        .list_datasets(query("t", None, 0, 100))
+                        .await
+                        .unwrap(),
+                    vec![
+                        dataset("b1", 0, "t", "api", 10, 20),
+                        dataset("b1", 1, "t", "web", 15, 25),
+                    ]
+                );
+            }
+
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_compaction_swap_is_all_or_nothing_and_tombstones_emptied_blocks() {
                 let Some(fixture) = super::$backend().await else {

@@ -9,9 +9,8 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use kiln_ingest::cpu::run_parser;
 use kiln_ingest::push::{decode_json, decode_proto, parse_push, PushResponse};
-use kiln_ingest::{Limits, ParsedProfile};
+use kiln_ingest::{IngestError, Limits, ParsedProfile};
 
 use crate::body::{content_type, decode_content_encoding, read_limited};
 use crate::endpoints::{PUSH, PUSH_PATH, PYROSCOPE};
@@ -122,29 +121,24 @@ pub(crate) async fn receive(
     })
 }
 
-/// Writes parsed profiles and counts them. Returns the warnings the client should see
-/// (each once), for [`with_warnings`].
-pub(crate) async fn write_profiles(
+/// Parses a request and writes its profiles, staged on the thread that parsed them
+/// ([`kiln_ingest::Ingester::parse_and_write`]), and counts them. Returns what `parse`
+/// answered besides the profiles, and the warnings for [`with_warnings`].
+pub(crate) async fn parse_and_write<T: Send + 'static>(
     state: &AppState,
     endpoint: &str,
     tenant: &str,
-    profiles: Vec<ParsedProfile>,
+    parse: impl FnOnce() -> Result<(Vec<ParsedProfile>, T), IngestError> + Send + 'static,
     arrival: kiln_ingest::Arrival,
-) -> Result<Vec<String>, ApiError> {
-    let bytes: usize = profiles.iter().map(|p| p.received_bytes).sum();
-    let count = profiles.len();
-    let mut warnings: Vec<String> = Vec::new();
-    for warning in profiles.iter().flat_map(|p| &p.warnings) {
-        if !warnings.contains(warning) {
-            warnings.push(warning.clone());
-        }
-    }
-    state
+) -> Result<(T, Vec<String>), ApiError> {
+    let (answer, written) = state
         .ingester
-        .write_arrived(tenant, profiles, arrival)
+        .parse_and_write(tenant, parse, arrival)
         .await?;
-    state.metrics.accept(endpoint, bytes, count);
-    Ok(warnings)
+    state
+        .metrics
+        .accept(endpoint, written.bytes, written.profiles);
+    Ok((answer, written.warnings))
 }
 
 /// Adds one `Warning: 299 - "…"` header (RFC 7234's miscellaneous persistent warning) per
@@ -181,14 +175,21 @@ pub async fn pyroscope(
         return Ok(placement::relay(answer));
     }
     let body = received.open(&headers, None)?;
-    let profiles = kiln_ingest::pyroscope::parse_ingest(
+    let parse = kiln_ingest::pyroscope::prepare_ingest(
         &params,
         &content_type(&headers),
         body.message,
         &body.limits,
     )
     .await?;
-    let warnings = write_profiles(&state, PYROSCOPE, &tenant, profiles, body.arrival).await?;
+    let ((), warnings) = parse_and_write(
+        &state,
+        PYROSCOPE,
+        &tenant,
+        move || Ok((parse()?, ())),
+        body.arrival,
+    )
+    .await?;
     Ok(with_warnings(StatusCode::OK.into_response(), &warnings))
 }
 
@@ -214,7 +215,7 @@ pub async fn push(
         return Ok(with_warnings(rpc.reply(&PushResponse {}), &warnings));
     }
     let limits = body.limits;
-    let profiles = run_parser(move || parse_push(request, &limits)).await?;
-    let warnings = write_profiles(&state, PUSH, &tenant, profiles, body.arrival).await?;
+    let parse = move || Ok((parse_push(request, &limits)?, ()));
+    let ((), warnings) = parse_and_write(&state, PUSH, &tenant, parse, body.arrival).await?;
     Ok(with_warnings(rpc.reply(&PushResponse {}), &warnings))
 }

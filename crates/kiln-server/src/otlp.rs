@@ -10,7 +10,6 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
-use kiln_ingest::cpu::run_parser;
 use kiln_ingest::otlp::{
     decode_json, parse_export, parse_export_proto, ExportProfilesPartialSuccess,
     ExportProfilesServiceResponse,
@@ -18,7 +17,7 @@ use kiln_ingest::otlp::{
 
 use crate::endpoints::OTLP;
 use crate::error::ApiError;
-use crate::ingest::{read_body, write_profiles};
+use crate::ingest::{parse_and_write, read_body};
 use crate::rpc::{Encoding, Family, Rpc};
 use crate::state::SharedState;
 use crate::tenant::Tenant;
@@ -44,14 +43,16 @@ pub async fn export(
     let limits = body.limits;
     let message = body.message;
     let json = rpc.is_json();
-    let export = run_parser(move || match json {
-        true => parse_export(decode_json(&message)?, received, &limits),
-        false => parse_export_proto(&message, received, &limits),
-    })
-    .await?;
-    let rejected_profiles = export.rejected_profiles;
-    let error_message = export.error_message();
-    write_profiles(&state, OTLP, &tenant, export.profiles, body.arrival).await?;
+    let parse = move || {
+        let export = match json {
+            true => parse_export(decode_json(&message)?, received, &limits)?,
+            false => parse_export_proto(&message, received, &limits)?,
+        };
+        let error_message = export.error_message();
+        Ok((export.profiles, (export.rejected_profiles, error_message)))
+    };
+    let ((rejected_profiles, error_message), _) =
+        parse_and_write(&state, OTLP, &tenant, parse, body.arrival).await?;
     let partial_success = (rejected_profiles > 0).then_some(ExportProfilesPartialSuccess {
         rejected_profiles,
         error_message,

@@ -11,7 +11,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use kiln_ingest::cpu::run_parser;
 use kiln_ingest::profefe::{
     parse_labels, parse_profefe, profile_name_for_type, type_for_profile_name,
 };
@@ -27,7 +26,7 @@ use serde_json::json;
 
 use crate::endpoints::PROFEFE;
 use crate::error::ApiError;
-use crate::ingest::{receive, with_warnings, write_profiles};
+use crate::ingest::{parse_and_write, receive, with_warnings};
 use crate::placement;
 use crate::state::SharedState;
 use crate::tenant::Tenant;
@@ -57,14 +56,18 @@ pub async fn ingest(
     }
     let body = received.open(&headers, None)?;
     let (message, limits) = (body.message, body.limits);
-    let profile = run_parser(move || parse_profefe(&params, &message, &limits)).await?;
-    let id = profile.id.clone();
-    let profefe_type = profile
-        .types
-        .first()
-        .map(|plan| type_for_profile_name(&plan.profile_type.name))
-        .unwrap_or("other");
-    let warnings = write_profiles(&state, PROFEFE, &tenant, vec![profile], body.arrival).await?;
+    let parse = move || {
+        let profile = parse_profefe(&params, &message, &limits)?;
+        let id = profile.id.clone();
+        let profefe_type = profile
+            .types
+            .first()
+            .map(|plan| type_for_profile_name(&plan.profile_type.name))
+            .unwrap_or("other");
+        Ok((vec![profile], (id, profefe_type)))
+    };
+    let ((id, profefe_type), warnings) =
+        parse_and_write(&state, PROFEFE, &tenant, parse, body.arrival).await?;
     Ok(with_warnings(
         ok(json!({"id": id, "type": profefe_type})),
         &warnings,

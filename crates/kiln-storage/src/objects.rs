@@ -140,6 +140,38 @@ impl ObjectStorage {
         Ok(())
     }
 
+    /// Whether objects are files on this machine: a put is then a few system calls, cheap
+    /// enough to run on the thread that encoded the object ([`ObjectStorage::put_blocking`]).
+    pub fn is_local(&self) -> bool {
+        self.local_root.is_some()
+    }
+
+    /// [`ObjectStorage::put`] from a thread outside the runtime, blocked until the object
+    /// is stored. Off the runtime, `object_store`'s local backend does its file work on the
+    /// calling thread, so the put completes at its first poll, with no hand-off to a
+    /// blocking thread and back. A cloud store's put is driven on `runtime` from the start:
+    /// its HTTP client needs the runtime's timers and sockets even to begin.
+    pub fn put_blocking(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        key: &str,
+        data: Bytes,
+    ) -> Result<(), StorageError> {
+        use std::future::Future;
+        use std::task::{Context, Poll, Waker};
+        let path = Path::from(key);
+        let mut put = std::pin::pin!(self.store.put(&path, PutPayload::from_bytes(data)));
+        if self.is_local() {
+            if let Poll::Ready(result) = put.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+            {
+                result?;
+                return Ok(());
+            }
+        }
+        runtime.block_on(put)?;
+        Ok(())
+    }
+
     pub async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
         let path = Path::from(key);
         Ok(self.store.get(&path).await?.bytes().await?)

@@ -150,6 +150,45 @@ macro_rules! object_storage_suite {
                 assert!(matches!(past_end, Ok(10)), "{past_end:?}");
             }
 
+            /// The write path stores a segment from the thread that encoded it, off the
+            /// runtime: a local put runs there, a remote one is driven on the runtime, and
+            /// either way the object is then there whole, as an async put leaves it.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_put_off_the_runtime_stores_what_the_async_put_does() {
+                let Some(fixture) = super::$backend() else {
+                    return;
+                };
+                let store = fixture.storage.clone();
+                let payload =
+                    Bytes::from((0..300_000u32).map(|i| (i % 241) as u8).collect::<Vec<_>>());
+                let runtime = tokio::runtime::Handle::current();
+                let (writer, written) = (store.clone(), payload.clone());
+                let put = std::thread::spawn(move || {
+                    writer.put_blocking(&runtime, "segments/p.parquet", written.clone())?;
+                    // Replacing an object replaces it whole.
+                    writer.put_blocking(
+                        &runtime,
+                        "segments/q.parquet",
+                        Bytes::from_static(b"old"),
+                    )?;
+                    writer.put_blocking(&runtime, "segments/q.parquet", written.slice(..10))
+                });
+                tokio::task::spawn_blocking(move || put.join().unwrap())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(store.get("segments/p.parquet").await.unwrap(), payload);
+                assert_eq!(
+                    store.get("segments/q.parquet").await.unwrap(),
+                    payload.slice(..10)
+                );
+                // Nothing else is left behind (a local put writes a temporary file first).
+                assert_eq!(
+                    store.list_keys("segments").await.unwrap(),
+                    ["segments/p.parquet", "segments/q.parquet"]
+                );
+            }
+
             #[tokio::test]
             async fn a_prefix_isolates_one_deployment_from_another() {
                 let Some(fixture) = super::$backend() else {
