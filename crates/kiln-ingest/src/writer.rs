@@ -841,7 +841,9 @@ impl Flusher {
             landing,
         )
         .await?;
-        let build_seconds = build_started.elapsed().as_secs_f64();
+        // A segment landed by its encoding thread was also stored (and registered) there.
+        let build_seconds =
+            build_started.elapsed().as_secs_f64() - segment.put_seconds - segment.register_seconds;
         if segment.datasets.is_empty() {
             return Ok(());
         }
