@@ -198,6 +198,8 @@ struct Staged {
 #[derive(Clone)]
 pub struct WriterMetrics {
     pub flushes: Counter,
+    /// Of them, segments stored by the thread that encoded them ([`Landing`]).
+    pub landed: Counter,
     pub flush_failures: Counter,
     pub segment_bytes: Counter,
     pub profiles_written: Counter,
@@ -222,6 +224,7 @@ impl WriterMetrics {
     fn new() -> Self {
         WriterMetrics {
             flushes: Counter::default(),
+            landed: Counter::default(),
             flush_failures: Counter::default(),
             segment_bytes: Counter::default(),
             profiles_written: Counter::default(),
@@ -239,6 +242,11 @@ impl WriterMetrics {
             "kiln_ingest_flushes",
             "Segments flushed",
             self.flushes.clone(),
+        );
+        registry.register(
+            "kiln_ingest_flushes_landed",
+            "Segments stored (and, with SQLite, registered) by the write-path thread that encoded them, with no hand-off to the blocking pool: one-service flushes while no other write was on its way, on a local store",
+            self.landed.clone(),
         );
         registry.register(
             "kiln_ingest_flush_failures",
@@ -848,6 +856,7 @@ impl Flusher {
             return Ok(());
         }
         let size_bytes = segment.size_bytes;
+        let landed = segment.block.is_none();
         if let Some(block) = segment.block.take() {
             let put_started = Instant::now();
             self.storage
@@ -869,6 +878,9 @@ impl Flusher {
         }
         let (put_seconds, register_seconds) = (segment.put_seconds, segment.register_seconds);
         self.metrics.flushes.inc();
+        if landed {
+            self.metrics.landed.inc();
+        }
         self.metrics.segment_bytes.inc_by(size_bytes);
         self.metrics.profiles_written.inc_by(profile_count as u64);
         tracing::debug!(

@@ -290,6 +290,14 @@ fn writes_are_acked_without_waiting_for_the_flush_interval() {
         "{}",
         server.metrics()
     );
+    // With nothing else on its way, the thread that encoded the segment also stored it.
+    assert!(
+        server
+            .metrics()
+            .contains("kiln_ingest_flushes_landed_total 1\n"),
+        "{}",
+        server.metrics()
+    );
 
     let address = server.url.trim_start_matches("http://").to_string();
     let mut stalled = std::net::TcpStream::connect(&address).unwrap();
@@ -313,6 +321,12 @@ fn writes_are_acked_without_waiting_for_the_flush_interval() {
         "{metrics}"
     );
     assert!(!metrics.contains("reason=\"interval\""), "{metrics}");
+    // A write still on its way may need that thread: the segment went to the runtime.
+    assert!(
+        metrics.contains("kiln_ingest_flushes_total 2\n")
+            && metrics.contains("kiln_ingest_flushes_landed_total 1\n"),
+        "{metrics}"
+    );
     drop(stalled);
 }
 
