@@ -10,7 +10,6 @@ use kiln_model::profile_type::{default_legacy_type, split_legacy_name, SuffixTyp
 use kiln_model::time::{now_nanos, parse_epoch_nanos};
 use kiln_model::{folded, jfr, perf_script, speedscope};
 
-use crate::cpu::run_parser;
 use crate::parse::{from_pprof, from_pprof_bytes, ProfileContext};
 use crate::{IngestError, Limits, ParsedProfile};
 
@@ -111,23 +110,14 @@ fn body_format(
     }
 }
 
-/// Parses an `/ingest` request into profiles. `params` are the query parameters, `body` the
-/// request body after any `Content-Encoding` was removed.
-pub async fn parse_ingest(
-    params: &HashMap<String, String>,
-    content_type: &str,
-    body: Bytes,
-    limits: &Limits,
-) -> Result<Vec<ParsedProfile>, IngestError> {
-    run_parser(prepare_ingest(params, content_type, body, limits).await?).await
-}
-
 /// A request's CPU work, to run on the write path's threads: decompress, decode, convert.
 pub type ParseJob = Box<dyn FnOnce() -> Result<Vec<ParsedProfile>, IngestError> + Send>;
 
-/// [`parse_ingest`] up to its CPU work: the parameters are checked and a multipart body
-/// split here, and the returned job does the rest, so that a caller can stage the profiles
-/// on the thread that parsed them (`Ingester::parse_and_write`).
+/// Parses an `/ingest` request into profiles, in two parts. `params` are the query
+/// parameters, `body` the request body after any `Content-Encoding` was removed. Here the
+/// parameters are checked and a multipart body split; the returned job does the CPU work,
+/// so that a caller can stage the profiles on the thread that parsed them
+/// (`Ingester::parse_and_write`).
 pub async fn prepare_ingest(
     params: &HashMap<String, String>,
     content_type: &str,
@@ -435,6 +425,16 @@ mod tests {
         assert!(parse_name("app{broken").is_err());
         assert!(parse_name("{a=b}").is_err());
         assert!(parse_name("app{novalue}").is_err());
+    }
+
+    /// The whole parse, as the server runs it (there on the write path's threads).
+    async fn parse_ingest(
+        params: &HashMap<String, String>,
+        content_type: &str,
+        body: Bytes,
+        limits: &Limits,
+    ) -> Result<Vec<ParsedProfile>, IngestError> {
+        prepare_ingest(params, content_type, body, limits).await?()
     }
 
     #[tokio::test]
