@@ -96,6 +96,8 @@ pub struct LevelPolicy {
 #[serde(rename_all = "lowercase")]
 pub enum LevelCompression {
     /// Snappy, plain encodings: cheap to write and to read, about 1.6 times the size.
+    /// Datasets a level-0 pass copies or promotes keep their segment's pages
+    /// (uncompressed) until this level merges them.
     Snappy,
     /// zstd level 3 with byte-stream-split values: for blocks kept for the retention period.
     #[default]
@@ -105,7 +107,7 @@ pub enum LevelCompression {
 impl LevelCompression {
     fn encoding(self) -> BlockEncoding {
         match self {
-            LevelCompression::Snappy => BlockEncoding::Segment,
+            LevelCompression::Snappy => BlockEncoding::Snappy,
             LevelCompression::Zstd => BlockEncoding::Compacted,
         }
     }
@@ -371,7 +373,8 @@ impl Job {
 
 /// Of level 0's due jobs, the inputs whose blocks can be raised to level 1 in place
 /// ([`Metastore::promote_blocks`]): segments holding one dataset (`alone`), in a job of at
-/// most [`PROMOTE_MAX_INPUTS`], where level 1 is written as segments are (snappy). Those
+/// most [`PROMOTE_MAX_INPUTS`], where level 1 is a fast one (snappy) that takes a
+/// segment's pages as they are. Those
 /// of tenants with recording rules are then left out (`Compactor::promote`).
 ///
 /// With many services at a low rate most flushes hold one service, so most segments hold

@@ -111,12 +111,33 @@ pub fn spawn<T: Send + 'static>(
     POOL.spawn(work)
 }
 
+thread_local! {
+    /// Time the running job spent on work other than parsing ([`not_parsing`]).
+    static NOT_PARSING: std::cell::Cell<Duration> = const { std::cell::Cell::new(Duration::ZERO) };
+}
+
+/// Leaves `spent` out of the running parse's time, which admission judges the wait for a
+/// core by: a write that flushes itself when it is alone (`Flusher::flush_alone`) holds
+/// its permit through a segment write that a write under load never does.
+pub fn not_parsing(spent: Duration) {
+    NOT_PARSING.with(|cell| cell.set(cell.get() + spent));
+}
+
 async fn timed<T: Send + 'static>(
     parse: impl FnOnce() -> Result<T, IngestError> + Send + 'static,
 ) -> Result<T, IngestError> {
     let started = Instant::now();
-    let result = spawn(parse).await?;
-    let nanos = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+    let (result, not_parsing) = spawn(move || {
+        NOT_PARSING.with(|cell| cell.set(Duration::ZERO));
+        let result = parse();
+        (result, NOT_PARSING.with(|cell| cell.take()))
+    })
+    .await?;
+    let nanos = started
+        .elapsed()
+        .saturating_sub(not_parsing)
+        .as_nanos()
+        .min(u64::MAX as u128) as u64;
     // Racing updates lose a sample now and then; the mean stays a mean.
     let mean = PARSE_NANOS.load(Ordering::Relaxed);
     PARSE_NANOS.store(mean - mean / 16 + nanos / 16, Ordering::Relaxed);

@@ -23,7 +23,9 @@
 //! Under load, what arrives while one flush runs forms the next batch, so batches grow
 //! with the load and the number of blocks does not: this is the classic group commit of
 //! databases, with one flush of small batches at a time (batches of `flush_bytes` may
-//! overlap, up to `max_concurrent_flushes`). With `adaptive: false` every batch waits the
+//! overlap, up to `max_concurrent_flushes`). A write that is alone, when the flusher
+//! would flush it at once, flushes itself on the thread that parsed it
+//! (`Flusher::flush_alone`): the same decision, without the flusher's round trips. With `adaptive: false` every batch waits the
 //! whole interval (fewest blocks, slowest acks). `min_gap` (`flush_min_gap_ms`, default
 //! none) holds an adaptive flush until that long after the previous one started: a fleet
 //! of services each sending rarely then shares segments, so level 0 holds fewer, larger
@@ -174,6 +176,20 @@ impl Staging {
         Some(self.open_next(&mut open))
     }
 
+    /// [`Staging::try_swap`] of the open generation only if `wanted` says so of it, under
+    /// the write lock: no add can join it between the check and the swap.
+    fn try_swap_if(&self, wanted: impl FnOnce(&Generation) -> bool) -> Option<Arc<Generation>> {
+        let mut open = match self.open.try_write() {
+            Ok(open) => open,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        if !wanted(&open) {
+            return None;
+        }
+        Some(self.open_next(&mut open))
+    }
+
     /// Puts a new generation in `open`'s place (under the write lock) and returns the old.
     fn open_next(&self, open: &mut Arc<Generation>) -> Arc<Generation> {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
@@ -271,7 +287,7 @@ impl WriterMetrics {
         );
         registry.register(
             "kiln_ingest_flush_reason",
-            "Segment flushes by what started them: size (flush_bytes), idle (nothing else on its way), interval (flush_interval), shutdown",
+            "Segment flushes by what started them: size (flush_bytes), idle (nothing else on its way), alone (the only write on its way, flushed by the thread that parsed it), busy (waited about one flush for writes on their way), interval (flush_interval), shutdown",
             self.flush_reasons.clone(),
         );
         registry.register(
@@ -401,6 +417,8 @@ pub struct Ingester {
     backoff: Arc<Backoff>,
     config: IngesterConfig,
     metrics: WriterMetrics,
+    /// For a write that flushes itself ([`Flusher::flush_alone`]).
+    flusher: Arc<Flusher>,
 }
 
 impl Ingester {
@@ -430,6 +448,9 @@ impl Ingester {
             arrivals: arrivals.clone(),
             staging: staging.clone(),
             flushing: AtomicUsize::new(0),
+            permits: Arc::new(Semaphore::new(config.max_concurrent_flushes.max(1))),
+            last_started: Mutex::new(None),
+            runtime: tokio::runtime::Handle::current(),
             last_flush_micros: AtomicU64::new(5_000),
             backoff: backoff.clone(),
             metrics: metrics.clone(),
@@ -445,7 +466,8 @@ impl Ingester {
                 move || weak.upgrade().is_some(),
             );
         }
-        let handle = tokio::spawn(flusher.run(receiver));
+        let flusher = Arc::new(flusher);
+        let handle = tokio::spawn(flusher.clone().run(receiver));
         (
             Ingester {
                 sender,
@@ -455,6 +477,7 @@ impl Ingester {
                 backoff,
                 config,
                 metrics,
+                flusher,
             },
             handle,
         )
@@ -522,6 +545,14 @@ impl Ingester {
                 true => None,
                 false => Some(ingester.stage(&tenant, profiles)?),
             };
+            if let Some(staged) = &staged {
+                // Its segment write is not parsing: left out of the parse time that
+                // admission judges waits by.
+                let started = Instant::now();
+                if ingester.flusher.flush_alone(staged) {
+                    crate::cpu::not_parsing(started.elapsed());
+                }
+            }
             Ok((staged, answer, written))
         })
         .await?;
@@ -587,7 +618,9 @@ impl Ingester {
             generation: staged.generation,
             bytes: staged.received_bytes,
         };
-        if self.sender.send(job).await.is_err() {
+        // A write that flushed itself has its result already; the flusher need not wake.
+        let flushed = staged.done.borrow().is_some();
+        if !flushed && self.sender.send(job).await.is_err() {
             return Err(IngestError::ShuttingDown);
         }
         // Sent before the arrival ends, so a flusher that sees no arrivals left finds
@@ -660,6 +693,12 @@ struct Flusher {
     staging: Arc<Staging>,
     /// Flushes running now.
     flushing: AtomicUsize,
+    /// One per flush that may run at once (`max_concurrent_flushes`).
+    permits: Arc<Semaphore>,
+    /// When the last flush started, for `min_gap` and the backoff's spacing.
+    last_started: Mutex<Option<Instant>>,
+    /// For puts and registrations made off the runtime ([`Landing`]).
+    runtime: tokio::runtime::Handle,
     /// How long the last flush took.
     last_flush_micros: AtomicU64,
     /// Spacing asked while compaction lags.
@@ -668,11 +707,10 @@ struct Flusher {
 }
 
 impl Flusher {
-    async fn run(self, mut receiver: mpsc::Receiver<Job>) {
-        let flusher = Arc::new(self);
-        let permits = Arc::new(Semaphore::new(flusher.config.max_concurrent_flushes.max(1)));
+    async fn run(self: Arc<Self>, mut receiver: mpsc::Receiver<Job>) {
+        let flusher = self;
+        let permits = flusher.permits.clone();
         let mut closed = false;
-        let mut last_started: Option<tokio::time::Instant> = None;
         while !closed {
             let Some(first) = receiver.recv().await else {
                 break;
@@ -693,7 +731,9 @@ impl Flusher {
                 }
                 let mut wake = deadline;
                 let gap = flusher.config.min_gap.max(flusher.backoff.gap());
-                let earliest = last_started.map_or(opened, |at| at + gap);
+                let earliest = flusher
+                    .last_started()
+                    .map_or(opened, |at| tokio::time::Instant::from_std(at) + gap);
                 if flusher.config.adaptive
                     && flusher.flushing.load(Ordering::SeqCst) == 0
                     && tokio::time::Instant::now() < earliest
@@ -753,7 +793,7 @@ impl Flusher {
                 }
             };
             flusher.flushing.fetch_add(1, Ordering::SeqCst);
-            last_started = Some(tokio::time::Instant::now());
+            flusher.started_now();
             let flusher = flusher.clone();
             tokio::spawn(async move {
                 flusher.flush(generation).await;
@@ -775,11 +815,83 @@ impl Flusher {
             .clamp(Duration::from_millis(1), self.config.flush_interval)
     }
 
+    fn last_started(&self) -> Option<Instant> {
+        *self
+            .last_started
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn started_now(&self) {
+        *self
+            .last_started
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
+
     async fn flush(&self, generation: Arc<Generation>) {
+        let started = Instant::now();
+        let builders = self.take_builders(&generation);
+        let profiles = generation.profiles.load(Ordering::Relaxed);
+        let result = self
+            .write_segment(builders, profiles)
+            .await
+            .map_err(Arc::new);
+        self.settle(&generation, started, result);
+    }
+
+    /// A write that is the only one on its way flushes itself, on the write-path thread
+    /// that parsed and staged it, when the flusher would flush it at once anyway (adaptive,
+    /// no flush running, none of `min_gap` or the backoff's spacing left, nothing else in
+    /// its batch), and the store and metastore are a local directory and SQLite, whose
+    /// writes complete on this thread. With many services at a low rate that is most
+    /// writes: each is then handed once to the write path's threads and back, where the
+    /// flusher's wake-up, its task and the hand-off to encode were three more round trips
+    /// between threads (docs/benchmarks.md, session 33). Returns whether it flushed.
+    fn flush_alone(&self, staged: &Staged) -> bool {
+        let alone = self.config.adaptive
+            && self.storage.is_local()
+            && self.metastore.is_embedded()
+            // Its own arrival ends when it is handed to the flusher, after this.
+            && self.arrivals.count.load(Ordering::SeqCst) == 1
+            && self.flushing.load(Ordering::SeqCst) == 0;
+        if !alone {
+            return false;
+        }
+        let gap = self.config.min_gap.max(self.backoff.gap());
+        if self.last_started().is_some_and(|at| at.elapsed() < gap) {
+            return false;
+        }
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            return false;
+        };
+        let Some(generation) = self.staging.try_swap_if(|open| {
+            open.id == staged.generation && open.requests.load(Ordering::Relaxed) == 1
+        }) else {
+            return false;
+        };
+        self.flushing.fetch_add(1, Ordering::SeqCst);
+        self.started_now();
+        self.metrics
+            .flush_reasons
+            .get_or_create(&ReasonLabel { reason: "alone" })
+            .inc();
+        let started = Instant::now();
+        let builders = self.take_builders(&generation);
+        let profiles = generation.profiles.load(Ordering::Relaxed);
+        let result = self.write_alone(builders, profiles).map_err(Arc::new);
+        self.settle(&generation, started, result);
+        self.flushing.fetch_sub(1, Ordering::SeqCst);
+        self.arrivals.changed.notify_one();
+        drop(permit);
+        true
+    }
+
+    /// The builders of a swapped-out generation, which only it holds by then.
+    fn take_builders(&self, generation: &Generation) -> Vec<(ServiceKey, DatasetBuilder)> {
         self.metrics
             .batch_requests
             .observe(generation.requests.load(Ordering::Relaxed) as f64);
-        let started = Instant::now();
         let builders: Vec<((String, String), DatasetBuilder)> = {
             let mut builders = generation
                 .builders
@@ -801,11 +913,16 @@ impl Flusher {
                 })
                 .collect()
         };
-        let profiles = generation.profiles.load(Ordering::Relaxed);
-        let result = self
-            .write_segment(builders, profiles)
-            .await
-            .map_err(Arc::new);
+        builders
+    }
+
+    /// Records a flush's outcome and hands it to every request of its generation.
+    fn settle(
+        &self,
+        generation: &Generation,
+        started: Instant,
+        result: Result<(), Arc<StoreError>>,
+    ) {
         let took = started.elapsed();
         self.metrics.flush_seconds.observe(took.as_secs_f64());
         self.last_flush_micros.store(
@@ -870,29 +987,74 @@ impl Flusher {
             self.metastore
                 .register_block(
                     segment_block(&block_id, &object_key, size_bytes),
-                    segment.datasets,
+                    std::mem::take(&mut segment.datasets),
                 )
                 .await
                 .map_err(StoreError::Metastore)?;
             segment.register_seconds = register_started.elapsed().as_secs_f64();
         }
-        let (put_seconds, register_seconds) = (segment.put_seconds, segment.register_seconds);
+        self.record(&segment, &block_id, profile_count, build_seconds, landed);
+        Ok(())
+    }
+
+    /// [`Flusher::write_segment`] on this thread, for [`Flusher::flush_alone`]: the store
+    /// is local and the metastore SQLite, so the put and the registration complete here.
+    fn write_alone(
+        &self,
+        mut builders: Vec<(ServiceKey, DatasetBuilder)>,
+        profile_count: usize,
+    ) -> Result<(), StoreError> {
+        let build_started = Instant::now();
+        let block_id = ulid::Ulid::new().to_string();
+        let object_key = format!("segments/{block_id}.parquet");
+        builders.sort_by(|(a, _), (b, _)| a.cmp(b));
+        let share = builders
+            .into_iter()
+            .enumerate()
+            .map(|(index, (key, builder))| (index, key, builder))
+            .collect();
+        let built = finish_share(share, &self.staging.warm);
+        let (block, datasets) = encode_segment(built, &block_id, &object_key)?;
+        if datasets.is_empty() {
+            return Ok(());
+        }
+        let landing = Landing {
+            storage: self.storage.clone(),
+            metastore: Some(self.metastore.clone()),
+            runtime: self.runtime.clone(),
+            arrivals: self.arrivals.clone(),
+        };
+        let segment = landing.land(block, datasets, &block_id, &object_key)?;
+        let build_seconds =
+            build_started.elapsed().as_secs_f64() - segment.put_seconds - segment.register_seconds;
+        self.record(&segment, &block_id, profile_count, build_seconds, true);
+        Ok(())
+    }
+
+    /// Counts a written segment.
+    fn record(
+        &self,
+        segment: &Segment,
+        block_id: &str,
+        profile_count: usize,
+        build_seconds: f64,
+        landed: bool,
+    ) {
         self.metrics.flushes.inc();
         if landed {
             self.metrics.landed.inc();
         }
-        self.metrics.segment_bytes.inc_by(size_bytes);
+        self.metrics.segment_bytes.inc_by(segment.size_bytes);
         self.metrics.profiles_written.inc_by(profile_count as u64);
         tracing::debug!(
             block = %block_id,
-            bytes = size_bytes,
+            bytes = segment.size_bytes,
             profiles = profile_count,
             build_seconds,
-            put_seconds,
-            register_seconds,
+            put_seconds = segment.put_seconds,
+            register_seconds = segment.register_seconds,
             "flushed segment"
         );
-        Ok(())
     }
 }
 
@@ -1014,27 +1176,17 @@ async fn build_segment(
         .map(|(index, (key, builder))| (index, key, builder))
         .collect();
     order.sort_by_cached_key(|(_, _, builder)| std::cmp::Reverse(builder.heap_bytes()));
-    type Share = Vec<(usize, ServiceKey, DatasetBuilder)>;
     let mut shares: Vec<Share> = (0..threads).map(|_| Vec::new()).collect();
     for (position, entry) in order.into_iter().enumerate() {
         shares[position % threads].push(entry);
     }
-    let finish = move |share: Share, warm: &WarmBuilders| -> Vec<(usize, Dataset)> {
-        share
-            .into_iter()
-            .map(|(index, key, mut builder)| {
-                let taken = builder.take_dataset();
-                warm.give_back(key, builder, &taken);
-                (index, taken.dataset)
-            })
-            .collect()
-    };
     if let [share] = &mut shares[..] {
         // One thread's work (a flush of one service, most flushes at a low rate): finished
         // and encoded in one task, one hand-off to the write path's threads instead of two.
         let share = std::mem::take(share);
         return crate::cpu::spawn(move || {
-            let (block, datasets) = encode_segment(finish(share, &warm), &block_id, &object_key)?;
+            let (block, datasets) =
+                encode_segment(finish_share(share, &warm), &block_id, &object_key)?;
             match landing {
                 Some(landing) if !datasets.is_empty() && landing.is_quiet() => {
                     landing.land(block, datasets, &block_id, &object_key)
@@ -1049,7 +1201,7 @@ async fn build_segment(
         .into_iter()
         .map(|share| {
             let warm = warm.clone();
-            crate::cpu::spawn(move || finish(share, &warm))
+            crate::cpu::spawn(move || finish_share(share, &warm))
         })
         .collect();
     let mut built: Vec<(usize, Dataset)> = Vec::with_capacity(count);
@@ -1061,6 +1213,21 @@ async fn build_segment(
             .await
             .map_err(StoreError::Task)??;
     Ok(Segment::encoded(block, datasets))
+}
+
+/// Builders dealt to one thread, each with its index in the segment.
+type Share = Vec<(usize, ServiceKey, DatasetBuilder)>;
+
+/// Takes each builder's dataset, and gives the builder back to be warm for the next batch.
+fn finish_share(share: Share, warm: &WarmBuilders) -> Vec<(usize, Dataset)> {
+    share
+        .into_iter()
+        .map(|(index, key, mut builder)| {
+            let taken = builder.take_dataset();
+            warm.give_back(key, builder, &taken);
+            (index, taken.dataset)
+        })
+        .collect()
 }
 
 /// Encodes finished datasets as one segment, in the order of their indices (the sorted

@@ -295,9 +295,13 @@ fn dataset_column(dataset: &Dataset, index: usize) -> Option<Column> {
 /// seconds), compaction wants small output (blocks live for the retention period).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockEncoding {
-    /// Snappy, plain: segments, and compacted blocks that are merged again within minutes
-    /// (level 1 by default, `compaction.levels[i].compression`).
+    /// Uncompressed, plain: the write path's segments, which live until their first
+    /// compaction. Snappy was half of a segment's encoding and a third of reading it back
+    /// (`kiln bench stages`), for pages that are read once and then deleted.
     Segment,
+    /// Snappy, plain: compacted blocks that are merged again within minutes (level 1 by
+    /// default, `compaction.levels[i].compression`).
+    Snappy,
     /// zstd level 3, byte-stream-split values, delta-packed indices.
     Compacted,
 }
@@ -316,14 +320,19 @@ fn writer_properties(
     let builder = match encoding {
         // Parquet makes a codec per column chunk, and a zstd codec allocates a compression
         // and a decompression context each time: with forty columns per dataset, a flush
-        // of one-profile datasets spent a quarter of its CPU creating contexts. Snappy has
-        // no context; segments live seconds before compaction, so their size matters less.
+        // of one-profile datasets spent a quarter of its CPU creating contexts. Segments
+        // live seconds before compaction, so their size matters less than the CPU: they
+        // went from zstd to snappy, then to none (2.1 times snappy's bytes, half its
+        // encoding CPU; docs/benchmarks.md). Level 1's merges keep snappy.
         //
         // Nothing in Kiln reads column statistics, and a segment's footer describes every
         // service's dataset: min and max of each of forty columns per dataset were most of
         // its 80–90 KiB at 20 services, parsed and cached by compaction for each segment.
         // Compacted blocks keep theirs, for other Parquet readers.
         BlockEncoding::Segment => builder
+            .set_compression(Compression::UNCOMPRESSED)
+            .set_statistics_enabled(EnabledStatistics::None),
+        BlockEncoding::Snappy => builder
             .set_compression(Compression::SNAPPY)
             .set_statistics_enabled(EnabledStatistics::None),
         BlockEncoding::Compacted => builder
@@ -358,9 +367,11 @@ fn current_format(
 ) -> Result<(Arc<Type>, Arc<WriterProperties>), StorageError> {
     type Made = (Arc<Type>, Arc<WriterProperties>);
     static SEGMENT: OnceLock<Made> = OnceLock::new();
+    static SNAPPY: OnceLock<Made> = OnceLock::new();
     static COMPACTED: OnceLock<Made> = OnceLock::new();
     let cell = match encoding {
         BlockEncoding::Segment => &SEGMENT,
+        BlockEncoding::Snappy => &SNAPPY,
         BlockEncoding::Compacted => &COMPACTED,
     };
     if let Some(made) = cell.get() {
@@ -1027,6 +1038,7 @@ mod tests {
     fn segments_carry_no_statistics_and_compacted_blocks_do() {
         for (encoding, with_statistics) in [
             (BlockEncoding::Segment, false),
+            (BlockEncoding::Snappy, false),
             (BlockEncoding::Compacted, true),
         ] {
             let block = Bytes::from(encode_block_as(&[dataset()], encoding).expect("encodes"));
@@ -1078,7 +1090,11 @@ mod tests {
             assert!(len > 65_536, "{len}");
         }
         let small = dataset();
-        for encoding in [BlockEncoding::Segment, BlockEncoding::Compacted] {
+        for encoding in [
+            BlockEncoding::Segment,
+            BlockEncoding::Snappy,
+            BlockEncoding::Compacted,
+        ] {
             let block = Bytes::from(
                 encode_block_as(&[large.clone(), small.clone()], encoding).expect("encodes"),
             );

@@ -635,9 +635,12 @@ impl ChunkReader for PartialBlock {
 /// Dataset `row_group` of `block` as a block of its own, its column chunks copied byte
 /// for byte. Compaction moves a service's lone dataset out of a segment so that the
 /// segment can go; a merge of one input would decode it and encode the same columns
-/// again (docs/benchmarks.md, "A lone dataset is copied"). `None` when the chunks are not
-/// as `encoding` writes them (another codec, an older format version, a footer not
-/// parsed): such a dataset is merged instead.
+/// again (docs/benchmarks.md, "A lone dataset is copied"). The chunks keep their codec:
+/// a segment's are uncompressed (or snappy, written before that), and a fast level
+/// (`encoding` other than [`BlockEncoding::Compacted`]) takes them as they are, as it
+/// takes a promoted segment. `None` when the chunks are not what a fast level takes
+/// (zstd, a dictionary, an older format version, a footer not parsed): such a dataset is
+/// merged instead.
 pub fn copy_dataset(
     block: &PartialBlock,
     row_group: usize,
@@ -646,17 +649,17 @@ pub fn copy_dataset(
     let Some(footer) = &block.footer else {
         return Ok(None);
     };
-    // Segments' codec; a compacted block's zstd level is not in its footer.
-    let codec = match encoding {
-        BlockEncoding::Segment => Compression::SNAPPY,
-        BlockEncoding::Compacted => return Ok(None),
-    };
+    if encoding == BlockEncoding::Compacted {
+        return Ok(None);
+    }
+    let fast =
+        |codec: Compression| matches!(codec, Compression::UNCOMPRESSED | Compression::SNAPPY);
     let group = footer.group(row_group)?;
     if footer.column_count != COLUMN_COUNT
         || group
             .chunks
             .iter()
-            .any(|chunk| chunk.codec != codec || chunk.has_dictionary)
+            .any(|chunk| !fast(chunk.codec) || chunk.has_dictionary)
     {
         return Ok(None);
     }
@@ -696,11 +699,16 @@ pub fn copy_dataset(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::{decode_dataset, encode_block, COLUMN_COUNT};
+    use crate::format::{decode_dataset, COLUMN_COUNT};
     use crate::DatasetBuilder;
 
     /// A block of one small CPU dataset per service, `main;<service>` with 10 ns.
     fn block_of(services: &[&str]) -> Bytes {
+        block_as(services, BlockEncoding::Segment)
+    }
+
+    /// [`block_of`], written as `encoding` writes blocks.
+    fn block_as(services: &[&str], encoding: BlockEncoding) -> Bytes {
         let datasets: Vec<Dataset> = services
             .iter()
             .map(|service| {
@@ -715,7 +723,7 @@ mod tests {
                 builder.finish()
             })
             .collect();
-        Bytes::from(encode_block(&datasets).unwrap())
+        Bytes::from(crate::format::encode_block_as(&datasets, encoding).unwrap())
     }
 
     fn whole_tail(services: &[&str]) -> Arc<BlockTail> {
@@ -767,12 +775,36 @@ mod tests {
     }
 
     /// A dataset copied out of a segment chunk by chunk is a block of its own that
-    /// decodes to the same dataset, whichever row group it was; a codec the copy would
-    /// not keep is left to a merge.
+    /// decodes to the same dataset, whichever row group it was, with its pages as they
+    /// were: uncompressed from a segment, snappy from one written before segments were
+    /// uncompressed. A zstd block, or a copy for a zstd level, is left to a merge.
     #[test]
     fn a_copied_dataset_decodes_as_it_did_in_its_segment() {
+        for (written, codec) in [
+            (BlockEncoding::Segment, "UNCOMPRESSED"),
+            (BlockEncoding::Snappy, "SNAPPY"),
+        ] {
+            copied_as_it_was(written, codec);
+        }
+        let zstd = block_as(&["a"], BlockEncoding::Compacted);
+        let tail = BlockTail::parse(zstd.clone(), zstd.len() as u64)
+            .unwrap()
+            .unwrap();
+        let plan = column_fetch(&tail, 0, Projection::ALL).unwrap();
+        let bytes = plan
+            .ranges()
+            .into_iter()
+            .map(|range| zstd.slice(range.start as usize..range.end as usize))
+            .collect();
+        let partial = plan.partial("z", &tail, bytes).unwrap();
+        assert!(copy_dataset(&partial, 0, BlockEncoding::Snappy)
+            .unwrap()
+            .is_none());
+    }
+
+    fn copied_as_it_was(written: BlockEncoding, codec: &str) {
         let services = ["a", "b", "c", "d"];
-        let block = block_of(&services);
+        let block = block_as(&services, written);
         let block_len = block.len() as u64;
         // The shortest tail: the footer alone.
         let needed = BlockTail::parse(block.slice(block.len() - 16..), block_len)
@@ -796,7 +828,7 @@ mod tests {
         for cut in (needed..block_len).step_by(97) {
             for (row_group, service) in services.iter().enumerate() {
                 let partial = parts(cut, row_group);
-                let copy = copy_dataset(&partial, row_group, BlockEncoding::Segment)
+                let copy = copy_dataset(&partial, row_group, BlockEncoding::Snappy)
                     .unwrap()
                     .expect("a segment's dataset is copied");
                 let copy = Bytes::from(copy);
@@ -808,7 +840,7 @@ mod tests {
                     "cut {cut}, row group {row_group}"
                 );
                 assert_eq!(crate::format::dataset_bytes(&copy).unwrap().len(), 1);
-                assert_eq!(crate::format::block_compression(&copy).unwrap(), ["SNAPPY"]);
+                assert_eq!(crate::format::block_compression(&copy).unwrap(), [codec]);
                 assert!(
                     copy_dataset(&partial, row_group, BlockEncoding::Compacted)
                         .unwrap()
@@ -819,7 +851,7 @@ mod tests {
         }
         // Without a parsed footer there is nothing to copy by.
         let bare = PartialBlock::new(block_len, vec![(0, block.clone())]);
-        assert!(copy_dataset(&bare, 0, BlockEncoding::Segment)
+        assert!(copy_dataset(&bare, 0, BlockEncoding::Snappy)
             .unwrap()
             .is_none());
     }

@@ -153,8 +153,8 @@ fn builder_interns_and_block_round_trips() {
         decode_dataset(&compacted, 1, Projection::ALL).unwrap(),
         other
     );
-    // docs/FORMAT.md: segments snappy (no codec context per column chunk), compacted
-    // blocks zstd.
+    // docs/FORMAT.md: segments uncompressed (no codec work for pages read once),
+    // compacted blocks zstd.
     let codecs = |bytes: &Bytes| {
         use parquet::file::reader::FileReader;
         let reader = parquet::file::reader::SerializedFileReader::new(bytes.clone()).unwrap();
@@ -168,7 +168,7 @@ fn builder_interns_and_block_round_trips() {
     assert!(!codecs(&block).is_empty());
     assert!(codecs(&block)
         .iter()
-        .all(|codec| *codec == parquet::basic::Compression::SNAPPY));
+        .all(|codec| *codec == parquet::basic::Compression::UNCOMPRESSED));
     assert!(codecs(&compacted)
         .iter()
         .all(|codec| matches!(codec, parquet::basic::Compression::ZSTD(_))));

@@ -38,8 +38,8 @@ fn writes_sent_together_share_a_segment(config: &mut ServerConfig) {
 }
 
 /// A service with one dataset at level 0, in a segment it shares, gets a level-1 block of
-/// it by a copy of its column chunks, not a merge: the segment goes, the block is as its
-/// level says (snappy), and every answer is the same before and after.
+/// it by a copy of its column chunks, not a merge: the segment goes, the block keeps the
+/// segment's pages (uncompressed), and every answer is the same before and after.
 fn a_lone_dataset_is_copied_out_of_its_segment(backend: Backend) {
     let server = TestServer::start_on(backend, writes_sent_together_share_a_segment);
     let base = 1_700_000_000;
@@ -69,7 +69,7 @@ fn a_lone_dataset_is_copied_out_of_its_segment(backend: Backend) {
     assert_eq!(server.metric("kiln_compaction_copies_total"), 2.0);
     assert_eq!(server.metric("kiln_compaction_promotions_total"), 0.0);
     assert_eq!(
-        compressed_as_their_level_says(&server, &runtime, &store),
+        compressed_as_their_level_says(&server, &runtime, &store, "UNCOMPRESSED"),
         [1, 1]
     );
     assert_eq!(answers(&server, start, end), before);
@@ -140,7 +140,7 @@ fn a_segment_holding_one_lone_dataset_is_promoted_in_place(backend: Backend) {
     let level_of = |key: &str| blocks.iter().find(|b| b.object_key == key).map(|b| b.level);
     assert_eq!(level_of(&other_segment), Some(1), "{blocks:?}");
     assert_eq!(
-        compressed_as_their_level_says(&server, &runtime, &store),
+        compressed_as_their_level_says(&server, &runtime, &store, "UNCOMPRESSED"),
         [1, 2]
     );
     assert_eq!(answers(&server, start, end), before);
@@ -189,7 +189,7 @@ fn compaction_reads_each_segment_about_once(backend: Backend) {
             .unwrap()
             .is_empty()
     });
-    let levels = compressed_as_their_level_says(&server, &runtime, &store);
+    let levels = compressed_as_their_level_says(&server, &runtime, &store, "SNAPPY");
     assert!(levels.iter().all(|&level| level == 1), "{levels:?}");
     let metrics = server.metrics();
     let written = metric_value(&metrics, "kiln_ingest_segment_bytes_total");
@@ -233,12 +233,14 @@ fn compaction_reads_each_segment_about_once(backend: Backend) {
 }
 
 /// Checks that every live block is compressed as the default policy of its level says
-/// (level 1, which the next level merges again soon, snappy; the levels above zstd), and
-/// returns their levels.
+/// (level 1, which the next level merges again soon, snappy, or as `level_1` says where
+/// its datasets were copied or promoted from segments, whose pages they keep; the levels
+/// above zstd), and returns their levels.
 fn compressed_as_their_level_says(
     server: &TestServer,
     runtime: &tokio::runtime::Runtime,
     store: &kiln_metastore::Metastore,
+    level_1: &str,
 ) -> Vec<u32> {
     let mut levels = Vec::new();
     for block in runtime.block_on(store.list_blocks()).unwrap() {
@@ -248,7 +250,7 @@ fn compressed_as_their_level_says(
         let bytes = server.read_object(&block.object_key);
         let codecs = kiln_storage::format::block_compression(&bytes).unwrap();
         let expected = match block.level {
-            1 => "SNAPPY",
+            1 => level_1,
             _ => "ZSTD",
         };
         assert_eq!(codecs, [expected], "level {}", block.level);
@@ -442,7 +444,7 @@ fn compaction_changes_no_answer_and_leaves_one_block_per_service(backend: Backen
         assert_eq!(files.len(), 2, "objects left: {files:?}");
         assert!(files.iter().all(|f| f.starts_with("blocks/")), "{files:?}");
         assert_eq!(
-            compressed_as_their_level_says(server, &runtime, &store),
+            compressed_as_their_level_says(server, &runtime, &store, "SNAPPY"),
             [level, level]
         );
     };
@@ -606,8 +608,11 @@ fn admin_blocks_shows_levels_and_symbol_counts() {
     );
     let id = rows[0].split_whitespace().next().unwrap();
     let inspect = admin(&["blocks", "inspect", id]);
-    // No compaction: a segment, snappy.
-    assert!(inspect.contains("\ncompression SNAPPY\n"), "{inspect}");
+    // No compaction: a segment, uncompressed.
+    assert!(
+        inspect.contains("\ncompression UNCOMPRESSED\n"),
+        "{inspect}"
+    );
     assert!(
         inspect.contains("service api") || inspect.contains("service web"),
         "{inspect}"
