@@ -869,12 +869,8 @@ impl Compactor {
     /// period; the metastore row of a tombstoned block goes after its object.
     async fn delete_garbage(&self, now_ms: i64) -> Result<usize, CompactorError> {
         let cutoff = now_ms - self.config.grace_ms;
-        let blocks = self.metastore.list_blocks().await?;
         let mut deleted = 0;
-        for block in blocks
-            .iter()
-            .filter(|block| block.deleted_at_ms.is_some_and(|at| at <= cutoff))
-        {
+        for block in self.metastore.tombstoned_blocks(cutoff).await? {
             self.storage.delete(&block.object_key).await?;
             crash_point("garbage-object-deleted");
             self.metastore.delete_block(&block.id).await?;
@@ -887,6 +883,8 @@ impl Compactor {
         }
         self.last_sweep_ms.store(now_ms, Ordering::Relaxed);
         let orphan_cutoff = now_ms - self.config.orphan_age_ms;
+        // Every block, once per `orphan_age_ms`: an object none of them names is an orphan.
+        let blocks = self.metastore.list_blocks().await?;
         let registered: HashSet<&str> = blocks
             .iter()
             .map(|block| block.object_key.as_str())

@@ -495,6 +495,16 @@ impl Metastore {
         dispatch!(self.list_blocks())
     }
 
+    /// Blocks tombstoned at or before `before_ms`, whose objects are due for deletion.
+    /// Compaction asks every pass; listing every block instead read the whole table, which
+    /// grows with retention, each time (docs/benchmarks.md, session 33).
+    pub async fn tombstoned_blocks(
+        &self,
+        before_ms: i64,
+    ) -> Result<Vec<BlockMeta>, MetastoreError> {
+        dispatch!(self.tombstoned_blocks(before_ms))
+    }
+
     pub async fn datasets_at_level(
         &self,
         level: u32,

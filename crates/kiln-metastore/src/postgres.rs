@@ -156,6 +156,21 @@ impl PostgresMetastore {
         rows.iter().map(block_from_row).collect()
     }
 
+    pub async fn tombstoned_blocks(
+        &self,
+        before_ms: i64,
+    ) -> Result<Vec<BlockMeta>, MetastoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT id, object_key, level, size_bytes, created_at_ms, deleted_at_ms FROM blocks
+                 WHERE deleted_at_ms IS NOT NULL AND deleted_at_ms <= $1 ORDER BY id",
+                &[&before_ms],
+            )
+            .await?;
+        rows.iter().map(block_from_row).collect()
+    }
+
     pub async fn datasets_at_level(
         &self,
         level: u32,

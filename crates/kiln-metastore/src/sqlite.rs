@@ -160,6 +160,21 @@ impl SqliteMetastore {
         .await
     }
 
+    pub async fn tombstoned_blocks(
+        &self,
+        before_ms: i64,
+    ) -> Result<Vec<BlockMeta>, MetastoreError> {
+        self.with(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT id, object_key, level, size_bytes, created_at_ms, deleted_at_ms FROM blocks
+                 WHERE deleted_at_ms IS NOT NULL AND deleted_at_ms <= ?1 ORDER BY id",
+            )?;
+            let rows = statement.query_map(params![before_ms], block_from_row)?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
     /// Live datasets of blocks at `level`, with their block's creation time.
     pub async fn datasets_at_level(
         &self,

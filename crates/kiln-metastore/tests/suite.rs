@@ -368,6 +368,21 @@ macro_rules! metastore_suite {
                 assert!(state("s2").is_some());
                 assert!(state("s1").is_none());
                 assert!(state("c1").is_none());
+                // Garbage collection asks for the tombstoned blocks alone, by time.
+                let at = state("s2").unwrap();
+                let ids = |blocks: Vec<BlockMeta>| -> Vec<String> {
+                    blocks.into_iter().map(|b| b.id).collect()
+                };
+                assert_eq!(ids(metastore.tombstoned_blocks(at).await.unwrap()), ["s2"]);
+                assert_eq!(
+                    ids(metastore.tombstoned_blocks(i64::MAX).await.unwrap()),
+                    ["s2"]
+                );
+                assert!(metastore
+                    .tombstoned_blocks(at - 1)
+                    .await
+                    .unwrap()
+                    .is_empty());
                 assert_eq!(metastore.datasets_at_level(1).await.unwrap().len(), 1);
                 // s2 left the backlog; s1 (web still waits) and s3 did not.
                 assert_eq!(
