@@ -25,8 +25,8 @@
 //! databases, with one flush of small batches at a time (batches of `flush_bytes` may
 //! overlap, up to `max_concurrent_flushes`). A write that is alone, when the flusher
 //! would flush it at once, flushes itself on the thread that parsed it
-//! (`Flusher::flush_alone`): the same decision, without the flusher's round trips. With `adaptive: false` every batch waits the
-//! whole interval (fewest blocks, slowest acks). `min_gap` (`flush_min_gap_ms`, default
+//! (`Flusher::flush_alone`): the same decision, without the flusher's round trips. With
+//! `adaptive: false` every batch waits the whole interval (fewest blocks, slowest acks). `min_gap` (`flush_min_gap_ms`, default
 //! none) holds an adaptive flush until that long after the previous one started: a fleet
 //! of services each sending rarely then shares segments, so level 0 holds fewer, larger
 //! datasets for compaction and fresh queries, for up to that much more ack latency. Off by
@@ -845,9 +845,9 @@ impl Flusher {
     /// no flush running, none of `min_gap` or the backoff's spacing left, nothing else in
     /// its batch), and the store and metastore are a local directory and SQLite, whose
     /// writes complete on this thread. With many services at a low rate that is most
-    /// writes: each is then handed once to the write path's threads and back, where the
-    /// flusher's wake-up, its task and the hand-off to encode were three more round trips
-    /// between threads (docs/benchmarks.md, session 33). Returns whether it flushed.
+    /// writes: each is then handed once to the write path's threads and back, without the
+    /// flusher's wake-up, its flush task and a second hand-off to encode
+    /// (docs/benchmarks.md, session 33). Returns whether it flushed.
     fn flush_alone(&self, staged: &Staged) -> bool {
         let alone = self.config.adaptive
             && self.storage.is_local()
@@ -871,6 +871,11 @@ impl Flusher {
             return false;
         };
         self.flushing.fetch_add(1, Ordering::SeqCst);
+        // Ends the flush even if it unwinds, so the flusher's adaptive path goes on.
+        let _ended = FlushEnded {
+            flusher: self,
+            _permit: permit,
+        };
         self.started_now();
         self.metrics
             .flush_reasons
@@ -881,9 +886,6 @@ impl Flusher {
         let profiles = generation.profiles.load(Ordering::Relaxed);
         let result = self.write_alone(builders, profiles).map_err(Arc::new);
         self.settle(&generation, started, result);
-        self.flushing.fetch_sub(1, Ordering::SeqCst);
-        self.arrivals.changed.notify_one();
-        drop(permit);
         true
     }
 
@@ -1055,6 +1057,19 @@ impl Flusher {
             register_seconds = segment.register_seconds,
             "flushed segment"
         );
+    }
+}
+
+/// A flush run by [`Flusher::flush_alone`], ended when dropped.
+struct FlushEnded<'a> {
+    flusher: &'a Flusher,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for FlushEnded<'_> {
+    fn drop(&mut self) {
+        self.flusher.flushing.fetch_sub(1, Ordering::SeqCst);
+        self.flusher.arrivals.changed.notify_one();
     }
 }
 
