@@ -168,12 +168,7 @@ impl Staging {
 
     /// [`Staging::swap`] when no add is in progress; `None` when it would wait.
     fn try_swap(&self) -> Option<Arc<Generation>> {
-        let mut open = match self.open.try_write() {
-            Ok(open) => open,
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
-        Some(self.open_next(&mut open))
+        self.try_swap_if(|_| true)
     }
 
     /// [`Staging::try_swap`] of the open generation only if `wanted` says so of it, under
@@ -951,9 +946,7 @@ impl Flusher {
         profile_count: usize,
     ) -> Result<(), StoreError> {
         let build_started = Instant::now();
-        // The block is named first, so its datasets' index entries are complete when built.
-        let block_id = ulid::Ulid::new().to_string();
-        let object_key = format!("segments/{block_id}.parquet");
+        let (block_id, object_key) = segment_name();
         let landing = self.storage.is_local().then(|| Landing {
             storage: self.storage.clone(),
             metastore: self.metastore.is_embedded().then(|| self.metastore.clone()),
@@ -1007,8 +1000,7 @@ impl Flusher {
         profile_count: usize,
     ) -> Result<(), StoreError> {
         let build_started = Instant::now();
-        let block_id = ulid::Ulid::new().to_string();
-        let object_key = format!("segments/{block_id}.parquet");
+        let (block_id, object_key) = segment_name();
         builders.sort_by(|(a, _), (b, _)| a.cmp(b));
         let share = builders
             .into_iter()
@@ -1058,6 +1050,14 @@ impl Flusher {
             "flushed segment"
         );
     }
+}
+
+/// A new segment's block id and object key. The block is named before it is built, so its
+/// datasets' index entries are complete when built.
+fn segment_name() -> (String, String) {
+    let block_id = ulid::Ulid::new().to_string();
+    let object_key = format!("segments/{block_id}.parquet");
+    (block_id, object_key)
 }
 
 /// A flush run by [`Flusher::flush_alone`], ended when dropped.
