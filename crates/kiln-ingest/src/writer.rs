@@ -541,12 +541,7 @@ impl Ingester {
                 false => Some(ingester.stage(&tenant, profiles)?),
             };
             if let Some(staged) = &staged {
-                // Its segment write is not parsing: left out of the parse time that
-                // admission judges waits by.
-                let started = Instant::now();
-                if ingester.flusher.flush_alone(staged) {
-                    crate::cpu::not_parsing(started.elapsed());
-                }
+                ingester.flusher.flush_alone(staged);
             }
             Ok((staged, answer, written))
         })
@@ -842,8 +837,9 @@ impl Flusher {
     /// writes complete on this thread. With many services at a low rate that is most
     /// writes: each is then handed once to the write path's threads and back, without the
     /// flusher's wake-up, its flush task and a second hand-off to encode
-    /// (docs/benchmarks.md, session 33). Returns whether it flushed.
-    fn flush_alone(&self, staged: &Staged) -> bool {
+    /// (docs/benchmarks.md, session 33). A request that flushed itself finds its result
+    /// set when it commits.
+    fn flush_alone(&self, staged: &Staged) {
         let alone = self.config.adaptive
             && self.storage.is_local()
             && self.metastore.is_embedded()
@@ -851,19 +847,19 @@ impl Flusher {
             && self.arrivals.count.load(Ordering::SeqCst) == 1
             && self.flushing.load(Ordering::SeqCst) == 0;
         if !alone {
-            return false;
+            return;
         }
         let gap = self.config.min_gap.max(self.backoff.gap());
         if self.last_started().is_some_and(|at| at.elapsed() < gap) {
-            return false;
+            return;
         }
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
-            return false;
+            return;
         };
         let Some(generation) = self.staging.try_swap_if(|open| {
             open.id == staged.generation && open.requests.load(Ordering::Relaxed) == 1
         }) else {
-            return false;
+            return;
         };
         self.flushing.fetch_add(1, Ordering::SeqCst);
         // Ends the flush even if it unwinds, so the flusher's adaptive path goes on.
@@ -881,7 +877,8 @@ impl Flusher {
         let profiles = generation.profiles.load(Ordering::Relaxed);
         let result = self.write_alone(builders, profiles).map_err(Arc::new);
         self.settle(&generation, started, result);
-        true
+        // Not parsing: left out of the parse time that admission judges waits by.
+        crate::cpu::not_parsing(started.elapsed());
     }
 
     /// The builders of a swapped-out generation, which only it holds by then.
@@ -950,7 +947,7 @@ impl Flusher {
         let landing = self.storage.is_local().then(|| Landing {
             storage: self.storage.clone(),
             metastore: self.metastore.is_embedded().then(|| self.metastore.clone()),
-            runtime: tokio::runtime::Handle::current(),
+            runtime: self.runtime.clone(),
             arrivals: self.arrivals.clone(),
         });
         let mut segment = build_segment(

@@ -787,19 +787,26 @@ mod tests {
             copied_as_it_was(written, codec);
         }
         let zstd = block_as(&["a"], BlockEncoding::Compacted);
-        let tail = BlockTail::parse(zstd.clone(), zstd.len() as u64)
-            .unwrap()
-            .unwrap();
-        let plan = column_fetch(&tail, 0, Projection::ALL).unwrap();
-        let bytes = plan
-            .ranges()
-            .into_iter()
-            .map(|range| zstd.slice(range.start as usize..range.end as usize))
-            .collect();
-        let partial = plan.partial("z", &tail, bytes).unwrap();
+        let partial = fetched(&zstd, zstd.len() as u64, 0);
         assert!(copy_dataset(&partial, 0, BlockEncoding::Snappy)
             .unwrap()
             .is_none());
+    }
+
+    /// Dataset `row_group`'s parts as compaction fetches them, with the tail cut `cut`
+    /// bytes before the block's end.
+    fn fetched(block: &Bytes, cut: u64, row_group: usize) -> PartialBlock {
+        let block_len = block.len() as u64;
+        let tail = BlockTail::parse(block.slice((block_len - cut) as usize..), block_len)
+            .unwrap()
+            .unwrap();
+        let plan = column_fetch(&tail, row_group, Projection::ALL).unwrap();
+        let bytes = plan
+            .ranges()
+            .into_iter()
+            .map(|range| block.slice(range.start as usize..range.end as usize))
+            .collect();
+        plan.partial("s", &tail, bytes).unwrap()
     }
 
     fn copied_as_it_was(written: BlockEncoding, codec: &str) {
@@ -810,24 +817,10 @@ mod tests {
         let needed = BlockTail::parse(block.slice(block.len() - 16..), block_len)
             .unwrap()
             .unwrap_err();
-        // A dataset's parts as compaction fetches them, with the tail cut `cut` bytes
-        // before the block's end.
-        let parts = |cut: u64, row_group: usize| {
-            let tail = BlockTail::parse(block.slice((block_len - cut) as usize..), block_len)
-                .unwrap()
-                .unwrap();
-            let plan = column_fetch(&tail, row_group, Projection::ALL).unwrap();
-            let bytes = plan
-                .ranges()
-                .into_iter()
-                .map(|range| block.slice(range.start as usize..range.end as usize))
-                .collect();
-            plan.partial("s", &tail, bytes).unwrap()
-        };
         // At every cut of the tail, from the footer alone through the datasets' bytes.
         for cut in (needed..block_len).step_by(97) {
             for (row_group, service) in services.iter().enumerate() {
-                let partial = parts(cut, row_group);
+                let partial = fetched(&block, cut, row_group);
                 let copy = copy_dataset(&partial, row_group, BlockEncoding::Snappy)
                     .unwrap()
                     .expect("a segment's dataset is copied");
