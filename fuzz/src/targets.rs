@@ -303,3 +303,19 @@ pub fn partial_tree(data: &[u8]) {
         let _ = part.request("fuzz");
     }
 }
+
+/// The write-ahead log's files as recovery reads them back: framed, CRC-checked records
+/// and the profiles inside, staged into datasets as recovery stages them.
+pub fn wal_records(data: &[u8]) {
+    let Ok(requests) = kiln_ingest::wal::records(data, std::path::Path::new("fuzz.wal")) else {
+        return;
+    };
+    for (tenant, profiles) in requests {
+        for profile in profiles {
+            let mut builder = kiln_storage::DatasetBuilder::new(&tenant, profile.service());
+            builder.add_pprof(&profile.input(1000));
+            let dataset = builder.finish();
+            assert!(dataset.check().is_ok());
+        }
+    }
+}

@@ -20,10 +20,10 @@
 //! 4. blocks left without datasets are tombstoned and their objects deleted after the
 //!    grace period, so queries that listed them just before can still read them.
 //!
-//! A level-0 dataset is compacted exactly once: its swap deletes it, or, when it is alone
-//! in its segment, its service has at most one other due, and its tenant has no rules,
-//! the segment itself is raised to level 1 (one row update, no object written; see
-//! [`promotable`]). That makes the first
+//! A level-0 dataset is compacted exactly once: its swap deletes it, or, when every
+//! dataset of its segment is its service's only one or one of two due, and no tenant of
+//! the segment has rules, the segment itself is raised to level 1 (one row update, no
+//! object written; see [`promotable`]). That makes the first
 //! compaction the one moment each profile is seen exactly once, so recording rules
 //! ([`RuleHook`], kiln-rules) are evaluated there, over the inputs, and their samples are
 //! committed in the same transaction as the swap.
@@ -372,32 +372,42 @@ impl Job {
 }
 
 /// Of level 0's due jobs, the inputs whose blocks can be raised to level 1 in place
-/// ([`Metastore::promote_blocks`]): segments holding one dataset (`alone`), in a job of at
-/// most [`PROMOTE_MAX_INPUTS`], where level 1 is a fast one (snappy) that takes a
-/// segment's pages as they are. Those
-/// of tenants with recording rules are then left out (`Compactor::promote`).
+/// ([`Metastore::promote_blocks`]): segments whose every live dataset (`live`, as listed)
+/// is in a job of at most [`PROMOTE_MAX_INPUTS`], where level 1 is a fast one (snappy)
+/// that takes a segment's pages as they are. Blocks holding a dataset of a tenant with
+/// recording rules are then left out (`Compactor::promote`).
 ///
-/// With many services at a low rate most flushes hold one service, so most segments hold
-/// one dataset of a profile or two, and a service has one or two of them when its group is
-/// due. Copying such a dataset out would write the same bytes again, with an upload and a
-/// metastore commit of its own; merging two would decode and encode both, for a dataset
-/// that level 1 merges again within minutes anyway. Raised, each costs a row update in
-/// one transaction per pass, and level 1's merge is its first (docs/benchmarks.md). A
-/// larger group is merged as before, so that level 1 (which merges ten datasets at a
-/// time) holds few, larger datasets, and so do the levels above it; so is a dataset that
-/// shares its segment, where level 0 turns one object per flush into one per service.
+/// With many services at a low rate a service has one or two datasets when its group is
+/// due: in segments of its own (a flush of one service), or in a segment of many services
+/// (the write-ahead log's flushes, each a dataset per service). Copying such a dataset
+/// out would write the same bytes again, with an upload and a metastore commit of its
+/// own, per service; merging two would decode and encode both, for a dataset that level
+/// 1 merges again within minutes anyway. Raised, a segment costs a row update in one
+/// transaction per pass, and level 1's merge is its datasets' first (docs/benchmarks.md).
+/// Level 1 then holds blocks of many services, as level 0 did; its merges read each
+/// dataset by its byte range either way. A larger group is merged as before, so that
+/// level 1 (which merges ten datasets at a time) holds few, larger datasets, and so do
+/// the levels above it.
 fn promotable<'a>(
     jobs: &'a [Job],
-    alone: &HashSet<String>,
+    live: &HashMap<String, usize>,
     compression: LevelCompression,
 ) -> Vec<&'a DatasetMeta> {
     if compression != LevelCompression::Snappy {
         return Vec::new();
     }
-    jobs.iter()
+    let small: Vec<&DatasetMeta> = jobs
+        .iter()
         .filter(|job| job.key.level == 0 && job.inputs.len() <= PROMOTE_MAX_INPUTS)
         .flat_map(|job| &job.inputs)
-        .filter(|input| alone.contains(&input.block_id))
+        .collect();
+    let mut covered: HashMap<&str, usize> = HashMap::new();
+    for input in &small {
+        *covered.entry(input.block_id.as_str()).or_default() += 1;
+    }
+    small
+        .into_iter()
+        .filter(|input| live.get(&input.block_id) == covered.get(input.block_id.as_str()))
         .collect()
 }
 
@@ -471,14 +481,27 @@ impl Compactor {
     pub async fn run_pass(&self, now_ms: i64) -> Result<PassReport, CompactorError> {
         let mut report = PassReport::default();
         for level in 0..self.config.levels.len() as u32 {
-            let (mut jobs, alone) = self.due_jobs(level, now_ms).await?;
-            if level == 0 && !alone.is_empty() {
-                let promoted = self.promote(&jobs, &alone).await?;
+            let (mut jobs, live) = self.due_jobs(level, now_ms).await?;
+            if level == 0 && !live.is_empty() {
+                let promoted = self.promote(&jobs, &live).await?;
+                let due = datasets_per_block_in(&jobs);
+                let promoting = self.config.levels[0].compression == LevelCompression::Snappy;
                 for job in &mut jobs {
                     job.inputs
                         .retain(|input| !promoted.contains(&input.block_id));
                 }
-                jobs.retain(|job| !job.inputs.is_empty());
+                // A small job whose segment is only partly due waits for the rest of it,
+                // at most one `max_age_ms`, to be raised with it: copied now, it would
+                // cost an object per service where the segment's promotion costs none.
+                jobs.retain(|job| {
+                    let waits = promoting
+                        && job.inputs.len() <= PROMOTE_MAX_INPUTS
+                        && job
+                            .inputs
+                            .iter()
+                            .any(|input| live.get(&input.block_id) > due.get(&input.block_id));
+                    !job.inputs.is_empty() && !waits
+                });
                 report.compactions += promoted.len();
             }
             for job in jobs {
@@ -509,9 +532,9 @@ impl Compactor {
     async fn promote(
         &self,
         jobs: &[Job],
-        alone: &HashSet<String>,
+        live: &HashMap<String, usize>,
     ) -> Result<HashSet<String>, CompactorError> {
-        let candidates = promotable(jobs, alone, self.config.levels[0].compression);
+        let candidates = promotable(jobs, live, self.config.levels[0].compression);
         if candidates.is_empty() {
             return Ok(HashSet::new());
         }
@@ -527,12 +550,22 @@ impl Compactor {
                 .collect(),
             None => HashSet::new(),
         };
-        let blocks = candidates
-            .into_iter()
-            .filter(|input| !ruled.contains(&input.tenant))
-            .map(|input| input.block_id.clone())
+        // A block holding one dataset of a tenant with rules is left whole for its jobs.
+        let held: HashSet<&str> = candidates
+            .iter()
+            .filter(|input| ruled.contains(&input.tenant))
+            .map(|input| input.block_id.as_str())
             .collect();
-        let promoted = self.metastore.promote_blocks(blocks, 0).await?;
+        let mut blocks: BTreeMap<String, u32> = BTreeMap::new();
+        for input in &candidates {
+            if !held.contains(input.block_id.as_str()) {
+                *blocks.entry(input.block_id.clone()).or_default() += 1;
+            }
+        }
+        let promoted = self
+            .metastore
+            .promote_blocks(blocks.into_iter().collect(), 0)
+            .await?;
         let count = promoted.len() as u64;
         self.metrics.jobs.inc_by(count);
         self.metrics.promotions.inc_by(count);
@@ -540,19 +573,19 @@ impl Compactor {
     }
 
     /// Groups the live datasets of `level` by (tenant, service, window) and returns the
-    /// groups that are due, and at level 0 the segments that held one live dataset when
+    /// groups that are due, and at level 0 how many live datasets each segment held when
     /// listed (the only level [`promotable`] raises from).
     async fn due_jobs(
         &self,
         level: u32,
         now_ms: i64,
-    ) -> Result<(Vec<Job>, HashSet<String>), CompactorError> {
+    ) -> Result<(Vec<Job>, HashMap<String, usize>), CompactorError> {
         let policy = &self.config.levels[level as usize];
         let mut groups: BTreeMap<(String, String, i64), Vec<(DatasetMeta, i64)>> = BTreeMap::new();
         let listed = self.metastore.datasets_at_level(level).await?;
-        let alone = match level {
-            0 => blocks_holding_one(&listed),
-            _ => HashSet::new(),
+        let live = match level {
+            0 => datasets_per_block(&listed),
+            _ => HashMap::new(),
         };
         for (dataset, created_at_ms) in listed {
             let window = match policy.window_ms {
@@ -600,7 +633,7 @@ impl Compactor {
                 });
             }
         }
-        Ok((jobs, alone))
+        Ok((jobs, live))
     }
 
     /// Merges one group; false when it lost a race (lease held elsewhere or inputs gone).
@@ -903,17 +936,22 @@ impl Compactor {
     }
 }
 
-/// The blocks among `listed` that hold exactly one of its datasets.
-fn blocks_holding_one(listed: &[(DatasetMeta, i64)]) -> HashSet<String> {
-    let mut per_block: HashMap<&str, usize> = HashMap::new();
-    for (dataset, _) in listed {
-        *per_block.entry(dataset.block_id.as_str()).or_default() += 1;
+/// How many inputs of `jobs` each block holds.
+fn datasets_per_block_in(jobs: &[Job]) -> HashMap<String, usize> {
+    let mut per_block: HashMap<String, usize> = HashMap::new();
+    for input in jobs.iter().flat_map(|job| &job.inputs) {
+        *per_block.entry(input.block_id.clone()).or_default() += 1;
     }
     per_block
-        .into_iter()
-        .filter(|(_, count)| *count == 1)
-        .map(|(block, _)| block.to_string())
-        .collect()
+}
+
+/// How many of `listed` each block holds.
+fn datasets_per_block(listed: &[(DatasetMeta, i64)]) -> HashMap<String, usize> {
+    let mut per_block: HashMap<String, usize> = HashMap::new();
+    for (dataset, _) in listed {
+        *per_block.entry(dataset.block_id.clone()).or_default() += 1;
+    }
+    per_block
 }
 
 /// Consecutive runs of `datasets` with at most `max_inputs` datasets and `max_profiles`

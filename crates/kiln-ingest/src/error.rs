@@ -44,6 +44,9 @@ pub enum StoreError {
     Storage(#[source] kiln_storage::StorageError),
     #[error("{0}")]
     Metastore(#[source] kiln_metastore::MetastoreError),
+    /// Appending to, or syncing, the write-ahead log ([`crate::wal`]).
+    #[error("write-ahead log: {0}")]
+    Wal(#[source] std::io::Error),
 }
 
 impl IngestError {
@@ -70,6 +73,8 @@ impl StoreError {
         match self {
             StoreError::Storage(err) => err.kind(),
             StoreError::Metastore(err) => err.kind(),
+            // A full or failing disk: nothing was acknowledged, and a retry may succeed.
+            StoreError::Wal(_) => ErrorKind::Unavailable,
             StoreError::Build(_) | StoreError::Encode(_) | StoreError::Task(_) => {
                 ErrorKind::Internal
             }

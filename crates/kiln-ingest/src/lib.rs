@@ -16,9 +16,10 @@ pub mod parse;
 pub mod profefe;
 pub mod push;
 pub mod pyroscope;
+pub mod wal;
 pub mod writer;
 
 pub use error::IngestError;
 pub use limits::{InFlight, Limits, TenantLimits};
 pub use parse::ParsedProfile;
-pub use writer::{Arrival, Ingester, IngesterConfig, Written};
+pub use writer::{Arrival, Ingester, IngesterConfig, Syncer, Written};

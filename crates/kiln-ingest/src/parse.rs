@@ -28,6 +28,10 @@ pub struct ParsedProfile {
     /// What the client should hear although the write succeeded (a dropped reserved
     /// label), for the response's `Warning` header.
     pub warnings: Vec<String>,
+    /// The pprof bytes as received (gzip or plain), when they decode to `profile`
+    /// exactly: the write-ahead log keeps them rather than encode the profile again,
+    /// which cost as much as decoding it (docs/benchmarks.md, session 34).
+    pub source: Option<Vec<u8>>,
 }
 
 impl ParsedProfile {
@@ -93,7 +97,13 @@ pub fn from_pprof_bytes(
     limits: &Limits,
 ) -> Result<ParsedProfile, IngestError> {
     let profile = pprof::decode(data, limits.max_decompressed_bytes)?;
-    from_pprof(profile, context, data.len(), limits)
+    // `from_pprof` changes a profile only to fill in missing sample types.
+    let unchanged = !profile.sample_type.is_empty();
+    let mut parsed = from_pprof(profile, context, data.len(), limits)?;
+    if unchanged {
+        parsed.source = Some(data.to_vec());
+    }
+    Ok(parsed)
 }
 
 pub fn from_pprof(
@@ -217,6 +227,7 @@ pub fn from_pprof(
         received_bytes,
         sample_labels_per_sample: context.sample_labels_per_sample,
         warnings: context.warnings,
+        source: None,
     })
 }
 

@@ -36,7 +36,8 @@
 //! A failure anywhere fails every request of that batch with a 5xx; since the metastore
 //! registration is the last step, a failed batch is never visible to readers.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
@@ -56,6 +57,7 @@ use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
 use crate::backoff::{Backoff, BackoffMetrics};
 use crate::error::StoreError;
+use crate::wal::{Wal, WalFile};
 use crate::{IngestError, ParsedProfile};
 
 #[derive(Debug, Clone, Copy)]
@@ -80,6 +82,9 @@ pub struct IngesterConfig {
     /// flushes are spaced further apart (`compaction.max_wait_ms`; see
     /// [`crate::backoff`]). `None` when nothing compacts.
     pub max_compaction_wait: Option<Duration>,
+    /// With a write-ahead log ([`Ingester::start_with_wal`]), the longest a logged
+    /// profile waits in memory for its segment (`wal_segment_interval_ms`).
+    pub segment_interval: Duration,
 }
 
 impl Default for IngesterConfig {
@@ -97,6 +102,7 @@ impl Default for IngesterConfig {
             max_stack_depth: 1000,
             min_gap: Duration::ZERO,
             max_compaction_wait: None,
+            segment_interval: Duration::from_secs(10),
         }
     }
 }
@@ -106,6 +112,8 @@ struct Job {
     generation: u64,
     /// Received bytes, which decide when a batch is big enough to flush.
     bytes: usize,
+    /// Sent by [`Ingester::sync`]: flush the open batch now.
+    sync: bool,
 }
 
 type FlushResult = Option<Result<(), Arc<StoreError>>>;
@@ -116,6 +124,10 @@ type SharedBuilder = Arc<Mutex<DatasetBuilder>>;
 /// One batch: the builders that staged requests intern into, until a flush takes them.
 struct Generation {
     id: u64,
+    /// The block id of its segment, and the name of its log file.
+    block_id: String,
+    /// Its log file, created by the first request logged here.
+    wal: Mutex<Option<Arc<WalFile>>>,
     builders: Mutex<HashMap<ServiceKey, SharedBuilder>>,
     /// Heap of the builders, counted in `pending_bytes` until the flush is done.
     bytes: AtomicUsize,
@@ -129,6 +141,8 @@ impl Generation {
     fn new(id: u64) -> Self {
         Generation {
             id,
+            block_id: ulid::Ulid::new().to_string(),
+            wal: Mutex::new(None),
             builders: Mutex::new(HashMap::new()),
             bytes: AtomicUsize::new(0),
             requests: AtomicUsize::new(0),
@@ -149,6 +163,17 @@ impl Generation {
             .or_insert_with(|| Arc::new(Mutex::new(warm.take(tenant, service))))
             .clone()
     }
+
+    /// Its log file, created if this is the first request logged here.
+    fn wal_file(&self, wal: &Wal) -> std::io::Result<Arc<WalFile>> {
+        let mut file = self.wal.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(file) = &*file {
+            return Ok(file.clone());
+        }
+        let created = Arc::new(wal.create(&self.block_id)?);
+        *file = Some(created.clone());
+        Ok(created)
+    }
 }
 
 /// The open generation, shared by the ingester handles and the flusher. Staging holds
@@ -157,6 +182,12 @@ struct Staging {
     open: RwLock<Arc<Generation>>,
     next_id: AtomicU64,
     warm: Arc<WarmBuilders>,
+    /// The write-ahead log, when writes are acknowledged from it.
+    wal: Option<Wal>,
+    /// Generations swapped out and not yet settled, for [`Ingester::sync`]: added under
+    /// the write lock that swaps them, so a reader of the open generation finds every
+    /// older one here or settled.
+    closed: Mutex<BTreeMap<u64, Arc<Generation>>>,
 }
 
 impl Staging {
@@ -188,7 +219,14 @@ impl Staging {
     /// Puts a new generation in `open`'s place (under the write lock) and returns the old.
     fn open_next(&self, open: &mut Arc<Generation>) -> Arc<Generation> {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
-        std::mem::replace(open, Arc::new(Generation::new(id)))
+        let closed = std::mem::replace(open, Arc::new(Generation::new(id)));
+        if self.wal.is_some() {
+            self.closed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(closed.id, closed.clone());
+        }
+        closed
     }
 
     /// The open generation's id, without the lock: only the flusher swaps, so between
@@ -203,6 +241,8 @@ struct Staged {
     generation: u64,
     done: watch::Receiver<FlushResult>,
     received_bytes: usize,
+    /// Durable in the write-ahead log: acknowledged without waiting for the flush.
+    logged: bool,
 }
 
 /// Counters of the write path, exported on `/metrics`.
@@ -223,6 +263,12 @@ pub struct WriterMetrics {
     pub pending_bytes: Gauge,
     /// Heap of the symbol tables kept warm between flushes ([`WarmBuilders`]).
     pub warm_bytes: Gauge,
+    /// Requests appended to the write-ahead log, and the `fdatasync`s that made them
+    /// durable (fewer when writes share one).
+    pub wal_records: Counter,
+    pub wal_syncs: Counter,
+    /// Profiles staged again from log files whose segment was not registered.
+    pub wal_recovered: Counter,
     backoff: BackoffMetrics,
 }
 
@@ -244,6 +290,9 @@ impl WriterMetrics {
             batch_requests: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
             pending_bytes: Gauge::default(),
             warm_bytes: Gauge::default(),
+            wal_records: Counter::default(),
+            wal_syncs: Counter::default(),
+            wal_recovered: Counter::default(),
             backoff: BackoffMetrics::default(),
         }
     }
@@ -282,7 +331,7 @@ impl WriterMetrics {
         );
         registry.register(
             "kiln_ingest_flush_reason",
-            "Segment flushes by what started them: size (flush_bytes), idle (nothing else on its way), alone (the only write on its way, flushed by the thread that parsed it), busy (waited about one flush for writes on their way), interval (flush_interval), shutdown",
+            "Segment flushes by what started them: size (flush_bytes), idle (nothing else on its way), alone (the only write on its way, flushed by the thread that parsed it), busy (waited about one flush for writes on their way), interval (flush_interval, or wal_segment_interval_ms with the write-ahead log), memory (logged profiles holding half of max_pending_bytes), query (a read asked for what is logged to be visible), shutdown",
             self.flush_reasons.clone(),
         );
         registry.register(
@@ -299,6 +348,21 @@ impl WriterMetrics {
             "kiln_ingest_warm_symbol_bytes",
             "Memory of the services' symbol tables kept between flushes, at most an eighth of max_pending_bytes",
             self.warm_bytes.clone(),
+        );
+        registry.register(
+            "kiln_ingest_wal_records",
+            "Write requests appended to the write-ahead log",
+            self.wal_records.clone(),
+        );
+        registry.register(
+            "kiln_ingest_wal_syncs",
+            "fdatasyncs of the write-ahead log; each made every record appended before it durable",
+            self.wal_syncs.clone(),
+        );
+        registry.register(
+            "kiln_ingest_wal_recovered_profiles",
+            "Profiles staged again from write-ahead log files whose segment was not registered (after a crash or a failed flush)",
+            self.wal_recovered.clone(),
         );
         registry.register(
             "kiln_ingest_compaction_backlog_datasets",
@@ -422,7 +486,26 @@ impl Ingester {
         metastore: Metastore,
         config: IngesterConfig,
     ) -> (Ingester, tokio::task::JoinHandle<()>) {
+        Self::start_with_wal(storage, metastore, config, None)
+    }
+
+    /// [`Ingester::start`], acknowledging writes from the write-ahead log in `wal`
+    /// ([`crate::wal`]) when given. Log files left there are recovered first.
+    pub fn start_with_wal(
+        storage: ObjectStorage,
+        metastore: Metastore,
+        config: IngesterConfig,
+        wal: Option<Wal>,
+    ) -> (Ingester, tokio::task::JoinHandle<()>) {
         let (sender, receiver) = mpsc::channel(4096);
+        // Listed before any write can open a log file of this run.
+        let leftovers = match &wal {
+            Some(wal) => wal.leftovers().unwrap_or_else(|err| {
+                tracing::error!(dir = %wal.dir().display(), error = %err, "cannot list the write-ahead log");
+                Vec::new()
+            }),
+            None => Vec::new(),
+        };
         let pending_bytes = Arc::new(AtomicUsize::new(0));
         let backoff = Arc::new(Backoff::default());
         let arrivals = Arc::new(Arrivals::default());
@@ -434,6 +517,8 @@ impl Ingester {
                 config.max_pending_bytes,
                 metrics.warm_bytes.clone(),
             )),
+            wal,
+            closed: Mutex::default(),
         });
         let flusher = Flusher {
             storage,
@@ -449,6 +534,7 @@ impl Ingester {
             last_flush_micros: AtomicU64::new(5_000),
             backoff: backoff.clone(),
             metrics: metrics.clone(),
+            recovered: watch::channel(false).0,
         };
         if let Some(bound) = config.max_compaction_wait {
             let weak = sender.downgrade();
@@ -462,7 +548,7 @@ impl Ingester {
             );
         }
         let flusher = Arc::new(flusher);
-        let handle = tokio::spawn(flusher.clone().run(receiver));
+        let handle = tokio::spawn(flusher.clone().run(receiver, leftovers));
         (
             Ingester {
                 sender,
@@ -575,11 +661,28 @@ impl Ingester {
         let received_bytes = profiles.iter().map(|p| p.received_bytes.max(1)).sum();
         let mut by_service: Vec<&ParsedProfile> = profiles.iter().collect();
         by_service.sort_by(|a, b| a.service().cmp(b.service()));
+        let store = |err| IngestError::Store(Arc::new(StoreError::Wal(err)));
+        let record = match &self.staging.wal {
+            Some(_) => Some(crate::wal::encode(tenant, &profiles).map_err(store)?),
+            None => None,
+        };
         let open = self
             .staging
             .open
             .read()
             .unwrap_or_else(PoisonError::into_inner);
+        // Logged in the file of the generation it is staged in, under the same lock, so a
+        // generation's file holds exactly its requests; a request that cannot be logged
+        // is not staged.
+        let logged = match (&self.staging.wal, record) {
+            (Some(wal), Some(record)) => {
+                let file = open.wal_file(wal).map_err(store)?;
+                let end = file.append(&record).map_err(store)?;
+                self.metrics.wal_records.inc();
+                Some((file, end))
+            }
+            _ => None,
+        };
         let mut grown = 0;
         for group in by_service.chunk_by(|a, b| a.service() == b.service()) {
             let builder = open.builder(tenant, group[0].service(), &self.staging.warm);
@@ -595,18 +698,104 @@ impl Ingester {
         self.metrics.pending_bytes.set(pending as i64);
         open.requests.fetch_add(1, Ordering::Relaxed);
         open.profiles.fetch_add(profiles.len(), Ordering::Relaxed);
-        Ok(Staged {
+        let staged = Staged {
             generation: open.id,
             done: open.done.subscribe(),
             received_bytes,
-        })
+            logged: logged.is_some(),
+        };
+        drop(open);
+        if let Some((file, end)) = logged {
+            // Out of the lock, so that a flush's swap does not wait for it, and writes
+            // appended meanwhile share it. Fails the request; its profiles, staged, may
+            // still reach a segment, as a write whose answer was lost may.
+            let synced = file.sync_to(end).map_err(store)?;
+            if synced {
+                self.metrics.wal_syncs.inc();
+            }
+        }
+        Ok(staged)
     }
 
+    /// See [`Syncer::sync`].
+    pub async fn sync(&self) {
+        self.syncer().sync().await
+    }
+
+    /// A handle for reads to call [`Syncer::sync`] with, which does not keep the flusher
+    /// running as an [`Ingester`] does.
+    pub fn syncer(&self) -> Syncer {
+        Syncer {
+            sender: self.sender.downgrade(),
+            staging: self.staging.clone(),
+            flusher: self.flusher.clone(),
+        }
+    }
+}
+
+/// See [`Ingester::syncer`].
+#[derive(Clone)]
+pub struct Syncer {
+    sender: mpsc::WeakSender<Job>,
+    staging: Arc<Staging>,
+    flusher: Arc<Flusher>,
+}
+
+impl Syncer {
+    /// Returns once every write acknowledged before it is visible to readers: with the
+    /// write-ahead log, the open batch is flushed and the flushes in progress awaited;
+    /// without, an acknowledged write is registered already. Queries call it first. A
+    /// batch whose flush fails stays in the log and is retried; it is not waited for.
+    pub async fn sync(&self) {
+        if self.staging.wal.is_none() {
+            return;
+        }
+        let mut recovered = self.flusher.recovered.subscribe();
+        let _ = recovered.wait_for(|done| *done).await;
+        let (open, waiting) = {
+            let open = self
+                .staging
+                .open
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            let closed = self
+                .staging
+                .closed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let waiting: Vec<_> = closed.values().map(|g| g.done.subscribe()).collect();
+            let open = (open.requests.load(Ordering::SeqCst) > 0)
+                .then(|| (open.id, open.done.subscribe()));
+            (open, waiting)
+        };
+        let mut waiting = waiting;
+        if let Some((generation, done)) = open {
+            let job = Job {
+                generation,
+                bytes: 0,
+                sync: true,
+            };
+            let Some(sender) = self.sender.upgrade() else {
+                return;
+            };
+            if sender.send(job).await.is_err() {
+                return;
+            }
+            waiting.push(done);
+        }
+        for mut done in waiting {
+            let _ = done.wait_for(Option::is_some).await;
+        }
+    }
+}
+
+impl Ingester {
     /// Waits until the staged profiles are durable and registered.
     async fn commit(&self, staged: Staged, arrival: Option<Arrival>) -> Result<(), IngestError> {
         let job = Job {
             generation: staged.generation,
             bytes: staged.received_bytes,
+            sync: false,
         };
         // A write that flushed itself has its result already; the flusher need not wake.
         let flushed = staged.done.borrow().is_some();
@@ -616,6 +805,9 @@ impl Ingester {
         // Sent before the arrival ends, so a flusher that sees no arrivals left finds
         // this job in the channel.
         drop(arrival);
+        if staged.logged {
+            return Ok(());
+        }
         let mut done = staged.done;
         let result = match done.wait_for(Option::is_some).await {
             Ok(result) => result.clone(),
@@ -694,11 +886,19 @@ struct Flusher {
     /// Spacing asked while compaction lags.
     backoff: Arc<Backoff>,
     metrics: WriterMetrics,
+    /// Set once the log files left by an earlier run are recovered.
+    recovered: watch::Sender<bool>,
 }
 
 impl Flusher {
-    async fn run(self: Arc<Self>, mut receiver: mpsc::Receiver<Job>) {
+    async fn run(
+        self: Arc<Self>,
+        mut receiver: mpsc::Receiver<Job>,
+        leftovers: Vec<(String, PathBuf)>,
+    ) {
         let flusher = self;
+        flusher.recover(leftovers).await;
+        flusher.recovered.send_replace(true);
         let permits = flusher.permits.clone();
         let mut closed = false;
         while !closed {
@@ -712,51 +912,59 @@ impl Flusher {
             let opened = tokio::time::Instant::now();
             let deadline = opened + flusher.config.flush_interval;
             let mut batch_bytes = first.bytes;
-            let reason = loop {
-                while let Ok(job) = receiver.try_recv() {
-                    batch_bytes += job.bytes;
-                }
-                if batch_bytes >= flusher.config.flush_bytes {
-                    break "size";
-                }
-                let mut wake = deadline;
-                let gap = flusher.config.min_gap.max(flusher.backoff.gap());
-                let earliest = flusher
-                    .last_started()
-                    .map_or(opened, |at| tokio::time::Instant::from_std(at) + gap);
-                if flusher.config.adaptive
-                    && flusher.flushing.load(Ordering::SeqCst) == 0
-                    && tokio::time::Instant::now() < earliest
-                {
-                    wake = wake.min(earliest);
-                } else if flusher.config.adaptive && flusher.flushing.load(Ordering::SeqCst) == 0 {
-                    if flusher.arrivals.count.load(Ordering::SeqCst) == 0 {
-                        // Arrivals end after their job is queued, and their profiles
-                        // are staged before that: the swap below takes them all.
-                        break "idle";
+            let reason = if flusher.staging.wal.is_some() {
+                let (reason, ended) = flusher.gather_logged(&mut receiver, first).await;
+                closed = ended;
+                reason
+            } else {
+                loop {
+                    while let Ok(job) = receiver.try_recv() {
+                        batch_bytes += job.bytes;
                     }
-                    // Writes on their way are worth waiting for about as long as one
-                    // flush takes; longer, and the wait costs more than a smaller batch.
-                    let linger = opened + flusher.linger();
-                    if tokio::time::Instant::now() >= linger {
-                        break "busy";
+                    if batch_bytes >= flusher.config.flush_bytes {
+                        break "size";
                     }
-                    wake = wake.min(linger);
-                }
-                tokio::select! {
-                    job = receiver.recv() => match job {
-                        Some(job) => {
-                            batch_bytes += job.bytes;
+                    let mut wake = deadline;
+                    let gap = flusher.config.min_gap.max(flusher.backoff.gap());
+                    let earliest = flusher
+                        .last_started()
+                        .map_or(opened, |at| tokio::time::Instant::from_std(at) + gap);
+                    if flusher.config.adaptive
+                        && flusher.flushing.load(Ordering::SeqCst) == 0
+                        && tokio::time::Instant::now() < earliest
+                    {
+                        wake = wake.min(earliest);
+                    } else if flusher.config.adaptive
+                        && flusher.flushing.load(Ordering::SeqCst) == 0
+                    {
+                        if flusher.arrivals.count.load(Ordering::SeqCst) == 0 {
+                            // Arrivals end after their job is queued, and their profiles
+                            // are staged before that: the swap below takes them all.
+                            break "idle";
                         }
-                        None => {
-                            closed = true;
-                            break "shutdown";
+                        // Writes on their way are worth waiting for about as long as one
+                        // flush takes; longer, and the wait costs more than a smaller batch.
+                        let linger = opened + flusher.linger();
+                        if tokio::time::Instant::now() >= linger {
+                            break "busy";
                         }
-                    },
-                    () = flusher.arrivals.changed.notified(), if flusher.config.adaptive => {}
-                    () = tokio::time::sleep_until(wake) => if wake >= deadline {
-                        break "interval";
-                    },
+                        wake = wake.min(linger);
+                    }
+                    tokio::select! {
+                        job = receiver.recv() => match job {
+                            Some(job) => {
+                                batch_bytes += job.bytes;
+                            }
+                            None => {
+                                closed = true;
+                                break "shutdown";
+                            }
+                        },
+                        () = flusher.arrivals.changed.notified(), if flusher.config.adaptive => {}
+                        () = tokio::time::sleep_until(wake) => if wake >= deadline {
+                            break "interval";
+                        },
+                    }
                 }
             };
             flusher
@@ -798,6 +1006,122 @@ impl Flusher {
             .await;
     }
 
+    /// When to flush a batch of logged writes, whose requests were acknowledged already:
+    /// once it holds `flush_bytes` received, or its profiles half of `max_pending_bytes`,
+    /// or a read asks ([`Ingester::sync`]), and at the latest `segment_interval` after its
+    /// first write. Returns the reason, and whether the channel closed.
+    async fn gather_logged(
+        &self,
+        receiver: &mut mpsc::Receiver<Job>,
+        first: Job,
+    ) -> (&'static str, bool) {
+        let deadline = tokio::time::Instant::now() + self.config.segment_interval;
+        let mut batch_bytes = first.bytes;
+        let mut asked = first.sync;
+        loop {
+            while let Ok(job) = receiver.try_recv() {
+                batch_bytes += job.bytes;
+                asked |= job.sync;
+            }
+            if batch_bytes >= self.config.flush_bytes {
+                return ("size", false);
+            }
+            if asked {
+                return ("query", false);
+            }
+            if self.pending_bytes.load(Ordering::SeqCst) >= self.config.max_pending_bytes / 2 {
+                return ("memory", false);
+            }
+            tokio::select! {
+                job = receiver.recv() => match job {
+                    Some(job) => {
+                        batch_bytes += job.bytes;
+                        asked |= job.sync;
+                    }
+                    None => return ("shutdown", true),
+                },
+                () = tokio::time::sleep_until(deadline) => return ("interval", false),
+            }
+        }
+    }
+
+    /// Writes the segment of every log file an earlier run left (see [`crate::wal`]):
+    /// at start, before any read is answered. A file that cannot be recovered now is
+    /// retried in the background.
+    async fn recover(self: &Arc<Self>, leftovers: Vec<(String, PathBuf)>) {
+        for (block_id, path) in leftovers {
+            if let Err(err) = self.recover_file(&block_id, &path).await {
+                tracing::error!(file = %path.display(), error = %err, "write-ahead log file not recovered; retrying");
+                self.clone().retry(block_id, path);
+            }
+        }
+    }
+
+    /// Retries [`Flusher::recover_file`] every `segment_interval` until it succeeds.
+    fn retry(self: Arc<Self>, block_id: String, path: PathBuf) {
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(self.config.segment_interval).await;
+                match self.recover_file(&block_id, &path).await {
+                    Ok(()) => return,
+                    Err(err) => {
+                        tracing::warn!(file = %path.display(), error = %err, "write-ahead log file not recovered yet")
+                    }
+                }
+            }
+        });
+    }
+
+    /// One log file's segment, written unless its block is registered already; then the
+    /// file is deleted. A file that cannot be read back is kept aside as `.corrupt`.
+    async fn recover_file(&self, block_id: &str, path: &Path) -> Result<(), StoreError> {
+        let registered = self
+            .metastore
+            .list_blocks()
+            .await
+            .map_err(StoreError::Metastore)?
+            .iter()
+            .any(|block| block.id == block_id);
+        if !registered {
+            let read_path = path.to_path_buf();
+            let max_stack_depth = self.config.max_stack_depth;
+            let read = crate::cpu::spawn(move || {
+                let requests = crate::wal::read(&read_path)?;
+                let mut builders: HashMap<ServiceKey, DatasetBuilder> = HashMap::new();
+                let mut profiles = 0;
+                for (tenant, parsed) in requests {
+                    for profile in parsed {
+                        let key = (tenant.clone(), profile.service().to_string());
+                        builders
+                            .entry(key)
+                            .or_insert_with(|| DatasetBuilder::new(&tenant, profile.service()))
+                            .add_pprof(&profile.input(max_stack_depth));
+                        profiles += 1;
+                    }
+                }
+                Ok::<_, crate::wal::WalError>((builders.into_iter().collect::<Vec<_>>(), profiles))
+            })
+            .await
+            .map_err(StoreError::Task)?;
+            let (builders, profiles) = match read {
+                Ok(read) => read,
+                Err(crate::wal::WalError::Io { source, .. }) => {
+                    return Err(StoreError::Wal(source))
+                }
+                Err(err @ crate::wal::WalError::Corrupt { .. }) => {
+                    tracing::error!(error = %err, "write-ahead log file kept aside as .corrupt");
+                    let aside = path.with_extension("wal.corrupt");
+                    return std::fs::rename(path, aside).map_err(StoreError::Wal);
+                }
+            };
+            self.write_segment(builders, profiles, block_id).await?;
+            self.metrics.wal_recovered.inc_by(profiles as u64);
+            tracing::info!(block = %block_id, profiles, "write-ahead log file recovered");
+        }
+        remove_logged(path);
+        Ok(())
+    }
+
     /// How long a batch waits for writes still on their way: the last flush's duration,
     /// within [1 ms, `flush_interval`].
     fn linger(&self) -> Duration {
@@ -819,15 +1143,37 @@ impl Flusher {
             .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
     }
 
-    async fn flush(&self, generation: Arc<Generation>) {
+    async fn flush(self: &Arc<Self>, generation: Arc<Generation>) {
         let started = Instant::now();
         let builders = self.take_builders(&generation);
         let profiles = generation.profiles.load(Ordering::Relaxed);
         let result = self
-            .write_segment(builders, profiles)
+            .write_segment(builders, profiles, &generation.block_id)
             .await
             .map_err(Arc::new);
+        let logged = generation
+            .wal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(file) = logged {
+            match &result {
+                // Registered: the log of these writes is no longer needed.
+                Ok(()) => remove_logged(file.path()),
+                // Their requests were acknowledged: the log is their only copy now.
+                Err(_) => self
+                    .clone()
+                    .retry(generation.block_id.clone(), file.path().to_path_buf()),
+            }
+        }
         self.settle(&generation, started, result);
+        if self.staging.wal.is_some() {
+            self.staging
+                .closed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&generation.id);
+        }
     }
 
     /// A write that is the only one on its way flushes itself, on the write-path thread
@@ -841,6 +1187,7 @@ impl Flusher {
     /// set when it commits.
     fn flush_alone(&self, staged: &Staged) {
         let alone = self.config.adaptive
+            && self.staging.wal.is_none()
             && self.storage.is_local()
             && self.metastore.is_embedded()
             // Its own arrival ends when it is handed to the flusher, after this.
@@ -875,7 +1222,9 @@ impl Flusher {
         let started = Instant::now();
         let builders = self.take_builders(&generation);
         let profiles = generation.profiles.load(Ordering::Relaxed);
-        let result = self.write_alone(builders, profiles).map_err(Arc::new);
+        let result = self
+            .write_alone(builders, profiles, &generation.block_id)
+            .map_err(Arc::new);
         self.settle(&generation, started, result);
         // Not parsing: left out of the parse time that admission judges waits by.
         crate::cpu::not_parsing(started.elapsed());
@@ -941,9 +1290,11 @@ impl Flusher {
         &self,
         builders: Vec<((String, String), DatasetBuilder)>,
         profile_count: usize,
+        block_id: &str,
     ) -> Result<(), StoreError> {
         let build_started = Instant::now();
-        let (block_id, object_key) = segment_name();
+        let block_id = block_id.to_string();
+        let object_key = segment_key(&block_id);
         let landing = self.storage.is_local().then(|| Landing {
             storage: self.storage.clone(),
             metastore: self.metastore.is_embedded().then(|| self.metastore.clone()),
@@ -995,9 +1346,10 @@ impl Flusher {
         &self,
         mut builders: Vec<(ServiceKey, DatasetBuilder)>,
         profile_count: usize,
+        block_id: &str,
     ) -> Result<(), StoreError> {
         let build_started = Instant::now();
-        let (block_id, object_key) = segment_name();
+        let object_key = segment_key(block_id);
         builders.sort_by(|(a, _), (b, _)| a.cmp(b));
         let share = builders
             .into_iter()
@@ -1005,7 +1357,7 @@ impl Flusher {
             .map(|(index, (key, builder))| (index, key, builder))
             .collect();
         let built = finish_share(share, &self.staging.warm);
-        let (block, datasets) = encode_segment(built, &block_id, &object_key)?;
+        let (block, datasets) = encode_segment(built, block_id, &object_key)?;
         if datasets.is_empty() {
             return Ok(());
         }
@@ -1015,10 +1367,10 @@ impl Flusher {
             runtime: self.runtime.clone(),
             arrivals: self.arrivals.clone(),
         };
-        let segment = landing.land(block, datasets, &block_id, &object_key)?;
+        let segment = landing.land(block, datasets, block_id, &object_key)?;
         let build_seconds =
             build_started.elapsed().as_secs_f64() - segment.put_seconds - segment.register_seconds;
-        self.record(&segment, &block_id, profile_count, build_seconds, true);
+        self.record(&segment, block_id, profile_count, build_seconds, true);
         Ok(())
     }
 
@@ -1049,12 +1401,20 @@ impl Flusher {
     }
 }
 
-/// A new segment's block id and object key. The block is named before it is built, so its
-/// datasets' index entries are complete when built.
-fn segment_name() -> (String, String) {
-    let block_id = ulid::Ulid::new().to_string();
-    let object_key = format!("segments/{block_id}.parquet");
-    (block_id, object_key)
+/// A segment's object key. The block is named when its batch opens, so its datasets'
+/// index entries are complete when built, and its log file has the same name.
+fn segment_key(block_id: &str) -> String {
+    format!("segments/{block_id}.parquet")
+}
+
+/// Deletes a log file whose segment is registered. One left behind is found registered
+/// at the next start, and deleted then.
+fn remove_logged(path: &Path) {
+    if let Err(err) = std::fs::remove_file(path) {
+        if err.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(file = %path.display(), error = %err, "write-ahead log file not deleted");
+        }
+    }
 }
 
 /// A flush run by [`Flusher::flush_alone`], ended when dropped.

@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+mod common;
+
 use kiln_ingest::parse::{from_pprof_bytes, ProfileContext};
 use kiln_ingest::{Ingester, IngesterConfig, Limits, ParsedProfile};
 use kiln_metastore::{DatasetQuery, Metastore};
@@ -94,36 +96,14 @@ async fn concurrent_requests_land_whole_once_and_release_their_memory() {
     flusher.await.unwrap();
 }
 
-/// The datasets of `service` in the order their segments were written (ULIDs sort by
-/// time; one flush per write here), decoded from storage.
+/// The datasets of `service` in the order their segments were written (one flush per
+/// write here).
 async fn written(
     metastore: &Metastore,
     storage: &ObjectStorage,
     service: &str,
 ) -> Vec<kiln_storage::Dataset> {
-    let mut datasets = metastore
-        .list_datasets(DatasetQuery {
-            tenant: "t".into(),
-            service: Some(service.into()),
-            from_nanos: i64::MIN,
-            to_nanos: i64::MAX,
-        })
-        .await
-        .unwrap();
-    datasets.sort_by(|a, b| a.block_id.cmp(&b.block_id));
-    let mut decoded = Vec::new();
-    for meta in datasets {
-        let block = storage.get(&meta.object_key).await.unwrap();
-        let dataset = kiln_storage::format::decode_dataset(
-            &block,
-            meta.row_group as usize,
-            kiln_storage::format::Projection::ALL,
-        )
-        .unwrap();
-        dataset.check().unwrap();
-        decoded.push(dataset);
-    }
-    decoded
+    common::decoded(metastore, storage, Some(service)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

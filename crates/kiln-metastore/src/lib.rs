@@ -221,12 +221,13 @@ const LEVEL_BACKLOG: &str = "SELECT count(*), CAST(avg(b.created_at_ms) AS BIGIN
     WHERE b.level = $1 AND b.deleted_at_ms IS NULL";
 
 /// [`Metastore::promote_blocks`]' statement for one block, the same SQL for both backends
-/// (`$1`: the block, `$2`: its level now, `$3`: now in ms). On PostgreSQL a swap that
-/// deletes the block's dataset meanwhile either commits first (the count is then 0) or
-/// tombstones the raised block after this commits: the dataset lives in one place either way.
+/// (`$1`: the block, `$2`: its level now, `$3`: now in ms, `$4`: the datasets the caller
+/// saw in it). On PostgreSQL a swap that deletes one of the block's datasets meanwhile
+/// either commits first (the count then differs) or tombstones the raised block's row
+/// of it after this commits: each dataset lives in one place either way.
 const PROMOTE_BLOCK: &str = "UPDATE blocks SET level = $2 + 1, created_at_ms = $3
     WHERE id = $1 AND level = $2 AND deleted_at_ms IS NULL
-      AND (SELECT count(*) FROM datasets WHERE block_id = $1) = 1";
+      AND (SELECT count(*) FROM datasets WHERE block_id = $1) = $4";
 
 /// Which dataset: its block and row group.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -544,21 +545,22 @@ impl Metastore {
         dispatch!(self.replace_datasets(block, datasets, replaced, exports))
     }
 
-    /// Raises each of `block_ids` from `level` to the next, in place, where it is live,
-    /// at `level`, and holds exactly one dataset, which it keeps: a segment holding one
-    /// service's lone dataset already is the block a copy of that dataset would be, so
-    /// compaction moves it with a row update instead of a second write. One transaction
-    /// for all; returns the blocks raised (the others changed meanwhile and are left as
-    /// they are). Their `created_at_ms` becomes now, as a new block's would.
+    /// Raises each block, given with the number of datasets the caller saw in it, from
+    /// `level` to the next, in place, where it is live, at `level`, and holds exactly
+    /// that many datasets, which it keeps: a segment whose every dataset is its service's
+    /// lone one already is what copies of them would be, so compaction moves it with a
+    /// row update instead of a write per service. One transaction for all; returns the
+    /// blocks raised (the others changed meanwhile and are left as they are). Their
+    /// `created_at_ms` becomes now, as a new block's would.
     pub async fn promote_blocks(
         &self,
-        block_ids: Vec<String>,
+        blocks: Vec<(String, u32)>,
         level: u32,
     ) -> Result<Vec<String>, MetastoreError> {
-        if block_ids.is_empty() {
+        if blocks.is_empty() {
             return Ok(Vec::new());
         }
-        dispatch!(self.promote_blocks(block_ids, level))
+        dispatch!(self.promote_blocks(blocks, level))
     }
 
     /// Recording rules, of one tenant or of all.

@@ -275,7 +275,7 @@ impl PostgresMetastore {
 
     pub async fn promote_blocks(
         &self,
-        block_ids: Vec<String>,
+        blocks: Vec<(String, u32)>,
         level: u32,
     ) -> Result<Vec<String>, MetastoreError> {
         let mut client = self.client().await?;
@@ -283,8 +283,13 @@ impl PostgresMetastore {
         let update = transaction.prepare_cached(PROMOTE_BLOCK).await?;
         let (level, now) = (level as i32, now_ms());
         let mut promoted = Vec::new();
-        for id in block_ids {
-            if transaction.execute(&update, &[&id, &level, &now]).await? == 1 {
+        for (id, datasets) in blocks {
+            let datasets = i64::from(datasets);
+            if transaction
+                .execute(&update, &[&id, &level, &now, &datasets])
+                .await?
+                == 1
+            {
                 promoted.push(id);
             }
         }

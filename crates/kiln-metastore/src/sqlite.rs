@@ -286,7 +286,7 @@ impl SqliteMetastore {
 
     pub async fn promote_blocks(
         &self,
-        block_ids: Vec<String>,
+        blocks: Vec<(String, u32)>,
         level: u32,
     ) -> Result<Vec<String>, MetastoreError> {
         self.with(move |connection| {
@@ -297,8 +297,8 @@ impl SqliteMetastore {
                 // second parameter, as PostgreSQL's `$2` is.
                 let mut update = transaction.prepare_cached(&PROMOTE_BLOCK.replace('$', "?"))?;
                 let now = now_ms();
-                for id in block_ids {
-                    if update.execute(params![id, level, now])? == 1 {
+                for (id, datasets) in blocks {
+                    if update.execute(params![id, level, now, datasets])? == 1 {
                         promoted.push(id);
                     }
                 }

@@ -446,14 +446,15 @@ macro_rules! metastore_suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn only_live_blocks_holding_one_dataset_are_promoted_in_place() {
+            async fn only_live_blocks_holding_the_datasets_seen_are_promoted_in_place() {
                 let Some(fixture) = super::$backend().await else {
                     return;
                 };
                 let metastore = fixture.metastore.clone();
-                // s1 holds two services, s2 and s3 one each; s3's is then merged away,
-                // which tombstones s3; c1 is already at level 1.
+                // s1 and s4 hold two services, s2 and s3 one each; s3's is then merged
+                // away, which tombstones s3; c1 is already at level 1.
                 register_api_and_web(&metastore, "s1").await;
+                register_api_and_web(&metastore, "s4").await;
                 for id in ["s2", "s3"] {
                     metastore
                         .register_block(block(id), vec![dataset(id, 0, "t", "db", 30, 40)])
@@ -462,11 +463,28 @@ macro_rules! metastore_suite {
                 }
                 move_to_level_1(&metastore, dataset("s3", 0, "t", "db", 30, 40), "c1").await;
                 let ids = |ids: &[&str]| ids.iter().map(|id| id.to_string()).collect::<Vec<_>>();
+                let seen = |blocks: &[(&str, u32)]| {
+                    blocks
+                        .iter()
+                        .map(|(id, count)| (id.to_string(), *count))
+                        .collect::<Vec<_>>()
+                };
+                // s1 is not as seen (one dataset, where it holds two); s4 is.
                 let promoted = metastore
-                    .promote_blocks(ids(&["s1", "s2", "s3", "c1", "absent"]), 0)
+                    .promote_blocks(
+                        seen(&[
+                            ("s1", 1),
+                            ("s2", 1),
+                            ("s3", 1),
+                            ("c1", 1),
+                            ("absent", 1),
+                            ("s4", 2),
+                        ]),
+                        0,
+                    )
                     .await
                     .unwrap();
-                assert_eq!(promoted, ids(&["s2"]));
+                assert_eq!(promoted, ids(&["s2", "s4"]));
                 let blocks = metastore.list_blocks().await.unwrap();
                 let of = |id: &str| blocks.iter().find(|b| b.id == id).unwrap().clone();
                 let s2 = of("s2");
@@ -488,22 +506,39 @@ macro_rules! metastore_suite {
                     at_one.contains(&dataset("s2", 0, "t", "db", 30, 40)),
                     "{at_one:?}"
                 );
+                assert!(
+                    at_one.contains(&dataset("s4", 0, "t", "api", 10, 20))
+                        && at_one.contains(&dataset("s4", 1, "t", "web", 10, 20)),
+                    "a block of two services is raised with both: {at_one:?}"
+                );
                 assert_eq!(metastore.level_backlog(0).await.unwrap().datasets, 2);
-                assert_eq!(metastore.level_backlog(1).await.unwrap().datasets, 2);
+                assert_eq!(metastore.level_backlog(1).await.unwrap().datasets, 4);
                 // Raised once: a second call (another compactor's) changes nothing.
                 assert!(metastore
-                    .promote_blocks(ids(&["s2"]), 0)
+                    .promote_blocks(seen(&[("s2", 1)]), 0)
                     .await
                     .unwrap()
                     .is_empty());
                 assert_eq!(
-                    metastore.promote_blocks(ids(&["s2"]), 1).await.unwrap(),
+                    metastore
+                        .promote_blocks(seen(&[("s2", 1)]), 1)
+                        .await
+                        .unwrap(),
                     ids(&["s2"])
                 );
-                // Once one of s1's datasets is merged away, s1 holds one and is promoted.
+                // Once one of s1's datasets is merged away, s1 holds one: raised as seen
+                // with one, not as seen before with two.
                 move_to_level_1(&metastore, dataset("s1", 0, "t", "api", 10, 20), "c2").await;
+                assert!(metastore
+                    .promote_blocks(seen(&[("s1", 2)]), 0)
+                    .await
+                    .unwrap()
+                    .is_empty());
                 assert_eq!(
-                    metastore.promote_blocks(ids(&["s1"]), 0).await.unwrap(),
+                    metastore
+                        .promote_blocks(seen(&[("s1", 1)]), 0)
+                        .await
+                        .unwrap(),
                     ids(&["s1"])
                 );
                 assert!(metastore

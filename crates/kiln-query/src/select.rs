@@ -253,7 +253,12 @@ pub struct Querier {
     /// The thread that reads and decodes for [`Querier::derive_from_indexes`], started at
     /// its first use ([`kiln_model::worker`] says why a thread of its own).
     background: Arc<std::sync::OnceLock<kiln_model::worker::Pool>>,
+    /// Makes every acknowledged write visible before a listing ([`Querier::with_freshness`]).
+    freshness: Option<Freshness>,
 }
+
+/// Returns once every write acknowledged before the call is visible in the metastore.
+pub type Freshness = Arc<dyn Fn() -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
 
 /// Memory for cached segment footers.
 const TAIL_CACHE_BYTES: usize = 16 << 20;
@@ -272,6 +277,7 @@ impl Querier {
             metrics: Default::default(),
             fanout: Arc::new(std::sync::OnceLock::new()),
             background: Arc::new(std::sync::OnceLock::new()),
+            freshness: None,
         }
     }
 
@@ -294,6 +300,21 @@ impl Querier {
     }
 
     /// The same querier with another budget for what clients ask.
+    /// Where writes are acknowledged before they are registered (the ingester's
+    /// write-ahead log), `fresh` makes them visible; it is awaited before each listing,
+    /// so a read still sees every write acknowledged before it.
+    pub fn with_freshness(mut self, fresh: Freshness) -> Self {
+        self.freshness = Some(fresh);
+        self
+    }
+
+    /// Waits until every write acknowledged so far is visible ([`Querier::with_freshness`]).
+    pub async fn fresh(&self) {
+        if let Some(fresh) = &self.freshness {
+            fresh().await;
+        }
+    }
+
     pub fn with_budget(mut self, budget: crate::QueryBudget) -> Self {
         self.cache = Arc::new(DatasetCache::new(budget.cache_bytes));
         self.trees = Arc::new(crate::tree_cache::TreeCache::new(budget.tree_cache_bytes));
@@ -336,6 +357,7 @@ impl Querier {
                 .cloned()
                 .collect(),
             None => {
+                self.fresh().await;
                 self.metastore
                     .list_datasets(DatasetQuery {
                         tenant: request.tenant.clone(),
@@ -642,11 +664,23 @@ pub fn matching_series(dataset: &Dataset, request: &SelectRequest) -> Vec<bool> 
 pub fn aggregate(dataset: Arc<Dataset>, request: &SelectRequest) -> Option<DatasetSelection> {
     let mut types: Vec<(String, u32)> = Vec::new();
     let mut series_type: Vec<Option<usize>> = Vec::with_capacity(dataset.series.len());
-    for (series, matched) in dataset
-        .series
-        .iter()
-        .zip(matching_series(&dataset, request))
-    {
+    let mut matched = matching_series(&dataset, request);
+    if let Some(ids) = &request.profile_ids {
+        // Only the series of the profiles asked for: a dataset also holds its service's
+        // other profiles, maybe of other types, which must not count as selected.
+        let mut holds = vec![false; matched.len()];
+        for row in &dataset.profiles {
+            if ids.contains(&row.id) {
+                if let Some(holds) = holds.get_mut(row.series as usize) {
+                    *holds = true;
+                }
+            }
+        }
+        for (matched, holds) in matched.iter_mut().zip(holds) {
+            *matched &= holds;
+        }
+    }
+    for (series, matched) in dataset.series.iter().zip(matched) {
         let type_id = dataset.string(series.profile_type);
         if !matched {
             series_type.push(None);

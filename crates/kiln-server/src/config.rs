@@ -33,6 +33,15 @@ pub struct ServerConfig {
     pub flush_adaptive: bool,
     /// The shortest time between the starts of two adaptive flushes, in milliseconds.
     pub flush_min_gap_ms: u64,
+    /// Acknowledge a write once it is in the write-ahead log under `<data_dir>/wal`,
+    /// and write segments per `wal_segment_interval_ms` (many writes each). Used by a
+    /// node running every role (`target: all`) on a local directory and SQLite; a
+    /// cluster's writes are acknowledged once their segment is registered, as with
+    /// `wal: false`.
+    pub wal: bool,
+    /// With the write-ahead log, the longest a logged write waits for its segment, in
+    /// milliseconds; reads flush what waits first, so it is never stale to a query.
+    pub wal_segment_interval_ms: u64,
     /// Flush a segment early at this many received bytes.
     pub flush_bytes: usize,
     /// Memory of staged profiles (their batch's dataset builders) waiting for, or in, a
@@ -156,6 +165,8 @@ impl Default for ServerConfig {
             flush_interval_ms: 500,
             flush_adaptive: true,
             flush_min_gap_ms: 0,
+            wal: true,
+            wal_segment_interval_ms: 10_000,
             flush_bytes: 32 << 20,
             max_pending_bytes: IngesterConfig::default().max_pending_bytes,
             limits: Limits::default(),

@@ -203,6 +203,7 @@ pub async fn services(
     State(state): State<SharedState>,
     tenant: Tenant,
 ) -> Result<Response, ApiError> {
+    state.querier.fresh().await;
     let services = state
         .querier
         .metastore()

@@ -98,7 +98,20 @@ impl Server {
         let metastore = Metastore::open(&config.metastore_url()).await?;
         tracing::info!(object_store = %config.object_store_url(), metastore = %kiln_metastore::redact_url(&config.metastore_url()), "storage opened");
 
-        let (ingester, writer_task) = Ingester::start(
+        // One process owning its store and metastore: a node of a cluster, even one
+        // sharing a SQLite file on one host, answers reads of writes another node
+        // acknowledged, which only a registered segment makes visible to it.
+        let wal = if config.wal
+            && roles == kiln_cluster::Roles::all()
+            && storage.is_local()
+            && metastore.is_embedded()
+        {
+            Some(kiln_ingest::wal::Wal::open(config.data_dir.join("wal"))?)
+        } else {
+            None
+        };
+        let logged = wal.is_some();
+        let (ingester, writer_task) = Ingester::start_with_wal(
             storage.clone(),
             metastore.clone(),
             IngesterConfig {
@@ -113,8 +126,10 @@ impl Server {
                 flush_bytes: config.flush_bytes,
                 max_pending_bytes: config.max_pending_bytes,
                 max_stack_depth: config.limits.max_stack_depth,
+                segment_interval: Duration::from_millis(config.wal_segment_interval_ms.max(1)),
                 ..IngesterConfig::default()
             },
+            wal,
         );
         let metrics = ServerMetrics::default();
         let mut registry = Registry::default();
@@ -131,7 +146,16 @@ impl Server {
             None
         };
         ingester.metrics().register(&mut registry);
-        let querier = Querier::new(metastore.clone(), storage.clone()).with_budget(config.query);
+        let mut querier =
+            Querier::new(metastore.clone(), storage.clone()).with_budget(config.query);
+        if logged {
+            // Reads flush what the write-ahead log acknowledged, so none is stale.
+            let syncer = ingester.syncer();
+            querier = querier.with_freshness(Arc::new(move || {
+                let syncer = syncer.clone();
+                Box::pin(async move { syncer.sync().await })
+            }));
+        }
         querier.metrics().register(&mut registry);
         let rules = kiln_rules::Rules::new(
             metastore.clone(),

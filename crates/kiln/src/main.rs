@@ -128,6 +128,14 @@ struct ServerArgs {
     /// [default: 0].
     #[arg(long, env = "KILN_FLUSH_MIN_GAP_MS")]
     flush_min_gap_ms: Option<u64>,
+    /// Acknowledge writes from a write-ahead log (local store and SQLite only)
+    /// [default: true].
+    #[arg(long, env = "KILN_WAL")]
+    wal: Option<bool>,
+    /// With the write-ahead log, the longest a write waits for its segment, in
+    /// milliseconds [default: 10000].
+    #[arg(long, env = "KILN_WAL_SEGMENT_INTERVAL_MS")]
+    wal_segment_interval_ms: Option<u64>,
     /// Largest request body, compressed, in bytes [default: 16777216].
     #[arg(long, env = "KILN_MAX_BODY_BYTES")]
     max_body_bytes: Option<usize>,
@@ -196,6 +204,12 @@ impl ServerArgs {
         }
         if let Some(ms) = self.flush_min_gap_ms {
             config.flush_min_gap_ms = ms;
+        }
+        if let Some(wal) = self.wal {
+            config.wal = wal;
+        }
+        if let Some(ms) = self.wal_segment_interval_ms {
+            config.wal_segment_interval_ms = ms;
         }
         if let Some(root) = self.source_root {
             config.source.root = Some(root);

@@ -30,6 +30,7 @@ const TARGETS: &[Target] = &[
     ("selector_parse", targets::selector_parse),
     ("speedscope_parse", targets::speedscope_parse),
     ("time_parse", targets::time_parse),
+    ("wal_records", targets::wal_records),
 ];
 
 fn fuzz_dir() -> std::path::PathBuf {

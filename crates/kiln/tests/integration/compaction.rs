@@ -26,21 +26,99 @@ on_every_backend!(
     retention_removes_only_what_is_older_than_the_window,
     compaction_reads_each_segment_about_once,
     a_lone_dataset_is_copied_out_of_its_segment,
+    a_segment_of_lone_datasets_is_promoted_whole,
     a_segment_holding_one_lone_dataset_is_promoted_in_place,
 );
 
 /// Without compaction, and every write that arrives within two seconds of a batch's
-/// first in that batch's flush: writes sent together share one segment.
+/// first in that batch's flush (acknowledged once its segment is, with no write-ahead
+/// log): writes sent together share one segment.
 fn writes_sent_together_share_a_segment(config: &mut ServerConfig) {
     no_compaction(config);
+    config.wal = false;
     config.flush_adaptive = false;
     config.flush_interval_ms = 2_000;
 }
 
-/// A service with one dataset at level 0, in a segment it shares, gets a level-1 block of
-/// it by a copy of its column chunks, not a merge: the segment goes, the block keeps the
-/// segment's pages (uncompressed), and every answer is the same before and after.
+/// A service with one dataset at level 0, in a segment it shares with a service that has
+/// more due than a promotion raises (three), gets a level-1 block of it by a copy of its
+/// column chunks, not a merge: the segment goes, the copy keeps the segment's pages
+/// (uncompressed) where the other service's merge is snappy, and every answer is the same
+/// before and after.
 fn a_lone_dataset_is_copied_out_of_its_segment(backend: Backend) {
+    let server = TestServer::start_on(backend, writes_sent_together_share_a_segment);
+    let base = 1_700_000_000;
+    for offset in [0, 10] {
+        post_pprof(&server, "busy", base + offset, &fixture(FIXTURES[1]));
+    }
+    std::thread::scope(|scope| {
+        for (service, name) in [("solo", FIXTURES[0]), ("busy", FIXTURES[3])] {
+            let server = &server;
+            scope.spawn(move || post_pprof(server, service, base + 20, &fixture(name)));
+        }
+    });
+    assert_eq!(
+        server.object_keys().len(),
+        3,
+        "busy's two segments and one of both services"
+    );
+    let (start, end) = ((base - 10) * 1000, (base + 600) * 1000);
+    let before = answers(&server, start, end);
+    let server = server.restart_with(eager_compaction);
+    let (runtime, store) = server.open_metastore();
+    wait_until_both_at_level_1(&runtime, &store);
+    assert_eq!(server.metric("kiln_compaction_copies_total"), 1.0);
+    assert_eq!(server.metric("kiln_compaction_promotions_total"), 0.0);
+    let mut codecs: Vec<(String, Vec<String>)> = runtime
+        .block_on(store.datasets_at_level(1))
+        .unwrap()
+        .into_iter()
+        .map(|(dataset, _)| {
+            let bytes = server.read_object(&dataset.object_key);
+            let codecs = kiln_storage::format::block_compression(&bytes).unwrap();
+            (dataset.service, codecs)
+        })
+        .collect();
+    codecs.sort();
+    assert_eq!(
+        codecs,
+        [
+            ("busy".to_string(), vec!["SNAPPY".to_string()]),
+            ("solo".to_string(), vec!["UNCOMPRESSED".to_string()])
+        ]
+    );
+    assert_eq!(answers(&server, start, end), before);
+    wait_until("the segments deleted", || {
+        server
+            .object_keys()
+            .iter()
+            .all(|key| key.starts_with("blocks/"))
+    });
+    // They read back after a restart too.
+    let server = server.restart_with(no_compaction);
+    assert_eq!(answers(&server, start, end), before);
+}
+
+/// Waits until every live block is at level 1, holding two datasets in all.
+fn wait_until_both_at_level_1(
+    runtime: &tokio::runtime::Runtime,
+    store: &kiln_metastore::Metastore,
+) {
+    wait_until("both datasets moved to level 1", || {
+        let blocks = runtime.block_on(store.list_blocks()).unwrap();
+        blocks
+            .iter()
+            .filter(|b| b.deleted_at_ms.is_none())
+            .all(|b| b.level == 1)
+            && runtime.block_on(store.datasets_at_level(1)).unwrap().len() == 2
+    });
+}
+
+/// A segment whose every dataset is its service's only one due (as the write-ahead log's
+/// segments of many services at a low rate are) is raised to level 1 whole: no object is
+/// written for either service, the block keeps the segment's pages (uncompressed) and
+/// its key, and every answer is the same before and after.
+fn a_segment_of_lone_datasets_is_promoted_whole(backend: Backend) {
     let server = TestServer::start_on(backend, writes_sent_together_share_a_segment);
     let base = 1_700_000_000;
     std::thread::scope(|scope| {
@@ -58,27 +136,27 @@ fn a_lone_dataset_is_copied_out_of_its_segment(backend: Backend) {
     let before = answers(&server, start, end);
     let server = server.restart_with(eager_compaction);
     let (runtime, store) = server.open_metastore();
-    wait_until("both datasets moved to level 1", || {
-        let blocks = runtime.block_on(store.list_blocks()).unwrap();
-        blocks
-            .iter()
-            .filter(|b| b.deleted_at_ms.is_none())
-            .all(|b| b.level == 1)
-            && runtime.block_on(store.datasets_at_level(1)).unwrap().len() == 2
-    });
-    assert_eq!(server.metric("kiln_compaction_copies_total"), 2.0);
-    assert_eq!(server.metric("kiln_compaction_promotions_total"), 0.0);
+    wait_until_both_at_level_1(&runtime, &store);
+    assert_eq!(server.metric("kiln_compaction_promotions_total"), 1.0);
+    assert_eq!(server.metric("kiln_compaction_copies_total"), 0.0);
+    let raised: Vec<String> = runtime
+        .block_on(store.datasets_at_level(1))
+        .unwrap()
+        .into_iter()
+        .map(|(dataset, _)| dataset.object_key)
+        .collect();
+    assert!(
+        raised.len() == 2
+            && raised.iter().all(|key| key.starts_with("segments/"))
+            && raised[0] == raised[1],
+        "both datasets in the segment, raised: {raised:?}"
+    );
     assert_eq!(
         compressed_as_their_level_says(&server, &runtime, &store, "UNCOMPRESSED"),
-        [1, 1]
+        [1]
     );
     assert_eq!(answers(&server, start, end), before);
-    wait_until("the segment deleted", || {
-        server
-            .object_keys()
-            .iter()
-            .all(|key| key.starts_with("blocks/"))
-    });
+    assert_eq!(server.object_keys().len(), 1, "no object written");
     // They read back after a restart too.
     let server = server.restart_with(no_compaction);
     assert_eq!(answers(&server, start, end), before);
@@ -90,7 +168,10 @@ fn a_lone_dataset_is_copied_out_of_its_segment(backend: Backend) {
 /// segments are raised and then merged into one level-2 block, and `other`'s one segment
 /// stays, at level 1; every answer is the same before and after, and after a restart.
 fn a_segment_holding_one_lone_dataset_is_promoted_in_place(backend: Backend) {
-    let server = TestServer::start_on(backend, no_compaction);
+    let server = TestServer::start_on(backend, |config| {
+        no_compaction(config);
+        config.wal = false;
+    });
     let base = 1_700_000_000;
     for (service, from, name) in [
         ("solo", base, FIXTURES[0]),
@@ -154,6 +235,8 @@ fn a_segment_holding_one_lone_dataset_is_promoted_in_place(backend: Backend) {
 fn compaction_reads_each_segment_about_once(backend: Backend) {
     const SERVICES: usize = 20;
     let server = TestServer::start_on(backend, |config| {
+        // Segments as the rounds make them, each acknowledged once written.
+        config.wal = false;
         config.compaction.enabled = true;
         config.compaction.interval_ms = 20;
         config.compaction.grace_ms = 0;
@@ -590,6 +673,12 @@ fn admin_blocks_shows_levels_and_symbol_counts() {
         );
         assert_eq!(status, 200, "{text}");
     }
+    // A read flushes what the write-ahead log acknowledged; the admin tool reads the
+    // metastore as it is.
+    assert_eq!(
+        server.json("/api/0/services", &[])["body"],
+        serde_json::json!(["api", "web"])
+    );
     let data_dir = server.data_dir().to_path_buf();
     let data_dir = data_dir.to_string_lossy().into_owned();
     let admin = |args: &[&str]| -> String {

@@ -162,6 +162,8 @@ fn tenants_never_see_each_other() {
     assert_eq!(status, 400);
 }
 
+/// The write is acknowledged from the write-ahead log, before any segment, and the next
+/// read flushes it first (reason `query`), so the read sees it.
 #[test]
 fn ready_and_metrics() {
     let server = TestServer::start();
@@ -169,15 +171,72 @@ fn ready_and_metrics() {
     assert_eq!(server.post("/ingest?name=m.cpu", b"a;b 1\n").0, 200);
     let metrics = server.metrics();
     assert!(metrics.contains("kiln_ready 1"));
-    assert!(metrics.contains("kiln_ingest_flushes_total 1"), "{metrics}");
+    assert!(
+        metrics.contains("kiln_ingest_wal_records_total 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("kiln_ingest_flushes_total 0\n"),
+        "{metrics}"
+    );
     assert!(metrics.contains("kiln_ingest_received_profiles_total{endpoint=\"ingest\"} 1"));
+    assert_eq!(
+        server.json("/api/0/services", &[])["body"],
+        serde_json::json!(["m"])
+    );
+    let metrics = server.metrics();
+    assert!(
+        metrics.contains("kiln_ingest_flushes_total 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("kiln_ingest_flush_reason_total{reason=\"query\"} 1\n"),
+        "{metrics}"
+    );
+}
+
+/// With the write-ahead log a write is acknowledged before its segment is stored; when
+/// the store then fails, the batch stays in the log, invisible, and is written from the
+/// log once the store works again: acknowledged, never lost.
+#[test]
+fn a_logged_write_whose_flush_fails_is_written_from_the_log_later() {
+    let blocks = tempfile::tempdir().unwrap();
+    let object_store = format!("file://{}", blocks.path().display());
+    let server = TestServer::start_with(|config| {
+        config.object_store = object_store.clone();
+        config.wal_segment_interval_ms = 200;
+    });
+    std::fs::write(blocks.path().join("segments"), b"in the way").unwrap();
+    assert_eq!(
+        server.post("/ingest?name=kept.cpu", b"main;work 5\n").0,
+        200
+    );
+    assert_eq!(
+        server.json("/api/0/services", &[])["body"],
+        serde_json::json!([])
+    );
+    assert!(server
+        .metrics()
+        .contains("kiln_ingest_flush_failures_total 1\n"));
+    std::fs::remove_file(blocks.path().join("segments")).unwrap();
+    crate::scrape::wait_until(
+        "the logged write recovered",
+        std::time::Duration::from_secs(30),
+        || server.json("/api/0/services", &[])["body"] == serde_json::json!(["kept"]),
+    );
+    assert!(server
+        .metrics()
+        .contains("kiln_ingest_wal_recovered_profiles_total 1\n"));
 }
 
 #[test]
 fn a_failed_flush_is_5xx_and_leaves_nothing_visible() {
     let blocks = tempfile::tempdir().unwrap();
     let object_store = format!("file://{}", blocks.path().display());
-    let server = TestServer::start_with(|config| config.object_store = object_store.clone());
+    let server = TestServer::start_with(|config| {
+        config.object_store = object_store.clone();
+        config.wal = false;
+    });
     // A file where the segments directory must go makes every object write fail.
     std::fs::write(blocks.path().join("segments"), b"in the way").unwrap();
     let (status, text) = server.post("/ingest?name=doomed.cpu", b"main;work 5\n");
@@ -227,6 +286,7 @@ fn write_from_threads(server: &TestServer, prefix: &str, count: u64, spacing_ms:
 #[test]
 fn concurrent_requests_share_one_flush() {
     let server = TestServer::start_with(|config| {
+        config.wal = false;
         config.flush_interval_ms = 1000;
         config.flush_adaptive = false;
     });
@@ -250,6 +310,7 @@ fn concurrent_requests_share_one_flush() {
 #[test]
 fn writes_within_the_minimum_gap_share_one_flush() {
     let server = TestServer::start_with(|config| {
+        config.wal = false;
         config.flush_interval_ms = 5_000;
         config.flush_min_gap_ms = 1_000;
     });
@@ -276,7 +337,10 @@ fn writes_within_the_minimum_gap_share_one_flush() {
 /// than about one flush, not until the interval.
 #[test]
 fn writes_are_acked_without_waiting_for_the_flush_interval() {
-    let server = TestServer::start_with(|config| config.flush_interval_ms = 5_000);
+    let server = TestServer::start_with(|config| {
+        config.wal = false;
+        config.flush_interval_ms = 5_000;
+    });
     let started = std::time::Instant::now();
     assert_eq!(
         server.post("/ingest?name=idle.cpu", b"main;work 1\n").0,
