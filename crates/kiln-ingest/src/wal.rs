@@ -1,13 +1,18 @@
-//! The write-ahead log: a write is acknowledged once its profiles are in the log and the
-//! log is on disk (`fdatasync`), not once they are in a registered segment. Segments are
-//! then written per interval or per size ([`crate::writer`]), for many services at once,
-//! and a query first asks for what is staged to be flushed (`Ingester::sync`), so every
-//! acknowledged profile is still visible to the next read.
+//! The write-ahead log: a write that arrives while no other is on its way is acknowledged
+//! once its profiles are in the log and the log is on disk (`fdatasync`), not once they
+//! are in a registered segment. Segments are then written per interval or per size
+//! ([`crate::writer`]), for many services at once, and a query first asks for what is
+//! staged to be flushed (`Ingester::sync`), so every acknowledged profile is still
+//! visible to the next read. Writes that arrive together are not logged: they share a
+//! segment's flush (group commit), as without the log.
 //!
 //! Why: with many services at a low rate, every write was alone in its segment, and paid
 //! a file, three `fsync`s (the segment, its directory, SQLite's log) and a metastore
-//! transaction for one profile (docs/benchmarks.md, session 34). With the log a write
-//! pays one append and one `fdatasync`, shared by the writes that arrive during it.
+//! transaction for one profile (docs/benchmarks.md, session 34). With the log such a
+//! write pays one append and one `fdatasync`. Under load, logging every write cost more
+//! than it saved: an append and an `fdatasync` on the write path's threads for writes
+//! whose segment is shared anyway (a seventh of the throughput at 1,000 clients, a third
+//! with OTLP, whose profiles must be encoded as pprof to be logged).
 //!
 //! One log file per batch (`Generation`), named by the block id its segment will have:
 //! `<block id>.wal` in the log directory. A record is one request, whole:

@@ -114,6 +114,9 @@ struct Job {
     bytes: usize,
     /// Sent by [`Ingester::sync`]: flush the open batch now.
     sync: bool,
+    /// Acknowledged from the write-ahead log already; otherwise its request waits for
+    /// the flush.
+    logged: bool,
 }
 
 type FlushResult = Option<Result<(), Arc<StoreError>>>;
@@ -331,7 +334,7 @@ impl WriterMetrics {
         );
         registry.register(
             "kiln_ingest_flush_reason",
-            "Segment flushes by what started them: size (flush_bytes), idle (nothing else on its way), alone (the only write on its way, flushed by the thread that parsed it), busy (waited about one flush for writes on their way), interval (flush_interval, or wal_segment_interval_ms with the write-ahead log), memory (logged profiles holding half of max_pending_bytes), query (a read asked for what is logged to be visible), shutdown",
+            "Segment flushes by what started them: size (flush_bytes), idle (nothing else on its way), alone (the only write on its way, flushed by the thread that parsed it), busy (waited about one flush for writes on their way), interval (flush_interval, or wal_segment_interval_ms with the write-ahead log), memory (logged profiles holding half of max_pending_bytes), query (a read asked for what is logged to be visible), unlogged (a write that was not logged joined a logged batch), shutdown",
             self.flush_reasons.clone(),
         );
         registry.register(
@@ -662,9 +665,15 @@ impl Ingester {
         let mut by_service: Vec<&ParsedProfile> = profiles.iter().collect();
         by_service.sort_by(|a, b| a.service().cmp(b.service()));
         let store = |err| IngestError::Store(Arc::new(StoreError::Wal(err)));
-        let record = match &self.staging.wal {
-            Some(_) => Some(crate::wal::encode(tenant, &profiles).map_err(store)?),
-            None => None,
+        // Logged only when no other write is on its way (its own arrival aside): such a
+        // write would be alone in its segment, and the log spares it a segment's fixed
+        // costs. Writes that arrive together share a segment's flush anyway (group
+        // commit), and logging them too would only add an append and an `fdatasync` on
+        // the write path's threads (docs/benchmarks.md, session 34).
+        let log = self.staging.wal.is_some() && self.arrivals.count.load(Ordering::SeqCst) <= 1;
+        let record = match log {
+            true => Some(crate::wal::encode(tenant, &profiles).map_err(store)?),
+            false => None,
         };
         let open = self
             .staging
@@ -774,6 +783,7 @@ impl Syncer {
                 generation,
                 bytes: 0,
                 sync: true,
+                logged: true,
             };
             let Some(sender) = self.sender.upgrade() else {
                 return;
@@ -796,6 +806,7 @@ impl Ingester {
             generation: staged.generation,
             bytes: staged.received_bytes,
             sync: false,
+            logged: staged.logged,
         };
         // A write that flushed itself has its result already; the flusher need not wake.
         let flushed = staged.done.borrow().is_some();
@@ -912,7 +923,7 @@ impl Flusher {
             let opened = tokio::time::Instant::now();
             let deadline = opened + flusher.config.flush_interval;
             let mut batch_bytes = first.bytes;
-            let reason = if flusher.staging.wal.is_some() {
+            let reason = if first.logged {
                 let (reason, ended) = flusher.gather_logged(&mut receiver, first).await;
                 closed = ended;
                 reason
@@ -1008,8 +1019,9 @@ impl Flusher {
 
     /// When to flush a batch of logged writes, whose requests were acknowledged already:
     /// once it holds `flush_bytes` received, or its profiles half of `max_pending_bytes`,
-    /// or a read asks ([`Ingester::sync`]), and at the latest `segment_interval` after its
-    /// first write. Returns the reason, and whether the channel closed.
+    /// or a read asks ([`Ingester::sync`]), or a write that was not logged joins it (its
+    /// request waits for the flush), and at the latest `segment_interval` after its first
+    /// write. Returns the reason, and whether the channel closed.
     async fn gather_logged(
         &self,
         receiver: &mut mpsc::Receiver<Job>,
@@ -1018,16 +1030,22 @@ impl Flusher {
         let deadline = tokio::time::Instant::now() + self.config.segment_interval;
         let mut batch_bytes = first.bytes;
         let mut asked = first.sync;
+        let mut waiting = false;
         loop {
             while let Ok(job) = receiver.try_recv() {
                 batch_bytes += job.bytes;
                 asked |= job.sync;
+                waiting |= !job.logged;
             }
             if batch_bytes >= self.config.flush_bytes {
                 return ("size", false);
             }
             if asked {
                 return ("query", false);
+            }
+            if waiting {
+                // A write that was not logged waits for this flush: the batch goes now.
+                return ("unlogged", false);
             }
             if self.pending_bytes.load(Ordering::SeqCst) >= self.config.max_pending_bytes / 2 {
                 return ("memory", false);
@@ -1037,6 +1055,7 @@ impl Flusher {
                     Some(job) => {
                         batch_bytes += job.bytes;
                         asked |= job.sync;
+                        waiting |= !job.logged;
                     }
                     None => return ("shutdown", true),
                 },
