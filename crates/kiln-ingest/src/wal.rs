@@ -36,6 +36,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use kiln_model::labels::Labels;
@@ -145,6 +146,7 @@ impl Wal {
             file,
             written: Mutex::new(0),
             synced: Mutex::new(0),
+            broken: AtomicBool::new(false),
         })
     }
 
@@ -175,6 +177,10 @@ pub struct WalFile {
     written: Mutex<u64>,
     /// Bytes known on disk; held through each `fdatasync`.
     synced: Mutex<u64>,
+    /// A failed append could not be cut back, or an `fdatasync` failed (after which
+    /// Linux may have dropped the unsynced pages and a later sync would not say so):
+    /// nothing more is appended to, or acknowledged from, this file.
+    broken: AtomicBool,
 }
 
 impl WalFile {
@@ -186,9 +192,26 @@ impl WalFile {
     /// [`WalFile::sync_to`].
     pub fn append(&self, record: &Record) -> io::Result<u64> {
         let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
-        (&self.file).write_all(&record.0)?;
+        self.usable()?;
+        if let Err(err) = (&self.file).write_all(&record.0) {
+            // A record cut short would end the file for recovery, and with it every
+            // record appended after it: the file is cut back to its last whole record.
+            if self.file.set_len(*written).is_err() {
+                self.broken.store(true, Ordering::SeqCst);
+            }
+            return Err(err);
+        }
         *written += record.0.len() as u64;
         Ok(*written)
+    }
+
+    fn usable(&self) -> io::Result<()> {
+        match self.broken.load(Ordering::SeqCst) {
+            true => Err(io::Error::other(
+                "an earlier write or sync of this log file failed; its batch takes no more writes",
+            )),
+            false => Ok(()),
+        }
     }
 
     /// Returns once the first `end` bytes are on disk.
@@ -197,8 +220,12 @@ impl WalFile {
         if *synced >= end {
             return Ok(false);
         }
+        self.usable()?;
         let target = *self.written.lock().unwrap_or_else(PoisonError::into_inner);
-        self.file.sync_data()?;
+        if let Err(err) = self.file.sync_data() {
+            self.broken.store(true, Ordering::SeqCst);
+            return Err(err);
+        }
         *synced = target;
         Ok(true)
     }

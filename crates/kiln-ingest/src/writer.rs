@@ -35,6 +35,14 @@
 //!
 //! A failure anywhere fails every request of that batch with a 5xx; since the metastore
 //! registration is the last step, a failed batch is never visible to readers.
+//!
+//! With a write-ahead log ([`crate::wal`], a node running every role on a local store and
+//! SQLite), a write that arrives while no other is on its way does not wait for a segment
+//! at all: it is appended to its batch's log and acknowledged once that is on disk, and a
+//! batch of such writes is flushed per `segment_interval` (or size, memory, a read that
+//! asks, or a write that was not logged joining it; `Flusher::gather_logged`). Reads call
+//! [`Syncer::sync`] first, which flushes the open batch. A logged batch whose flush fails
+//! is written again from its log until that succeeds.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};

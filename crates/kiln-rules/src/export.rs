@@ -229,6 +229,11 @@ impl Exporter {
             };
             let full = batch.len() >= self.settings.batch_samples.max(1);
             if !batch.is_empty() {
+                // Counted before the delivery too: while the receiver is down, delivery
+                // retries until it is back, and the gauge must show what waits meanwhile.
+                if let Ok(backlog) = self.metastore.export_backlog(&self.target).await {
+                    self.metrics.pending.get_or_create(&label).set(backlog);
+                }
                 let delivered = self.deliver(&batch, &mut stop).await;
                 if !delivered {
                     return; // stopped while retrying; the claimed rows go first next time

@@ -348,7 +348,10 @@ fn write_config(dir: &Path, remote_write: &str) {
     std::fs::write(
         dir.join("kiln.yaml"),
         format!(
-            "compaction:\n  interval_ms: 100\n  levels:\n\
+            // Segments, and so rule samples, follow writes within a fraction of a second,
+            // as compaction's short intervals here assume; the log stays on, so the
+            // crashes below also recover logged writes.
+            "wal_segment_interval_ms: 200\ncompaction:\n  interval_ms: 100\n  levels:\n\
              \x20   - {{max_datasets: 20, max_age_ms: 300, window_ms: 0}}\n\
              \x20   - {{max_datasets: 10, max_age_ms: 600000, window_ms: 3600000}}\n\
              recording_rules:\n{readme_rule}\
