@@ -401,13 +401,10 @@ fn promotable<'a>(
         .filter(|job| job.key.level == 0 && job.inputs.len() <= PROMOTE_MAX_INPUTS)
         .flat_map(|job| &job.inputs)
         .collect();
-    let mut covered: HashMap<&str, usize> = HashMap::new();
-    for input in &small {
-        *covered.entry(input.block_id.as_str()).or_default() += 1;
-    }
+    let covered = per_block(small.iter().copied());
     small
         .into_iter()
-        .filter(|input| live.get(&input.block_id) == covered.get(input.block_id.as_str()))
+        .filter(|input| live.get(&input.block_id) == covered.get(&input.block_id))
         .collect()
 }
 
@@ -484,7 +481,7 @@ impl Compactor {
             let (mut jobs, live) = self.due_jobs(level, now_ms).await?;
             if level == 0 && !live.is_empty() {
                 let promoted = self.promote(&jobs, &live).await?;
-                let due = datasets_per_block_in(&jobs);
+                let due = per_block(jobs.iter().flat_map(|job| &job.inputs));
                 let promoting = self.config.levels[0].compression == LevelCompression::Snappy;
                 for job in &mut jobs {
                     job.inputs
@@ -556,16 +553,16 @@ impl Compactor {
             .filter(|input| ruled.contains(&input.tenant))
             .map(|input| input.block_id.as_str())
             .collect();
-        let mut blocks: BTreeMap<String, u32> = BTreeMap::new();
-        for input in &candidates {
-            if !held.contains(input.block_id.as_str()) {
-                *blocks.entry(input.block_id.clone()).or_default() += 1;
-            }
-        }
-        let promoted = self
-            .metastore
-            .promote_blocks(blocks.into_iter().collect(), 0)
-            .await?;
+        let blocks = per_block(
+            candidates
+                .iter()
+                .copied()
+                .filter(|input| !held.contains(input.block_id.as_str())),
+        )
+        .into_iter()
+        .map(|(block, datasets)| (block, datasets as u32))
+        .collect();
+        let promoted = self.metastore.promote_blocks(blocks, 0).await?;
         let count = promoted.len() as u64;
         self.metrics.jobs.inc_by(count);
         self.metrics.promotions.inc_by(count);
@@ -584,7 +581,7 @@ impl Compactor {
         let mut groups: BTreeMap<(String, String, i64), Vec<(DatasetMeta, i64)>> = BTreeMap::new();
         let listed = self.metastore.datasets_at_level(level).await?;
         let live = match level {
-            0 => datasets_per_block(&listed),
+            0 => per_block(listed.iter().map(|(dataset, _)| dataset)),
             _ => HashMap::new(),
         };
         for (dataset, created_at_ms) in listed {
@@ -936,19 +933,10 @@ impl Compactor {
     }
 }
 
-/// How many inputs of `jobs` each block holds.
-fn datasets_per_block_in(jobs: &[Job]) -> HashMap<String, usize> {
+/// How many of `datasets` each block holds.
+fn per_block<'a>(datasets: impl IntoIterator<Item = &'a DatasetMeta>) -> HashMap<String, usize> {
     let mut per_block: HashMap<String, usize> = HashMap::new();
-    for input in jobs.iter().flat_map(|job| &job.inputs) {
-        *per_block.entry(input.block_id.clone()).or_default() += 1;
-    }
-    per_block
-}
-
-/// How many of `listed` each block holds.
-fn datasets_per_block(listed: &[(DatasetMeta, i64)]) -> HashMap<String, usize> {
-    let mut per_block: HashMap<String, usize> = HashMap::new();
-    for (dataset, _) in listed {
+    for dataset in datasets {
         *per_block.entry(dataset.block_id.clone()).or_default() += 1;
     }
     per_block
