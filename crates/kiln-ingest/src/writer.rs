@@ -1211,7 +1211,8 @@ impl Flusher {
     /// writes: each is then handed once to the write path's threads and back, without the
     /// flusher's wake-up, its flush task and a second hand-off to encode
     /// (docs/benchmarks.md, session 33). A request that flushed itself finds its result
-    /// set when it commits.
+    /// set when it commits. With a write-ahead log such a write is logged instead (see
+    /// [`Ingester::stage`]), so this serves only ingesters without one.
     fn flush_alone(&self, staged: &Staged) {
         let alone = self.config.adaptive
             && self.staging.wal.is_none()
