@@ -129,7 +129,7 @@ impl Default for LevelPolicy {
 pub struct CompactorConfig {
     pub enabled: bool,
     /// Pause between two passes (milliseconds); a tenth of it after a pass that merged a
-    /// group due by count, so that a fast-growing level 0 is merged as it fills.
+    /// level-0 group due by count, so that a fast-growing level 0 is merged as it fills.
     pub interval_ms: u64,
     /// Policy of level `i` (its datasets become level `i + 1`). Kiln's defaults, against
     /// Pyroscope's (20 / 36 s, 10 / 12 min, 10 / 3 h): segments merge after 20 or 10 s,
@@ -294,8 +294,9 @@ impl CompactorMetrics {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PassReport {
     pub compactions: usize,
-    /// Of them, merges of groups that were due by count (`max_datasets` waiting), not by
-    /// age: data arrives faster than the passes.
+    /// Of them, merges of level-0 groups that were due by count (`max_datasets` waiting),
+    /// not by age: data arrives faster than the passes. A higher level's group due by
+    /// count is merged in the pass that finds it, and does not count.
     pub full_groups: usize,
     pub conflicts: usize,
     /// Jobs that failed (e.g. an unreadable input); the others went on.
@@ -433,8 +434,8 @@ impl Compactor {
         &self.metrics
     }
 
-    /// Runs passes every `interval_ms` until `stop` fires; sooner while groups fill up
-    /// between passes. Under heavy ingest level 0 grows by hundreds of datasets a second,
+    /// Runs passes every `interval_ms` until `stop` fires; sooner while level-0 groups
+    /// fill up between passes. Under heavy ingest level 0 grows by hundreds of datasets a second,
     /// and every query up to now reads each of them: the pause between passes was most of
     /// their number (docs/benchmarks.md, queries while ingesting).
     pub fn spawn(
@@ -507,7 +508,7 @@ impl Compactor {
                 match self.compact(job).await {
                     Ok(true) => {
                         report.compactions += 1;
-                        report.full_groups += usize::from(full);
+                        report.full_groups += usize::from(full && level == 0);
                     }
                     Ok(false) => report.conflicts += 1,
                     // One group's failure must not stop the others, retention or deletion.

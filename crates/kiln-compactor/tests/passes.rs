@@ -82,3 +82,40 @@ async fn a_group_due_by_count_is_reported_full_and_one_due_by_age_is_not() {
     counts.sort();
     assert_eq!(counts, [("busy".to_string(), 3), ("quiet".to_string(), 1)]);
 }
+
+/// Only level 0 grows with ingest: a group of a higher level due by count is merged in
+/// the pass that finds it, and does not make the next pass come sooner. At 500 services,
+/// level 1 had a group due by count at almost every pass, and passes every half second
+/// listed its thousands of datasets again and again.
+#[tokio::test]
+async fn only_level_0_groups_due_by_count_are_reported_full() {
+    let (_dir, storage, metastore) = common::local_sqlite().await;
+    let policy = |max_datasets| LevelPolicy {
+        max_datasets,
+        max_age_ms: 60_000,
+        window_ms: 0,
+        // zstd: merged, not raised whole.
+        compression: LevelCompression::Zstd,
+    };
+    let config = CompactorConfig {
+        levels: vec![policy(2), policy(2)],
+        ..CompactorConfig::default()
+    };
+    let compactor = Compactor::new(metastore.clone(), storage.clone(), config);
+    for id in ["a", "b"] {
+        write_segment(&storage, &metastore, id, "busy").await;
+    }
+    let report = compactor.run_pass(1_000).await.unwrap();
+    assert_eq!((report.compactions, report.full_groups), (1, 1));
+    assert_eq!(metastore.datasets_at_level(1).await.unwrap().len(), 1);
+    // Two more: level 0 merges them by count (full), then level 1 its two by count (not).
+    for id in ["c", "d"] {
+        write_segment(&storage, &metastore, id, "busy").await;
+    }
+    let report = compactor.run_pass(2_000).await.unwrap();
+    assert_eq!((report.compactions, report.full_groups), (2, 1));
+    assert!(metastore.datasets_at_level(1).await.unwrap().is_empty());
+    let merged = metastore.datasets_at_level(2).await.unwrap();
+    assert_eq!(merged.len(), 1);
+    assert_eq!(merged[0].0.profile_count, 4);
+}

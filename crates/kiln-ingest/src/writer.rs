@@ -245,6 +245,13 @@ impl Staging {
     fn open_id(&self) -> u64 {
         self.next_id.load(Ordering::SeqCst) - 1
     }
+
+    /// Heap of the open generation's builders: what the next flush takes, without the
+    /// flushes in progress that `pending_bytes` also counts.
+    fn open_bytes(&self) -> usize {
+        let open = self.open.read().unwrap_or_else(PoisonError::into_inner);
+        open.bytes.load(Ordering::SeqCst)
+    }
 }
 
 /// A request's profiles, interned into a generation, waiting for its flush.
@@ -1055,7 +1062,10 @@ impl Flusher {
                 // A write that was not logged waits for this flush: the batch goes now.
                 return ("unlogged", false);
             }
-            if self.pending_bytes.load(Ordering::SeqCst) >= self.config.max_pending_bytes / 2 {
+            // The open batch's own memory: counting the flush in progress as well made
+            // every write after a memory flush start another, of one profile, until it
+            // ended (five tiny segments a flush at 500 services).
+            if self.staging.open_bytes() >= self.config.max_pending_bytes / 2 {
                 return ("memory", false);
             }
             tokio::select! {

@@ -21,7 +21,7 @@ use parquet::file::reader::{FileReader, RowGroupReader, SerializedFileReader};
 use parquet::file::serialized_reader::SerializedRowGroupReader;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
-use parquet::schema::types::{ColumnPath, Type};
+use parquet::schema::types::{ColumnPath, SchemaDescriptor, Type};
 
 use crate::dataset::{Dataset, FunctionRow, MappingRow, ProfileRow, SeriesRow};
 use crate::strings::Strings;
@@ -402,7 +402,104 @@ pub fn encode_block_as(
     datasets: &[Dataset],
     encoding: BlockEncoding,
 ) -> Result<Vec<u8>, StorageError> {
-    encode_with(datasets, block_writer(encoding)?)
+    let (schema, properties) = current_format(encoding)?;
+    if encoding != BlockEncoding::Compacted {
+        // Uncompressed or snappy pages take about their plain values' bytes or less: the
+        // output is sized once instead of doubled, and copied, a dozen times (2 % of the
+        // server's CPU with segments of 500 one-profile datasets).
+        let plain: usize = (datasets.iter())
+            .flat_map(|dataset| (0..COLUMN_COUNT).map(|index| plain_bytes(dataset, index)))
+            .sum();
+        // Beside the values: levels, page headers and the footer, about 6 KiB a dataset.
+        let sink = Vec::with_capacity(plain + 8192 * (datasets.len() + 1));
+        return encode_with(
+            datasets,
+            SerializedFileWriter::new(sink, schema, properties)?,
+        );
+    }
+    let small: Vec<usize> = (0..COLUMN_COUNT)
+        .filter(|index| {
+            (datasets.iter()).all(|dataset| plain_bytes(dataset, *index) <= SMALL_CHUNK_BYTES)
+        })
+        .collect();
+    if small.is_empty() {
+        return encode_with(datasets, block_writer(encoding)?);
+    }
+    let paths = column_paths(&schema);
+    let mut builder = (*properties).clone().into_builder();
+    for index in small {
+        builder = builder.set_column_compression(paths[index].clone(), Compression::UNCOMPRESSED);
+    }
+    let writer = SerializedFileWriter::new(Vec::new(), schema, Arc::new(builder.build()))?;
+    encode_with(datasets, writer)
+}
+
+/// Column chunks of at most this many bytes of plain values are written uncompressed in
+/// zstd blocks. Parquet makes a codec for every chunk it writes or reads, and a zstd codec
+/// makes a compression and a decompression context, each asking the CPU for its features
+/// (`cpuid`, a trap to the hypervisor on a virtual machine): about 23 µs a chunk here,
+/// more than compressing a few KiB takes, to save at most those few KiB. A merge of a
+/// few one-profile datasets (many services at a low rate) spent more of its CPU making
+/// contexts than compressing (docs/benchmarks.md).
+pub const SMALL_CHUNK_BYTES: usize = 4096;
+
+/// The schema's leaf column paths, in column order.
+fn column_paths(schema: &Arc<Type>) -> Arc<Vec<ColumnPath>> {
+    static PATHS: OnceLock<Arc<Vec<ColumnPath>>> = OnceLock::new();
+    PATHS
+        .get_or_init(|| {
+            let descriptor = SchemaDescriptor::new(schema.clone());
+            Arc::new(
+                descriptor
+                    .columns()
+                    .iter()
+                    .map(|column| column.path().clone())
+                    .collect(),
+            )
+        })
+        .clone()
+}
+
+/// The bytes column `index` of a dataset takes as plain values, counted from its tables
+/// without making the column ([`column_source`] makes it).
+fn plain_bytes(dataset: &Dataset, index: usize) -> usize {
+    let (profiles, series) = (dataset.profiles.len(), dataset.series.len());
+    let labels: usize = dataset.series.iter().map(|s| s.labels.len()).sum();
+    let (mappings, functions) = (dataset.mappings.len(), dataset.functions.len());
+    let locations = dataset.location_mapping.len();
+    let lines = dataset.line_function.len();
+    let stacks = dataset.stack_parent.len();
+    let samples = dataset.sample_stack.len();
+    let sample_labels = dataset.sample_label_sample.len();
+    let stack_sums = dataset.stack_sum_stack.len();
+    // Byte arrays are written as a 4-byte length and the bytes.
+    let text = |len: usize, count: usize| len + 4 * count;
+    match index {
+        0 => text(dataset.tenant.len(), 1),
+        1 => text(dataset.service.len(), 1),
+        2 | 3 => 8,
+        4 => text(dataset.strings.as_parts().0.len(), dataset.strings.len()),
+        5..=7 => 8 * mappings,
+        8..=10 => 4 * mappings,
+        11..=13 => 4 * functions,
+        14 => 8 * functions,
+        15 | 17 => 4 * locations,
+        16 => 8 * locations,
+        18 => 4 * lines,
+        19 => 8 * lines,
+        20 | 21 => 4 * stacks,
+        22 | 23 => 4 * series,
+        24 | 25 => 4 * labels,
+        26 => text(dataset.profiles.iter().map(|p| p.id.len()).sum(), profiles),
+        27 | 31 | 32 => 4 * profiles,
+        28..=30 | 38 => 8 * profiles,
+        33 => 4 * samples,
+        34 => 8 * samples,
+        35..=37 => 4 * sample_labels,
+        39 | 40 => 4 * stack_sums,
+        41 => 8 * stack_sums,
+        _ => 0,
+    }
 }
 
 /// Encodes with a schema and the version it claims, for tests: an older one (whose columns
@@ -1056,6 +1153,80 @@ mod tests {
                 dataset()
             );
         }
+    }
+
+    /// `plain_bytes` counts, for every column, what the written column holds: a column
+    /// added to the schema without it would be sized 0 and never compressed.
+    #[test]
+    fn plain_bytes_counts_every_column_as_written() {
+        let mut dataset = dataset();
+        dataset.sum_stacks();
+        for index in 0..COLUMN_COUNT {
+            let written = match column_source(&dataset, index).expect("a column") {
+                Source::Made(Column::I32(values)) => 4 * values.len(),
+                Source::Made(Column::I64(values)) => 8 * values.len(),
+                Source::Made(Column::Bytes(values)) => {
+                    values.iter().map(|value| value.len() + 4).sum()
+                }
+                Source::U32(values) => 4 * values.len(),
+                Source::I64(values) => 8 * values.len(),
+            };
+            assert!(written > 0, "column {index} is empty in the test dataset");
+            assert_eq!(plain_bytes(&dataset, index), written, "column {index}");
+        }
+    }
+
+    /// In a zstd block, chunks of at most `SMALL_CHUNK_BYTES` are uncompressed (no codec
+    /// is made to write or read them) and larger ones zstd; both read back.
+    #[test]
+    fn small_chunks_of_zstd_blocks_are_uncompressed() {
+        let functions: Vec<String> = (0..3_000).map(|i| format!("function_{i}")).collect();
+        let stacks: Vec<[&str; 2]> = functions.iter().map(|f| [f.as_str(), "main"]).collect();
+        let samples: Vec<crate::testing::TestSample<'_>> = stacks
+            .iter()
+            .enumerate()
+            .map(|(i, stack)| (&stack[..], i as i64 + 1, &[][..]))
+            .collect();
+        let mut builder = DatasetBuilder::new("t", "svc");
+        crate::testing::add_cpu_profile(
+            &mut builder,
+            "big",
+            &[("service_name", "svc")],
+            1,
+            &samples,
+        );
+        let mut large = builder.finish();
+        large.sum_stacks();
+        for (datasets, zstd) in [
+            (vec![dataset()], false),
+            (vec![dataset(), large.clone()], true),
+        ] {
+            let block =
+                Bytes::from(encode_block_as(&datasets, BlockEncoding::Compacted).expect("encodes"));
+            let reader = SerializedFileReader::new(block.clone()).expect("a footer");
+            for group in reader.metadata().row_groups() {
+                for (index, chunk) in group.columns().iter().enumerate() {
+                    let small = datasets
+                        .iter()
+                        .all(|d| plain_bytes(d, index) <= SMALL_CHUNK_BYTES);
+                    let zstd = matches!(chunk.compression(), Compression::ZSTD(_));
+                    assert_eq!(zstd, !small, "column {index}: {:?}", chunk.compression());
+                    if small {
+                        assert_eq!(chunk.compression(), Compression::UNCOMPRESSED);
+                    }
+                }
+            }
+            let codecs = block_compression(&block).expect("codecs");
+            assert_eq!(codecs.contains(&"ZSTD".to_string()), zstd, "{codecs:?}");
+            assert!(codecs.contains(&"UNCOMPRESSED".to_string()), "{codecs:?}");
+            for (index, dataset) in datasets.iter().enumerate() {
+                assert_eq!(
+                    &decode_dataset(&block, index, Projection::ALL).expect("decodes"),
+                    dataset
+                );
+            }
+        }
+        assert!(plain_bytes(&large, columns::SAMPLES.start) > SMALL_CHUNK_BYTES);
     }
 
     /// The tables written from the dataset's own vectors (samples, sample labels, stacks,

@@ -74,6 +74,10 @@ struct Chunk {
     end: u64,
     data_page_offset: i64,
     has_dictionary: bool,
+    /// Values plain, levels RLE, as a segment writes them: what [`copy_dataset`]
+    /// records of a chunk it copies. A zstd block's small chunks are uncompressed too
+    /// (`format::SMALL_CHUNK_BYTES`), but some of them byte-stream-split or delta-packed.
+    plain: bool,
     uncompressed_size: i64,
     values: i64,
     codec: Compression,
@@ -96,6 +100,9 @@ impl Footer {
                             end: range.end,
                             data_page_offset: column.data_page_offset(),
                             has_dictionary: column.dictionary_page_offset().is_some(),
+                            plain: column.encodings().all(|encoding| {
+                                matches!(encoding, Encoding::PLAIN | Encoding::RLE)
+                            }),
                             uncompressed_size: column.uncompressed_size(),
                             values: column.num_values(),
                             codec: column.compression(),
@@ -639,8 +646,8 @@ impl ChunkReader for PartialBlock {
 /// a segment's are uncompressed (or snappy, written before that), and a fast level
 /// (`encoding` other than [`BlockEncoding::Compacted`]) takes them as they are, as it
 /// takes a promoted segment. `None` when the chunks are not what a fast level takes
-/// (zstd, a dictionary, an older format version, a footer not parsed): such a dataset is
-/// merged instead.
+/// (zstd, a dictionary, values not plain, an older format version, a footer not parsed):
+/// such a dataset is merged instead.
 pub fn copy_dataset(
     block: &PartialBlock,
     row_group: usize,
@@ -659,7 +666,7 @@ pub fn copy_dataset(
         || group
             .chunks
             .iter()
-            .any(|chunk| !fast(chunk.codec) || chunk.has_dictionary)
+            .any(|chunk| !fast(chunk.codec) || chunk.has_dictionary || !chunk.plain)
     {
         return Ok(None);
     }
