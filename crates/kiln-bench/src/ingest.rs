@@ -665,19 +665,22 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     let elapsed = started.elapsed().as_secs_f64();
     // Logged writes are acknowledged before their segment is written (up to
     // `wal_segment_interval_ms` later): a read makes the server write what it logged, so
-    // the CPU counted covers every acknowledged profile's segment.
-    let services = format!("{url}/api/0/services");
-    let synced = tokio::task::spawn_blocking(move || {
-        ureq::get(&services)
-            .call()
-            .map(drop)
-            .map_err(|err| err.to_string())
-    })
-    .await
-    .map_err(|err| err.to_string())
-    .and_then(|called| called);
-    if let Err(err) = synced {
-        eprintln!("kiln bench ingest: the read that writes logged profiles failed: {err}");
+    // the CPU counted covers every acknowledged profile's segment. A cluster's nodes log
+    // nothing (the log serves a node running every role).
+    if cluster.is_none() {
+        let services = format!("{url}/api/0/services");
+        let synced = tokio::task::spawn_blocking(move || {
+            ureq::get(&services)
+                .call()
+                .map(drop)
+                .map_err(|err| err.to_string())
+        })
+        .await
+        .map_err(|err| err.to_string())
+        .and_then(|called| called);
+        if let Err(err) = synced {
+            eprintln!("kiln bench ingest: the read that writes logged profiles failed: {err}");
+        }
     }
     let cpu_after = servers_cpu(&pids);
     let machine_after = machine_busy_seconds();
