@@ -229,6 +229,90 @@ fn a_logged_write_whose_flush_fails_is_written_from_the_log_later() {
         .contains("kiln_ingest_wal_recovered_profiles_total 1\n"));
 }
 
+/// A memory flush of the log's batch counts the open batch only. A write logged while
+/// such a flush is held up (its registration waits for SQLite's write lock, which another
+/// process holds) stays in the next batch; counting the flush in progress as well made
+/// every such write a flush, and a segment, of its own.
+#[test]
+fn a_logged_write_during_a_memory_flush_waits_for_its_own_batch() {
+    // A profile of many distinct stacks, and the heap it takes staged.
+    let big: String = (0..2_000)
+        .map(|i| format!("main;handler_{i};leaf_{i} 1\n"))
+        .collect();
+    let measured = TestServer::start_with(|config| config.wal_segment_interval_ms = 60_000);
+    assert_eq!(measured.post("/ingest?name=big.cpu", big.as_bytes()).0, 200);
+    let heap = measured.metric("kiln_ingest_pending_bytes");
+    assert!(heap > 100_000.0, "{heap}");
+    drop(measured);
+
+    // Half of max_pending_bytes is under the big profile's heap, and the whole over it
+    // and a small one's.
+    let server = TestServer::start_with(|config| {
+        config.wal_segment_interval_ms = 60_000;
+        config.max_pending_bytes = (heap * 1.5) as usize;
+    });
+    let memory_flushes =
+        |server: &TestServer| server.counter(r#"kiln_ingest_flush_reason_total{reason="memory"}"#);
+    // Holds SQLite's write lock until it is killed, on drop too (before the server's own
+    // drop, which waits for the flush the lock holds up).
+    struct LockHolder(std::process::Child);
+    impl Drop for LockHolder {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3, sys, time\n\
+             c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)\n\
+             c.execute('BEGIN IMMEDIATE')\n\
+             print('locked', flush=True)\n\
+             time.sleep(60)",
+        ])
+        .arg(server.data_dir().join("metastore.db"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let stdout = child.stdout.take().expect("stdout");
+    let lock = LockHolder(child);
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+        .expect("the lock holder's line");
+    assert_eq!(line.trim(), "locked");
+
+    assert_eq!(server.post("/ingest?name=big.cpu", big.as_bytes()).0, 200);
+    crate::scrape::wait_until(
+        "the memory flush started",
+        std::time::Duration::from_secs(5),
+        || memory_flushes(&server) == 1.0,
+    );
+    assert_eq!(
+        server.post("/ingest?name=small.cpu", b"main;work 5\n").0,
+        200
+    );
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(memory_flushes(&server), 1.0, "{}", server.metrics());
+    assert_eq!(
+        server.counter("kiln_ingest_flush_duration_seconds_count"),
+        0.0
+    );
+
+    drop(lock);
+    crate::scrape::wait_until(
+        "both profiles visible",
+        std::time::Duration::from_secs(30),
+        || server.json("/api/0/services", &[])["body"] == serde_json::json!(["big", "small"]),
+    );
+    // The small one was written by the read, not by a flush of its own.
+    assert_eq!(memory_flushes(&server), 1.0);
+    assert_eq!(
+        server.counter(r#"kiln_ingest_flush_reason_total{reason="query"}"#),
+        1.0
+    );
+}
+
 #[test]
 fn a_failed_flush_is_5xx_and_leaves_nothing_visible() {
     let blocks = tempfile::tempdir().unwrap();
