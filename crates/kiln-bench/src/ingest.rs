@@ -668,17 +668,8 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     // the CPU counted covers every acknowledged profile's segment. A cluster's nodes log
     // nothing (the log serves a node running every role).
     if cluster.is_none() {
-        let services = format!("{url}/api/0/services");
-        let synced = tokio::task::spawn_blocking(move || {
-            ureq::get(&services)
-                .call()
-                .map(drop)
-                .map_err(|err| err.to_string())
-        })
-        .await
-        .map_err(|err| err.to_string())
-        .and_then(|called| called);
-        if let Err(err) = synced {
+        // Blocking, as the metric reads below: the load has ended.
+        if let Err(err) = ureq::get(&format!("{url}/api/0/services")).call() {
             eprintln!("kiln bench ingest: the read that writes logged profiles failed: {err}");
         }
     }

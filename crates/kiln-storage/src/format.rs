@@ -425,10 +425,11 @@ pub fn encode_block_as(
     if small.is_empty() {
         return encode_with(datasets, block_writer(encoding)?);
     }
-    let paths = column_paths(&schema);
+    let descriptor = SchemaDescriptor::new(schema.clone());
     let mut builder = (*properties).clone().into_builder();
     for index in small {
-        builder = builder.set_column_compression(paths[index].clone(), Compression::UNCOMPRESSED);
+        let path = descriptor.column(index).path().clone();
+        builder = builder.set_column_compression(path, Compression::UNCOMPRESSED);
     }
     let writer = SerializedFileWriter::new(Vec::new(), schema, Arc::new(builder.build()))?;
     encode_with(datasets, writer)
@@ -443,28 +444,10 @@ pub fn encode_block_as(
 /// contexts than compressing (docs/benchmarks.md).
 pub const SMALL_CHUNK_BYTES: usize = 4096;
 
-/// The schema's leaf column paths, in column order.
-fn column_paths(schema: &Arc<Type>) -> Arc<Vec<ColumnPath>> {
-    static PATHS: OnceLock<Arc<Vec<ColumnPath>>> = OnceLock::new();
-    PATHS
-        .get_or_init(|| {
-            let descriptor = SchemaDescriptor::new(schema.clone());
-            Arc::new(
-                descriptor
-                    .columns()
-                    .iter()
-                    .map(|column| column.path().clone())
-                    .collect(),
-            )
-        })
-        .clone()
-}
-
 /// The bytes column `index` of a dataset takes as plain values, counted from its tables
 /// without making the column ([`column_source`] makes it).
 fn plain_bytes(dataset: &Dataset, index: usize) -> usize {
     let (profiles, series) = (dataset.profiles.len(), dataset.series.len());
-    let labels: usize = dataset.series.iter().map(|s| s.labels.len()).sum();
     let (mappings, functions) = (dataset.mappings.len(), dataset.functions.len());
     let locations = dataset.location_mapping.len();
     let lines = dataset.line_function.len();
@@ -489,7 +472,7 @@ fn plain_bytes(dataset: &Dataset, index: usize) -> usize {
         19 => 8 * lines,
         20 | 21 => 4 * stacks,
         22 | 23 => 4 * series,
-        24 | 25 => 4 * labels,
+        24 | 25 => 4 * dataset.series.iter().map(|s| s.labels.len()).sum::<usize>(),
         26 => text(dataset.profiles.iter().map(|p| p.id.len()).sum(), profiles),
         27 | 31 | 32 => 4 * profiles,
         28..=30 | 38 => 8 * profiles,
