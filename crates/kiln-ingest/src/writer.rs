@@ -37,10 +37,11 @@
 //! registration is the last step, a failed batch is never visible to readers.
 //!
 //! With a write-ahead log ([`crate::wal`], a node running every role on a local store and
-//! SQLite), a write that arrives while no other is on its way does not wait for a segment
-//! at all: it is appended to its batch's log and acknowledged once that is on disk, and a
-//! batch of such writes is flushed per `segment_interval` (or size, memory, a read that
-//! asks, or a write that was not logged joining it; `Flusher::gather_logged`). Reads call
+//! SQLite), a write that arrives while no other is on its way, or that joins a batch
+//! logged already, does not wait for a segment at all: it is appended to its batch's log
+//! and acknowledged once that is on disk, and a batch of such writes is flushed per
+//! `segment_interval` (or size, memory, a read that asks, or a write that was not logged
+//! joining it; `Flusher::gather_logged`). Reads call
 //! [`Syncer::sync`] first, which flushes the open batch. A logged batch whose flush fails
 //! is written again from its log until that succeeds.
 
@@ -110,7 +111,9 @@ impl Default for IngesterConfig {
             max_stack_depth: 1000,
             min_gap: Duration::ZERO,
             max_compaction_wait: None,
-            segment_interval: Duration::from_secs(10),
+            // Memory ends most batches of many services first (`logged_memory_limit`):
+            // 30 s against 10 s was 1.31× at 500 services (docs/benchmarks.md, session 36).
+            segment_interval: Duration::from_secs(30),
         }
     }
 }
@@ -252,6 +255,19 @@ impl Staging {
         let open = self.open.read().unwrap_or_else(PoisonError::into_inner);
         open.bytes.load(Ordering::SeqCst)
     }
+
+    /// Whether a request was logged in the open generation: its flush then waits for
+    /// `segment_interval` (or size, memory, a read), and a write joining it unlogged
+    /// would cut that short.
+    fn open_is_logged(&self) -> bool {
+        let open = self.open.read().unwrap_or_else(PoisonError::into_inner);
+        let logged = open
+            .wal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        logged
+    }
 }
 
 /// A request's profiles, interned into a generation, waiting for its flush.
@@ -349,7 +365,7 @@ impl WriterMetrics {
         );
         registry.register(
             "kiln_ingest_flush_reason",
-            "Segment flushes by what started them: size (flush_bytes), idle (nothing else on its way), alone (the only write on its way, flushed by the thread that parsed it), busy (waited about one flush for writes on their way), interval (flush_interval, or wal_segment_interval_ms with the write-ahead log), memory (logged profiles holding half of max_pending_bytes), query (a read asked for what is logged to be visible), unlogged (a write that was not logged joined a logged batch), shutdown",
+            "Segment flushes by what started them: size (flush_bytes), idle (nothing else on its way), alone (the only write on its way, flushed by the thread that parsed it), busy (waited about one flush for writes on their way), interval (flush_interval, or wal_segment_interval_ms with the write-ahead log), memory (logged profiles holding three quarters of max_pending_bytes), query (a read asked for what is logged to be visible), unlogged (a write that was not logged joined a logged batch), shutdown",
             self.flush_reasons.clone(),
         );
         registry.register(
@@ -684,8 +700,12 @@ impl Ingester {
         // write would be alone in its segment, and the log spares it a segment's fixed
         // costs. Writes that arrive together share a segment's flush anyway (group
         // commit), and logging them too would only add an append and an `fdatasync` on
-        // the write path's threads (docs/benchmarks.md, session 34).
-        let log = self.staging.wal.is_some() && self.arrivals.count.load(Ordering::SeqCst) <= 1;
+        // the write path's threads (docs/benchmarks.md, session 34). But a write that
+        // joins a batch logged already is logged too: unlogged, it would wait for a
+        // segment, and so flush the batch long before its `segment_interval`. At 500
+        // services that cut batches to a few seconds of one-profile datasets (session 36).
+        let log = self.staging.wal.is_some()
+            && (self.arrivals.count.load(Ordering::SeqCst) <= 1 || self.staging.open_is_logged());
         let record = match log {
             true => Some(crate::wal::encode(tenant, &profiles).map_err(store)?),
             false => None,
@@ -1033,7 +1053,7 @@ impl Flusher {
     }
 
     /// When to flush a batch of logged writes, whose requests were acknowledged already:
-    /// once it holds `flush_bytes` received, or its profiles half of `max_pending_bytes`,
+    /// once it holds `flush_bytes` received, or its profiles [`logged_memory_limit`],
     /// or a read asks ([`Ingester::sync`]), or a write that was not logged joins it (its
     /// request waits for the flush), and at the latest `segment_interval` after its first
     /// write. Returns the reason, and whether the channel closed.
@@ -1065,7 +1085,7 @@ impl Flusher {
             // The open batch's own memory: counting the flush in progress as well made
             // every write after a memory flush start another, of one profile, until it
             // ended (five tiny segments a flush at 500 services).
-            if self.staging.open_bytes() >= self.config.max_pending_bytes / 2 {
+            if self.staging.open_bytes() >= logged_memory_limit(self.config.max_pending_bytes) {
                 return ("memory", false);
             }
             tokio::select! {
@@ -1437,6 +1457,17 @@ impl Flusher {
             "flushed segment"
         );
     }
+}
+
+/// The memory a batch of logged writes may hold before it is flushed (reason `memory`):
+/// three quarters of `max_pending_bytes`, leaving a quarter for the writes that arrive
+/// while it is written, so that logged writes never hold the write path at its 429
+/// bound. At 500 services at a low rate, memory ends the batches (a service's first
+/// profile holds about twice its pprof size in symbol tables), and each tenth of a minute
+/// more per batch gives each service's dataset more profiles to share its symbols:
+/// half of the bound made batches of 13 s (docs/benchmarks.md, session 36).
+fn logged_memory_limit(max_pending_bytes: usize) -> usize {
+    max_pending_bytes / 4 * 3
 }
 
 /// A segment's object key. The block is named when its batch opens, so its datasets'

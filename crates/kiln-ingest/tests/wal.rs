@@ -206,3 +206,59 @@ async fn a_write_that_cannot_be_logged_is_refused_and_not_staged() {
     drop(ingester);
     flusher.await.unwrap();
 }
+
+/// A write that arrives while others are on their way is logged when its batch is logged
+/// already: left unlogged, it would wait for a segment, and so cut the batch's
+/// `segment_interval` short with a flush of its own (at 500 services, a flush every few
+/// seconds of one-profile datasets). Into a batch nothing was logged in, it waits for the
+/// flush as before: writes arriving together share a segment (group commit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_among_others_joins_a_logged_batch_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (storage, metastore) = open(dir.path()).await;
+    let wal = Wal::open(dir.path().join("wal")).unwrap();
+    let (ingester, flusher) = start(&storage, &metastore, &wal);
+    let metrics = ingester.metrics().clone();
+
+    // Two writes on their way: the first write of a batch is not alone, so not logged, and
+    // its request waits for its segment.
+    // The flusher waits about one flush for them (no time before the first flush).
+    let others = [
+        ingester.check_room().unwrap(),
+        ingester.check_room().unwrap(),
+    ];
+    ingester.write("t", request(0)).await.unwrap();
+    drop(others);
+    assert_eq!(
+        metrics.wal_records.get(),
+        0,
+        "a write among others, first in its batch"
+    );
+    assert_eq!(metrics.flushes.get(), 1);
+    assert_eq!(profiles(&datasets(&metastore, &storage).await), 2);
+
+    // Alone: logged, and acknowledged before any segment.
+    ingester.write("t", request(1)).await.unwrap();
+    assert_eq!(metrics.wal_records.get(), 1);
+
+    // Among others again, now into the logged batch: logged too, with no flush.
+    let others = [
+        ingester.check_room().unwrap(),
+        ingester.check_room().unwrap(),
+    ];
+    ingester.write("t", request(2)).await.unwrap();
+    assert_eq!(
+        metrics.wal_records.get(),
+        2,
+        "joined the logged batch logged"
+    );
+    assert_eq!(metrics.flushes.get(), 1, "no flush cut the batch short");
+    drop(others);
+    assert_eq!(profiles(&datasets(&metastore, &storage).await), 2);
+
+    ingester.sync().await;
+    assert_eq!(metrics.flushes.get(), 2);
+    assert_eq!(profiles(&datasets(&metastore, &storage).await), 6);
+    drop(ingester);
+    flusher.await.unwrap();
+}

@@ -56,8 +56,11 @@ pub type Hook = Arc<dyn Fn(&[RuleRecord], &Dataset) -> Exports + Send + Sync>;
 pub struct ExportSettings {
     /// Width of a sample's step; timestamps are step starts (multiples of it).
     pub step_ms: i64,
-    /// A step is sent this long after it ends, so that most of its profiles, compacted
-    /// within ~15 s of their ingest, are in its one sample; later ones add a sample.
+    /// A step is sent this long after it ends, so that most of its profiles are in its
+    /// one sample; later ones add a sample. A profile is compacted (and counted) within
+    /// about 45 s of its ingest on a single node, whose log holds a lone write for up to
+    /// `wal_segment_interval_ms` (30 s) and level 0 for up to its `max_age_ms` (10 s); a
+    /// cluster's writes within about 15 s.
     pub delay_ms: i64,
     /// Data this much later than its step's end is dropped (and counted); the receiver's
     /// out-of-order window must be at least this long.
@@ -72,7 +75,7 @@ impl Default for ExportSettings {
     fn default() -> Self {
         ExportSettings {
             step_ms: 15_000,
-            delay_ms: 30_000,
+            delay_ms: 60_000,
             late_window_ms: 3_600_000,
             batch_samples: 5_000,
             poll_ms: 1_000,

@@ -167,7 +167,7 @@ impl Default for ServerConfig {
             flush_adaptive: true,
             flush_min_gap_ms: 0,
             wal: true,
-            wal_segment_interval_ms: 10_000,
+            wal_segment_interval_ms: 30_000,
             flush_bytes: 32 << 20,
             max_pending_bytes: IngesterConfig::default().max_pending_bytes,
             limits: Limits::default(),

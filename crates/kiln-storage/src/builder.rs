@@ -239,17 +239,29 @@ impl DatasetBuilder {
         id
     }
 
+    /// Sizes the tables for a batch's first profile, instead of growing (and rehashing)
+    /// each several times. Tables kept warm from earlier flushes
+    /// ([`DatasetBuilder::take_dataset`]) hold most of the profile's symbols already, so
+    /// only what they lack of its counts is reserved: reserving the whole counts again
+    /// doubled them.
     fn reserve_for(&mut self, profile: &Profile) {
         let (strings, hasher) = (&self.strings, &self.string_hasher);
-        self.string_ids.reserve(profile.string_table.len(), |id| {
-            hasher.hash_one(strings[*id as usize].as_bytes())
-        });
-        self.mappings.reserve(profile.mapping.len());
-        self.functions.reserve(profile.function.len());
-        self.locations.reserve(profile.location.len());
+        self.string_ids.reserve(
+            profile.string_table.len().saturating_sub(strings.len()),
+            |id| hasher.hash_one(strings[*id as usize].as_bytes()),
+        );
+        let lacking = |wanted: usize, held: usize| wanted.saturating_sub(held);
+        self.mappings
+            .reserve(lacking(profile.mapping.len(), self.mappings.rows.len()));
+        self.functions
+            .reserve(lacking(profile.function.len(), self.functions.rows.len()));
+        self.locations
+            .reserve(lacking(profile.location.len(), self.locations.rows.len()));
         // Stack nodes: a profile's call tree has about as many nodes as it has locations.
-        self.stacks.reserve(profile.location.len());
-        self.whole_stacks.reserve(profile.sample.len());
+        self.stacks
+            .reserve(lacking(profile.location.len(), self.stacks.rows.len()));
+        self.whole_stacks
+            .reserve(lacking(profile.sample.len(), self.whole_stacks.len()));
     }
 
     fn truncated_location(&mut self) -> u32 {
@@ -384,9 +396,9 @@ impl DatasetBuilder {
     /// every reference already.
     pub fn add_pprof(&mut self, input: &PprofInput<'_>) {
         let profile = input.profile;
+        let first_new = self.profiles.len();
         if self.profiles.is_empty() {
-            // A flush's dataset often holds one profile: size the tables for it once
-            // instead of growing (and rehashing) each several times.
+            // A flush's dataset often holds one profile.
             self.reserve_for(profile);
         }
         let mut symbols = ProfileSymbols {
@@ -545,7 +557,13 @@ impl DatasetBuilder {
                                 sample_count: 0,
                                 total: 0,
                             },
-                            samples: Vec::with_capacity(profile.sample.len()),
+                            // Every sample, for the profile without series labels: one
+                            // allocation where most profiles have only that group. A
+                            // group of labelled samples holds a share; it grows.
+                            samples: Vec::with_capacity(match group {
+                                0 => profile.sample.len(),
+                                _ => 0,
+                            }),
                         });
                         let pending = self.profiles.len() - 1;
                         pending_index[group][type_position] = Some(pending);
@@ -555,6 +573,15 @@ impl DatasetBuilder {
                 self.profiles[pending]
                     .samples
                     .push(((node, label_set), value));
+            }
+        }
+        // The samples wait in memory for their flush, which at 500 services is the
+        // memory bound's to call: room reserved and left unused is given back. With room
+        // for every sample in each series, one profile of each pprof of the corpus held
+        // 6.0 MB, 5.3 MB now (docs/benchmarks.md, session 36).
+        for pending in &mut self.profiles[first_new..] {
+            if pending.samples.capacity() > pending.samples.len() + pending.samples.len() / 8 {
+                pending.samples.shrink_to_fit();
             }
         }
     }

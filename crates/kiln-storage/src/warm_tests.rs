@@ -1,5 +1,7 @@
 //! A builder kept warm across flushes (`DatasetBuilder::take_dataset`) must write, flush
-//! after flush, the same profiles a fresh builder writes, with no symbol of another flush.
+//! after flush, the same profiles a fresh builder writes, with no symbol of another flush;
+//! and what a builder holds while its profiles wait for their flush must not grow past
+//! what they use.
 
 use std::collections::BTreeMap;
 
@@ -216,4 +218,64 @@ fn an_empty_warm_builder_takes_an_empty_dataset() {
     // The sentinels: the empty string, "no mapping", the root node, the empty label set.
     assert_eq!(rows, 4);
     assert_eq!((second.min_time_nanos, second.max_time_nanos), (0, 0));
+}
+
+/// A pprof whose samples carry series labels is split into a profile per label set. Each
+/// once reserved room for every sample of the pprof: ten sets held ten times the samples.
+#[test]
+fn samples_split_by_series_labels_are_held_once() {
+    let shards: Vec<String> = (0..1_000)
+        .map(|index| format!("shard-{}", index % 10))
+        .collect();
+    let spans: Vec<String> = (0..1_000).map(|index| format!("span-{index}")).collect();
+    let labels = |sharded: bool| -> Vec<Vec<(&str, &str)>> {
+        (0..1_000)
+            .map(|index| {
+                let mut labels = vec![("span_id", spans[index].as_str())];
+                if sharded {
+                    labels.push(("shard", shards[index].as_str()));
+                }
+                labels
+            })
+            .collect()
+    };
+    let held = |sharded: bool| {
+        let labels = labels(sharded);
+        let samples: Vec<crate::testing::TestSample<'_>> = labels
+            .iter()
+            .map(|labels| (&["work", "main"][..], 1, labels.as_slice()))
+            .collect();
+        let profile = cpu_profile(2_000, &samples);
+        assert_eq!(profile.sample.len(), 1_000);
+        let mut builder = DatasetBuilder::new("tenant", "svc");
+        add(&mut builder, &Add("a", &profile, false));
+        builder.heap_bytes()
+    };
+    let (one_set, ten_sets) = (held(false), held(true));
+    // Ten series of 100 samples each against one of 1,000: the same 16 KB of samples,
+    // and a little more for the ten series and their label values.
+    assert!(
+        ten_sets < one_set + 16 * 1024,
+        "{ten_sets} bytes held for ten series against {one_set} for one"
+    );
+}
+
+/// A warm builder knows the next profile's symbols: adding it grows the builder by its
+/// samples (1.4 KB here), not by another copy of its tables (38 KB, when a batch's first
+/// profile reserved room for all its symbols again).
+#[test]
+fn a_known_profile_does_not_grow_warm_tables() {
+    let profile = fixture("parca-many-1644509275338070000.pb.gz");
+    let mut builder = DatasetBuilder::new("tenant", "svc");
+    let empty = builder.heap_bytes();
+    add(&mut builder, &Add("a", &profile, false));
+    let first = builder.heap_bytes() - empty;
+    builder.take_dataset();
+    let warm = builder.heap_bytes();
+    add(&mut builder, &Add("b", &profile, false));
+    let grown = builder.heap_bytes() - warm;
+    assert!(
+        grown < first / 8,
+        "the second flush's profile grew the builder by {grown} bytes, the first by {first}"
+    );
 }

@@ -245,11 +245,11 @@ fn a_logged_write_during_a_memory_flush_waits_for_its_own_batch() {
     assert!(heap > 100_000.0, "{heap}");
     drop(measured);
 
-    // Half of max_pending_bytes is under the big profile's heap, and the whole over it
-    // and a small one's.
+    // The logged batch's share of max_pending_bytes (three quarters) is under the big
+    // profile's heap, and the whole over it and a small one's.
     let server = TestServer::start_with(|config| {
         config.wal_segment_interval_ms = 60_000;
-        config.max_pending_bytes = (heap * 1.5) as usize;
+        config.max_pending_bytes = (heap * 1.2) as usize;
     });
     let memory_flushes =
         |server: &TestServer| server.counter(r#"kiln_ingest_flush_reason_total{reason="memory"}"#);

@@ -28,6 +28,9 @@ fn with_rules(config: &mut ServerConfig) {
     config.rule_export.step_ms = 1_000;
     config.rule_export.delay_ms = 0;
     config.rule_export.poll_ms = 50;
+    // A lone write is logged, and reaches compaction, and so the rules, with its segment:
+    // sooner than the default 30 s, for a test of the export.
+    config.wal_segment_interval_ms = 1_000;
 }
 
 fn send(
