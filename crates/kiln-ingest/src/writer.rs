@@ -1462,10 +1462,10 @@ impl Flusher {
 /// The memory a batch of logged writes may hold before it is flushed (reason `memory`):
 /// three quarters of `max_pending_bytes`, leaving a quarter for the writes that arrive
 /// while it is written, so that logged writes never hold the write path at its 429
-/// bound. At 500 services at a low rate, memory ends the batches (a service's first
-/// profile holds about twice its pprof size in symbol tables), and each tenth of a minute
-/// more per batch gives each service's dataset more profiles to share its symbols:
-/// half of the bound made batches of 13 s (docs/benchmarks.md, session 36).
+/// bound. At 500 services at a low rate memory ends the batches (a service's first
+/// profile holds about twice its pprof size in symbol tables), and a longer batch gives
+/// each service's dataset more profiles to share its symbols: half of the bound made
+/// batches of 13 s (docs/benchmarks.md, session 36).
 fn logged_memory_limit(max_pending_bytes: usize) -> usize {
     max_pending_bytes / 4 * 3
 }

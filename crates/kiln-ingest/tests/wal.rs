@@ -56,6 +56,36 @@ async fn open(dir: &Path) -> (ObjectStorage, Metastore) {
     (storage, metastore)
 }
 
+/// A fresh directory's block store, metastore and log.
+struct Fresh {
+    _dir: tempfile::TempDir,
+    storage: ObjectStorage,
+    metastore: Metastore,
+    wal: Wal,
+}
+
+impl Fresh {
+    fn start(&self) -> (Ingester, tokio::task::JoinHandle<()>) {
+        start(&self.storage, &self.metastore, &self.wal)
+    }
+
+    async fn datasets(&self) -> Vec<Dataset> {
+        datasets(&self.metastore, &self.storage).await
+    }
+}
+
+async fn fresh() -> Fresh {
+    let dir = tempfile::tempdir().unwrap();
+    let (storage, metastore) = open(dir.path()).await;
+    let wal = Wal::open(dir.path().join("wal")).unwrap();
+    Fresh {
+        _dir: dir,
+        storage,
+        metastore,
+        wal,
+    }
+}
+
 /// An ingester logging in `wal`; nothing is flushed by time (only `sync` and shutdown
 /// flush).
 fn start(
@@ -93,19 +123,17 @@ fn profiles(datasets: &[Dataset]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logged_writes_are_acked_first_visible_after_sync_and_recovered_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let (storage, metastore) = open(dir.path()).await;
-    let wal = Wal::open(dir.path().join("wal")).unwrap();
-    let (ingester, flusher) = start(&storage, &metastore, &wal);
+    let fresh = fresh().await;
+    let (ingester, flusher) = fresh.start();
     for index in 0..REQUESTS {
         ingester.write("t", request(index)).await.unwrap();
     }
     assert_eq!(
-        profiles(&datasets(&metastore, &storage).await),
+        profiles(&fresh.datasets().await),
         0,
         "acknowledged from the log, before any segment"
     );
-    let leftovers = wal.leftovers().unwrap();
+    let leftovers = fresh.wal.leftovers().unwrap();
     assert_eq!(leftovers.len(), 1, "one log file for the open batch");
     assert_eq!(ingester.metrics().wal_records.get(), REQUESTS as u64);
     let syncs = ingester.metrics().wal_syncs.get();
@@ -129,9 +157,9 @@ async fn logged_writes_are_acked_first_visible_after_sync_and_recovered_once() {
         .unwrap();
     drop(file);
 
-    let (ingester, flusher) = start(&storage, &metastore, &wal);
+    let (ingester, flusher) = fresh.start();
     ingester.sync().await;
-    let recovered = datasets(&metastore, &storage).await;
+    let recovered = fresh.datasets().await;
     assert_eq!(
         profiles(&recovered),
         2 * REQUESTS,
@@ -139,7 +167,7 @@ async fn logged_writes_are_acked_first_visible_after_sync_and_recovered_once() {
     );
     assert_eq!(ingester.metrics().wal_recovered.get(), 2 * REQUESTS as u64);
     assert!(
-        wal.leftovers().unwrap().is_empty(),
+        fresh.wal.leftovers().unwrap().is_empty(),
         "the recovered log is deleted"
     );
 
@@ -168,26 +196,21 @@ async fn logged_writes_are_acked_first_visible_after_sync_and_recovered_once() {
     drop(ingester);
     flusher.await.unwrap();
     std::fs::write(log_path, &log).unwrap();
-    let (ingester, flusher) = start(&storage, &metastore, &wal);
+    let (ingester, flusher) = fresh.start();
     ingester.sync().await;
-    assert_eq!(
-        profiles(&datasets(&metastore, &storage).await),
-        2 * REQUESTS
-    );
+    assert_eq!(profiles(&fresh.datasets().await), 2 * REQUESTS);
     assert_eq!(ingester.metrics().wal_recovered.get(), 0);
-    assert!(wal.leftovers().unwrap().is_empty());
+    assert!(fresh.wal.leftovers().unwrap().is_empty());
     drop(ingester);
     flusher.await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_that_cannot_be_logged_is_refused_and_not_staged() {
-    let dir = tempfile::tempdir().unwrap();
-    let (storage, metastore) = open(dir.path()).await;
-    let wal = Wal::open(dir.path().join("wal")).unwrap();
-    let (ingester, flusher) = start(&storage, &metastore, &wal);
+    let fresh = fresh().await;
+    let (ingester, flusher) = fresh.start();
     // The log's directory is gone (a failed or unmounted disk): no file can be created.
-    std::fs::remove_dir_all(wal.dir()).unwrap();
+    std::fs::remove_dir_all(fresh.wal.dir()).unwrap();
     let err = ingester.write("t", request(0)).await.unwrap_err();
     assert!(
         matches!(&err, IngestError::Store(_)) && err.kind().status() == 503,
@@ -195,14 +218,14 @@ async fn a_write_that_cannot_be_logged_is_refused_and_not_staged() {
     );
     assert!(err.to_string().contains("write-ahead log"), "{err}");
     ingester.sync().await;
-    assert_eq!(profiles(&datasets(&metastore, &storage).await), 0);
+    assert_eq!(profiles(&fresh.datasets().await), 0);
     assert_eq!(ingester.metrics().pending_bytes.get(), 0, "nothing staged");
 
     // Once the directory is back, writes are logged again.
-    std::fs::create_dir_all(wal.dir()).unwrap();
+    std::fs::create_dir_all(fresh.wal.dir()).unwrap();
     ingester.write("t", request(1)).await.unwrap();
     ingester.sync().await;
-    assert_eq!(profiles(&datasets(&metastore, &storage).await), 2);
+    assert_eq!(profiles(&fresh.datasets().await), 2);
     drop(ingester);
     flusher.await.unwrap();
 }
@@ -214,10 +237,8 @@ async fn a_write_that_cannot_be_logged_is_refused_and_not_staged() {
 /// flush as before: writes arriving together share a segment (group commit).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_among_others_joins_a_logged_batch_logged() {
-    let dir = tempfile::tempdir().unwrap();
-    let (storage, metastore) = open(dir.path()).await;
-    let wal = Wal::open(dir.path().join("wal")).unwrap();
-    let (ingester, flusher) = start(&storage, &metastore, &wal);
+    let fresh = fresh().await;
+    let (ingester, flusher) = fresh.start();
     let metrics = ingester.metrics().clone();
 
     // Two writes on their way: the first write of a batch is not alone, so not logged, and
@@ -235,7 +256,7 @@ async fn a_write_among_others_joins_a_logged_batch_logged() {
         "a write among others, first in its batch"
     );
     assert_eq!(metrics.flushes.get(), 1);
-    assert_eq!(profiles(&datasets(&metastore, &storage).await), 2);
+    assert_eq!(profiles(&fresh.datasets().await), 2);
 
     // Alone: logged, and acknowledged before any segment.
     ingester.write("t", request(1)).await.unwrap();
@@ -254,11 +275,11 @@ async fn a_write_among_others_joins_a_logged_batch_logged() {
     );
     assert_eq!(metrics.flushes.get(), 1, "no flush cut the batch short");
     drop(others);
-    assert_eq!(profiles(&datasets(&metastore, &storage).await), 2);
+    assert_eq!(profiles(&fresh.datasets().await), 2);
 
     ingester.sync().await;
     assert_eq!(metrics.flushes.get(), 2);
-    assert_eq!(profiles(&datasets(&metastore, &storage).await), 6);
+    assert_eq!(profiles(&fresh.datasets().await), 6);
     drop(ingester);
     flusher.await.unwrap();
 }

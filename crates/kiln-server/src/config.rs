@@ -33,8 +33,9 @@ pub struct ServerConfig {
     pub flush_adaptive: bool,
     /// The shortest time between the starts of two adaptive flushes, in milliseconds.
     pub flush_min_gap_ms: u64,
-    /// Acknowledge a write that arrives while no other is on its way once it is in the
-    /// write-ahead log under `<data_dir>/wal`, and write segments per
+    /// Acknowledge a write that arrives while no other is on its way (or that joins a
+    /// batch logged already) once it is in the write-ahead log under `<data_dir>/wal`,
+    /// and write segments per
     /// `wal_segment_interval_ms` (many writes each). Used by a
     /// node running every role (`target: all`) on a local directory and SQLite; a
     /// cluster's writes are acknowledged once their segment is registered, as with
