@@ -121,8 +121,8 @@ impl ProfileBuilder {
             mapping_id,
             address,
             line: match function_id {
-                0 => Vec::new(),
-                _ => vec![Line {
+                0 => Default::default(),
+                _ => smallvec::smallvec![Line {
                     function_id,
                     line: frame.line,
                     column: 0,

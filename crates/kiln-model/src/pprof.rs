@@ -622,18 +622,99 @@ pub struct Mapping {
     pub has_inline_frames: bool,
 }
 
-#[derive(Clone, PartialEq, Eq, Hash, Message)]
+/// A location's lines, held in the location when there is one (most locations: a frame
+/// not inlined), so decoding a location allocates nothing of its own. One allocation per
+/// location was a sixth of decoding a pprof (docs/benchmarks.md, session 37).
+pub type Lines = smallvec::SmallVec<[Line; 1]>;
+
+/// `vec!` for [`Lines`].
+pub use smallvec::smallvec as lines;
+
+/// `Message` is implemented by hand (below) only so that `line` can be [`Lines`].
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Default)]
 pub struct Location {
-    #[prost(uint64, tag = "1")]
     pub id: u64,
-    #[prost(uint64, tag = "2")]
     pub mapping_id: u64,
-    #[prost(uint64, tag = "3")]
     pub address: u64,
-    #[prost(message, repeated, tag = "4")]
-    pub line: Vec<Line>,
-    #[prost(bool, tag = "5")]
+    pub line: Lines,
     pub is_folded: bool,
+}
+
+/// Field numbers of `Location` (profile.proto).
+mod location_tag {
+    pub const ID: u32 = 1;
+    pub const MAPPING_ID: u32 = 2;
+    pub const ADDRESS: u32 = 3;
+    pub const LINE: u32 = 4;
+    pub const IS_FOLDED: u32 = 5;
+}
+
+impl Message for Location {
+    fn encode_raw(&self, buf: &mut impl prost::bytes::BufMut) {
+        use location_tag::*;
+        use prost::encoding::{bool, message, uint64};
+        for (field, value) in [
+            (ID, self.id),
+            (MAPPING_ID, self.mapping_id),
+            (ADDRESS, self.address),
+        ] {
+            if value != 0 {
+                uint64::encode(field, &value, buf);
+            }
+        }
+        message::encode_repeated(LINE, &self.line, buf);
+        if self.is_folded {
+            bool::encode(IS_FOLDED, &self.is_folded, buf);
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        field: u32,
+        wire_type: prost::encoding::WireType,
+        buf: &mut impl prost::bytes::Buf,
+        ctx: prost::encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        use location_tag::*;
+        use prost::encoding::{bool, message, skip_field, uint64};
+        match field {
+            ID => uint64::merge(wire_type, &mut self.id, buf, ctx),
+            MAPPING_ID => uint64::merge(wire_type, &mut self.mapping_id, buf, ctx),
+            ADDRESS => uint64::merge(wire_type, &mut self.address, buf, ctx),
+            LINE => {
+                let mut line = Line::default();
+                message::merge(wire_type, &mut line, buf, ctx)?;
+                self.line.push(line);
+                Ok(())
+            }
+            IS_FOLDED => bool::merge(wire_type, &mut self.is_folded, buf, ctx),
+            _ => skip_field(wire_type, field, buf, ctx),
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        use location_tag::*;
+        use prost::encoding::{bool, message, uint64};
+        [
+            (ID, self.id),
+            (MAPPING_ID, self.mapping_id),
+            (ADDRESS, self.address),
+        ]
+        .iter()
+        .filter(|(_, value)| *value != 0)
+        .map(|(field, value)| uint64::encoded_len(*field, value))
+        .sum::<usize>()
+            + message::encoded_len_repeated(LINE, &self.line)
+            + if self.is_folded {
+                bool::encoded_len(IS_FOLDED, &self.is_folded)
+            } else {
+                0
+            }
+    }
+
+    fn clear(&mut self) {
+        *self = Location::default();
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Message)]
@@ -691,7 +772,8 @@ impl Profile {
             + self
                 .location
                 .iter()
-                .map(|location| vec(&location.line))
+                .filter(|location| location.line.spilled())
+                .map(|location| location.line.capacity() * std::mem::size_of::<Line>())
                 .sum::<usize>()
             + vec(&self.function)
             + vec(&self.string_table.bytes)
@@ -750,7 +832,10 @@ pub fn decode(data: &[u8], limit: usize) -> Result<Profile, FormatError> {
             "{name} is not supported; send pprof protobuf (go tool pprof -proto converts it)"
         )));
     }
-    let mut profile = Profile::decode(&*raw)
+    let mut profile = Profile::default();
+    presize(&raw, &mut profile);
+    profile
+        .merge(&*raw)
         .map_err(|err| FormatError::malformed(format!("invalid pprof protobuf: {err}")))?;
     profile.sample.apply_renumbering(&mut profile.location);
     if profile
@@ -766,6 +851,56 @@ pub fn decode(data: &[u8], limit: usize) -> Result<Profile, FormatError> {
         return Err(FormatError::malformed("invalid pprof: empty string table"));
     }
     Ok(profile)
+}
+
+/// Sizes the profile's tables from one pass over the message's top-level fields, which
+/// reads only keys and lengths, so each is allocated once instead of grown by doubling and
+/// copied as it is read: that growth was a sixth of decoding (docs/benchmarks.md, session
+/// 37). The sizes are what the message declares, so they cost no more than decoding it
+/// does. A malformed message ends the pass early; decoding then reports it.
+fn presize(message: &[u8], profile: &mut Profile) {
+    use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, WireType};
+    let mut buf = message;
+    let mut counts = [0usize; 16];
+    let (mut sample_bytes, mut string_bytes) = (0, 0);
+    while !buf.is_empty() {
+        let Ok((field, wire_type)) = decode_key(&mut buf) else {
+            break;
+        };
+        if wire_type != WireType::LengthDelimited {
+            if skip_field(wire_type, field, &mut buf, DecodeContext::default()).is_err() {
+                break;
+            }
+            continue;
+        }
+        let Some(len) = decode_varint(&mut buf)
+            .ok()
+            .and_then(|len| usize::try_from(len).ok())
+            .filter(|len| *len <= buf.len())
+        else {
+            break;
+        };
+        if let Some(count) = counts.get_mut(field as usize) {
+            *count += 1;
+        }
+        match field {
+            tag::SAMPLE => sample_bytes += len,
+            tag::STRING_TABLE => string_bytes += len,
+            _ => {}
+        }
+        buf = &buf[len..];
+    }
+    let count = |field: u32| counts[field as usize];
+    let samples = count(tag::SAMPLE);
+    // A location id takes one or two bytes, a sample's keys and lengths about six.
+    let location_ids = sample_bytes.saturating_sub(samples * 6) / 2;
+    let values = samples * count(tag::SAMPLE_TYPE).max(1);
+    profile.sample.reserve(samples, location_ids, values);
+    profile.mapping.reserve(count(tag::MAPPING));
+    profile.location.reserve(count(tag::LOCATION));
+    profile.function.reserve(count(tag::FUNCTION));
+    profile.string_table.ends.reserve(count(tag::STRING_TABLE));
+    profile.string_table.bytes.reserve(string_bytes);
 }
 
 /// Limits on one profile's shape.
@@ -950,7 +1085,7 @@ mod tests {
             .collect(),
             location: vec![Location {
                 id: 1,
-                line: vec![Line {
+                line: crate::pprof::lines![Line {
                     function_id: 1,
                     line: 3,
                     column: 0,
@@ -1012,7 +1147,7 @@ mod tests {
         #[prost(message, repeated, tag = "3")]
         mapping: Vec<Mapping>,
         #[prost(message, repeated, tag = "4")]
-        location: Vec<Location>,
+        location: Vec<DerivedLocation>,
         #[prost(message, repeated, tag = "5")]
         function: Vec<Function>,
         #[prost(bytes = "vec", repeated, tag = "6")]
@@ -1035,6 +1170,32 @@ mod tests {
         default_sample_type: i64,
         #[prost(int64, tag = "15")]
         doc_url: i64,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    struct DerivedLocation {
+        #[prost(uint64, tag = "1")]
+        id: u64,
+        #[prost(uint64, tag = "2")]
+        mapping_id: u64,
+        #[prost(uint64, tag = "3")]
+        address: u64,
+        #[prost(message, repeated, tag = "4")]
+        line: Vec<Line>,
+        #[prost(bool, tag = "5")]
+        is_folded: bool,
+    }
+
+    impl From<&Location> for DerivedLocation {
+        fn from(location: &Location) -> Self {
+            DerivedLocation {
+                id: location.id,
+                mapping_id: location.mapping_id,
+                address: location.address,
+                line: location.line.to_vec(),
+                is_folded: location.is_folded,
+            }
+        }
     }
 
     #[derive(Clone, PartialEq, Message)]
@@ -1083,6 +1244,26 @@ mod tests {
             has_functions: true,
             ..Default::default()
         }];
+        let line = |line| Line {
+            function_id: 1,
+            line,
+            column: 4,
+        };
+        profile.location.extend([
+            Location {
+                id: 2,
+                mapping_id: 1,
+                address: 0x401000,
+                line: crate::pprof::lines![line(7), line(8), line(9)],
+                is_folded: true,
+            },
+            Location {
+                id: 3,
+                mapping_id: 1,
+                address: 0x402000,
+                ..Default::default()
+            },
+        ]);
         profile.drop_frames = 1;
         profile.keep_frames = 2;
         profile.time_nanos = 1_700_000_000_000_000_000;
@@ -1108,7 +1289,7 @@ mod tests {
                 })
                 .collect(),
             mapping: profile.mapping.clone(),
-            location: profile.location.clone(),
+            location: profile.location.iter().map(DerivedLocation::from).collect(),
             function: profile.function.clone(),
             string_table: profile.string_table.iter().map(<[u8]>::to_vec).collect(),
             drop_frames: profile.drop_frames,
@@ -1133,6 +1314,50 @@ mod tests {
         }
     }
 
+    /// Every table is allocated once, at the size the message declares, and a location's
+    /// one line is held in the location. Decoding grew each table by doubling, and gave
+    /// every location a vector of its own.
+    #[test]
+    fn decoding_sizes_each_table_once_and_keeps_one_line_inline() {
+        let mut profile = tiny();
+        for id in 2..=100u64 {
+            profile.function.push(Function {
+                id,
+                name: 3,
+                ..Default::default()
+            });
+            let line = |line| Line {
+                function_id: id,
+                line,
+                column: 0,
+            };
+            profile.location.push(Location {
+                id,
+                line: match id {
+                    2 => crate::pprof::lines![line(1), line(2)],
+                    _ => crate::pprof::lines![line(1)],
+                },
+                ..Default::default()
+            });
+        }
+        for depth in 1..=37u32 {
+            let stack: Vec<u32> = (1..=depth).collect();
+            profile.sample.push(&stack, &[i64::from(depth)], &[]);
+        }
+        let decoded = decode(&profile.encode_to_vec(), 1 << 20).unwrap();
+        assert_eq!(decoded, profile);
+        assert_eq!(decoded.location.capacity(), 100);
+        assert_eq!(decoded.function.capacity(), 100);
+        assert_eq!(decoded.sample.ends.capacity(), 38);
+        assert_eq!(decoded.string_table.ends.capacity(), 4);
+        assert_eq!(decoded.string_table.bytes.capacity(), 18);
+        let spilled: Vec<u64> = (decoded.location.iter())
+            .filter(|location| location.line.spilled())
+            .map(|location| location.id)
+            .collect();
+        assert_eq!(spilled, [2]);
+    }
+
     #[test]
     fn location_ids_past_u32_are_renumbered_with_their_locations() {
         let wide: u64 = 1 << 40;
@@ -1141,7 +1366,7 @@ mod tests {
         let mut reference = derived(&tiny());
         reference.location = ids
             .iter()
-            .map(|&id| Location {
+            .map(|&id| DerivedLocation {
                 id,
                 line: vec![Line {
                     function_id: id,

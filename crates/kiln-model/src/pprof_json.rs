@@ -188,7 +188,7 @@ mod tests {
         profile.location.push(Location {
             id: 1,
             address: u64::MAX,
-            line: vec![Line {
+            line: crate::pprof::lines![Line {
                 function_id: 1,
                 line: 42,
                 column: 0,

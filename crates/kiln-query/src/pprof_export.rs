@@ -434,7 +434,7 @@ mod tests {
                 id,
                 mapping_id: 0,
                 address: 0,
-                line: vec![Line {
+                line: kiln_model::pprof::lines![Line {
                     function_id: id,
                     line: 10 + index as i64,
                     column: 0,

@@ -10,6 +10,7 @@ use hashbrown::hash_table::{Entry, HashTable};
 use kiln_model::labels::{sanitize_label_name, Labels, SERVICE_NAME};
 use kiln_model::pprof::{Profile, Validated};
 use kiln_model::ProfileType;
+use smallvec::{smallvec, SmallVec};
 
 use crate::dataset::{Dataset, FunctionRow, MappingRow, ProfileRow, SeriesRow};
 use crate::strings::Strings;
@@ -49,8 +50,13 @@ pub struct PprofInput<'a> {
 struct LocationKey {
     mapping: u32,
     address: u64,
-    lines: Vec<(u32, i64)>,
+    lines: KeyLines,
 }
+
+/// (function, line) of a location, in the key when there is one: a key is built for every
+/// location of every profile, known or not, and one allocation each was most of what a
+/// warm location cost (docs/benchmarks.md, session 37).
+type KeyLines = SmallVec<[(u32, i64); 1]>;
 
 struct PendingProfile {
     row: ProfileRow,
@@ -153,6 +159,8 @@ pub struct DatasetBuilder {
     label_sets: Table<Vec<(u32, u32)>>,
     profiles: Vec<PendingProfile>,
     truncated_location: Option<u32>,
+    /// Heap of the `locations` rows whose lines do not fit in the row (inlined frames).
+    location_lines_bytes: usize,
     /// [`DatasetBuilder::symbol_rows`] after the last [`DatasetBuilder::take_dataset`],
     /// if there was one.
     rows_at_take: Option<usize>,
@@ -188,6 +196,7 @@ impl DatasetBuilder {
             label_sets: Table::new(),
             profiles: Vec::new(),
             truncated_location: None,
+            location_lines_bytes: 0,
             rows_at_take: None,
         };
         builder.intern("");
@@ -274,10 +283,10 @@ impl DatasetBuilder {
             system_name: name,
             ..Default::default()
         });
-        let id = self.locations.intern(LocationKey {
+        let id = self.intern_location(LocationKey {
             mapping: 0,
             address: 0,
-            lines: vec![(function, 0)],
+            lines: smallvec![(function, 0)],
         });
         self.truncated_location = Some(id);
         id
@@ -347,7 +356,7 @@ impl DatasetBuilder {
             }
             _ => 0,
         };
-        let mut lines = Vec::with_capacity(location.line.len());
+        let mut lines = KeyLines::with_capacity(location.line.len());
         for line in &location.line {
             if let Some(function_position) = input.index.functions.get(line.function_id) {
                 lines.push((
@@ -356,12 +365,25 @@ impl DatasetBuilder {
                 ));
             }
         }
-        let id = self.locations.intern(LocationKey {
+        let id = self.intern_location(LocationKey {
             mapping,
             address: location.address,
             lines,
         });
         symbols.locations[position] = Some(id);
+        id
+    }
+
+    fn intern_location(&mut self, key: LocationKey) -> u32 {
+        let spilled = match key.lines.spilled() {
+            true => key.lines.capacity() * std::mem::size_of::<(u32, i64)>(),
+            false => 0,
+        };
+        let known = self.locations.rows.len();
+        let id = self.locations.intern(key);
+        if self.locations.rows.len() > known {
+            self.location_lines_bytes += spilled;
+        }
         id
     }
 
@@ -620,7 +642,7 @@ impl DatasetBuilder {
                         )
                     })
                     .collect();
-                self.locations.intern(LocationKey {
+                self.intern_location(LocationKey {
                     mapping: mappings
                         .get(dataset.location_mapping[location] as usize)
                         .copied()
@@ -689,8 +711,8 @@ impl DatasetBuilder {
 
     /// About the heap this builder holds, cheap enough to ask after every profile: the
     /// ingester counts an open batch by it (`max_pending_bytes`). Vectors inside rows (a
-    /// location's lines, a series' labels) are counted at their usual size of one or two
-    /// entries rather than walked.
+    /// series' labels, a label set) are counted at their usual size of one or two entries
+    /// rather than walked; a location's lines only when they do not fit in the row.
     pub fn heap_bytes(&self) -> usize {
         const NESTED: usize = 32;
         let samples: usize = self
@@ -707,7 +729,7 @@ impl DatasetBuilder {
             + self.mappings.heap_bytes()
             + self.functions.heap_bytes()
             + self.locations.heap_bytes()
-            + self.locations.rows.len() * NESTED
+            + self.location_lines_bytes
             + self.stacks.heap_bytes()
             + self.whole_stacks.capacity() * (std::mem::size_of::<(u128, u32)>() + 1)
             + self.series.heap_bytes()

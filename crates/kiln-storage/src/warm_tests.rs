@@ -279,3 +279,41 @@ fn a_known_profile_does_not_grow_warm_tables() {
         "the second flush's profile grew the builder by {grown} bytes, the first by {first}"
     );
 }
+
+/// A location's lines are counted as the heap they take: nothing when the one line fits in
+/// the row, and the spilled vector when a location holds inlined frames. The estimate
+/// once counted 32 bytes for every location, inlined or not.
+#[test]
+fn only_inlined_frames_count_heap_for_their_lines() {
+    let names: Vec<String> = (0..200).map(|index| format!("f{index}")).collect();
+    let frames: Vec<[&str; 2]> = names
+        .chunks(2)
+        .map(|pair| [pair[0].as_str(), pair[1].as_str()])
+        .collect();
+    let samples: Vec<crate::testing::TestSample<'_>> = frames
+        .iter()
+        .map(|frames| (&frames[..], 1, &[][..]))
+        .collect();
+    let single = cpu_profile(2_000, &samples);
+    assert_eq!(single.location.len(), 200);
+    // The same frames, each with a second line of its own function (an inlined call).
+    let mut inlined = single.clone();
+    for location in &mut inlined.location {
+        let line = location.line[0];
+        location.line.push(pprof::Line {
+            line: line.line + 1,
+            ..line
+        });
+    }
+    let held = |profile: &Profile| {
+        let mut builder = DatasetBuilder::new("tenant", "svc");
+        add(&mut builder, &Add("a", profile, false));
+        builder.heap_bytes()
+    };
+    let (single, inlined) = (held(&single), held(&inlined));
+    let spilled = 200 * 2 * std::mem::size_of::<(u32, i64)>();
+    assert!(
+        inlined >= single + spilled,
+        "{inlined} bytes held with inlined frames against {single} without"
+    );
+}

@@ -31,7 +31,7 @@ fn profile() -> Profile {
     };
     let location = |id: u64, function_id: u64| Location {
         id,
-        line: vec![Line {
+        line: kiln_model::pprof::lines![Line {
             function_id,
             line: id as i64,
             column: 0,

@@ -385,7 +385,7 @@ impl<'r, 'a> PprofBuilder<'r, 'a> {
         let dictionary = self.dictionary;
         let location = entry(&dictionary.locations, index, "location")?;
         let mapping_id = self.mapping(location.mapping_index)?;
-        let mut lines = Vec::with_capacity(location.lines.len());
+        let mut lines = pprof::Lines::with_capacity(location.lines.len());
         for line in &dictionary.lines[range(&location.lines)] {
             // function_table[0] is the "unknown function" entry: such a frame keeps its
             // address and mapping and is shown as module+0xoffset until symbolized.
