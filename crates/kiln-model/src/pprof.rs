@@ -892,9 +892,13 @@ fn presize(message: &[u8], profile: &mut Profile) {
     }
     let count = |field: u32| counts[field as usize];
     let samples = count(tag::SAMPLE);
-    // A location id takes one or two bytes, a sample's keys and lengths about six.
+    // A location id takes one or two bytes, a sample's keys and lengths about six. Every
+    // count is bounded by the bytes that hold it, so a hostile message reserves no more
+    // than it would take decoded (a product of two counts is not).
     let location_ids = sample_bytes.saturating_sub(samples * 6) / 2;
-    let values = samples * count(tag::SAMPLE_TYPE).max(1);
+    let values = samples
+        .saturating_mul(count(tag::SAMPLE_TYPE).max(1))
+        .min(sample_bytes);
     profile.sample.reserve(samples, location_ids, values);
     profile.mapping.reserve(count(tag::MAPPING));
     profile.location.reserve(count(tag::LOCATION));
@@ -1356,6 +1360,29 @@ mod tests {
             .map(|location| location.id)
             .collect();
         assert_eq!(spilled, [2]);
+    }
+
+    /// Each size is bounded by the bytes that declare it: 100,000 empty sample types and
+    /// 100,000 empty samples (400 KB) reserve no room for their product of values, which
+    /// would be 80 GB.
+    #[test]
+    fn a_hostile_message_reserves_no_more_than_it_holds() {
+        // The string table's empty string, then the fields.
+        let mut bytes = vec![(tag::STRING_TABLE << 3 | 2) as u8, 0];
+        for field in [tag::SAMPLE_TYPE, tag::SAMPLE] {
+            for _ in 0..100_000 {
+                bytes.extend_from_slice(&[(field << 3 | 2) as u8, 0]);
+            }
+        }
+        let mut profile = Profile::default();
+        presize(&bytes, &mut profile);
+        assert!(profile.sample.values.capacity() <= bytes.len());
+        assert!(profile.sample.location_ids.capacity() <= bytes.len());
+        let decoded = decode(&bytes, 1 << 20).unwrap();
+        assert_eq!(
+            (decoded.sample_type.len(), decoded.sample.len()),
+            (100_000, 100_000)
+        );
     }
 
     #[test]

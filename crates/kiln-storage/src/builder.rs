@@ -68,7 +68,7 @@ struct PendingProfile {
 
 /// Rows stored once each: interning a row returns the id of its first occurrence. The
 /// hash table holds only ids and hashes rows where they are stored, so a new row is moved
-/// in once instead of being cloned into a key (a location's lines are a vector).
+/// in once instead of being cloned into a key (a location's inlined frames are a vector).
 struct Table<K> {
     rows: Vec<K>,
     ids: HashTable<u32>,
@@ -374,6 +374,9 @@ impl DatasetBuilder {
         id
     }
 
+    /// Interns a location, adding the heap of a new row's spilled lines to
+    /// `location_lines_bytes`, so that [`DatasetBuilder::heap_bytes`] stays a sum of
+    /// counters instead of a walk over the rows.
     fn intern_location(&mut self, key: LocationKey) -> u32 {
         let spilled = match key.lines.spilled() {
             true => key.lines.capacity() * std::mem::size_of::<(u32, i64)>(),
