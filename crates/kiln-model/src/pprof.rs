@@ -859,7 +859,7 @@ pub fn decode(data: &[u8], limit: usize) -> Result<Profile, FormatError> {
 /// 37). The sizes are what the message declares, so they cost no more than decoding it
 /// does. A malformed message ends the pass early; decoding then reports it.
 fn presize(message: &[u8], profile: &mut Profile) {
-    use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, WireType};
+    use prost::encoding::{decode_key, skip_field, DecodeContext, WireType};
     let mut buf = message;
     let mut counts = [0usize; 16];
     let (mut sample_bytes, mut string_bytes) = (0, 0);
@@ -873,11 +873,7 @@ fn presize(message: &[u8], profile: &mut Profile) {
             }
             continue;
         }
-        let Some(len) = decode_varint(&mut buf)
-            .ok()
-            .and_then(|len| usize::try_from(len).ok())
-            .filter(|len| *len <= buf.len())
-        else {
+        let Ok(len) = delimited_length(wire_type, &mut buf) else {
             break;
         };
         if let Some(count) = counts.get_mut(field as usize) {
