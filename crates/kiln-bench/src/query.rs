@@ -367,7 +367,7 @@ pub(crate) async fn write_stream(
                             }
                             let mut dataset = builder.finish();
                             if args.stack_sums {
-                                dataset.sum_stacks();
+                                dataset.sum_stacks_if_smaller();
                             }
                             let id = ulid::Ulid::new().to_string();
                             let key = format!("blocks/{id}.parquet");

@@ -1057,8 +1057,9 @@ impl Merge {
     ) -> Result<(Vec<u8>, DatasetMeta, Exports), CompactorError> {
         let mut dataset = self.builder.finish();
         // Blocks live for the retention period and long-range queries read them whole:
-        // each stores its series' flame graphs pre-merged (docs/FORMAT.md, stack_sums).
-        dataset.sum_stacks();
+        // each stores its series' flame graphs pre-merged (docs/FORMAT.md, stack_sums),
+        // where that is much smaller than the samples.
+        dataset.sum_stacks_if_smaller();
         let (profile_types, profile_count) = dataset.summary();
         let meta = DatasetMeta {
             block_id: block_id.clone(),

@@ -129,11 +129,14 @@ pub(crate) async fn guard(
 }
 
 /// The most an HTTP/1 connection's read buffer grows to (hyper's default is about
-/// 400 KiB). hyper grows it while a body arrives faster than it is read, and a body chunk
-/// handed on keeps its buffer alive; with 1,000 keep-alive clients sending 100 KB bodies,
-/// read buffers held 150 MB of the server's heap (heaptrack, docs/benchmarks.md). Larger
-/// bodies just take more reads.
-const READ_BUFFER_BYTES: usize = 64 << 10;
+/// 400 KiB), and so the longest request head it accepts (Node.js's default limit). hyper
+/// grows the buffer while a body arrives faster than it is read, a body chunk handed on
+/// keeps its buffer alive, and while a request is served hyper reserves a fresh one to
+/// watch the socket: with 1,000 keep-alive clients, read buffers of up to 400 KiB held
+/// 156 MB of the server's heap, and of up to 64 KiB still 53 MB (heaptrack,
+/// docs/benchmarks.md). Larger bodies just take more reads, and are copied once into one
+/// buffer where they arrive in several chunks.
+const READ_BUFFER_BYTES: usize = 16 << 10;
 
 /// Serves `app` on `listener` until `stop` resolves, then lets requests in flight finish.
 pub(crate) async fn serve(

@@ -127,8 +127,9 @@ pub struct Dataset {
     /// (the series' flame graph, pre-merged), sorted by (series, stack), zero sums left
     /// out. Compaction writes them ([`Dataset::sum_stacks`]): a query that covers the
     /// whole dataset then reads a few rows per stack instead of every sample, which is
-    /// what makes a month of blocks cheap to merge. Empty in segments and in blocks of
-    /// format 1.
+    /// what makes a month of blocks cheap to merge. Empty in segments, in blocks of
+    /// format 1, and where they would not have been much smaller than the samples
+    /// ([`Dataset::sum_stacks_if_smaller`]).
     pub stack_sum_series: Vec<u32>,
     pub stack_sum_stack: Vec<u32>,
     pub stack_sum_value: Vec<i64>,
@@ -209,24 +210,70 @@ impl Dataset {
     /// must be in range: a dataset a [`crate::DatasetBuilder`] made, or one that passed
     /// [`Dataset::check`].
     pub fn sum_stacks(&mut self) {
-        self.stack_sum_series.clear();
-        self.stack_sum_stack.clear();
-        self.stack_sum_value.clear();
+        self.sum_stacks_within(usize::MAX);
+    }
+
+    /// [`Dataset::sum_stacks`], unless the sums would hold more rows than half the
+    /// samples; then the dataset keeps none, and says so. Sums that large save a query
+    /// less than half its work and add their bytes to the block for its whole retention,
+    /// and while a merge encodes its output they are held beside the samples: a job of
+    /// 2,000 profiles of 50 series with few profiles each held 34 MB of sums at its peak
+    /// (heaptrack, docs/benchmarks.md). Readers use the samples where a dataset has no
+    /// sums (docs/FORMAT.md).
+    pub fn sum_stacks_if_smaller(&mut self) -> bool {
+        self.sum_stacks_within(self.sample_stack.len() / 2)
+    }
+
+    /// Sums at most `max_rows` rows, or none. The rows are counted in a first pass and
+    /// the tables sized once: grown by doubling, they were copied at each step and held
+    /// up to twice the room they needed.
+    fn sum_stacks_within(&mut self, max_rows: usize) -> bool {
+        self.stack_sum_series = Vec::new();
+        self.stack_sum_stack = Vec::new();
+        self.stack_sum_value = Vec::new();
         if self.samples_omitted {
-            return;
+            return false;
         }
         let offsets = self.profile_sample_offsets();
         let mut rows: Vec<usize> = (0..self.profiles.len()).collect();
         rows.sort_by_key(|row| self.profiles[*row].series);
-        let mut slots = vec![0i64; self.stack_parent.len()];
+        let groups = || {
+            rows.chunk_by(|a, b| self.profiles[*a].series == self.profiles[*b].series)
+                .map(|group| {
+                    let samples = group
+                        .iter()
+                        .flat_map(|row| offsets[*row] as usize..offsets[row + 1] as usize);
+                    (self.profiles[group[0]].series, samples)
+                })
+        };
         let mut used = vec![false; self.stack_parent.len()];
         let mut touched: Vec<u32> = Vec::new();
-        for group in rows.chunk_by(|a, b| self.profiles[*a].series == self.profiles[*b].series) {
-            let samples = group
-                .iter()
-                .flat_map(|row| offsets[*row] as usize..offsets[row + 1] as usize);
+        // An upper bound: a stack whose values sum to zero takes no row.
+        let mut distinct = 0usize;
+        for (_, samples) in groups() {
             for sample in samples {
                 // A checked dataset's stacks are in range.
+                let stack = self.sample_stack[sample];
+                if !std::mem::replace(&mut used[stack as usize], true) {
+                    touched.push(stack);
+                }
+            }
+            distinct += touched.len();
+            for stack in touched.drain(..) {
+                used[stack as usize] = false;
+            }
+            if distinct > max_rows {
+                return false;
+            }
+        }
+        let (mut sum_series, mut sum_stack, mut sum_value) = (
+            Vec::with_capacity(distinct),
+            Vec::with_capacity(distinct),
+            Vec::with_capacity(distinct),
+        );
+        let mut slots = vec![0i64; self.stack_parent.len()];
+        for (series, samples) in groups() {
+            for sample in samples {
                 let stack = self.sample_stack[sample];
                 let slot = &mut slots[stack as usize];
                 *slot = slot.saturating_add(self.sample_value[sample]);
@@ -235,17 +282,20 @@ impl Dataset {
                 }
             }
             touched.sort_unstable();
-            let series = self.profiles[group[0]].series;
             for stack in touched.drain(..) {
                 used[stack as usize] = false;
                 let value = std::mem::take(&mut slots[stack as usize]);
                 if value != 0 {
-                    self.stack_sum_series.push(series);
-                    self.stack_sum_stack.push(stack);
-                    self.stack_sum_value.push(value);
+                    sum_series.push(series);
+                    sum_stack.push(stack);
+                    sum_value.push(value);
                 }
             }
         }
+        self.stack_sum_series = sum_series;
+        self.stack_sum_stack = sum_stack;
+        self.stack_sum_value = sum_value;
+        true
     }
 
     /// The profile type ids present, sorted, and the number of distinct profiles: what

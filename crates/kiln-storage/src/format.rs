@@ -1306,4 +1306,68 @@ mod tests {
             encode_version(&[dataset], BlockEncoding::Segment, SCHEMA, "3").expect("encodes");
         assert!(decode_dataset(&Bytes::from(future), 0, Projection::ALL).is_err());
     }
+
+    /// Compaction keeps a dataset's stack sums only where they are much smaller than its
+    /// samples. Ten instances with one profile each would sum to as many rows as they
+    /// have samples: none are kept, and a summed read gets the samples, totals and all.
+    /// One instance's ten alike profiles sum to a tenth of their samples: kept, equal to
+    /// the unconditional sums, and sized once.
+    #[test]
+    fn sums_are_kept_only_where_much_smaller_than_the_samples() {
+        let stacks = [["work", "main"], ["idle", "main"], ["gc", "main"]];
+        let samples: Vec<crate::testing::TestSample<'_>> = stacks
+            .iter()
+            .map(|stack| (&stack[..], 10, &[][..]))
+            .collect();
+        let dataset = |instances: usize| {
+            let mut builder = DatasetBuilder::new("t", "svc");
+            for i in 0..10 {
+                let instance = format!("i{}", i % instances);
+                crate::testing::add_cpu_profile(
+                    &mut builder,
+                    &format!("p{i}"),
+                    &[("service_name", "svc"), ("instance", &instance)],
+                    i as i64 + 1,
+                    &samples,
+                );
+            }
+            builder.finish()
+        };
+        let summed_read = |dataset: &Dataset| {
+            let block = Bytes::from(
+                encode_block_as(std::slice::from_ref(dataset), BlockEncoding::Compacted)
+                    .expect("encodes"),
+            );
+            decode_dataset(&block, 0, Projection::SUMMED).expect("decodes")
+        };
+
+        let mut spread = dataset(10);
+        assert_eq!(spread.sample_stack.len(), 30);
+        assert!(!spread.sum_stacks_if_smaller());
+        assert!(spread.stack_sum_series.is_empty() && spread.stack_sum_value.is_empty());
+        let read = summed_read(&spread);
+        assert!(!read.samples_omitted);
+        assert_eq!(read.sample_value.iter().sum::<i64>(), 300);
+        assert_eq!(read.profiles.iter().map(|p| p.total).sum::<i64>(), 300);
+
+        let mut alike = dataset(1);
+        let mut reference = alike.clone();
+        reference.sum_stacks();
+        assert!(alike.sum_stacks_if_smaller());
+        assert_eq!(alike.stack_sum_series, reference.stack_sum_series);
+        assert_eq!(alike.stack_sum_stack, reference.stack_sum_stack);
+        let mut sums = alike.stack_sum_value.clone();
+        sums.sort_unstable();
+        assert_eq!(sums, [100, 100, 100]);
+        assert_eq!(sums, {
+            let mut reference = reference.stack_sum_value.clone();
+            reference.sort_unstable();
+            reference
+        });
+        assert_eq!(alike.stack_sum_series.capacity(), 3);
+        assert_eq!(alike.stack_sum_value.capacity(), 3);
+        let read = summed_read(&alike);
+        assert!(read.samples_omitted);
+        assert_eq!(read.stack_sum_value.iter().sum::<i64>(), 300);
+    }
 }

@@ -119,6 +119,24 @@ fn stalled_bodies_and_headers_are_cut_off() {
     );
 }
 
+/// A connection's read buffer stops at 16 KiB (kiln-server `listener.rs`), which bounds a
+/// request head too: a head just under it, a long query string and a long header, is
+/// still served.
+#[test]
+fn request_heads_up_to_the_read_buffer_are_served() {
+    let server = TestServer::start();
+    let mut stream = connect(&server);
+    let head = format!(
+        "GET /ready?filler={} HTTP/1.1\r\nHost: kiln\r\nX-Filler: {}\r\nConnection: close\r\n\r\n",
+        "q".repeat(7 << 10),
+        "h".repeat(8 << 10)
+    );
+    assert!(head.len() > 15 << 10 && head.len() < 16 << 10);
+    stream.write_all(head.as_bytes()).unwrap();
+    let answer = read_until_closed(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
 #[test]
 fn connections_past_the_cap_are_answered_429_and_closed() {
     let server = TestServer::start_with(|config| {
