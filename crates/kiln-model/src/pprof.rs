@@ -649,18 +649,26 @@ mod location_tag {
     pub const IS_FOLDED: u32 = 5;
 }
 
+impl Location {
+    /// The uint64 fields and their numbers, in field order; each is written unless zero.
+    fn numbers(&self) -> impl Iterator<Item = (u32, u64)> {
+        use location_tag::*;
+        [
+            (ID, self.id),
+            (MAPPING_ID, self.mapping_id),
+            (ADDRESS, self.address),
+        ]
+        .into_iter()
+        .filter(|(_, value)| *value != 0)
+    }
+}
+
 impl Message for Location {
     fn encode_raw(&self, buf: &mut impl prost::bytes::BufMut) {
         use location_tag::*;
         use prost::encoding::{bool, message, uint64};
-        for (field, value) in [
-            (ID, self.id),
-            (MAPPING_ID, self.mapping_id),
-            (ADDRESS, self.address),
-        ] {
-            if value != 0 {
-                uint64::encode(field, &value, buf);
-            }
+        for (field, value) in self.numbers() {
+            uint64::encode(field, &value, buf);
         }
         message::encode_repeated(LINE, &self.line, buf);
         if self.is_folded {
@@ -695,15 +703,9 @@ impl Message for Location {
     fn encoded_len(&self) -> usize {
         use location_tag::*;
         use prost::encoding::{bool, message, uint64};
-        [
-            (ID, self.id),
-            (MAPPING_ID, self.mapping_id),
-            (ADDRESS, self.address),
-        ]
-        .iter()
-        .filter(|(_, value)| *value != 0)
-        .map(|(field, value)| uint64::encoded_len(*field, value))
-        .sum::<usize>()
+        self.numbers()
+            .map(|(field, value)| uint64::encoded_len(field, &value))
+            .sum::<usize>()
             + message::encoded_len_repeated(LINE, &self.line)
             + if self.is_folded {
                 bool::encoded_len(IS_FOLDED, &self.is_folded)
