@@ -47,10 +47,15 @@ pub struct AuthConfig {
     pub enabled: bool,
     /// Tokens by tenant id.
     pub tenants: BTreeMap<String, TenantAuth>,
-    /// The scope `/metrics` needs (of any tenant); open when unset.
+    /// The scope `/metrics` needs (of any tenant): `admin` by default, since it shows
+    /// every tenant's recording-rule series and limits; `none` opens it on purpose (a
+    /// Prometheus on a private network without credentials).
+    #[serde(with = "metrics_scope")]
     pub metrics_scope: Option<Scope>,
-    /// Failed attempts one client address may make in a minute; past it, its requests
-    /// get 429 until the minute is over. 0 turns the limit off.
+    /// Failed guesses (unknown tokens, malformed headers) one client address, or one
+    /// presented basic-auth name, may make in a minute; past it, further guesses get 429
+    /// until the minute is over. Valid credentials and requests without any are never
+    /// refused by it. 0 turns the limit off.
     pub max_failures_per_minute: u32,
 }
 
@@ -59,8 +64,40 @@ impl Default for AuthConfig {
         AuthConfig {
             enabled: false,
             tenants: BTreeMap::new(),
-            metrics_scope: None,
+            metrics_scope: Some(Scope::Admin),
             max_failures_per_minute: 30,
+        }
+    }
+}
+
+/// `metrics_scope` as written: a scope, or `none` for no credentials at all.
+mod metrics_scope {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::Scope;
+
+    pub fn serialize<S: Serializer>(
+        scope: &Option<Scope>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match scope {
+            Some(scope) => scope.serialize(serializer),
+            None => serializer.serialize_str("none"),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Scope>, D::Error> {
+        match Option::<String>::deserialize(deserializer)?
+            .as_deref()
+            .map(str::trim)
+        {
+            None | Some("none") => Ok(None),
+            Some(text) => text
+                .parse()
+                .map(Some)
+                .map_err(|err: String| serde::de::Error::custom(format!("{err}, or none"))),
         }
     }
 }
@@ -184,5 +221,21 @@ mod tests {
             "tenants:\n  a:\n    tokens:\n      - { name: x, sha256: \"\", scopes: [root] }\n"
         )
         .is_err());
+    }
+
+    #[test]
+    fn metrics_need_admin_unless_opened_on_purpose() {
+        let parse = |yaml: &str| serde_yaml::from_str::<AuthConfig>(yaml).map(|c| c.metrics_scope);
+        assert_eq!(parse("enabled: true\n").unwrap(), Some(Scope::Admin));
+        assert_eq!(parse("metrics_scope: none\n").unwrap(), None);
+        assert_eq!(parse("metrics_scope: read\n").unwrap(), Some(Scope::Read));
+        let err = parse("metrics_scope: root\n").unwrap_err().to_string();
+        assert!(err.contains("or none"), "{err}");
+        let text = serde_yaml::to_string(&AuthConfig {
+            metrics_scope: None,
+            ..AuthConfig::default()
+        })
+        .unwrap();
+        assert_eq!(parse(&text).unwrap(), None, "{text}");
     }
 }

@@ -9,10 +9,14 @@
 //!
 //! [`Authenticator::check`] decides in three steps, and each refusal is one
 //! [`AuthError`] variant with one status and one metric reason:
-//! 1. a client address over its budget of failed attempts is refused (429) before its
-//!    credentials are looked at, which makes guessing pointless as well as hopeless;
-//! 2. the token is hashed and compared with every configured hash in constant time, so
-//!    how long a refusal takes says nothing about how close the guess was (401);
+//! 1. the token is hashed and compared with every configured hash in constant time, so
+//!    how long a refusal takes says nothing about how close the guess was;
+//! 2. a token that is not configured (or a malformed header) is a failed guess: refused
+//!    with 401, or with 429 once its client address or the name it presents (the
+//!    basic-auth user) has used this minute's budget of failures ([`failures`]). Valid
+//!    credentials never meet that limit, so one client's guesses cannot lock out another
+//!    behind the same NAT, and no credentials at all is a plain 401 that counts for
+//!    nothing;
 //! 3. the token's tenant must be the one asked for (`X-Scope-OrgID`, or the basic-auth
 //!    user), and its scopes must hold the one the endpoint needs (403).
 //!
@@ -21,6 +25,7 @@
 
 mod config;
 mod failures;
+mod node;
 mod token;
 
 use std::net::IpAddr;
@@ -36,9 +41,10 @@ use subtle::ConstantTimeEq;
 use thiserror::Error;
 
 pub use config::{AuthConfig, Scope, TenantAuth, TokenSpec};
+pub use node::NodeCredential;
 pub use token::{new_token, sha256_hex, Credentials};
 
-use failures::Failures;
+use failures::{Failures, Key};
 
 /// Why a request was refused; each variant maps to one status and one metric reason.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -64,9 +70,12 @@ pub enum AuthError {
         scope: Scope,
     },
     #[error(
-        "too many failed authentication attempts from this address; retry in {retry_after_secs} s"
+        "too many failed authentication attempts from this address or for this name; retry in {retry_after_secs} s"
     )]
     TooManyFailures { retry_after_secs: u64 },
+    /// A node-to-node endpoint asked for without this deployment's node credential.
+    #[error("this endpoint is for Kiln's own nodes: it needs the node credential (cluster.token_file), not a tenant token")]
+    NodeOnly,
 }
 
 impl AuthError {
@@ -75,7 +84,9 @@ impl AuthError {
             AuthError::Missing | AuthError::Malformed(_) | AuthError::Invalid => {
                 ErrorKind::Unauthenticated
             }
-            AuthError::WrongTenant { .. } | AuthError::MissingScope { .. } => ErrorKind::Forbidden,
+            AuthError::WrongTenant { .. }
+            | AuthError::MissingScope { .. }
+            | AuthError::NodeOnly => ErrorKind::Forbidden,
             AuthError::TooManyFailures { .. } => ErrorKind::RateLimited,
         }
     }
@@ -89,6 +100,7 @@ impl AuthError {
             AuthError::WrongTenant { .. } => "wrong_tenant",
             AuthError::MissingScope { .. } => "scope",
             AuthError::TooManyFailures { .. } => "too_many_failures",
+            AuthError::NodeOnly => "node_only",
         }
     }
 
@@ -166,8 +178,8 @@ impl Authenticator {
     }
 
     /// Decides a request: `authorization` is its `Authorization` header, `tenant` its
-    /// `X-Scope-OrgID` (if any), `scope` what the endpoint needs. Failures are counted
-    /// against `client`.
+    /// `X-Scope-OrgID` (if any), `scope` what the endpoint needs. Failed guesses are
+    /// counted against `client` and the name presented.
     pub fn check(
         &self,
         authorization: Option<&[u8]>,
@@ -176,38 +188,52 @@ impl Authenticator {
         client: IpAddr,
     ) -> Result<Grant, AuthError> {
         let now = Instant::now();
-        let result = self
-            .failures
-            .admit(client, now)
-            .and_then(|()| self.decide(authorization, tenant, scope));
+        let result = match Credentials::parse(authorization) {
+            Err(AuthError::Missing) => Err(AuthError::Missing),
+            Err(err) => self.guessed(err, vec![Key::Address(client)], now),
+            Ok(credentials) => {
+                let (token, user) = match credentials {
+                    Credentials::Bearer(token) => (token, None),
+                    Credentials::Basic { user, password } => (password, Some(user)),
+                };
+                match self.lookup(token.as_bytes()) {
+                    Some(grant) => Self::allows(grant, user.as_deref(), tenant, scope),
+                    None => {
+                        let mut keys = vec![Key::Address(client)];
+                        keys.extend(user.or(tenant.map(str::to_string)).map(Key::Name));
+                        self.guessed(AuthError::Invalid, keys, now)
+                    }
+                }
+            }
+        };
         if let Err(err) = &result {
             self.failed
                 .get_or_create(&ReasonLabel {
                     reason: err.reason(),
                 })
                 .inc();
-            if !matches!(err, AuthError::TooManyFailures { .. }) {
-                self.failures.record(client, now);
-            }
             tracing::debug!(%client, reason = err.reason(), "request refused: {err}");
         }
         result
     }
 
-    fn decide(
-        &self,
-        authorization: Option<&[u8]>,
+    /// A failed guess: 429 if one of its keys is over its budget, else `err`, counted.
+    fn guessed(&self, err: AuthError, keys: Vec<Key>, now: Instant) -> Result<Grant, AuthError> {
+        self.failures.admit(&keys, now)?;
+        self.failures.record(&keys, now);
+        Err(err)
+    }
+
+    /// Whether a configured token may act for the tenant asked for, with `scope`.
+    fn allows(
+        grant: &Grant,
+        user: Option<&str>,
         tenant: Option<&str>,
         scope: Scope,
     ) -> Result<Grant, AuthError> {
-        let (token, user) = match Credentials::parse(authorization)? {
-            Credentials::Bearer(token) => (token, None),
-            Credentials::Basic { user, password } => (password, Some(user)),
-        };
-        let grant = self.lookup(token.as_bytes()).ok_or(AuthError::Invalid)?;
         // Basic auth names the tenant twice at most (user name, header); both must agree
         // with the token's.
-        for requested in [user.as_deref(), tenant].into_iter().flatten() {
+        for requested in [user, tenant].into_iter().flatten() {
             if requested != grant.tenant {
                 return Err(AuthError::WrongTenant {
                     token: grant.token.clone(),
@@ -327,7 +353,7 @@ tenants:
     }
 
     #[test]
-    fn an_address_over_its_failure_budget_is_refused_before_its_token_is_looked_at() {
+    fn an_address_over_its_failure_budget_is_refused_but_valid_credentials_are_not() {
         let auth = authenticator(3);
         let good = b"Bearer reader-a".as_slice();
         for _ in 0..3 {
@@ -336,13 +362,49 @@ tenants:
                 Err(AuthError::Invalid)
             );
         }
-        let refused = auth.check(Some(good), None, Scope::Read, CLIENT);
+        let refused = auth.check(Some(b"Bearer guess"), None, Scope::Read, CLIENT);
         let Err(AuthError::TooManyFailures { retry_after_secs }) = refused else {
             panic!("{refused:?}");
         };
         assert!((1..=60).contains(&retry_after_secs), "{retry_after_secs}");
-        // Another address is not affected.
-        let other = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2));
-        assert!(auth.check(Some(good), None, Scope::Read, other).is_ok());
+        // A valid token from the same address (a NAT, a proxy) is not refused.
+        assert!(auth.check(Some(good), None, Scope::Read, CLIENT).is_ok());
+        // Nor are requests without credentials counted, however many: 401, never 429.
+        for _ in 0..100 {
+            assert_eq!(
+                auth.check(
+                    None,
+                    None,
+                    Scope::Read,
+                    IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 3))
+                ),
+                Err(AuthError::Missing)
+            );
+        }
+        assert_eq!(
+            auth.check(
+                Some(b"Bearer guess"),
+                None,
+                Scope::Read,
+                IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 3))
+            ),
+            Err(AuthError::Invalid)
+        );
+        // Guesses at one tenant's basic auth from many addresses share the name's budget.
+        for last in 10..13 {
+            let address = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, last));
+            assert_eq!(
+                auth.check(Some(&basic("team-b", "guess")), None, Scope::Read, address),
+                Err(AuthError::Invalid)
+            );
+        }
+        let address = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 20));
+        assert!(matches!(
+            auth.check(Some(&basic("team-b", "guess")), None, Scope::Read, address),
+            Err(AuthError::TooManyFailures { .. })
+        ));
+        assert!(auth
+            .check(Some(&basic("team-b", "ops-b")), None, Scope::Read, address)
+            .is_ok());
     }
 }

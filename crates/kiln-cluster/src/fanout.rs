@@ -24,16 +24,25 @@ pub struct QueryPeers {
     membership: Arc<Membership>,
     client: reqwest::Client,
     scheme: &'static str,
+    /// The node credential's `Authorization` (`cluster.token_file`), presented instead
+    /// of the caller's when set: the shares' endpoints are for nodes only.
+    node_authorization: Option<String>,
 }
 
 impl QueryPeers {
     /// `client`: [`crate::http_client`] with a query's time limit, after which the next
     /// peer is asked.
-    pub fn new(membership: Arc<Membership>, client: reqwest::Client, https: bool) -> Self {
+    pub fn new(
+        membership: Arc<Membership>,
+        client: reqwest::Client,
+        https: bool,
+        node_authorization: Option<String>,
+    ) -> Self {
         QueryPeers {
             membership,
             client,
             scheme: if https { "https" } else { "http" },
+            node_authorization,
         }
     }
 
@@ -68,7 +77,7 @@ impl QueryPeers {
             .header("x-scope-orgid", tenant)
             .header("content-type", "application/json")
             .body(serde_json::to_vec(part).map_err(|err| err.to_string())?);
-        if let Some(credentials) = credentials {
+        if let Some(credentials) = self.node_authorization.as_deref().or(credentials) {
             request = request.header("authorization", credentials);
         }
         let response = request.send().await.map_err(|err| err.to_string())?;

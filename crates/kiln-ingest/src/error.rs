@@ -17,6 +17,9 @@ pub enum IngestError {
     UnsupportedFormat(String),
     #[error("{0}")]
     RateLimited(String),
+    /// A new series or label value past the tenant's cardinality limits.
+    #[error("{0}")]
+    Cardinality(String),
     /// The server's or the tenant's bound on write requests in flight is reached.
     #[error("{0}")]
     Overloaded(String),
@@ -56,7 +59,7 @@ impl IngestError {
             IngestError::Format(err) => err.kind(),
             IngestError::TooLarge(_) => ErrorKind::TooLarge,
             IngestError::UnsupportedFormat(_) => ErrorKind::UnsupportedFormat,
-            IngestError::RateLimited(_) => ErrorKind::RateLimited,
+            IngestError::RateLimited(_) | IngestError::Cardinality(_) => ErrorKind::RateLimited,
             IngestError::Overloaded(_) => ErrorKind::Overloaded,
             IngestError::Store(err) => err.kind(),
             IngestError::Task(_) => ErrorKind::Internal,

@@ -8,6 +8,7 @@
 //! idle server flushes at once, a busy one gathers what arrives during each flush.
 
 mod backoff;
+pub mod cardinality;
 pub mod cpu;
 pub mod error;
 pub mod limits;
@@ -19,7 +20,8 @@ pub mod pyroscope;
 pub mod wal;
 pub mod writer;
 
+pub use cardinality::Cardinality;
 pub use error::IngestError;
 pub use limits::{InFlight, Limits, TenantLimits};
-pub use parse::ParsedProfile;
+pub use parse::{Cuts, ParsedProfile};
 pub use writer::{Arrival, Ingester, IngesterConfig, Syncer, Written};

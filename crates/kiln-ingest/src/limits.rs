@@ -26,7 +26,11 @@ pub struct Limits {
     pub max_labels_per_series: usize,
     pub max_label_name_length: usize,
     pub max_label_value_length: usize,
+    /// Samples (distinct stacks) kept of one pprof; past it the heaviest are kept and
+    /// the response says so. Text formats with more distinct stacks are refused.
     pub max_samples_per_profile: usize,
+    /// Frames kept of one stack; a deeper stack keeps its innermost frames under one
+    /// `[truncated]` frame, and the response says so.
     pub max_stack_depth: usize,
     /// Sustained ingest rate in bytes per second as received; 0 means unlimited.
     pub ingestion_rate_bytes: u64,
@@ -43,6 +47,11 @@ pub struct Limits {
     /// parsed, waiting for their commit); past it, 429. 0 means only the server-wide
     /// bound applies.
     pub max_inflight_bytes: usize,
+    /// Series (label sets) written within a day; a write adding one more is refused
+    /// with 429 ([`crate::cardinality`]). 0 means unlimited.
+    pub max_series_per_tenant: usize,
+    /// Values of one label name written within a day; likewise. 0 means unlimited.
+    pub max_label_values_per_name: usize,
 }
 
 impl Default for Limits {
@@ -53,13 +62,15 @@ impl Default for Limits {
             max_labels_per_series: 30,
             max_label_name_length: 1024,
             max_label_value_length: 2048,
-            max_samples_per_profile: 16_000,
+            max_samples_per_profile: 64_000,
             max_stack_depth: 1_000,
             ingestion_rate_bytes: 0,
             ingestion_burst_bytes: 64 << 20,
             retention_days: 31,
             max_future_skew_ms: 3_600_000,
             max_inflight_bytes: 32 << 20,
+            max_series_per_tenant: 100_000,
+            max_label_values_per_name: 10_000,
         }
     }
 }
@@ -102,6 +113,7 @@ pub struct TenantLimits {
     global_limit: usize,
     tenants: Mutex<HashMap<String, Arc<Semaphore>>>,
     metrics: LimitMetrics,
+    cardinality: Arc<crate::Cardinality>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -119,10 +131,32 @@ struct LimitMetrics {
 
 /// A request's share of the in-flight bounds, given back when it is dropped.
 pub struct InFlight {
-    _global: OwnedSemaphorePermit,
-    _tenant: Option<OwnedSemaphorePermit>,
+    global: Option<OwnedSemaphorePermit>,
+    tenant: Option<OwnedSemaphorePermit>,
     bytes: usize,
     gauge: Gauge,
+}
+
+impl InFlight {
+    /// Takes `more`'s share into this one: a body admitted chunk by chunk, as its bytes
+    /// arrive, holds one share, given back at once. Both must be of one tenant.
+    pub fn absorb(&mut self, mut more: InFlight) {
+        fn merge(into: &mut Option<OwnedSemaphorePermit>, from: Option<OwnedSemaphorePermit>) {
+            match (into.as_mut(), from) {
+                (Some(permit), Some(other)) => permit.merge(other),
+                (None, other) => *into = other,
+                (Some(_), None) => {}
+            }
+        }
+        merge(&mut self.global, more.global.take());
+        merge(&mut self.tenant, more.tenant.take());
+        self.bytes += std::mem::take(&mut more.bytes);
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
 }
 
 impl Drop for InFlight {
@@ -191,10 +225,17 @@ impl TenantLimits {
             global_limit,
             tenants: Mutex::new(HashMap::new()),
             metrics,
+            cardinality: Arc::default(),
         }
     }
 
+    /// Every tenant's active series and label values, checked on the parse threads.
+    pub fn cardinality(&self) -> Arc<crate::Cardinality> {
+        self.cardinality.clone()
+    }
+
     pub fn register(&self, registry: &mut Registry) {
+        self.cardinality.register(registry);
         registry.register(
             "kiln_ingest_inflight_bytes",
             "Bytes of write requests held now (read, parsed or waiting for their commit)",
@@ -240,11 +281,41 @@ impl TenantLimits {
         };
         self.metrics.inflight.inc_by(bytes as i64);
         Ok(InFlight {
-            _global: global,
-            _tenant: tenant_permit,
+            global: Some(global),
+            tenant: tenant_permit,
             bytes,
             gauge: self.metrics.inflight.clone(),
         })
+    }
+
+    /// Refuses at once a request that declares more bytes than are free now in the
+    /// server's or the tenant's in-flight bound, so that its body is never read; takes
+    /// nothing. A request that fits is admitted as its bytes arrive ([`Self::admit`] per
+    /// chunk), so a client that declares a large body and sends nothing holds nothing.
+    pub fn check_declared(&self, tenant: &str, bytes: usize) -> Result<(), IngestError> {
+        let free = self.global.available_permits();
+        if bytes > free && free < self.global_limit {
+            return Err(IngestError::Overloaded(format!(
+                "server busy: {bytes} bytes declared, and only {free} of the server-wide limit of {} bytes of write requests in flight are free (http.max_inflight_bytes); retry shortly",
+                self.global_limit
+            )));
+        }
+        let limit = self.for_tenant(tenant).max_inflight_bytes.min(MAX_BOUND);
+        if limit == 0 {
+            return Ok(());
+        }
+        let free = self
+            .tenants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(tenant)
+            .map_or(limit, |semaphore| semaphore.available_permits());
+        if bytes > free && free < limit {
+            return Err(IngestError::Overloaded(format!(
+                "tenant {tenant:?} is busy: {bytes} bytes declared, and only {free} of its limit of {limit} bytes of write requests in flight are free (limits.max_inflight_bytes); retry shortly"
+            )));
+        }
+        Ok(())
     }
 
     pub fn for_tenant(&self, tenant: &str) -> Limits {

@@ -28,6 +28,8 @@ pub struct ParsedProfile {
     /// What the client should hear although the write succeeded (a dropped reserved
     /// label), for the response's `Warning` header.
     pub warnings: Vec<String>,
+    /// What was cut from the profile as sent, for the server's counters.
+    pub cuts: Cuts,
     /// The pprof bytes as received (gzip or plain), when they decode to `profile`
     /// exactly: the write-ahead log keeps them rather than encode the profile again,
     /// which cost as much as decoding it (docs/benchmarks.md, session 34).
@@ -61,6 +63,35 @@ impl ParsedProfile {
         }
     }
 }
+
+/// What a profile lost to the shape limits on its way in; each also puts a warning on
+/// the response. A write is cut rather than refused where the rest is still true: the
+/// heaviest stacks of a profile over `max_samples_per_profile`, the innermost frames of a
+/// stack deeper than `max_stack_depth`, the first [`MAX_SYMBOL_BYTES`] of a name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cuts {
+    /// Samples dropped (the lightest) past `max_samples_per_profile`.
+    pub samples: usize,
+    /// Stacks deeper than `max_stack_depth`, whose outermost frames became one
+    /// `[truncated]` frame.
+    pub stacks: usize,
+    /// Function, system and file names cut to [`MAX_SYMBOL_BYTES`].
+    pub names: usize,
+}
+
+impl Cuts {
+    pub fn add(&mut self, other: &Cuts) {
+        self.samples += other.samples;
+        self.stacks += other.stacks;
+        self.names += other.names;
+    }
+}
+
+/// The longest function or file name kept; a longer one keeps its first bytes and ends in
+/// [`CUT_MARKER`]. Real names stay far below (C++ templates reach a few hundred bytes);
+/// a 4 MB name is an attack on every flame graph that shows it.
+pub const MAX_SYMBOL_BYTES: usize = 4096;
+pub const CUT_MARKER: &str = "…[truncated]";
 
 /// What the request says about a profile beyond its bytes.
 #[derive(Debug, Clone, Default)]
@@ -97,10 +128,11 @@ pub fn from_pprof_bytes(
     limits: &Limits,
 ) -> Result<ParsedProfile, IngestError> {
     let profile = pprof::decode(data, limits.max_decompressed_bytes)?;
-    // `from_pprof` changes a profile only to fill in missing sample types.
-    let unchanged = !profile.sample_type.is_empty();
+    // `from_pprof` changes a profile only to fill in missing sample types, and to cut it
+    // to the shape limits.
+    let typed = !profile.sample_type.is_empty();
     let mut parsed = from_pprof(profile, context, data.len(), limits)?;
-    if unchanged {
+    if typed && parsed.cuts.samples == 0 && parsed.cuts.names == 0 {
         parsed.source = Some(data.to_vec());
     }
     Ok(parsed)
@@ -123,6 +155,27 @@ pub fn from_pprof(
                 ))
             }
         }
+    }
+    let cuts = cut_to_limits(&mut profile, limits);
+    if cuts.samples > 0 {
+        context.warnings.push(format!(
+            "the profile had {} samples, over the limit of {} (limits.max_samples_per_profile): the {} lightest were dropped",
+            profile.sample.len() + cuts.samples,
+            limits.max_samples_per_profile,
+            cuts.samples
+        ));
+    }
+    if cuts.stacks > 0 {
+        context.warnings.push(format!(
+            "{} stacks deeper than {} frames (limits.max_stack_depth) keep their innermost frames under one [truncated] frame",
+            cuts.stacks, limits.max_stack_depth
+        ));
+    }
+    if cuts.names > 0 {
+        context.warnings.push(format!(
+            "{} function or file names longer than {MAX_SYMBOL_BYTES} bytes were cut, ending in {CUT_MARKER}",
+            cuts.names
+        ));
     }
     let index = pprof::validate(&profile, &limits.profile())?;
 
@@ -227,8 +280,57 @@ pub fn from_pprof(
         received_bytes,
         sample_labels_per_sample: context.sample_labels_per_sample,
         warnings: context.warnings,
+        cuts,
         source: None,
     })
+}
+
+/// Cuts a profile to the shape limits ([`Cuts`]): samples first, so names are cut only
+/// in what is kept.
+fn cut_to_limits(profile: &mut Profile, limits: &Limits) -> Cuts {
+    let samples = profile.keep_heaviest_samples(limits.max_samples_per_profile);
+    let stacks = profile
+        .sample
+        .iter()
+        .filter(|sample| sample.location_id.len() > limits.max_stack_depth)
+        .count();
+    let mut names = 0;
+    for position in 0..profile.function.len() {
+        for field in 0..3 {
+            let function = &profile.function[position];
+            let index = [function.name, function.system_name, function.filename][field];
+            let Some(text) = usize::try_from(index)
+                .ok()
+                .and_then(|index| profile.string_table.get(index))
+            else {
+                continue;
+            };
+            if text.len() <= MAX_SYMBOL_BYTES {
+                continue;
+            }
+            let mut end = MAX_SYMBOL_BYTES - CUT_MARKER.len();
+            while end > 0 && (text[end] & 0xC0) == 0x80 {
+                end -= 1;
+            }
+            let mut cut = text[..end].to_vec();
+            cut.extend_from_slice(CUT_MARKER.as_bytes());
+            // A new string: the long one may also be a label's, which keeps its own.
+            let new_index = profile.string_table.len() as i64;
+            profile.string_table.push(&cut);
+            let function = &mut profile.function[position];
+            *[
+                &mut function.name,
+                &mut function.system_name,
+                &mut function.filename,
+            ][field] = new_index;
+            names += 1;
+        }
+    }
+    Cuts {
+        samples,
+        stacks,
+        names,
+    }
 }
 
 /// Checks the limits on the labels each series will carry: the request's labels plus the

@@ -399,6 +399,7 @@ fn parsed(logged: WalProfile) -> Result<ParsedProfile, String> {
         received_bytes: usize::try_from(logged.received_bytes).unwrap_or(usize::MAX),
         sample_labels_per_sample: logged.sample_labels_per_sample,
         warnings: Vec::new(),
+        cuts: Default::default(),
         source: None,
     })
 }

@@ -619,14 +619,22 @@ impl Ingester {
     /// refuse after parsing. The [`Arrival`] it returns tells the flusher a write is on
     /// its way until it is handed to [`Ingester::parse_and_write`] or dropped.
     pub fn check_room(&self) -> Result<Arrival, IngestError> {
-        let pending = self.pending_bytes.load(Ordering::Relaxed);
-        if pending >= self.config.max_pending_bytes {
-            return Err(self.full(pending));
-        }
+        self.has_room()?;
         self.arrivals.count.fetch_add(1, Ordering::SeqCst);
         Ok(Arrival {
             arrivals: self.arrivals.clone(),
         })
+    }
+
+    /// [`Self::check_room`] without announcing a write: for a request whose body has not
+    /// arrived yet. A client that declares a body and then stalls must not hold the
+    /// flusher waiting for it.
+    pub fn has_room(&self) -> Result<(), IngestError> {
+        let pending = self.pending_bytes.load(Ordering::Relaxed);
+        if pending >= self.config.max_pending_bytes {
+            return Err(self.full(pending));
+        }
+        Ok(())
     }
 
     /// Stages the profiles and waits until they are durable and registered.
@@ -874,6 +882,8 @@ pub struct Written {
     pub bytes: usize,
     pub profiles: usize,
     pub warnings: Vec<String>,
+    /// What the shape limits cut from the profiles.
+    pub cuts: crate::parse::Cuts,
 }
 
 impl Written {
@@ -884,10 +894,15 @@ impl Written {
                 warnings.push(warning.clone());
             }
         }
+        let mut cuts = crate::parse::Cuts::default();
+        for profile in profiles {
+            cuts.add(&profile.cuts);
+        }
         Written {
             bytes: profiles.iter().map(|p| p.received_bytes).sum(),
             profiles: profiles.len(),
             warnings,
+            cuts,
         }
     }
 }

@@ -905,6 +905,56 @@ fn presize(message: &[u8], profile: &mut Profile) {
     profile.string_table.bytes.reserve(string_bytes);
 }
 
+impl Profile {
+    /// Keeps the `keep` heaviest samples, in their order, and drops the rest; returns how
+    /// many were dropped. A sample's weight is its largest share of any sample type's
+    /// total, so a heap profile keeps what is large in allocations or in use alike. The
+    /// light tail a cut drops is where a flame graph shows least.
+    pub fn keep_heaviest_samples(&mut self, keep: usize) -> usize {
+        let count = self.sample.len();
+        if count <= keep {
+            return 0;
+        }
+        let types = self.sample.iter().map(|s| s.value.len()).max().unwrap_or(0);
+        let mut totals = vec![0f64; types];
+        for sample in self.sample.iter() {
+            for (total, value) in totals.iter_mut().zip(sample.value) {
+                *total += value.unsigned_abs() as f64;
+            }
+        }
+        let weight = |sample: Sample<'_>| -> f64 {
+            sample
+                .value
+                .iter()
+                .zip(&totals)
+                .map(|(value, total)| match *total {
+                    t if t > 0.0 => value.unsigned_abs() as f64 / t,
+                    _ => 0.0,
+                })
+                .fold(0.0, f64::max)
+        };
+        let mut ranked: Vec<(f64, usize)> = self
+            .sample
+            .iter()
+            .enumerate()
+            .map(|(index, sample)| (weight(sample), index))
+            .collect();
+        if keep > 0 {
+            ranked.select_nth_unstable_by(keep - 1, |a, b| b.0.total_cmp(&a.0));
+        }
+        let mut kept: Vec<usize> = ranked[..keep].iter().map(|&(_, index)| index).collect();
+        kept.sort_unstable();
+        let mut samples = Samples::default();
+        for index in kept {
+            if let Some(sample) = self.sample.get(index) {
+                samples.push(sample.location_id, sample.value, sample.label);
+            }
+        }
+        self.sample = samples;
+        count - keep
+    }
+}
+
 /// Limits on one profile's shape.
 #[derive(Debug, Clone, Copy)]
 pub struct ProfileLimits {

@@ -8,7 +8,18 @@
 //! tried whole and then with leading components dropped, so a checkout of the repository
 //! at the root answers either. A path with `..` is refused, and the file found must lie
 //! under the root once symbolic links are resolved: a profile cannot name what the
-//! server reads.
+//! server reads. Answers name a file as the profile named it, never where it lies on the
+//! server.
+//!
+//! By URL the same must hold on the source host. Whoever can write a profile names the
+//! file and the service, and the server fetches and shows what comes back, so a name must
+//! never steer a fetch anywhere but under the template's own scheme, host, port and path
+//! prefix (a server-side request forgery otherwise). Each value is split into path
+//! segments. A segment that is, or percent-decodes to, nothing, `.` or `..`, or that holds
+//! a backslash, `?`, `#` or a control character once decoded, is refused; every other
+//! segment is percent-encoded whole (`%` included), so what the host decodes is the name
+//! as sent. The URL made is parsed and checked against the prefix once more, a redirect
+//! is followed only where it stays under the prefix, and only a `text/*` answer is shown.
 
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
@@ -20,6 +31,7 @@ use crate::QueryError;
 /// Source files larger than this are not served.
 pub const MAX_SOURCE_BYTES: u64 = 4 << 20;
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_REDIRECTS: usize = 5;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -28,7 +40,8 @@ pub struct SourceConfig {
     pub root: Option<PathBuf>,
     /// A URL per source file, fetched by the server: `{path}` is the file's path as the
     /// profile gives it, without its leading `/`, and `{service}` the service's name
-    /// (`https://git.example.com/raw/{service}/main/{path}`).
+    /// (`https://git.example.com/raw/{service}/main/{path}`). Both are percent-encoded,
+    /// and neither can climb out of the part of the URL before them.
     pub url_template: String,
 }
 
@@ -47,10 +60,8 @@ pub struct Sources {
 
 impl Sources {
     pub fn new(config: SourceConfig) -> Self {
-        Sources {
-            config,
-            client: reqwest::Client::new(),
-        }
+        let client = source_client(&config.url_template);
+        Sources { config, client }
     }
 
     pub fn configured(&self) -> bool {
@@ -72,7 +83,8 @@ pub struct SourceText {
 }
 
 /// Reads `file` (as a profile names it) of `service` from the configured source; `None`
-/// when there is no source configured or the file is not there.
+/// when there is no source configured or the file is not there. `client` should be
+/// [`source_client`]'s, which keeps redirects under the template's prefix.
 pub async fn read_source(
     config: &SourceConfig,
     client: &reqwest::Client,
@@ -82,16 +94,14 @@ pub async fn read_source(
     let relative = relative_path(file)?;
     if let Some(root) = &config.root {
         if let Some((path, text)) = read_under(root, &relative).await? {
-            return Ok(Some(source_text(file, path.display().to_string(), &text)));
+            let origin = format!("source.root/{}", path.display());
+            return Ok(Some(source_text(file, origin, &text)));
         }
     }
     if !config.url_template.is_empty() {
-        let url = config
-            .url_template
-            .replace("{path}", &relative.to_string_lossy())
-            .replace("{service}", service);
+        let url = fill_template(&config.url_template, service, &relative.to_string_lossy())?;
         if let Some(text) = fetch(client, &url).await? {
-            return Ok(Some(source_text(file, url, &text)));
+            return Ok(Some(source_text(file, url.to_string(), &text)));
         }
     }
     Ok(None)
@@ -125,7 +135,8 @@ fn relative_path(file: &str) -> Result<PathBuf, QueryError> {
     Ok(relative)
 }
 
-/// The first of `relative` and its suffixes that is a file under `root`.
+/// The first of `relative` and its suffixes that is a file under `root`, with its path
+/// relative to the root.
 async fn read_under(root: &Path, relative: &Path) -> Result<Option<(PathBuf, String)>, QueryError> {
     let root = root.to_path_buf();
     let relative = relative.to_path_buf();
@@ -136,13 +147,13 @@ async fn read_under(root: &Path, relative: &Path) -> Result<Option<(PathBuf, Str
         };
         let parts: Vec<_> = relative.components().collect();
         for skip in 0..parts.len() {
-            let candidate: PathBuf = root.join(parts[skip..].iter().collect::<PathBuf>());
-            let Ok(resolved) = candidate.canonicalize() else {
+            let suffix: PathBuf = parts[skip..].iter().collect();
+            let Ok(resolved) = root.join(&suffix).canonicalize() else {
                 continue;
             };
-            if !resolved.starts_with(&root) {
+            let Ok(inside) = resolved.strip_prefix(&root) else {
                 continue;
-            }
+            };
             let Ok(metadata) = std::fs::metadata(&resolved) else {
                 continue;
             };
@@ -151,15 +162,17 @@ async fn read_under(root: &Path, relative: &Path) -> Result<Option<(PathBuf, Str
             }
             if metadata.len() > MAX_SOURCE_BYTES {
                 return Err(QueryError::BadRequest(format!(
-                    "{} is {} bytes, more than the {MAX_SOURCE_BYTES} served",
-                    resolved.display(),
+                    "source file {} is {} bytes, more than the {MAX_SOURCE_BYTES} served",
+                    suffix.display(),
                     metadata.len()
                 )));
             }
-            let bytes = std::fs::read(&resolved)
-                .map_err(|err| QueryError::NotFound(format!("{}: {err}", resolved.display())))?;
+            let bytes = std::fs::read(&resolved).map_err(|err| {
+                tracing::warn!(path = %resolved.display(), error = %err, "source file unreadable");
+                QueryError::NotFound(format!("source file {} is unreadable", suffix.display()))
+            })?;
             return Ok(Some((
-                resolved,
+                inside.to_path_buf(),
                 String::from_utf8_lossy(&bytes).into_owned(),
             )));
         }
@@ -168,20 +181,172 @@ async fn read_under(root: &Path, relative: &Path) -> Result<Option<(PathBuf, Str
     .await?
 }
 
-/// The body at `url`, `None` on 404; bounded in size and time.
-async fn fetch(client: &reqwest::Client, url: &str) -> Result<Option<String>, QueryError> {
+/// The client that fetches by URL. It follows a redirect only where it stays under the
+/// template's prefix: a raw-file host may move a file, but must not send the server to
+/// another host or path.
+pub fn source_client(template: &str) -> reqwest::Client {
+    let prefix = template_prefix(template).ok();
+    let policy = reqwest::redirect::Policy::custom(move |attempt| {
+        let allowed = prefix
+            .as_ref()
+            .is_some_and(|prefix| prefix.contains(attempt.url()));
+        if !allowed {
+            attempt.stop()
+        } else if attempt.previous().len() >= MAX_REDIRECTS {
+            attempt.error("too many redirects")
+        } else {
+            attempt.follow()
+        }
+    });
+    reqwest::Client::builder()
+        .redirect(policy)
+        .build()
+        .unwrap_or_default()
+}
+
+/// What a template's URLs must stay under: its scheme, host, port and user, its path up to
+/// the first placeholder, and its own query.
+#[derive(Debug, Clone)]
+struct Prefix {
+    origin: reqwest::Url,
+    path: String,
+}
+
+impl Prefix {
+    fn contains(&self, url: &reqwest::Url) -> bool {
+        url.scheme() == self.origin.scheme()
+            && url.host_str() == self.origin.host_str()
+            && url.port_or_known_default() == self.origin.port_or_known_default()
+            && url.username() == self.origin.username()
+            && url.password() == self.origin.password()
+            && url
+                .path()
+                .strip_prefix(self.path.as_str())
+                .is_some_and(|rest| {
+                    !rest
+                        .split('/')
+                        .any(|segment| matches!(decode(segment).as_str(), "." | ".."))
+                })
+    }
+}
+
+fn template_prefix(template: &str) -> Result<Prefix, QueryError> {
+    let bad = |why: String| QueryError::BadRequest(format!("source.url_template {why}"));
+    let cut = ["{path}", "{service}"]
+        .iter()
+        .filter_map(|placeholder| template.find(placeholder))
+        .min()
+        .unwrap_or(template.len());
+    let head = &template[..cut];
+    if head.contains(['?', '#']) {
+        return Err(bad("has a placeholder in its query or fragment".to_string()));
+    }
+    let origin = reqwest::Url::parse(head).map_err(|err| bad(format!("is not a URL: {err}")))?;
+    if !matches!(origin.scheme(), "http" | "https") || origin.host_str().is_none() {
+        return Err(bad("must be an http or https URL with a host".to_string()));
+    }
+    let path = origin.path().to_string();
+    Ok(Prefix { origin, path })
+}
+
+/// Everything but RFC 3986's unreserved characters is encoded, `%` included.
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// A segment percent-decoded once, as a host would see it.
+fn decode(segment: &str) -> String {
+    percent_encoding::percent_decode_str(segment)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// A substituted value as percent-encoded path segments, or a refusal saying why.
+fn encode_segments(what: &str, value: &str) -> Result<String, QueryError> {
+    let refuse = |why: &str| {
+        QueryError::BadRequest(format!(
+            "{what} {value:?} cannot be fetched by source.url_template: {why}"
+        ))
+    };
+    let mut encoded = String::with_capacity(value.len() + 8);
+    for (i, segment) in value.split('/').enumerate() {
+        let decoded = decode(segment);
+        if matches!(decoded.as_str(), "" | "." | "..") {
+            return Err(refuse("a path segment is empty, . or .."));
+        }
+        if decoded.contains(['\\', '/', '?', '#']) || decoded.chars().any(char::is_control) {
+            return Err(refuse(
+                "a path segment holds a backslash, ?, #, an encoded / or a control character",
+            ));
+        }
+        if i > 0 {
+            encoded.push('/');
+        }
+        encoded.extend(percent_encoding::utf8_percent_encode(segment, SEGMENT));
+    }
+    Ok(encoded)
+}
+
+/// The template with `{service}` and `{path}` filled in, checked to be under its prefix.
+fn fill_template(template: &str, service: &str, path: &str) -> Result<reqwest::Url, QueryError> {
+    let prefix = template_prefix(template)?;
+    let url = template
+        .replace("{service}", &encode_segments("service", service)?)
+        .replace("{path}", &encode_segments("source file", path)?);
+    let url = reqwest::Url::parse(&url)
+        .map_err(|err| QueryError::BadRequest(format!("the source URL is not valid: {err}")))?;
+    let own_query = template
+        .split_once('?')
+        .map(|(_, rest)| rest.split('#').next().unwrap_or(rest));
+    if !prefix.contains(&url) || url.query() != own_query || url.fragment().is_some() {
+        return Err(QueryError::BadRequest(
+            "the source URL would leave source.url_template's prefix".to_string(),
+        ));
+    }
+    Ok(url)
+}
+
+/// The body at `url`, `None` on 404 or on a redirect off the prefix; bounded in size and
+/// time, and only text.
+async fn fetch(client: &reqwest::Client, url: &reqwest::Url) -> Result<Option<String>, QueryError> {
     let unavailable = |err: String| QueryError::NotFound(format!("source at {url}: {err}"));
     let mut response = client
-        .get(url)
+        .get(url.clone())
         .timeout(FETCH_TIMEOUT)
         .send()
         .await
         .map_err(|err| unavailable(err.to_string()))?;
-    if response.status() == reqwest::StatusCode::NOT_FOUND {
+    let status = response.status();
+    if status.is_redirection() {
+        tracing::debug!(%url, %status, "a redirect off source.url_template's prefix is not followed");
         return Ok(None);
     }
-    if !response.status().is_success() {
-        return Err(unavailable(format!("HTTP {}", response.status())));
+    if status == reqwest::StatusCode::NOT_FOUND {
+        return Ok(None);
+    }
+    if !status.is_success() {
+        return Err(unavailable(format!("HTTP {status}")));
+    }
+    let content_type = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if !content_type.starts_with("text/") {
+        return Err(unavailable(format!(
+            "its content type {content_type:?} is not text/*, so it is not shown"
+        )));
+    }
+    let too_large = || unavailable(format!("more than the {MAX_SOURCE_BYTES} bytes served"));
+    if response
+        .content_length()
+        .is_some_and(|length| length > MAX_SOURCE_BYTES)
+    {
+        return Err(too_large());
     }
     let mut body = Vec::new();
     while let Some(chunk) = response
@@ -191,9 +356,7 @@ async fn fetch(client: &reqwest::Client, url: &str) -> Result<Option<String>, Qu
     {
         body.extend_from_slice(&chunk);
         if body.len() as u64 > MAX_SOURCE_BYTES {
-            return Err(unavailable(format!(
-                "more than the {MAX_SOURCE_BYTES} bytes served"
-            )));
+            return Err(too_large());
         }
     }
     Ok(Some(String::from_utf8_lossy(&body).into_owned()))
@@ -261,7 +424,7 @@ mod tests {
                     ("404 Not Found", "no such file\n")
                 };
                 let response = format!(
-                    "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()
                 );
                 let _ = stream.write_all(response.as_bytes()).await;
@@ -289,5 +452,75 @@ mod tests {
             .await
             .unwrap()
             .is_none());
+    }
+
+    /// Every way a name could steer the fetch out of the template's prefix is refused, and
+    /// what is allowed is encoded so the host decodes the name as sent.
+    #[test]
+    fn substituted_values_never_leave_the_template_prefix() {
+        let template = "https://git.example.com:8443/raw/{service}/main/{path}?ref=1";
+        let fill = |service: &str, path: &str| fill_template(template, service, path);
+        let url = fill("shop", "src/cart.go").unwrap();
+        assert_eq!(
+            url.as_str(),
+            "https://git.example.com:8443/raw/shop/main/src/cart.go?ref=1"
+        );
+        // Names that are merely unusual are encoded, not refused.
+        assert_eq!(
+            fill("my shop", "a b/c%d+é.go").unwrap().as_str(),
+            "https://git.example.com:8443/raw/my%20shop/main/a%20b/c%25d%2B%C3%A9.go?ref=1"
+        );
+        assert_eq!(
+            fill("shop", "%41.go").unwrap().path(),
+            "/raw/shop/main/%2541.go",
+            "a % is sent as %25, so the host sees the name as sent"
+        );
+        for hostile in [
+            "..",
+            "../admin/secret",
+            "%2e%2e/admin/secret",
+            "%2E%2E/admin/secret",
+            ".%2e/admin",
+            "%2e./admin",
+            "a/%2e/b",
+            "a/./b",
+            "a//b",
+            "a/",
+            "..\\x",
+            "a\\..\\..\\admin",
+            "%5c..%5cadmin",
+            "a%2f..%2f..%2fadmin",
+            "%2F..%2Fadmin",
+            "a?token=1",
+            "a%3ftoken=1",
+            "a#fragment",
+            "a%23fragment",
+            "a\nb",
+            "a%0d%0aHost: evil",
+            "a%00b",
+            "",
+        ] {
+            let err = fill("shop", hostile).expect_err(hostile);
+            assert!(matches!(err, QueryError::BadRequest(_)), "{hostile}: {err}");
+            let err = fill(hostile, "cart.go").expect_err(hostile);
+            assert!(matches!(err, QueryError::BadRequest(_)), "{hostile}: {err}");
+        }
+        assert!(fill("x/../../internal/api?", "cart.go").is_err());
+        // A placeholder in the host would let a value pick the host: the prefix is the
+        // scheme alone, which is no prefix at all, so it is refused.
+        assert!(template_prefix("http://{service}.example.com/{path}").is_err());
+        assert!(template_prefix("https://h/raw?file={path}").is_err());
+        assert!(template_prefix("file:///etc/{path}").is_err());
+        // The prefix check itself, for redirects.
+        let prefix = template_prefix(template).unwrap();
+        let parse = |url: &str| reqwest::Url::parse(url).unwrap();
+        assert!(prefix.contains(&parse("https://git.example.com:8443/raw/x/main/y.go")));
+        assert!(!prefix.contains(&parse("https://git.example.com:8443/admin")));
+        assert!(!prefix.contains(&parse("http://git.example.com:8443/raw/x")));
+        assert!(!prefix.contains(&parse("https://git.example.com/raw/x")));
+        assert!(!prefix.contains(&parse("https://evil.example.com:8443/raw/x")));
+        assert!(!prefix.contains(&parse("https://u:p@git.example.com:8443/raw/x")));
+        assert!(!prefix.contains(&parse("https://git.example.com:8443/raw/%2e%2e/admin")));
+        assert!(!prefix.contains(&parse("https://git.example.com:8443/rawx/y")));
     }
 }

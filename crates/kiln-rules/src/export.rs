@@ -104,10 +104,10 @@ impl ExporterMetrics {
     }
 }
 
-/// Each series' newest value (local target), by series key.
+/// Each series' newest value (local target), by tenant and series key.
 #[derive(Default)]
 pub struct Latest {
-    values: Mutex<BTreeMap<String, (i64, i64)>>,
+    values: Mutex<BTreeMap<(String, String), (i64, i64)>>,
 }
 
 impl Latest {
@@ -117,7 +117,7 @@ impl Latest {
         };
         for sample in samples {
             let entry = values
-                .entry(sample.series.clone())
+                .entry((sample.tenant.clone(), sample.series.clone()))
                 .or_insert((sample.ts_ms, 0));
             if sample.ts_ms >= entry.0 {
                 *entry = (sample.ts_ms, sample.value);
@@ -125,13 +125,16 @@ impl Latest {
         }
     }
 
-    /// OpenMetrics text: one gauge family per metric, with the sample's own time.
+    /// OpenMetrics text: one gauge family per metric, with the sample's own time. Every
+    /// series carries its `tenant` (a series' own `tenant` label becomes
+    /// `exported_tenant`, as Prometheus renames a clash), so one scrape of `/metrics`
+    /// never mixes two tenants' series into one.
     pub fn render(&self, out: &mut String) {
         let Ok(values) = self.values.lock() else {
             return;
         };
         let mut families: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (key, (ts_ms, value)) in values.iter() {
+        for ((tenant, key), (ts_ms, value)) in values.iter() {
             let Some(labels) = parse_series_key(key) else {
                 continue;
             };
@@ -140,11 +143,19 @@ impl Latest {
                 .find(|(name, _)| name == "__name__")
                 .map(|(_, value)| value.clone())
                 .unwrap_or_default();
-            let rendered: Vec<String> = labels
-                .iter()
-                .filter(|(name, _)| name != "__name__")
-                .map(|(name, value)| format!("{name}=\"{}\"", escape(value)))
-                .collect();
+            let rendered: Vec<String> =
+                std::iter::once(format!("tenant=\"{}\"", escape(tenant)))
+                    .chain(labels.iter().filter(|(name, _)| name != "__name__").map(
+                        |(name, value)| {
+                            let name = if name == "tenant" {
+                                "exported_tenant"
+                            } else {
+                                name
+                            };
+                            format!("{name}=\"{}\"", escape(value))
+                        },
+                    ))
+                    .collect();
             families.entry(name.clone()).or_default().push(format!(
                 "{name}{{{}}} {value} {}.{:03}\n",
                 rendered.join(","),
@@ -452,7 +463,7 @@ mod tests {
         let b = tokio::spawn(exporter(&metastore, "b", &b_latest).run(stopped_b));
         add_sample(&metastore, 1_000, "c1").await;
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !shown(&a_latest).contains("cpu{} 5 1.000") {
+        while !shown(&a_latest).contains("cpu{tenant=\"t\"} 5 1.000") {
             assert!(std::time::Instant::now() < deadline, "a never sent");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -460,7 +471,7 @@ mod tests {
         stop_a.send(true).unwrap();
         a.await.unwrap();
         add_sample(&metastore, 2_000, "c2").await;
-        while !shown(&b_latest).contains("cpu{} 5 2.000") {
+        while !shown(&b_latest).contains("cpu{tenant=\"t\"} 5 2.000") {
             assert!(std::time::Instant::now() < deadline, "b never took over");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -24,8 +24,11 @@ pub struct ClientAddr(pub SocketAddr);
 pub enum Access {
     /// Health and the UI's static files: they hold no tenant's data.
     Open,
-    /// `/metrics`: open unless `auth.metrics_scope` is set.
+    /// `/metrics`: the scope `auth.metrics_scope` names (admin by default), or open when
+    /// it is `none`.
     Metrics,
+    /// Node-to-node calls (a query's shares): the node credential, never a tenant token.
+    Node,
     Needs(Scope),
 }
 
@@ -48,30 +51,45 @@ pub fn access(method: &Method, path: &str) -> Access {
         path if reads && is_ui_page(path) => Access::Open,
         // Read-only calls sent as POST: Connect/gRPC queries, comparisons, rule previews.
         path if path.starts_with("/querier.v1.QuerierService/") => Access::Needs(Scope::Read),
+        kiln_cluster::fanout::PARTIAL_TREE_PATH
+        | kiln_cluster::fanout::PARTIAL_PROFILE_PATH
+        | kiln_cluster::fanout::PARTIAL_SERIES_PATH => Access::Node,
         "/api/v1/compare"
         | "/api/v1/recording-rules/preview"
         | "/api/v1/heatmap"
         | "/api/v1/heatmap/flamegraph"
-        | "/api/v1/lines"
-        | kiln_cluster::fanout::PARTIAL_TREE_PATH
-        | kiln_cluster::fanout::PARTIAL_PROFILE_PATH
-        | kiln_cluster::fanout::PARTIAL_SERIES_PATH => Access::Needs(Scope::Read),
+        | "/api/v1/lines" => Access::Needs(Scope::Read),
         _ if reads => Access::Needs(Scope::Read),
         _ => Access::Needs(Scope::Admin),
     }
 }
 
 /// Lets a request through only with credentials that allow it, when auth is enabled.
+/// Node-only endpoints need the node credential whenever one is configured, and are shut
+/// with auth on and none configured.
 pub(crate) async fn authenticate(
     State(state): State<SharedState>,
     mut request: Request,
     next: Next,
 ) -> Response {
+    let needs = access(request.method(), request.uri().path());
+    if needs == Access::Node {
+        let presented = request.headers().get(header::AUTHORIZATION);
+        let allowed = match &state.node_credential {
+            Some(node) => node.verify(presented.map(HeaderValue::as_bytes)),
+            None => state.auth.is_none(),
+        };
+        if allowed {
+            return next.run(request).await;
+        }
+        tracing::debug!(path = request.uri().path(), "node-only endpoint refused");
+        return ApiError::Auth(kiln_auth::AuthError::NodeOnly).into_response();
+    }
     let Some(auth) = &state.auth else {
         return next.run(request).await;
     };
-    let scope = match access(request.method(), request.uri().path()) {
-        Access::Open => return next.run(request).await,
+    let scope = match needs {
+        Access::Open | Access::Node => return next.run(request).await,
         Access::Metrics => match auth.metrics_scope() {
             None => return next.run(request).await,
             Some(scope) => scope,
@@ -147,6 +165,13 @@ mod tests {
         assert_eq!(needs(Method::GET, "/ui/app.js"), Access::Open);
         assert_eq!(needs(Method::GET, "/"), Access::Open);
         assert_eq!(needs(Method::GET, "/metrics"), Access::Metrics);
+        for partial in [
+            "/api/v1/partial/tree",
+            "/api/v1/partial/profile",
+            "/api/v1/partial/series",
+        ] {
+            assert_eq!(needs(Method::POST, partial), Access::Node, "{partial}");
+        }
         for write in [
             "/ingest",
             "/pyroscope/ingest",
@@ -172,9 +197,6 @@ mod tests {
             (Method::POST, "/api/v1/heatmap"),
             (Method::POST, "/api/v1/heatmap/flamegraph"),
             (Method::POST, "/api/v1/lines"),
-            (Method::POST, "/api/v1/partial/tree"),
-            (Method::POST, "/api/v1/partial/profile"),
-            (Method::POST, "/api/v1/partial/series"),
             (Method::GET, "/api/v1/recording-rules"),
             (Method::POST, "/api/v1/recording-rules/preview"),
             (Method::GET, "/api/v1/regressions"),

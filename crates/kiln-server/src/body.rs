@@ -13,28 +13,38 @@ use http_body_util::BodyExt;
 use kiln_model::{ErrorKind, FormatError};
 
 /// A request body that fails once its deadline passes, however slowly its bytes trickle
-/// in: an idle timeout between reads would let a client hold a request open for ever by
-/// sending one byte at a time.
+/// in (an idle timeout alone would let a client hold a request open for ever by sending
+/// one byte at a time), or once no byte has come for its idle timeout (a deadline alone
+/// would let a client that declared a body and sent nothing hold its connection, and
+/// whatever the request holds, for the whole deadline).
 pub struct DeadlineBody {
     inner: Body,
     deadline: Pin<Box<tokio::time::Sleep>>,
     timeout: Duration,
+    idle: Pin<Box<tokio::time::Sleep>>,
+    idle_timeout: Duration,
 }
 
 impl DeadlineBody {
-    pub fn new(inner: Body, timeout: Duration) -> Self {
+    pub fn new(inner: Body, timeout: Duration, idle_timeout: Duration) -> Self {
         DeadlineBody {
             inner,
             deadline: Box::pin(tokio::time::sleep(timeout)),
             timeout,
+            idle: Box::pin(tokio::time::sleep(idle_timeout)),
+            idle_timeout,
         }
     }
 }
 
 /// The error a [`DeadlineBody`] ends with.
 #[derive(Debug, thiserror::Error)]
-#[error("the request body did not arrive within {} s", .0.as_secs_f64())]
-pub struct BodyTimeout(Duration);
+pub enum BodyTimeout {
+    #[error("the request body did not arrive within {} s (http.body_read_timeout_ms)", .0.as_secs_f64())]
+    Deadline(Duration),
+    #[error("no byte of the request body came for {} s (http.body_idle_timeout_ms)", .0.as_secs_f64())]
+    Idle(Duration),
+}
 
 impl http_body::Body for DeadlineBody {
     type Data = Bytes;
@@ -45,11 +55,21 @@ impl http_body::Body for DeadlineBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         if self.deadline.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Some(Err(Box::new(BodyTimeout(self.timeout)))));
+            return Poll::Ready(Some(Err(Box::new(BodyTimeout::Deadline(self.timeout)))));
         }
-        Pin::new(&mut self.inner)
-            .poll_frame(cx)
-            .map_err(axum::BoxError::from)
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                let next = tokio::time::Instant::now() + self.idle_timeout;
+                self.idle.as_mut().reset(next);
+                Poll::Ready(frame.map(|frame| frame.map_err(axum::BoxError::from)))
+            }
+            Poll::Pending => {
+                if self.idle.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Some(Err(Box::new(BodyTimeout::Idle(self.idle_timeout)))));
+                }
+                Poll::Pending
+            }
+        }
     }
 
     fn is_end_stream(&self) -> bool {
@@ -62,7 +82,7 @@ impl http_body::Body for DeadlineBody {
 }
 
 /// Finds a [`BodyTimeout`] however deep axum and http-body-util wrapped it.
-fn is_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
+pub(crate) fn is_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
     let mut current = Some(err);
     while let Some(err) = current {
         if err.is::<BodyTimeout>() {
@@ -80,6 +100,9 @@ pub enum BodyError {
     TooLarge(usize),
     #[error("failed to read the request body: {0}")]
     Timeout(#[source] axum::BoxError),
+    /// The in-flight bounds were reached while the body arrived.
+    #[error("{0}")]
+    Overloaded(#[source] kiln_ingest::IngestError),
     #[error("failed to read the request body: {0}")]
     Read(#[source] axum::BoxError),
     #[error("unsupported Content-Encoding {0:?}; use gzip")]
@@ -93,6 +116,7 @@ impl BodyError {
         match self {
             BodyError::TooLarge(_) => ErrorKind::TooLarge,
             BodyError::Timeout(_) => ErrorKind::Timeout,
+            BodyError::Overloaded(err) => err.kind(),
             BodyError::Read(_) => ErrorKind::Malformed,
             BodyError::Encoding(_) => ErrorKind::UnsupportedFormat,
             BodyError::Inflate(err) => err.kind(),
@@ -117,18 +141,34 @@ pub async fn read_limited(body: Body, limit: usize) -> Result<Bytes, BodyError> 
     }
 }
 
-/// Reads a body the server refuses and throws it away, up to `limit` bytes: answering
-/// before the client has sent it would make the client see a reset connection instead of
-/// the answer (429, say), and it could not reuse the connection either.
-pub async fn discard(body: Body, limit: usize) {
-    let mut body = body;
-    let mut read = 0;
-    while read <= limit {
-        match body.frame().await {
-            Some(Ok(frame)) => read += frame.data_ref().map_or(0, |data| data.len()),
-            _ => return,
-        }
+/// Most of a refused body read and thrown away, and for how long, before its connection
+/// closes. Answering and closing at once would make a client still sending see a reset
+/// instead of the answer; reading it all is what made refusals cost as much as writes
+/// under overload. A small body is drained whole (the client reads its 429 and may keep
+/// the connection); a larger one costs at most this much before the close.
+const LINGER_BYTES: usize = 64 << 10;
+const LINGER: Duration = Duration::from_secs(1);
+
+/// Lets a refused request's body go without reading more than [`LINGER_BYTES`] of it.
+/// A client that sent `Expect: 100-continue` has sent nothing yet and is told no by the
+/// answer itself: its body is not polled, since polling it is what sends `100 Continue`.
+pub fn refuse_unread(headers: &HeaderMap, body: Body) {
+    if expects_continue(headers) {
+        return;
     }
+    tokio::spawn(async move {
+        let drain =
+            http_body_util::BodyExt::collect(http_body_util::Limited::new(body, LINGER_BYTES));
+        let _ = tokio::time::timeout(LINGER, drain).await;
+    });
+}
+
+/// Whether the client waits for `100 Continue` before it sends its body.
+pub fn expects_continue(headers: &HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::EXPECT)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.trim().eq_ignore_ascii_case("100-continue"))
 }
 
 /// Removes a gzip `Content-Encoding`, bounded by `limit` decompressed bytes.

@@ -16,6 +16,8 @@ pub struct ServerConfig {
     pub target: String,
     /// How this node announces itself to the others (the metastore's `nodes` table).
     pub node: kiln_cluster::NodeConfig,
+    /// What the nodes of one deployment share.
+    pub cluster: ClusterConfig,
     /// Address to listen on, HTTP/1.1 and HTTP/2 cleartext (gRPC).
     pub listen: String,
     pub data_dir: PathBuf,
@@ -83,6 +85,16 @@ pub struct ServerConfig {
     pub source: kiln_query::source::SourceConfig,
 }
 
+/// What the nodes of one deployment share.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// A file holding the token nodes present to each other's node-only endpoints
+    /// (`/api/v1/partial/*`, a query's shares). Needed with auth on and roles split;
+    /// with it set, those endpoints refuse everything else, auth on or off.
+    pub token_file: Option<PathBuf>,
+}
+
 /// The in-process host agent: what `kiln agent` does, written straight to this server.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -132,6 +144,11 @@ pub struct HttpConfig {
     /// for the largest body at a slow client's pace; a 16 MiB profile at 1 Mbit/s takes
     /// about two minutes.
     pub body_read_timeout_ms: u64,
+    /// Longest a request body may go without a byte arriving, in milliseconds; then the
+    /// request is answered 408 and its connection closed. A client that declares a body
+    /// and sends nothing holds no ingest budget meanwhile (budget is taken as bytes
+    /// arrive), but it holds a connection and a task.
+    pub body_idle_timeout_ms: u64,
     /// Connections open at once; one more is answered 429 and closed, so that stalled
     /// clients cannot exhaust the process's file descriptors.
     pub max_connections: usize,
@@ -149,6 +166,7 @@ impl Default for HttpConfig {
         HttpConfig {
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 180_000,
+            body_idle_timeout_ms: 10_000,
             max_connections: 4096,
             max_inflight_bytes: 64 << 20,
             max_parse_wait_ms: 2_000,
@@ -187,6 +205,7 @@ impl Default for ServerConfig {
             source: kiln_query::source::SourceConfig::default(),
             target: "all".to_string(),
             node: kiln_cluster::NodeConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }

@@ -53,6 +53,38 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         StatusCode::from_u16(self.kind().status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
+
+    /// What the client is told. A failure of the object store, the metastore or the disk
+    /// carries paths, object keys and URLs of the server's own (`file:///var/lib/kiln/…`),
+    /// which no client sent and none may learn: those say which backend failed and stop
+    /// there; the whole error goes to the server's log.
+    pub fn public_message(&self) -> String {
+        let mut current: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        let mut backend = None;
+        while let Some(err) = current {
+            if err.is::<kiln_storage::StorageError>() {
+                backend = Some("the object store");
+            } else if err.is::<kiln_metastore::MetastoreError>() {
+                backend = Some("the metastore");
+            } else if err.is::<std::io::Error>() && backend.is_none() {
+                backend = Some("the local disk");
+            }
+            current = err.source();
+        }
+        let Some(backend) = backend else {
+            return self.to_string();
+        };
+        let what = match self {
+            ApiError::Ingest(_) => "failed to store the profiles",
+            _ => "the request failed",
+        };
+        let retry = if self.status() == StatusCode::SERVICE_UNAVAILABLE {
+            "; retry shortly"
+        } else {
+            ""
+        };
+        format!("{what}: {backend} failed{retry} (the server's log has the detail)")
+    }
 }
 
 /// What an error response carries for [`crate::rpc::shape_errors`], which renders it in
@@ -71,7 +103,7 @@ impl IntoResponse for ApiError {
         let failure = Failure {
             status: self.status(),
             reason: self.kind().reason(),
-            message: self.to_string(),
+            message: self.public_message(),
         };
         if failure.status.is_server_error() {
             tracing::error!(error = %self, source = ?std::error::Error::source(&self), "request failed");

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use kiln_ingest::push::{decode_json, decode_proto, parse_push, PushResponse};
 use kiln_ingest::{IngestError, Limits, ParsedProfile};
 
-use crate::body::{content_type, decode_content_encoding, read_limited};
+use crate::body::{content_type, decode_content_encoding, BodyError};
 use crate::endpoints::{PUSH, PUSH_PATH, PYROSCOPE};
 use crate::error::ApiError;
 use crate::placement;
@@ -26,7 +26,7 @@ pub(crate) struct Received {
     /// The body as it came, framed or compressed.
     pub raw: Bytes,
     pub received: usize,
-    pub inflight: (kiln_ingest::InFlight, Option<kiln_ingest::InFlight>),
+    pub inflight: Option<kiln_ingest::InFlight>,
     pub arrival: kiln_ingest::Arrival,
 }
 
@@ -59,14 +59,14 @@ pub(crate) struct IngestBody {
     /// Bytes as received, for accounting.
     pub received: usize,
     /// This request's share of the in-flight bounds, held until it is answered.
-    pub _inflight: (kiln_ingest::InFlight, Option<kiln_ingest::InFlight>),
+    pub _inflight: Option<kiln_ingest::InFlight>,
     /// Tells the group commit this write is on its way, until it is queued.
     pub arrival: kiln_ingest::Arrival,
 }
 
-/// What a body without `Content-Length` (h2, chunked) is admitted as before it is read;
-/// the rest is taken once its size is known.
-const UNDECLARED_BODY_BYTES: usize = 64 << 10;
+/// The in-flight share a body takes at a time as it arrives: one reservation per
+/// 64 KiB rather than per read of 16 KiB at most.
+const ADMISSION_STEP: usize = 64 << 10;
 
 /// Reads a body within the tenant's size limit, counts it against the tenant's rate, and
 /// opens it: as `rpc` frames it, or as its `Content-Encoding` says.
@@ -82,7 +82,12 @@ pub(crate) async fn read_body(
         .open(headers, rpc)
 }
 
-/// Reads a body within the tenant's size limit and counts it against the tenant's rate.
+/// Reads a body within the tenant's limits. Every limit that can be judged from the
+/// headers is judged before a byte of the body is read, and a refusal reads at most a
+/// little of it ([`crate::body::refuse_unread`]): the write queue's room, the declared
+/// length against the free in-flight bytes and against the tenant's rate. The in-flight
+/// bytes are then taken as the body arrives, so a client that declares a body and stalls
+/// holds none of them.
 pub(crate) async fn receive(
     state: &AppState,
     tenant: &str,
@@ -94,31 +99,95 @@ pub(crate) async fn receive(
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.trim().parse::<usize>().ok());
-    let admitted = declared.unwrap_or(UNDECLARED_BODY_BYTES);
-    let admission = state.ingester.check_room().and_then(|arrival| {
-        let inflight = state.limits.admit(tenant, admitted)?;
-        Ok((arrival, inflight))
-    });
-    let (arrival, inflight) = match admission {
-        Ok(admitted) => admitted,
-        Err(err) => {
-            crate::body::discard(body, limits.max_body_bytes).await;
-            return Err(err.into());
+    let early = state.ingester.has_room().and_then(|()| match declared {
+        Some(declared) => {
+            state.limits.check_declared(tenant, declared)?;
+            state.limits.check_rate(tenant, declared)
         }
-    };
-    let raw = read_limited(body, limits.max_body_bytes).await?;
-    let more = match raw.len().checked_sub(admitted) {
-        Some(more) if more > 0 => Some(state.limits.admit(tenant, more)?),
-        _ => None,
-    };
-    state.limits.check_rate(tenant, raw.len())?;
+        None => Ok(()),
+    });
+    if let Err(err) = early {
+        crate::body::refuse_unread(headers, body);
+        return Err(err.into());
+    }
+    let (raw, inflight) = read_admitted(state, tenant, headers, body, &limits, declared).await?;
+    if declared.is_none() {
+        state.limits.check_rate(tenant, raw.len())?;
+    }
+    // Announced to the group commit only now that the body is here: a stalled client
+    // must not hold flushes waiting for it.
+    let arrival = state.ingester.check_room()?;
     Ok(Received {
         limits,
         received: raw.len(),
         raw,
-        inflight: (inflight, more),
+        inflight,
         arrival,
     })
+}
+
+/// Reads the whole body, refusing with 413 past `limits.max_body_bytes` and with 429 when
+/// the in-flight bounds, taken as the bytes arrive, are full.
+async fn read_admitted(
+    state: &AppState,
+    tenant: &str,
+    headers: &HeaderMap,
+    mut body: Body,
+    limits: &Limits,
+    declared: Option<usize>,
+) -> Result<(Bytes, Option<kiln_ingest::InFlight>), ApiError> {
+    use http_body_util::BodyExt;
+    let limit = limits.max_body_bytes;
+    let mut held: Option<kiln_ingest::InFlight> = None;
+    let mut first: Option<Bytes> = None;
+    let mut joined = bytes::BytesMut::new();
+    let mut received = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|err| {
+            let err: axum::BoxError = err.into();
+            if crate::body::is_timeout(err.as_ref()) {
+                BodyError::Timeout(err)
+            } else {
+                BodyError::Read(err)
+            }
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        received += data.len();
+        if received > limit {
+            crate::body::refuse_unread(headers, body);
+            return Err(BodyError::TooLarge(limit).into());
+        }
+        let holding = held.as_ref().map_or(0, kiln_ingest::InFlight::bytes);
+        if received > holding {
+            let ceiling = declared.unwrap_or(limit).max(received);
+            let step = (received - holding)
+                .max(ADMISSION_STEP)
+                .min(ceiling - holding);
+            match state.limits.admit(tenant, step) {
+                Ok(share) => match held.as_mut() {
+                    Some(held) => held.absorb(share),
+                    None => held = Some(share),
+                },
+                Err(err) => {
+                    crate::body::refuse_unread(headers, body);
+                    return Err(BodyError::Overloaded(err).into());
+                }
+            }
+        }
+        match first.take() {
+            None if joined.is_empty() => first = Some(data),
+            None => joined.extend_from_slice(&data),
+            Some(earlier) => {
+                joined.reserve(declared.unwrap_or(0).max(earlier.len() + data.len()));
+                joined.extend_from_slice(&earlier);
+                joined.extend_from_slice(&data);
+            }
+        }
+    }
+    let raw = first.unwrap_or_else(|| joined.freeze());
+    Ok((raw, held))
 }
 
 /// Parses a request and writes its profiles, staged on the thread that parsed them
@@ -131,6 +200,19 @@ pub(crate) async fn parse_and_write<T: Send + 'static>(
     parse: impl FnOnce() -> Result<(Vec<ParsedProfile>, T), IngestError> + Send + 'static,
     arrival: kiln_ingest::Arrival,
 ) -> Result<(T, Vec<String>), ApiError> {
+    let cardinality = state.limits.cardinality();
+    let limits = state.limits.for_tenant(tenant);
+    let owner = tenant.to_string();
+    let parse = move || {
+        let (profiles, answer) = parse()?;
+        cardinality.admit(
+            &owner,
+            profiles.iter().map(|profile| &profile.labels),
+            &limits,
+            kiln_model::time::now_ms(),
+        )?;
+        Ok((profiles, answer))
+    };
     let (answer, written) = state
         .ingester
         .parse_and_write(tenant, parse, arrival)
@@ -138,6 +220,7 @@ pub(crate) async fn parse_and_write<T: Send + 'static>(
     state
         .metrics
         .accept(endpoint, written.bytes, written.profiles);
+    state.metrics.cut(&written.cuts);
     Ok((answer, written.warnings))
 }
 

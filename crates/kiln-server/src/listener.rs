@@ -35,11 +35,6 @@ use crate::tls::Tls;
 /// Longest shutdown waits for requests in flight before it closes their connections.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
-/// How long, and how many bytes, a refused body is still read and discarded after its 413,
-/// so that a client still sending it reads the answer instead of a reset connection.
-const LINGER: Duration = Duration::from_secs(2);
-const LINGER_BYTES: usize = 32 << 20;
-
 /// Connections past the cap being answered at once; more are closed unanswered.
 const MAX_REFUSALS: usize = 256;
 
@@ -74,7 +69,9 @@ fn query_is_utf8(query: &str) -> bool {
 }
 
 /// Refuses a body declared over the tenant's limit before reading a byte of it, and puts a
-/// deadline on reading the rest. A query string that is not UTF-8 is refused here too.
+/// deadline and an idle timeout on reading the rest. A query string that is not UTF-8 is
+/// refused here too. A write refused before its body was read (413, 429, 408) closes its
+/// HTTP/1 connection, which cannot carry another request with the body still in it.
 pub(crate) async fn guard(
     State(state): State<SharedState>,
     request: Request,
@@ -87,6 +84,8 @@ pub(crate) async fn guard(
         )
             .into_response();
     }
+    let endpoint = endpoint_of(request.method(), request.uri().path());
+    let http1 = request.version() < axum::http::Version::HTTP_2;
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -96,10 +95,9 @@ pub(crate) async fn guard(
         let tenant = tenant_of(request.headers()).unwrap_or_default();
         let limit = state.limits.for_tenant(&tenant).max_body_bytes;
         if length > limit as u64 {
-            state.metrics.reject(
-                endpoint_of(request.method(), request.uri().path()).unwrap_or("http"),
-                "too_large",
-            );
+            state
+                .metrics
+                .reject(endpoint.unwrap_or("http"), "too_large");
             let mut response = (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
@@ -107,25 +105,32 @@ pub(crate) async fn guard(
                 ),
             )
                 .into_response();
-            // The body is not stored, so the connection cannot carry another request. It is
-            // drained for a moment (a lingering close) rather than reset under the client.
-            response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            let body = request.into_body();
-            tokio::spawn(async move {
-                let drain = http_body_util::BodyExt::collect(http_body_util::Limited::new(
-                    body,
-                    LINGER_BYTES,
-                ));
-                let _ = tokio::time::timeout(LINGER, drain).await;
-            });
+            if http1 {
+                close(&mut response);
+            }
+            let (parts, body) = request.into_parts();
+            crate::body::refuse_unread(&parts.headers, body);
             return response;
         }
     }
-    let timeout = state.body_read_timeout;
-    next.run(request.map(|body| Body::new(DeadlineBody::new(body, timeout))))
-        .await
+    let (timeout, idle) = (state.body_read_timeout, state.body_idle_timeout);
+    let mut response = next
+        .run(request.map(|body| Body::new(DeadlineBody::new(body, timeout, idle))))
+        .await;
+    let refused = matches!(
+        response.status(),
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS | StatusCode::REQUEST_TIMEOUT
+    );
+    if endpoint.is_some() && http1 && refused {
+        close(&mut response);
+    }
+    response
+}
+
+fn close(response: &mut Response) {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
 }
 
 /// The most an HTTP/1 connection's read buffer grows to (hyper's default is about
@@ -207,6 +212,11 @@ pub(crate) async fn serve(
             let io: Box<dyn Io> = match tls {
                 None => Box::new(stream),
                 Some(tls) => {
+                    if speaks_cleartext(&stream, handshake_timeout).await {
+                        answer_cleartext(stream).await;
+                        metrics.connections_open.dec();
+                        return;
+                    }
                     match tokio::time::timeout(handshake_timeout, tls.acceptor.accept(stream)).await
                     {
                         Ok(Ok(stream)) => Box::new(stream),
@@ -241,6 +251,30 @@ pub(crate) async fn serve(
         tracing::warn!("requests still in flight after the shutdown grace period; closing");
     }
     Ok(())
+}
+
+/// Whether a client on the TLS port opened with plain HTTP: a TLS connection starts with
+/// a handshake record (0x16), an HTTP/1 request with a method's capital letter.
+async fn speaks_cleartext(stream: &tokio::net::TcpStream, within: Duration) -> bool {
+    let mut first = [0u8; 1];
+    matches!(
+        tokio::time::timeout(within, stream.peek(&mut first)).await,
+        Ok(Ok(1)) if first[0].is_ascii_uppercase()
+    )
+}
+
+/// Tells a plain-HTTP client it reached an HTTPS port (as Go's and nginx's servers do),
+/// rather than a handshake error it would show as a reset connection.
+async fn answer_cleartext(mut stream: tokio::net::TcpStream) {
+    let mut head = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_millis(100), stream.read(&mut head)).await;
+    let body = "This port speaks HTTPS: use https:// (TLS is on for this server)\n";
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(answer.as_bytes())).await;
+    let _ = stream.shutdown().await;
 }
 
 /// A connection's byte stream: TCP, or TLS over it.

@@ -25,6 +25,12 @@ pub struct ServerMetrics {
     pub ready: Gauge,
     pub connections_open: Gauge,
     pub connections_refused: Counter,
+    pub cuts: Family<CutLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CutLabels {
+    pub what: &'static str,
 }
 
 impl ServerMetrics {
@@ -55,6 +61,11 @@ impl ServerMetrics {
             self.connections_refused.clone(),
         );
         registry.register(
+            "kiln_ingest_cut",
+            "What the shape limits cut from accepted profiles: samples dropped past limits.max_samples_per_profile, stacks cut at limits.max_stack_depth, names cut at 4 KiB",
+            self.cuts.clone(),
+        );
+        registry.register(
             "kiln_ready",
             "1 once the server accepts writes",
             self.ready.clone(),
@@ -80,5 +91,19 @@ impl ServerMetrics {
         self.received_profiles
             .get_or_create(&labels)
             .inc_by(profiles as u64);
+    }
+
+    pub fn cut(&self, cuts: &kiln_ingest::Cuts) {
+        for (what, count) in [
+            ("samples", cuts.samples),
+            ("stacks", cuts.stacks),
+            ("names", cuts.names),
+        ] {
+            if count > 0 {
+                self.cuts
+                    .get_or_create(&CutLabels { what })
+                    .inc_by(count as u64);
+            }
+        }
     }
 }

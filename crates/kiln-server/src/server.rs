@@ -135,6 +135,7 @@ impl Server {
         let mut registry = Registry::default();
         metrics.register(&mut registry);
         let auth = authenticator(&config)?;
+        let node_credential = node_credential(&config, &roles, auth.is_some())?;
         if let Some(auth) = &auth {
             auth.register(&mut registry);
         }
@@ -299,6 +300,9 @@ impl Server {
                     membership.clone(),
                     client,
                     tls_roots.is_some(),
+                    node_credential
+                        .as_ref()
+                        .map(kiln_auth::NodeCredential::header),
                 )),
                 min_profiles: config.node.fanout_min_profiles,
             });
@@ -313,12 +317,14 @@ impl Server {
             insight,
             limits,
             auth,
+            node_credential,
             metrics: metrics.clone(),
             registry,
             ready: AtomicBool::new(false),
             targets,
             sources: kiln_query::source::Sources::new(config.source.clone()),
             body_read_timeout: Duration::from_millis(config.http.body_read_timeout_ms.max(1)),
+            body_idle_timeout: Duration::from_millis(config.http.body_idle_timeout_ms.max(1)),
         });
 
         let app = router(state.clone());
@@ -401,6 +407,25 @@ fn authenticator(config: &ServerConfig) -> Result<Option<kiln_auth::Authenticato
         );
     }
     Ok(auth)
+}
+
+/// The node credential, from `cluster.token_file`. Split roles with auth on need one: a
+/// query node's shares go to its peers' node-only endpoints, which tenant tokens do not
+/// open.
+fn node_credential(
+    config: &ServerConfig,
+    roles: &kiln_cluster::Roles,
+    auth: bool,
+) -> Result<Option<kiln_auth::NodeCredential>, ServerError> {
+    match &config.cluster.token_file {
+        Some(path) => Ok(Some(kiln_auth::NodeCredential::from_file(path)?)),
+        None if auth && *roles != kiln_cluster::Roles::all() => Err(ServerError::Auth(
+            kiln_auth::ConfigError(
+                "auth is on and this node runs only some roles: set cluster.token_file (the same file on every node) so query nodes can ask each other for a query's shares".to_string(),
+            ),
+        )),
+        None => Ok(None),
+    }
 }
 
 /// Host and listen address: what identifies this node across its restarts.

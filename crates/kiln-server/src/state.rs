@@ -20,6 +20,8 @@ pub struct AppState {
     pub limits: TenantLimits,
     /// Tokens and what they allow; `None` when `auth.enabled` is false.
     pub auth: Option<kiln_auth::Authenticator>,
+    /// What the node-only endpoints need (`cluster.token_file`), when set.
+    pub node_credential: Option<kiln_auth::NodeCredential>,
     pub metrics: ServerMetrics,
     pub registry: Registry,
     pub ready: AtomicBool,
@@ -35,6 +37,8 @@ pub struct AppState {
     pub sources: kiln_query::source::Sources,
     /// How long a client may take to send a request body.
     pub body_read_timeout: Duration,
+    /// How long a request body may go without a byte.
+    pub body_idle_timeout: Duration,
 }
 
 pub type SharedState = Arc<AppState>;

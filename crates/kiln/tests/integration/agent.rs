@@ -931,7 +931,7 @@ fn the_agent_sends_its_token_and_lands_in_the_tokens_tenant() {
         0.0
     );
     assert!(
-        !server.metrics().contains("kiln_auth_failures_total"),
+        !crate::auth::admin_metrics(&server).contains("kiln_auth_failures_total"),
         "the agent was refused"
     );
 }

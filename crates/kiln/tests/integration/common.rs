@@ -346,6 +346,21 @@ pub fn workspace_root() -> PathBuf {
         .expect("workspace root")
 }
 
+/// POSTs JSON; the answer as JSON, or as a JSON string when it is not JSON.
+pub fn post_json(
+    server: &TestServer,
+    path: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let (status, text) = server.post_with(
+        path,
+        body.to_string().as_bytes(),
+        &[("Content-Type", "application/json")],
+    );
+    let value = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+    (status, value)
+}
+
 /// A committed fixture from `testdata/`.
 pub fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(workspace_root().join("testdata").join(name))

@@ -23,5 +23,6 @@ mod rules;
 mod scale;
 mod scrape;
 mod sdk;
+mod security;
 mod tls;
 mod ui;

@@ -177,7 +177,9 @@ fn rules_are_per_tenant_file_rules_read_only_and_previews_match_totals(backend: 
         &profile,
     );
     assert_eq!(status, 200, "{body}");
-    let expected = format!("file_cpu{{service_name=\"checkout\"}} {PROFILE_NANOS} {ahead}.000");
+    let expected = format!(
+        "file_cpu{{tenant=\"anonymous\",service_name=\"checkout\"}} {PROFILE_NANOS} {ahead}.000"
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let metrics = server.metrics();

@@ -540,8 +540,7 @@ fn kiln_scrape_sends_its_token() {
     };
     let mut without = scrape(None);
     wait_until("a refused push", Duration::from_secs(30), || {
-        receiver
-            .metrics()
+        crate::auth::admin_metrics(&receiver)
             .contains("kiln_auth_failures_total{reason=\"missing\"}")
     });
     let _ = without.kill();

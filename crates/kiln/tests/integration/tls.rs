@@ -136,11 +136,12 @@ fn https_and_grpc_over_tls_on_one_port_with_the_certificate_reloaded_on_sighup()
         crate::push::expected_total()
     );
 
-    // Cleartext to the TLS port, and TLS without the CA, both fail.
-    assert!(
-        reqwest::blocking::get(format!("http://127.0.0.1:{port}/ready"))
-            .map_or(true, |r| r.status() != 200)
-    );
+    // Cleartext to the TLS port is told so (400, as Go's and nginx's servers answer), and
+    // TLS without the CA fails.
+    let plain = reqwest::blocking::get(format!("http://127.0.0.1:{port}/ready"))
+        .expect("an answer, not a reset");
+    assert_eq!(plain.status(), 400);
+    assert!(plain.text().unwrap().contains("This port speaks HTTPS"));
     let err = client(None)
         .get(format!("{base}/ready"))
         .send()

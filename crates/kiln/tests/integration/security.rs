@@ -1,0 +1,402 @@
+//! Issue 56's findings, each reproduced as the probe found it: what a writer, a stalled
+//! client or a retrying SDK could do to a server, and what the server must do instead.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+
+use serde_json::json;
+
+use crate::common::*;
+
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+
+/// A loopback HTTP server that logs every request line it receives and answers from
+/// `route` (status line, extra headers, body).
+fn logging_http_server(
+    route: impl Fn(&str) -> (&'static str, String, String) + Send + 'static,
+) -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = listener.local_addr().expect("address").to_string();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let seen = log.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            let mut line = String::new();
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            // The rest of the head.
+            let mut header = String::new();
+            while reader.read_line(&mut header).is_ok_and(|n| n > 2) {
+                header.clear();
+            }
+            let target = line.split(' ').nth(1).unwrap_or("").to_string();
+            seen.lock().unwrap().push(target.clone());
+            let (status, headers, body) = route(&target);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\n{headers}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (address, log)
+}
+
+/// A pprof whose one function per file has that file's name, one sample each.
+fn profile_with_files(files: &[String]) -> Vec<u8> {
+    use kiln_model::build::{Frame, ProfileBuilder};
+    let mut builder = ProfileBuilder::new(
+        &[("cpu", "nanoseconds")],
+        Some(("cpu", "nanoseconds")),
+        10_000_000,
+    );
+    for (i, file) in files.iter().enumerate() {
+        let function = format!("f{i}");
+        let location = builder.location(&Frame {
+            function: &function,
+            file,
+            line: 3,
+            ..Frame::default()
+        });
+        builder.add(&[location], &[10_000_000], &[]);
+    }
+    let now = kiln_model::time::now_nanos();
+    prost::Message::encode_to_vec(&builder.finish(now - 30_000_000_000, 10_000_000_000))
+}
+
+/// Finding 1: `{path}` and `{service}` came from profiles unescaped, so a writer could make
+/// the server fetch any path of the source host (or, by a redirect, any host) and show it.
+#[test]
+fn source_fetches_never_leave_the_url_templates_prefix() {
+    let (elsewhere, elsewhere_log) = logging_http_server(|_| {
+        (
+            "200 OK",
+            "content-type: text/plain\r\n".into(),
+            "secret elsewhere\n".into(),
+        )
+    });
+    let (source, source_log) = logging_http_server(move |target| match target {
+        "/raw/shop/ok.go" => (
+            "200 OK",
+            "content-type: text/plain\r\n".into(),
+            "package ok\n".into(),
+        ),
+        "/raw/shop/moved.go" => (
+            "302 Found",
+            "location: /raw/shop/ok.go\r\n".into(),
+            String::new(),
+        ),
+        "/raw/shop/away.go" => (
+            "302 Found",
+            format!("location: http://{elsewhere}/admin/secret\r\n"),
+            String::new(),
+        ),
+        "/raw/shop/up.go" => (
+            "302 Found",
+            "location: /admin/secret\r\n".into(),
+            String::new(),
+        ),
+        "/raw/shop/binary.go" => (
+            "200 OK",
+            "content-type: application/octet-stream\r\n".into(),
+            "\u{7f}ELF".into(),
+        ),
+        target if !target.starts_with("/raw/") => (
+            "200 OK",
+            "content-type: text/plain\r\n".into(),
+            "secret admin\n".into(),
+        ),
+        _ => ("404 Not Found", String::new(), "no\n".into()),
+    });
+    let template = format!("http://{source}/raw/{{service}}/{{path}}");
+    let server = TestServer::start_with(move |config| config.source.url_template = template);
+
+    let hostile = [
+        "%2e%2e/admin/secret",
+        ".%2e/admin/secret",
+        "%2E%2E/%2E%2E/admin/secret",
+        "..\\admin\\secret",
+        "%5c..%5cadmin",
+        "a%2f..%2f..%2fadmin",
+        "x?token=1",
+        "x%3ftoken=1",
+        "x#fragment",
+        "x/%2e/../../admin",
+        "x//admin",
+        "x%0d%0aHost: evil",
+        "../admin/secret",
+    ];
+    let files: Vec<String> = ["ok.go", "moved.go", "away.go", "up.go", "binary.go"]
+        .iter()
+        .map(|f| f.to_string())
+        .chain(hostile.iter().map(|f| f.to_string()))
+        .collect();
+    let lines = |service: &str, function: &str| {
+        let (status, answer) = post_json(
+            &server,
+            "/api/v1/lines",
+            &json!({ "profile_type": CPU, "selector": format!("{{service_name=\"{service}\"}}"),
+                     "from": "now-1h", "until": "now", "function": function }),
+        );
+        assert_eq!(status, 200, "{answer}");
+        answer["sources"].as_array().expect("sources").clone()
+    };
+    let profile = profile_with_files(&files);
+    for service in ["shop", "x/../../internal/api?", "%2e%2e", "a?b#c"] {
+        let name = crate::pyroscope::url_escape(service);
+        let (status, text) = server.post(&format!("/ingest?name={name}&format=pprof"), &profile);
+        assert_eq!(status, 200, "{service}: {text}");
+        for (i, file) in files.iter().enumerate() {
+            let sources = lines(service, &format!("f{i}"));
+            let shown = sources
+                .iter()
+                .map(|s| s["lines"].to_string())
+                .collect::<String>();
+            assert!(!shown.contains("secret"), "{service} {file}: {shown}");
+            if service == "shop" && (file == "ok.go" || file == "moved.go") {
+                assert_eq!(sources.len(), 1, "{file}: {sources:?}");
+                assert_eq!(sources[0]["lines"], json!(["package ok"]));
+            } else {
+                assert!(sources.is_empty(), "{service} {file}: {sources:?}");
+            }
+        }
+    }
+    let paths = source_log.lock().unwrap().clone();
+    assert!(paths.iter().any(|p| p == "/raw/shop/ok.go"), "{paths:?}");
+    for path in &paths {
+        let decoded = percent_decode(path);
+        assert!(path.starts_with("/raw/"), "left the prefix: {path}");
+        assert!(
+            !path.contains(['?', '#', '\\']) && !decoded.split('/').any(|s| s == ".." || s == "."),
+            "{path} ({decoded})"
+        );
+    }
+    assert!(
+        elsewhere_log.lock().unwrap().is_empty(),
+        "a redirect was followed off the host"
+    );
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(byte) = u8::from_str_radix(&text[i + 1..i + 3], 16) {
+                out.push(byte);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Sends a request head (no body) on a fresh connection.
+fn send_head(server: &TestServer, head: &str) -> std::net::TcpStream {
+    let address = server.url.trim_start_matches("http://").to_string();
+    let mut stream = std::net::TcpStream::connect(address).expect("connect");
+    stream.write_all(head.as_bytes()).expect("head");
+    stream
+}
+
+/// Reads an answer's head (up to the blank line), within `timeout`.
+fn read_head(stream: &mut std::net::TcpStream, timeout: std::time::Duration) -> String {
+    use std::io::Read;
+    stream.set_read_timeout(Some(timeout)).expect("timeout");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+fn ingest_head(service: &str, tenant: &str, length: usize, extra: &str) -> String {
+    format!(
+        "POST /ingest?name={service}.cpu&format=pprof HTTP/1.1\r\nHost: kiln\r\nX-Scope-OrgID: {tenant}\r\nContent-Length: {length}\r\n{extra}\r\n"
+    )
+}
+
+/// Finding 2: the in-flight budget was reserved from the declared `Content-Length`, so
+/// four idle connections declaring 16 MiB blocked every write for 180 s.
+#[test]
+fn stalled_uploads_hold_no_budget_and_are_closed_when_idle() {
+    let server = TestServer::start_with(|config| config.http.body_idle_timeout_ms = 2_000);
+    let profile = fixture("profefe-collector_cpu_1.prof");
+    let stalled: Vec<_> = (0..50)
+        .map(|i| {
+            let tenant = ["team-a", "team-b", "team-c", "team-d"][i % 4];
+            send_head(&server, &ingest_head("stall", tenant, 16 << 20, ""))
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    for tenant in ["team-a", "team-z"] {
+        for _ in 0..3 {
+            let (status, text) = server.post_with(
+                "/ingest?name=good.cpu&format=pprof",
+                &profile,
+                &[("X-Scope-OrgID", tenant)],
+            );
+            assert_eq!(status, 200, "{tenant}: {text}");
+        }
+    }
+    // Past the idle timeout, each stalled upload is answered 408 and closed.
+    for mut stream in stalled.into_iter().take(4) {
+        let head = read_head(&mut stream, std::time::Duration::from_secs(10));
+        assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+        assert!(
+            head.to_ascii_lowercase().contains("connection: close"),
+            "{head}"
+        );
+    }
+    assert!(
+        server.counter("kiln_ingest_rejected_total{endpoint=\"ingest\",reason=\"timeout\"}") >= 4.0,
+        "{}",
+        server.metrics()
+    );
+}
+
+/// A declared body larger than what is free of the tenant's in-flight bound is refused
+/// before a byte of it is read; a client that asked with `Expect: 100-continue` is told
+/// no without being asked for its body, and one that fits is asked for it.
+#[test]
+fn refusals_come_after_the_headers_and_honour_expect_100_continue() {
+    let server = TestServer::start_with(|config| {
+        let small = kiln_ingest::Limits {
+            max_inflight_bytes: 1 << 20,
+            ..config.limits
+        };
+        config.tenant_limits.insert("small".into(), small);
+        let slow = kiln_ingest::Limits {
+            ingestion_rate_bytes: 1_000,
+            ingestion_burst_bytes: 10_000,
+            ..config.limits
+        };
+        config.tenant_limits.insert("slow".into(), slow);
+    });
+    // One upload holds about 640 KiB of tenant small's 1 MiB as its bytes arrive.
+    let mut holder = send_head(&server, &ingest_head("holder", "small", 1 << 20, ""));
+    holder.write_all(&vec![b'x'; 640 << 10]).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Another declares 1 MiB: refused at once, its body never sent.
+    let started = std::time::Instant::now();
+    let mut refused = send_head(&server, &ingest_head("second", "small", 1 << 20, ""));
+    let head = read_head(&mut refused, std::time::Duration::from_secs(5));
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    // Over the tenant's rate, with Expect: 100-continue: the final answer, no 100.
+    let mut expecting = send_head(
+        &server,
+        &ingest_head("rate", "slow", 1 << 20, "Expect: 100-continue\r\n"),
+    );
+    let head = read_head(&mut expecting, std::time::Duration::from_secs(5));
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+    // One that fits is asked for its body, and stored.
+    let profile = fixture("profefe-collector_cpu_1.prof");
+    let mut fits = send_head(
+        &server,
+        &ingest_head("fits", "small", profile.len(), "Expect: 100-continue\r\n"),
+    );
+    let head = read_head(&mut fits, std::time::Duration::from_secs(5));
+    assert!(head.starts_with("HTTP/1.1 100"), "{head}");
+    fits.write_all(&profile).unwrap();
+    let head = read_head(&mut fits, std::time::Duration::from_secs(10));
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    drop(holder);
+}
+
+/// Finding 4: read tokens could call the node-to-node endpoints, and their 503 named the
+/// server's data directory.
+#[test]
+fn partial_endpoints_need_the_node_credential_and_errors_name_no_server_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("node-token");
+    let node_token = "node-secret-0123456789abcdef0123456789";
+    std::fs::write(&token_file, format!("{node_token}\n")).unwrap();
+    let server = TestServer::start_with(|config| {
+        config.auth = crate::auth::auth_config(1000);
+        config.cluster.token_file = Some(token_file.clone());
+    });
+    let data_dir = server
+        .data_dir()
+        .canonicalize()
+        .unwrap()
+        .display()
+        .to_string();
+    let share = json!({
+        "profile_type": CPU, "selector": "{}", "from_nanos": 0, "to_nanos": i64::MAX,
+        "datasets": [{ "block_id": "01J00000000000000000000000", "object_key": "blocks/../../etc/passwd",
+                       "tenant": "team-a", "service": "s", "row_group": 0,
+                       "min_time_nanos": 0, "max_time_nanos": 1, "profile_types": [CPU],
+                       "profile_count": 1 }]
+    })
+    .to_string();
+    for path in [
+        "/api/v1/partial/tree",
+        "/api/v1/partial/profile",
+        "/api/v1/partial/series",
+    ] {
+        for authorization in [
+            crate::auth::bearer(crate::auth::READER_A),
+            crate::auth::bearer(crate::auth::WRITER_A),
+        ] {
+            let (status, text) = server.post_with(
+                path,
+                share.as_bytes(),
+                &[
+                    ("Authorization", &authorization),
+                    ("X-Scope-OrgID", "team-a"),
+                ],
+            );
+            assert_eq!(status, 403, "{path}: {text}");
+            assert!(text.contains("cluster.token_file"), "{text}");
+        }
+        let (status, text) = server.post_with(
+            path,
+            share.as_bytes(),
+            &[
+                ("Authorization", &format!("Bearer {node_token}")),
+                ("X-Scope-OrgID", "team-a"),
+            ],
+        );
+        assert_ne!(status, 403, "{path}: {text}");
+        assert_ne!(status, 401, "{path}: {text}");
+        assert!(
+            !text.contains(&data_dir),
+            "{path} names the data directory: {text}"
+        );
+        assert!(!text.contains("file://"), "{path}: {text}");
+    }
+    // Split roles with auth on and no node credential: refused at start, saying why.
+    let err = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(kiln_server::Server::start(kiln_server::ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            data_dir: dir.path().join("q"),
+            target: "query".into(),
+            auth: crate::auth::auth_config(1000),
+            ..kiln_server::ServerConfig::default()
+        }))
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("cluster.token_file"), "{err}");
+}
