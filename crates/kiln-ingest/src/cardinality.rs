@@ -181,12 +181,7 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> Labels {
-        Labels::from_pairs(
-            pairs
-                .iter()
-                .map(|(n, v)| (n.to_string(), v.to_string()))
-                .collect(),
-        )
+        Labels::from_pairs(pairs.iter().map(|(n, v)| (n.to_string(), v.to_string())))
     }
 
     #[test]
