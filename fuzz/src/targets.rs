@@ -319,3 +319,28 @@ pub fn wal_records(data: &[u8]) {
         }
     }
 }
+
+/// `source.url_template`'s filling: `{service}` and `{path}` come from profiles, so from
+/// any writer. Whatever is accepted must stay under the template's host and path prefix,
+/// with no query or fragment of the writer's and no dot segment.
+pub fn source_url(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let (service, path) = text.split_once('\0').unwrap_or((&text, "main.go"));
+    let template = "https://git.example.com:8443/raw/{service}/main/{path}";
+    let Ok(url) = kiln_query::source::fill_template(template, service, path) else {
+        return;
+    };
+    assert_eq!(url.scheme(), "https");
+    assert_eq!(url.host_str(), Some("git.example.com"));
+    assert_eq!(url.port(), Some(8443));
+    assert!(url.path().starts_with("/raw/"), "{url}");
+    assert!(url.query().is_none() && url.fragment().is_none(), "{url}");
+    let segments: Vec<&str> = url.path().split('/').collect();
+    assert!(
+        segments
+            .iter()
+            .all(|segment| *segment != ".." && *segment != "."),
+        "{url}"
+    );
+    assert!(url.path().contains("/main/"), "{url}");
+}

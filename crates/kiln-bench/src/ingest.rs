@@ -34,6 +34,8 @@ pub enum BenchCommand {
     /// Ingest, query and compact processes over PostgreSQL and S3 under kills and a
     /// PostgreSQL restart: every acknowledged write present exactly once.
     Chaos(crate::chaos::ChaosArgs),
+    /// Profiles stored per second with 200 writers of 1 MB profiles against 20.
+    Goodput(crate::goodput::GoodputArgs),
 }
 
 #[derive(Args)]
@@ -244,6 +246,11 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Chaos(args) => tokio::task::spawn_blocking(move || crate::chaos::run(args))
             .await
             .context("the chaos bench's thread failed")?,
+        BenchCommand::Goodput(args) => {
+            tokio::task::spawn_blocking(move || crate::goodput::run(args))
+                .await
+                .context("the goodput bench's thread failed")?
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 //! (bytes per profile and query time after compaction; compaction delay), [`scrape`]
 //! (pull collection from a fleet of targets), [`rules`] (recording rules' share of a
 //! compaction job), [`insight`] (planted regressions found, false alarms, compare speed) and [`agent`] (the host agent's overhead,
-//! perf events against eBPF).
+//! perf events against eBPF), and [`goodput`] (profiles stored under overload).
 //!
 //! Benches report numbers; the tests assert behaviour (`stages`, `query`, `storage`,
 //! `scrape` and `agent` also run briefly in the `kiln` crate's integration suite). Servers
@@ -14,6 +14,7 @@
 
 pub mod agent;
 pub mod chaos;
+pub mod goodput;
 pub mod ingest;
 pub mod insight;
 pub mod query;

@@ -36,8 +36,9 @@ pub const FORWARDED_FROM: &str = "kiln-forwarded-from";
 
 /// The headers a write is forwarded with; the rest (hop-by-hop, `Host`, lengths) belong to
 /// the connection it came on.
-pub const FORWARDED_HEADERS: [&str; 6] = [
+pub const FORWARDED_HEADERS: [&str; 7] = [
     "content-type",
+    "idempotency-key",
     "content-encoding",
     "authorization",
     "x-scope-orgid",

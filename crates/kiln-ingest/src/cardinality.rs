@@ -107,10 +107,7 @@ impl Cardinality {
             if limits.max_series_per_tenant > 0
                 && known.series.len() + new_series > limits.max_series_per_tenant
             {
-                self.refused
-                    .get_or_create(&RefusedLabels { limit: "series" })
-                    .inc();
-                return Err(IngestError::Cardinality(format!(
+                return Err(self.refuse("series", format!(
                     "tenant {tenant:?} has {} active series, its limit (limits.max_series_per_tenant); the new series {} is refused. Series written within a day go on being accepted",
                     known.series.len(),
                     show(labels)
@@ -131,12 +128,7 @@ impl Cardinality {
                 if limits.max_label_values_per_name > 0
                     && count + *added > limits.max_label_values_per_name
                 {
-                    self.refused
-                        .get_or_create(&RefusedLabels {
-                            limit: "label_values",
-                        })
-                        .inc();
-                    return Err(IngestError::Cardinality(format!(
+                    return Err(self.refuse("label_values", format!(
                         "label {name:?} of tenant {tenant:?} has {count} values written within a day, its limit (limits.max_label_values_per_name); the series {} with a new value is refused",
                         show(labels)
                     )));
@@ -155,6 +147,14 @@ impl Cardinality {
             }
         }
         Ok(())
+    }
+}
+
+impl Cardinality {
+    /// Counts a refusal by the limit it hit, and words it.
+    fn refuse(&self, limit: &'static str, message: String) -> IngestError {
+        self.refused.get_or_create(&RefusedLabels { limit }).inc();
+        IngestError::Cardinality(message)
     }
 }
 

@@ -32,6 +32,9 @@ pub enum IngestError {
     Task(#[from] crate::cpu::WorkerError),
     #[error("server is shutting down")]
     ShuttingDown,
+    /// A retry found its first copy on its way, and that copy then failed to be stored.
+    #[error("an earlier copy of this profile, sent by another request, was not stored; retry")]
+    EarlierCopyLost,
 }
 
 /// Why a group commit failed.
@@ -64,6 +67,7 @@ impl IngestError {
             IngestError::Store(err) => err.kind(),
             IngestError::Task(_) => ErrorKind::Internal,
             IngestError::ShuttingDown => ErrorKind::ShuttingDown,
+            IngestError::EarlierCopyLost => ErrorKind::Unavailable,
         }
     }
 }

@@ -10,6 +10,7 @@
 mod backoff;
 pub mod cardinality;
 pub mod cpu;
+pub mod dedup;
 pub mod error;
 pub mod limits;
 pub mod otlp;

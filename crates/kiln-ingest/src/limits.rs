@@ -52,6 +52,9 @@ pub struct Limits {
     pub max_series_per_tenant: usize,
     /// Values of one label name written within a day; likewise. 0 means unlimited.
     pub max_label_values_per_name: usize,
+    /// A profile whose identity was stored this recently is acknowledged and not stored
+    /// again: a client's retry ([`crate::dedup`]). 0 stores every copy.
+    pub dedup_window_ms: u64,
 }
 
 impl Default for Limits {
@@ -71,6 +74,7 @@ impl Default for Limits {
             max_inflight_bytes: 32 << 20,
             max_series_per_tenant: 100_000,
             max_label_values_per_name: 10_000,
+            dedup_window_ms: 3_600_000,
         }
     }
 }

@@ -14,6 +14,11 @@ pub const UNKNOWN_SERVICE: &str = "unknown_service";
 /// A profile ready to be written: decoded, validated and with its series decided.
 pub struct ParsedProfile {
     pub id: String,
+    /// The client named the profile: its id is kept, not derived from its identity.
+    pub id_given: bool,
+    /// Set when it was claimed for storing ([`crate::dedup`]): registered with its
+    /// segment, and logged with it.
+    pub identity: Option<kiln_metastore::WriteIdentity>,
     pub time_nanos: i64,
     pub duration_nanos: i64,
     /// Series labels, always with `service_name`.
@@ -260,10 +265,9 @@ pub fn from_pprof(
         .duration_nanos
         .unwrap_or(profile.duration_nanos)
         .max(0);
-    let id = context
-        .id
-        .filter(|id| !id.is_empty())
-        .unwrap_or_else(|| new_profile_id(time_nanos));
+    let given = context.id.filter(|id| !id.is_empty());
+    let id_given = given.is_some();
+    let id = given.unwrap_or_else(|| new_profile_id(time_nanos));
     if id.len() > 256 {
         return Err(IngestError::BadRequest(
             "profile id is longer than 256 bytes".into(),
@@ -271,6 +275,8 @@ pub fn from_pprof(
     }
     Ok(ParsedProfile {
         id,
+        id_given,
+        identity: None,
         time_nanos,
         duration_nanos,
         labels: context.labels,

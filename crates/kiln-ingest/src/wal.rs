@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
+use kiln_metastore::WriteIdentity;
 use kiln_model::labels::Labels;
 use kiln_model::pprof::{self, ProfileLimits};
 use kiln_model::ProfileType;
@@ -78,6 +79,14 @@ pub struct WalProfile {
     /// converted from another format (gzip or plain).
     #[prost(bytes = "vec", tag = "8")]
     pub pprof: Vec<u8>,
+    /// Its identity ([`crate::dedup`]), so a retry after a restart is known; empty when
+    /// it was not deduplicated.
+    #[prost(string, tag = "9")]
+    pub identity: String,
+    #[prost(int64, tag = "10")]
+    pub identity_expires_at_ms: i64,
+    #[prost(bool, tag = "11")]
+    pub id_given: bool,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -276,6 +285,16 @@ pub fn encode(tenant: &str, profiles: &[ParsedProfile]) -> io::Result<Record> {
                     Some(source) => source.clone(),
                     None => parsed.profile.encode_to_vec(),
                 },
+                identity: parsed
+                    .identity
+                    .as_ref()
+                    .map(|identity| identity.identity.clone())
+                    .unwrap_or_default(),
+                identity_expires_at_ms: parsed
+                    .identity
+                    .as_ref()
+                    .map_or(0, |identity| identity.expires_at_ms),
+                id_given: parsed.id_given,
             })
             .collect(),
     };
@@ -311,20 +330,59 @@ pub fn read(path: &Path) -> Result<Vec<(String, Vec<ParsedProfile>)>, WalError> 
     records(&bytes, path)
 }
 
+/// The identities of the profiles logged in a file ([`crate::dedup`]), read without
+/// decoding the profiles: what a restart must know before it takes a write.
+pub fn identities(path: &Path) -> Result<Vec<WriteIdentity>, WalError> {
+    let mut bytes = Vec::new();
+    File::open(path)
+        .and_then(|mut file| file.read_to_end(&mut bytes))
+        .map_err(|source| WalError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    let mut identities = Vec::new();
+    for payload in payloads(&bytes) {
+        let record = WalRecord::decode(payload).map_err(|err| WalError::Corrupt {
+            path: path.to_path_buf(),
+            record: identities.len(),
+            message: err.to_string(),
+        })?;
+        identities.extend(
+            record
+                .profiles
+                .into_iter()
+                .filter(|logged| !logged.identity.is_empty())
+                .map(|logged| WriteIdentity {
+                    identity: logged.identity,
+                    expires_at_ms: logged.identity_expires_at_ms,
+                }),
+        );
+    }
+    Ok(identities)
+}
+
+/// The payloads of a file's whole, undamaged records, up to the first that is not.
+fn payloads(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = bytes;
+    std::iter::from_fn(move || {
+        if rest.len() < HEADER {
+            return None;
+        }
+        let length = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
+        let payload = rest.get(HEADER..HEADER + length)?;
+        if length > MAX_RECORD || crc32fast::hash(payload) != crc {
+            return None;
+        }
+        rest = &rest[HEADER + length..];
+        Some(payload)
+    })
+}
+
 /// [`read`] of a file's bytes (`path` names it in errors).
 pub fn records(bytes: &[u8], path: &Path) -> Result<Vec<(String, Vec<ParsedProfile>)>, WalError> {
     let mut requests = Vec::new();
-    let mut rest = bytes;
-    while rest.len() >= HEADER {
-        let length = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
-        let Some(payload) = rest.get(HEADER..HEADER + length) else {
-            break;
-        };
-        if length > MAX_RECORD || crc32fast::hash(payload) != crc {
-            break;
-        }
-        rest = &rest[HEADER + length..];
+    for payload in payloads(bytes) {
         let corrupt = |message: String| WalError::Corrupt {
             path: path.to_path_buf(),
             record: requests.len(),
@@ -388,8 +446,14 @@ fn parsed(logged: WalProfile) -> Result<ParsedProfile, String> {
             parts => Err(format!("a profile type of {} parts", parts.len())),
         })
         .collect::<Result<Vec<_>, String>>()?;
+    let identity = (!logged.identity.is_empty()).then_some(WriteIdentity {
+        identity: logged.identity,
+        expires_at_ms: logged.identity_expires_at_ms,
+    });
     Ok(ParsedProfile {
         id: logged.id,
+        id_given: logged.id_given,
+        identity,
         time_nanos: logged.time_nanos,
         duration_nanos: logged.duration_nanos,
         labels,

@@ -52,7 +52,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kiln_metastore::{BlockMeta, DatasetMeta, Metastore};
+use kiln_metastore::{BlockMeta, DatasetMeta, Metastore, WriteIdentity};
 use kiln_storage::builder::Taken;
 use kiln_storage::format::encode_block;
 use kiln_storage::{Dataset, DatasetBuilder, ObjectStorage};
@@ -65,6 +65,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
 use crate::backoff::{Backoff, BackoffMetrics};
+use crate::dedup::{Dedup, Idempotence, Resolver};
 use crate::error::StoreError;
 use crate::wal::{Wal, WalFile};
 use crate::{IngestError, ParsedProfile};
@@ -149,6 +150,10 @@ struct Generation {
     profiles: AtomicUsize,
     /// The flush's outcome, for every request staged here.
     done: watch::Sender<FlushResult>,
+    /// Identities of the profiles staged here, registered with the segment.
+    identities: Mutex<Vec<WriteIdentity>>,
+    /// Their outcome as their duplicates wait for it, resolved with the flush.
+    resolvers: Mutex<Vec<Resolver>>,
 }
 
 impl Generation {
@@ -162,7 +167,19 @@ impl Generation {
             requests: AtomicUsize::new(0),
             profiles: AtomicUsize::new(0),
             done: watch::channel(None).0,
+            identities: Mutex::default(),
+            resolvers: Mutex::default(),
         }
+    }
+
+    /// The identities to register with this generation's segment.
+    fn take_identities(&self) -> Vec<WriteIdentity> {
+        std::mem::take(
+            &mut *self
+                .identities
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
     }
 
     fn builder(
@@ -512,6 +529,8 @@ pub struct Ingester {
     metrics: WriterMetrics,
     /// For a write that flushes itself ([`Flusher::flush_alone`]).
     flusher: Arc<Flusher>,
+    /// Identities of recent writes, so a retry is not stored twice.
+    dedup: Arc<Dedup>,
 }
 
 impl Ingester {
@@ -544,6 +563,7 @@ impl Ingester {
         let backoff = Arc::new(Backoff::default());
         let arrivals = Arc::new(Arrivals::default());
         let metrics = WriterMetrics::new();
+        let dedup = Arc::new(Dedup::default());
         let staging = Arc::new(Staging {
             open: RwLock::new(Arc::new(Generation::new(0))),
             next_id: AtomicU64::new(1),
@@ -569,6 +589,7 @@ impl Ingester {
             backoff: backoff.clone(),
             metrics: metrics.clone(),
             recovered: watch::channel(false).0,
+            dedup: dedup.clone(),
         };
         if let Some(bound) = config.max_compaction_wait {
             let weak = sender.downgrade();
@@ -593,6 +614,7 @@ impl Ingester {
                 config,
                 metrics,
                 flusher,
+                dedup,
             },
             handle,
         )
@@ -654,28 +676,46 @@ impl Ingester {
     /// whatever else the caller answers with. The request's `arrival`
     /// ([`Ingester::check_room`]) ends once its profiles are staged, so the flusher need
     /// not wait for it.
+    ///
+    /// Profiles whose identity was stored within `idempotence.window_ms` are not staged
+    /// again ([`crate::dedup`]); when their first copy is still on its way, the answer
+    /// waits for it.
     pub async fn parse_and_write<T: Send + 'static>(
         &self,
         tenant: &str,
         parse: impl FnOnce() -> Result<(Vec<ParsedProfile>, T), IngestError> + Send + 'static,
         arrival: Arrival,
+        idempotence: Idempotence,
     ) -> Result<(T, Written), IngestError> {
+        self.dedup.ready().await;
         let (ingester, tenant) = (self.clone(), tenant.to_string());
-        let (staged, answer, written) = crate::cpu::run_parser(move || {
+        let (staged, answer, written, waits) = crate::cpu::run_parser(move || {
             let (profiles, answer) = parse()?;
-            let written = Written::of(&profiles);
-            let staged = match profiles.is_empty() {
+            let mut written = Written::of(&profiles);
+            let claim =
+                ingester
+                    .dedup
+                    .claim(&tenant, profiles, &idempotence, kiln_model::time::now_ms());
+            written.profiles = claim.kept.len();
+            written.bytes = claim.kept.iter().map(|p| p.received_bytes).sum();
+            written.duplicates = claim.duplicates;
+            written.ids = claim.ids;
+            let staged = match claim.kept.is_empty() {
                 true => None,
-                false => Some(ingester.stage(&tenant, profiles)?),
+                false => Some(ingester.stage(&tenant, claim.kept, claim.resolver)?),
             };
             if let Some(staged) = &staged {
                 ingester.flusher.flush_alone(staged);
             }
-            Ok((staged, answer, written))
+            Ok((staged, answer, written, claim.waits))
         })
         .await?;
-        if let Some(staged) = staged {
-            self.commit(staged, Some(arrival)).await?;
+        match staged {
+            Some(staged) => self.commit(staged, Some(arrival)).await?,
+            None => drop(arrival),
+        }
+        if !crate::dedup::earlier_copies_stored(waits).await {
+            return Err(IngestError::EarlierCopyLost);
         }
         Ok((answer, written))
     }
@@ -689,13 +729,20 @@ impl Ingester {
         // served, so a parsed profile (holding its decoded memory until it is staged) waits
         // behind at most the parses already admitted, never behind the requests still to
         // parse.
-        let staged = crate::cpu::spawn(move || ingester.stage(&tenant, profiles)).await??;
+        let staged = crate::cpu::spawn(move || ingester.stage(&tenant, profiles, None)).await??;
         self.commit(staged, None).await
     }
 
     /// Interns a request's profiles into the open batch, whole, and drops their decoded
     /// form. CPU work, run on the write path's threads ([`crate::cpu::spawn`]).
-    fn stage(&self, tenant: &str, profiles: Vec<ParsedProfile>) -> Result<Staged, IngestError> {
+    /// `resolver`, when the profiles were claimed ([`crate::dedup`]), is resolved with
+    /// their outcome: once logged, or with their batch's flush.
+    fn stage(
+        &self,
+        tenant: &str,
+        profiles: Vec<ParsedProfile>,
+        resolver: Option<Resolver>,
+    ) -> Result<Staged, IngestError> {
         let pending = self.pending_bytes.load(Ordering::Relaxed);
         if pending >= self.config.max_pending_bytes {
             return Err(self.full(pending));
@@ -746,6 +793,16 @@ impl Ingester {
             grown += builder.heap_bytes().saturating_sub(before);
         }
         open.bytes.fetch_add(grown, Ordering::SeqCst);
+        open.identities
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(profiles.iter().filter_map(|p| p.identity.clone()));
+        if let Some(resolver) = &resolver {
+            open.resolvers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(resolver.clone());
+        }
         let pending = self.pending_bytes.fetch_add(grown, Ordering::SeqCst) + grown;
         self.metrics.pending_bytes.set(pending as i64);
         open.requests.fetch_add(1, Ordering::Relaxed);
@@ -764,6 +821,10 @@ impl Ingester {
             let synced = file.sync_to(end).map_err(store)?;
             if synced {
                 self.metrics.wal_syncs.inc();
+            }
+            // Durable in the log: a retry is a duplicate from now on.
+            if let Some(resolver) = &resolver {
+                resolver.resolve(true);
             }
         }
         Ok(staged)
@@ -884,6 +945,10 @@ pub struct Written {
     pub warnings: Vec<String>,
     /// What the shape limits cut from the profiles.
     pub cuts: crate::parse::Cuts,
+    /// Profiles not stored because a copy was ([`crate::dedup`]).
+    pub duplicates: usize,
+    /// Every profile's id, in the request's order, duplicates included.
+    pub ids: Vec<String>,
 }
 
 impl Written {
@@ -903,6 +968,8 @@ impl Written {
             profiles: profiles.len(),
             warnings,
             cuts,
+            duplicates: 0,
+            ids: profiles.iter().map(|p| p.id.clone()).collect(),
         }
     }
 }
@@ -949,6 +1016,7 @@ struct Flusher {
     metrics: WriterMetrics,
     /// Set once the log files left by an earlier run are recovered.
     recovered: watch::Sender<bool>,
+    dedup: Arc<Dedup>,
 }
 
 impl Flusher {
@@ -958,6 +1026,7 @@ impl Flusher {
         leftovers: Vec<(String, PathBuf)>,
     ) {
         let flusher = self;
+        flusher.remember_identities(&leftovers).await;
         flusher.recover(leftovers).await;
         flusher.recovered.send_replace(true);
         let permits = flusher.permits.clone();
@@ -1120,6 +1189,29 @@ impl Flusher {
     /// Writes the segment of every log file an earlier run left (see [`crate::wal`]):
     /// at start, before any read is answered. A file that cannot be recovered now is
     /// retried in the background.
+    /// Fills the dedup table with the identities stored before this start, from the
+    /// metastore and from the log files left, then lets writes through. A metastore that
+    /// cannot be read leaves the table to what the log knows: writes are not refused
+    /// for it.
+    async fn remember_identities(&self, leftovers: &[(String, PathBuf)]) {
+        let now_ms = kiln_model::time::now_ms();
+        match self.metastore.write_identities(now_ms).await {
+            Ok(identities) => self.dedup.remember(identities, now_ms),
+            Err(err) => {
+                tracing::error!(error = %err, "identities of stored writes not read; retries may be stored twice")
+            }
+        }
+        for (_, path) in leftovers {
+            let path = path.clone();
+            match crate::cpu::spawn(move || crate::wal::identities(&path)).await {
+                Ok(Ok(identities)) => self.dedup.remember(identities, now_ms),
+                Ok(Err(err)) => tracing::warn!(error = %err, "identities of a log file not read"),
+                Err(err) => tracing::warn!(error = %err, "identities of a log file not read"),
+            }
+        }
+        self.dedup.open();
+    }
+
     async fn recover(self: &Arc<Self>, leftovers: Vec<(String, PathBuf)>) {
         for (block_id, path) in leftovers {
             if let Err(err) = self.recover_file(&block_id, &path).await {
@@ -1161,8 +1253,10 @@ impl Flusher {
                 let requests = crate::wal::read(&read_path)?;
                 let mut builders: HashMap<ServiceKey, DatasetBuilder> = HashMap::new();
                 let mut profiles = 0;
+                let mut identities = Vec::new();
                 for (tenant, parsed) in requests {
                     for profile in parsed {
+                        identities.extend(profile.identity.clone());
                         let key = (tenant.clone(), profile.service().to_string());
                         builders
                             .entry(key)
@@ -1171,11 +1265,15 @@ impl Flusher {
                         profiles += 1;
                     }
                 }
-                Ok::<_, crate::wal::WalError>((builders.into_iter().collect::<Vec<_>>(), profiles))
+                Ok::<_, crate::wal::WalError>((
+                    builders.into_iter().collect::<Vec<_>>(),
+                    profiles,
+                    identities,
+                ))
             })
             .await
             .map_err(StoreError::Task)?;
-            let (builders, profiles) = match read {
+            let (builders, profiles, identities) = match read {
                 Ok(read) => read,
                 Err(crate::wal::WalError::Io { source, .. }) => {
                     return Err(StoreError::Wal(source))
@@ -1186,7 +1284,8 @@ impl Flusher {
                     return std::fs::rename(path, aside).map_err(StoreError::Wal);
                 }
             };
-            self.write_segment(builders, profiles, block_id).await?;
+            self.write_segment(builders, profiles, block_id, identities)
+                .await?;
             self.metrics.wal_recovered.inc_by(profiles as u64);
             tracing::info!(block = %block_id, profiles, "write-ahead log file recovered");
         }
@@ -1219,8 +1318,9 @@ impl Flusher {
         let started = Instant::now();
         let builders = self.take_builders(&generation);
         let profiles = generation.profiles.load(Ordering::Relaxed);
+        let identities = generation.take_identities();
         let result = self
-            .write_segment(builders, profiles, &generation.block_id)
+            .write_segment(builders, profiles, &generation.block_id, identities)
             .await
             .map_err(Arc::new);
         let logged = generation
@@ -1295,8 +1395,9 @@ impl Flusher {
         let started = Instant::now();
         let builders = self.take_builders(&generation);
         let profiles = generation.profiles.load(Ordering::Relaxed);
+        let identities = generation.take_identities();
         let result = self
-            .write_alone(builders, profiles, &generation.block_id)
+            .write_alone(builders, profiles, &generation.block_id, identities)
             .map_err(Arc::new);
         self.settle(&generation, started, result);
         // Not parsing: left out of the parse time that admission judges waits by.
@@ -1356,6 +1457,15 @@ impl Flusher {
                 "segment flush failed"
             );
         }
+        let resolvers = std::mem::take(
+            &mut *generation
+                .resolvers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for resolver in resolvers {
+            resolver.resolve(result.is_ok());
+        }
         generation.done.send_replace(Some(result));
     }
 
@@ -1364,6 +1474,7 @@ impl Flusher {
         builders: Vec<((String, String), DatasetBuilder)>,
         profile_count: usize,
         block_id: &str,
+        identities: Vec<WriteIdentity>,
     ) -> Result<(), StoreError> {
         let build_started = Instant::now();
         let block_id = block_id.to_string();
@@ -1373,6 +1484,7 @@ impl Flusher {
             metastore: self.metastore.is_embedded().then(|| self.metastore.clone()),
             runtime: self.runtime.clone(),
             arrivals: self.arrivals.clone(),
+            identities: identities.clone(),
         });
         let mut segment = build_segment(
             builders,
@@ -1401,9 +1513,10 @@ impl Flusher {
         if !segment.registered {
             let register_started = Instant::now();
             self.metastore
-                .register_block(
+                .register_segment(
                     segment_block(&block_id, &object_key, size_bytes),
                     std::mem::take(&mut segment.datasets),
+                    identities,
                 )
                 .await
                 .map_err(StoreError::Metastore)?;
@@ -1420,6 +1533,7 @@ impl Flusher {
         mut builders: Vec<(ServiceKey, DatasetBuilder)>,
         profile_count: usize,
         block_id: &str,
+        identities: Vec<WriteIdentity>,
     ) -> Result<(), StoreError> {
         let build_started = Instant::now();
         let object_key = segment_key(block_id);
@@ -1439,6 +1553,7 @@ impl Flusher {
             metastore: Some(self.metastore.clone()),
             runtime: self.runtime.clone(),
             arrivals: self.arrivals.clone(),
+            identities,
         };
         let segment = landing.land(block, datasets, block_id, &object_key)?;
         let build_seconds =
@@ -1567,6 +1682,8 @@ struct Landing {
     metastore: Option<Metastore>,
     runtime: tokio::runtime::Handle,
     arrivals: Arc<Arrivals>,
+    /// Registered with the segment.
+    identities: Vec<WriteIdentity>,
 }
 
 impl Landing {
@@ -1602,6 +1719,7 @@ impl Landing {
                     &self.runtime,
                     segment_block(block_id, object_key, size_bytes),
                     segment.datasets.clone(),
+                    self.identities,
                 )
                 .map_err(StoreError::Metastore)?;
             segment.registered = true;

@@ -134,7 +134,22 @@ const MIGRATIONS: &[&str] = &[
     // 6: the write path polls how far compaction is behind (`level_backlog`), and the
     // compactor lists a level's blocks, without scanning every block of the retention.
     "CREATE INDEX blocks_by_level ON blocks (level, deleted_at_ms, created_at_ms);",
+    // 7: identities of acknowledged writes, so a retry within the dedup window is not
+    // stored twice after a restart (kiln_ingest::dedup). Written in the transaction that
+    // registers the segment holding the write.
+    "CREATE TABLE write_identities (
+        identity TEXT PRIMARY KEY,
+        expires_at_ms BIGINT NOT NULL
+     );
+     CREATE INDEX write_identities_by_expiry ON write_identities (expires_at_ms);",
 ];
+
+/// A stored write's identity (`kiln_ingest::dedup`): a hex digest, kept until it expires.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteIdentity {
+    pub identity: String,
+    pub expires_at_ms: i64,
+}
 
 /// Outbox states: a pending row still takes contributions to its step.
 pub const PENDING: i32 = 0;
@@ -460,7 +475,27 @@ impl Metastore {
         block: BlockMeta,
         datasets: Vec<DatasetMeta>,
     ) -> Result<(), MetastoreError> {
-        dispatch!(self.register_block(block, datasets))
+        self.register_segment(block, datasets, Vec::new()).await
+    }
+
+    /// Registers a block and its datasets, and the identities of the writes it holds, in
+    /// one transaction: a write is known as stored exactly when its profiles are
+    /// visible. Expired identities are deleted in the same transaction.
+    pub async fn register_segment(
+        &self,
+        block: BlockMeta,
+        datasets: Vec<DatasetMeta>,
+        identities: Vec<WriteIdentity>,
+    ) -> Result<(), MetastoreError> {
+        dispatch!(self.register_block(block, datasets, identities))
+    }
+
+    /// Identities of stored writes that expire at or after `now_ms`.
+    pub async fn write_identities(
+        &self,
+        now_ms: i64,
+    ) -> Result<Vec<WriteIdentity>, MetastoreError> {
+        dispatch!(self.write_identities(now_ms))
     }
 
     /// Whether this is the embedded SQLite: a commit is then local work (and an fsync),
@@ -478,10 +513,13 @@ impl Metastore {
         runtime: &tokio::runtime::Handle,
         block: BlockMeta,
         datasets: Vec<DatasetMeta>,
+        identities: Vec<WriteIdentity>,
     ) -> Result<(), MetastoreError> {
         match self {
-            Metastore::Sqlite(store) => store.register_block_blocking(block, datasets),
-            Metastore::Postgres(store) => runtime.block_on(store.register_block(block, datasets)),
+            Metastore::Sqlite(store) => store.register_block_blocking(block, datasets, identities),
+            Metastore::Postgres(store) => {
+                runtime.block_on(store.register_block(block, datasets, identities))
+            }
         }
     }
 

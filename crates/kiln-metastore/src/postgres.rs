@@ -15,8 +15,8 @@ use tokio_postgres::{NoTls, Row};
 use crate::now_ms;
 use crate::{
     BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, LevelBacklog,
-    MetastoreError, NodeRecord, OutboxSample, RegressionRecord, RuleRecord, VersionCheck, CLAIMED,
-    DELIVERED, LEVEL_BACKLOG, MIGRATIONS, PENDING, PROMOTE_BLOCK,
+    MetastoreError, NodeRecord, OutboxSample, RegressionRecord, RuleRecord, VersionCheck,
+    WriteIdentity, CLAIMED, DELIVERED, LEVEL_BACKLOG, MIGRATIONS, PENDING, PROMOTE_BLOCK,
 };
 
 /// Any 64-bit key no other user of the database is likely to pick: "kilnmeta".
@@ -108,12 +108,57 @@ impl PostgresMetastore {
         &self,
         block: BlockMeta,
         datasets: Vec<DatasetMeta>,
+        identities: Vec<WriteIdentity>,
     ) -> Result<(), MetastoreError> {
         let mut client = self.client().await?;
         let transaction = client.transaction().await?;
         insert_block(&transaction, &block, &datasets).await?;
+        if !identities.is_empty() {
+            // One statement for all of them: a round trip per identity would cost a
+            // flush of many profiles as many round trips to the server.
+            let (keys, expiries): (Vec<&str>, Vec<i64>) = identities
+                .iter()
+                .map(|identity| (identity.identity.as_str(), identity.expires_at_ms))
+                .unzip();
+            transaction
+                .execute(
+                    "INSERT INTO write_identities (identity, expires_at_ms)
+                     SELECT identity, MAX(expires_at_ms) FROM UNNEST($1::TEXT[], $2::BIGINT[])
+                         AS given(identity, expires_at_ms)
+                     GROUP BY identity
+                     ON CONFLICT (identity) DO UPDATE SET expires_at_ms = excluded.expires_at_ms",
+                    &[&keys, &expiries],
+                )
+                .await?;
+            transaction
+                .execute(
+                    "DELETE FROM write_identities WHERE expires_at_ms < $1",
+                    &[&block.created_at_ms],
+                )
+                .await?;
+        }
         transaction.commit().await?;
         Ok(())
+    }
+
+    pub async fn write_identities(
+        &self,
+        now_ms: i64,
+    ) -> Result<Vec<WriteIdentity>, MetastoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT identity, expires_at_ms FROM write_identities WHERE expires_at_ms >= $1",
+                &[&now_ms],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| WriteIdentity {
+                identity: row.get(0),
+                expires_at_ms: row.get(1),
+            })
+            .collect())
     }
 
     pub async fn list_datasets(

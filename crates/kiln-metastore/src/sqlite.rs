@@ -10,8 +10,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::now_ms;
 use crate::{
     BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, LevelBacklog,
-    MetastoreError, NodeRecord, OutboxSample, RegressionRecord, RuleRecord, VersionCheck, CLAIMED,
-    DELIVERED, LEVEL_BACKLOG, MIGRATIONS, PENDING, PROMOTE_BLOCK,
+    MetastoreError, NodeRecord, OutboxSample, RegressionRecord, RuleRecord, VersionCheck,
+    WriteIdentity, CLAIMED, DELIVERED, LEVEL_BACKLOG, MIGRATIONS, PENDING, PROMOTE_BLOCK,
 };
 
 #[derive(Clone)]
@@ -108,9 +108,29 @@ impl SqliteMetastore {
         &self,
         block: BlockMeta,
         datasets: Vec<DatasetMeta>,
+        identities: Vec<WriteIdentity>,
     ) -> Result<(), MetastoreError> {
-        self.with(move |connection| register(connection, &block, &datasets))
+        self.with(move |connection| register(connection, &block, &datasets, &identities))
             .await
+    }
+
+    pub async fn write_identities(
+        &self,
+        now_ms: i64,
+    ) -> Result<Vec<WriteIdentity>, MetastoreError> {
+        self.with(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT identity, expires_at_ms FROM write_identities WHERE expires_at_ms >= ?1",
+            )?;
+            let rows = statement.query_map(params![now_ms], |row| {
+                Ok(WriteIdentity {
+                    identity: row.get(0)?,
+                    expires_at_ms: row.get(1)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
     }
 
     /// [`SqliteMetastore::register_block`] on the calling thread, which it blocks; for a
@@ -119,12 +139,13 @@ impl SqliteMetastore {
         &self,
         block: BlockMeta,
         datasets: Vec<DatasetMeta>,
+        identities: Vec<WriteIdentity>,
     ) -> Result<(), MetastoreError> {
         let mut guard = self
             .connection
             .lock()
             .map_err(|_| MetastoreError::Poisoned)?;
-        register(&mut guard, &block, &datasets)
+        register(&mut guard, &block, &datasets, &identities)
     }
 
     pub async fn list_datasets(
@@ -853,9 +874,25 @@ fn register(
     connection: &mut Connection,
     block: &BlockMeta,
     datasets: &[DatasetMeta],
+    identities: &[WriteIdentity],
 ) -> Result<(), MetastoreError> {
     let transaction = connection.transaction()?;
     insert_block(&transaction, block, datasets)?;
+    if !identities.is_empty() {
+        let mut insert = transaction.prepare_cached(
+            "INSERT INTO write_identities (identity, expires_at_ms) VALUES (?1, ?2)
+             ON CONFLICT (identity) DO UPDATE SET expires_at_ms = excluded.expires_at_ms",
+        )?;
+        for identity in identities {
+            insert.execute(params![identity.identity, identity.expires_at_ms])?;
+        }
+        drop(insert);
+        execute_cached(
+            &transaction,
+            "DELETE FROM write_identities WHERE expires_at_ms < ?1",
+            params![block.created_at_ms],
+        )?;
+    }
     transaction.commit()?;
     Ok(())
 }

@@ -7,7 +7,7 @@
 use kiln_metastore::{
     BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, LevelBacklog, Metastore,
     MetastoreError, NodeRecord, NodeState, OutboxSample, RegressionRecord, RuleRecord, RuleSample,
-    VersionCheck,
+    VersionCheck, WriteIdentity,
 };
 
 fn sample(series: &str, step_start_ms: i64, value: i64) -> RuleSample {
@@ -164,7 +164,7 @@ macro_rules! metastore_suite {
                 };
                 let url = fixture.url.clone();
                 let metastore = fixture.metastore.clone();
-                assert_eq!(metastore.schema_version().await.unwrap(), 6);
+                assert_eq!(metastore.schema_version().await.unwrap(), 7);
                 metastore
                     .register_block(
                         block("b1"),
@@ -178,7 +178,7 @@ macro_rules! metastore_suite {
                 // Reopening applies no migration twice and keeps the data.
                 drop(metastore);
                 let metastore = Metastore::open(&url).await.unwrap();
-                assert_eq!(metastore.schema_version().await.unwrap(), 6);
+                assert_eq!(metastore.schema_version().await.unwrap(), 7);
                 assert_eq!(metastore.list_blocks().await.unwrap(), vec![block("b1")]);
 
                 let found = metastore
@@ -284,7 +284,12 @@ macro_rules! metastore_suite {
                 ];
                 let registered = std::thread::spawn(move || {
                     let register = |id: &str, datasets| {
-                        registering.register_block_blocking(&runtime, block(id), datasets)
+                        registering.register_block_blocking(
+                            &runtime,
+                            block(id),
+                            datasets,
+                            Vec::new(),
+                        )
                     };
                     (register("b1", good), register("bad", bad))
                 });
@@ -303,6 +308,64 @@ macro_rules! metastore_suite {
                         dataset("b1", 0, "t", "api", 10, 20),
                         dataset("b1", 1, "t", "web", 15, 25),
                     ]
+                );
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn write_identities_are_registered_with_their_segment_and_expire() {
+                let Some(fixture) = super::$backend().await else {
+                    return;
+                };
+                let metastore = fixture.metastore.clone();
+                let identity = |name: &str, expires_at_ms| WriteIdentity {
+                    identity: name.to_string(),
+                    expires_at_ms,
+                };
+                metastore
+                    .register_segment(
+                        BlockMeta {
+                            created_at_ms: 100,
+                            ..block("i1")
+                        },
+                        vec![dataset("i1", 0, "t", "api", 10, 20)],
+                        vec![identity("aa", 150), identity("bb", 500)],
+                    )
+                    .await
+                    .unwrap();
+                let mut listed = metastore.write_identities(120).await.unwrap();
+                listed.sort_by(|a, b| a.identity.cmp(&b.identity));
+                assert_eq!(listed, vec![identity("aa", 150), identity("bb", 500)]);
+                assert_eq!(
+                    metastore.write_identities(200).await.unwrap(),
+                    vec![identity("bb", 500)]
+                );
+                // A registration whose block id exists already fails whole: no identity.
+                let again = metastore
+                    .register_segment(block("i1"), vec![], vec![identity("cc", 900)])
+                    .await;
+                assert!(again.is_err());
+                assert!(!metastore
+                    .write_identities(0)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .any(|listed| listed.identity == "cc"));
+                // A later registration deletes what expired before its time, and an
+                // identity written again takes the later expiry.
+                metastore
+                    .register_segment(
+                        BlockMeta {
+                            created_at_ms: 200,
+                            ..block("i2")
+                        },
+                        vec![dataset("i2", 0, "t", "api", 10, 20)],
+                        vec![identity("bb", 800)],
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    metastore.write_identities(0).await.unwrap(),
+                    vec![identity("bb", 800)]
                 );
             }
 

@@ -290,7 +290,13 @@ fn encode_segments(what: &str, value: &str) -> Result<String, QueryError> {
 }
 
 /// The template with `{service}` and `{path}` filled in, checked to be under its prefix.
-fn fill_template(template: &str, service: &str, path: &str) -> Result<reqwest::Url, QueryError> {
+/// Public for the fuzz target `source_url`, which checks that nothing it accepts leaves
+/// the prefix.
+pub fn fill_template(
+    template: &str,
+    service: &str,
+    path: &str,
+) -> Result<reqwest::Url, QueryError> {
     let prefix = template_prefix(template)?;
     let url = template
         .replace("{service}", &encode_segments("service", service)?)
@@ -452,6 +458,60 @@ mod tests {
             .await
             .unwrap()
             .is_none());
+    }
+
+    /// Random names over the characters that matter (dots, slashes, percent signs and hex
+    /// digits, backslashes, `?`, `#`, a space, a letter): whatever is accepted stays under
+    /// the prefix, with no dot segment, query or fragment of the name's, and the host
+    /// decodes each segment back to the name's.
+    #[test]
+    fn random_hostile_names_never_leave_the_prefix() {
+        let template = "https://git.example.com:8443/raw/{service}/main/{path}";
+        let alphabet: &[u8] = b"././/%%2eEfF5c\\?#a ";
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut accepted = 0;
+        for _ in 0..200_000 {
+            let mut name = |longest: u64| -> String {
+                let length = 1 + next() % longest;
+                (0..length)
+                    .map(|_| alphabet[(next() % alphabet.len() as u64) as usize] as char)
+                    .collect()
+            };
+            let service = name(6);
+            let path = name(10);
+            let Ok(url) = fill_template(template, &service, &path) else {
+                continue;
+            };
+            accepted += 1;
+            assert_eq!(url.host_str(), Some("git.example.com"));
+            assert_eq!(url.port(), Some(8443));
+            assert!(url.query().is_none() && url.fragment().is_none(), "{url}");
+            let segments: Vec<String> = url
+                .path()
+                .split('/')
+                .map(|segment| {
+                    percent_encoding::percent_decode_str(segment)
+                        .decode_utf8_lossy()
+                        .into_owned()
+                })
+                .collect();
+            assert!(segments.iter().all(|s| s != "." && s != ".."), "{url}");
+            assert_eq!(segments[..2], ["", "raw"], "{url}");
+            let expected: Vec<&str> = ["", "raw"]
+                .into_iter()
+                .chain(service.split('/'))
+                .chain(["main"])
+                .chain(path.split('/'))
+                .collect();
+            assert_eq!(segments, expected, "{service:?} {path:?} -> {url}");
+        }
+        assert!(accepted > 1_000, "only {accepted} names were accepted");
     }
 
     /// Every way a name could steer the fetch out of the template's prefix is refused, and

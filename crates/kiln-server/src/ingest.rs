@@ -9,8 +9,9 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use kiln_ingest::dedup::Idempotence;
 use kiln_ingest::push::{decode_json, decode_proto, parse_push, PushResponse};
-use kiln_ingest::{IngestError, Limits, ParsedProfile};
+use kiln_ingest::{IngestError, Limits, ParsedProfile, Written};
 
 use crate::body::{content_type, decode_content_encoding, BodyError};
 use crate::endpoints::{PUSH, PUSH_PATH, PYROSCOPE};
@@ -193,15 +194,24 @@ async fn read_admitted(
 /// Parses a request and writes its profiles, staged on the thread that parsed them
 /// ([`kiln_ingest::Ingester::parse_and_write`]), and counts them. Returns what `parse`
 /// answered besides the profiles, and the warnings for [`with_warnings`].
+///
+/// A profile stored already within the tenant's `dedup_window_ms` (a retry) is
+/// acknowledged and not stored again ([`kiln_ingest::dedup`]); the request's
+/// `Idempotency-Key` header, when sent, says what a retry is.
 pub(crate) async fn parse_and_write<T: Send + 'static>(
     state: &AppState,
     endpoint: &str,
     tenant: &str,
+    headers: &HeaderMap,
     parse: impl FnOnce() -> Result<(Vec<ParsedProfile>, T), IngestError> + Send + 'static,
     arrival: kiln_ingest::Arrival,
-) -> Result<(T, Vec<String>), ApiError> {
+) -> Result<(T, Written), ApiError> {
     let cardinality = state.limits.cardinality();
     let limits = state.limits.for_tenant(tenant);
+    let idempotence = Idempotence {
+        window_ms: limits.dedup_window_ms,
+        key: idempotency_key(headers)?,
+    };
     let owner = tenant.to_string();
     let parse = move || {
         let (profiles, answer) = parse()?;
@@ -213,15 +223,42 @@ pub(crate) async fn parse_and_write<T: Send + 'static>(
         )?;
         Ok((profiles, answer))
     };
-    let (answer, written) = state
+    let (answer, mut written) = state
         .ingester
-        .parse_and_write(tenant, parse, arrival)
+        .parse_and_write(tenant, parse, arrival, idempotence)
         .await?;
     state
         .metrics
         .accept(endpoint, written.bytes, written.profiles);
     state.metrics.cut(&written.cuts);
-    Ok((answer, written.warnings))
+    state.metrics.duplicates(endpoint, written.duplicates);
+    if written.duplicates > 0 {
+        written.warnings.push(format!(
+            "{} of the request's profiles were stored already (a retry within limits.dedup_window_ms); they were not stored again",
+            written.duplicates
+        ));
+    }
+    Ok((answer, written))
+}
+
+/// The `Idempotency-Key` header (the IETF draft's): a visible-ASCII string of at most
+/// 255 bytes, naming a request and its retries.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let text = value
+        .to_str()
+        .ok()
+        .map(|text| text.trim().trim_matches('"'))
+        .filter(|text| !text.is_empty() && text.len() <= 255)
+        .filter(|text| text.bytes().all(|byte| byte.is_ascii_graphic()))
+        .ok_or_else(|| {
+            ApiError::from(IngestError::BadRequest(
+                "the Idempotency-Key header must be 1 to 255 visible ASCII characters".into(),
+            ))
+        })?;
+    Ok(Some(text.to_string()))
 }
 
 /// Adds one `Warning: 299 - "…"` header (RFC 7234's miscellaneous persistent warning) per
@@ -265,15 +302,19 @@ pub async fn pyroscope(
         &body.limits,
     )
     .await?;
-    let ((), warnings) = parse_and_write(
+    let ((), written) = parse_and_write(
         &state,
         PYROSCOPE,
         &tenant,
+        &headers,
         move || Ok((parse()?, ())),
         body.arrival,
     )
     .await?;
-    Ok(with_warnings(StatusCode::OK.into_response(), &warnings))
+    Ok(with_warnings(
+        StatusCode::OK.into_response(),
+        &written.warnings,
+    ))
 }
 
 /// `push.v1.PusherService/Push` over Connect (proto or JSON) and gRPC.
@@ -299,6 +340,10 @@ pub async fn push(
     }
     let limits = body.limits;
     let parse = move || Ok((parse_push(request, &limits)?, ()));
-    let ((), warnings) = parse_and_write(&state, PUSH, &tenant, parse, body.arrival).await?;
-    Ok(with_warnings(rpc.reply(&PushResponse {}), &warnings))
+    let ((), written) =
+        parse_and_write(&state, PUSH, &tenant, &headers, parse, body.arrival).await?;
+    Ok(with_warnings(
+        rpc.reply(&PushResponse {}),
+        &written.warnings,
+    ))
 }

@@ -26,6 +26,7 @@ pub struct ServerMetrics {
     pub connections_open: Gauge,
     pub connections_refused: Counter,
     pub cuts: Family<CutLabels, Counter>,
+    pub duplicates: Family<EndpointLabels, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -66,6 +67,11 @@ impl ServerMetrics {
             self.cuts.clone(),
         );
         registry.register(
+            "kiln_ingest_duplicates",
+            "Profiles acknowledged without being stored again: a copy was stored within limits.dedup_window_ms (a client's retry)",
+            self.duplicates.clone(),
+        );
+        registry.register(
             "kiln_ready",
             "1 once the server accepts writes",
             self.ready.clone(),
@@ -91,6 +97,16 @@ impl ServerMetrics {
         self.received_profiles
             .get_or_create(&labels)
             .inc_by(profiles as u64);
+    }
+
+    pub fn duplicates(&self, endpoint: &str, count: usize) {
+        if count > 0 {
+            self.duplicates
+                .get_or_create(&EndpointLabels {
+                    endpoint: endpoint.to_string(),
+                })
+                .inc_by(count as u64);
+        }
     }
 
     pub fn cut(&self, cuts: &kiln_ingest::Cuts) {

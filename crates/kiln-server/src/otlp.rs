@@ -52,7 +52,7 @@ pub async fn export(
         Ok((export.profiles, (export.rejected_profiles, error_message)))
     };
     let ((rejected_profiles, error_message), _) =
-        parse_and_write(&state, OTLP, &tenant, parse, body.arrival).await?;
+        parse_and_write(&state, OTLP, &tenant, &headers, parse, body.arrival).await?;
     let partial_success = (rejected_profiles > 0).then_some(ExportProfilesPartialSuccess {
         rejected_profiles,
         error_message,

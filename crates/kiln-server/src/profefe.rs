@@ -58,19 +58,20 @@ pub async fn ingest(
     let (message, limits) = (body.message, body.limits);
     let parse = move || {
         let profile = parse_profefe(&params, &message, &limits)?;
-        let id = profile.id.clone();
         let profefe_type = profile
             .types
             .first()
             .map(|plan| type_for_profile_name(&plan.profile_type.name))
             .unwrap_or("other");
-        Ok((vec![profile], (id, profefe_type)))
+        Ok((vec![profile], profefe_type))
     };
-    let ((id, profefe_type), warnings) =
-        parse_and_write(&state, PROFEFE, &tenant, parse, body.arrival).await?;
+    let (profefe_type, written) =
+        parse_and_write(&state, PROFEFE, &tenant, &headers, parse, body.arrival).await?;
+    // The stored copy's id, also when this was a retry of it.
+    let id = written.ids.first().cloned().unwrap_or_default();
     Ok(with_warnings(
         ok(json!({"id": id, "type": profefe_type})),
-        &warnings,
+        &written.warnings,
     ))
 }
 

@@ -364,7 +364,7 @@ mod tests {
         assert_eq!(config.flush_interval_ms, 250);
         assert_eq!(config.limits.max_labels_per_series, 7);
         assert_eq!(
-            config.limits.max_samples_per_profile, 16_000,
+            config.limits.max_samples_per_profile, 64_000,
             "unset limits keep their defaults"
         );
         assert_eq!(config.tenant_limits["small"].ingestion_rate_bytes, 1000);

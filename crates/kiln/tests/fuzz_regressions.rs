@@ -28,6 +28,7 @@ const TARGETS: &[Target] = &[
     ("rule_parse", targets::rule_parse),
     ("scrape_response", targets::scrape_response),
     ("selector_parse", targets::selector_parse),
+    ("source_url", targets::source_url),
     ("speedscope_parse", targets::speedscope_parse),
     ("time_parse", targets::time_parse),
     ("wal_records", targets::wal_records),

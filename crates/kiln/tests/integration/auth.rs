@@ -62,31 +62,7 @@ fn request(
     body: &[u8],
     headers: &[(&str, &str)],
 ) -> (u16, String, Vec<String>) {
-    let mut request = TestServer::agent().request(method, &format!("{}{path}", server.url));
-    for (name, value) in headers {
-        request = request.set(name, value);
-    }
-    let result = if body.is_empty() && method == "GET" {
-        request.call()
-    } else {
-        request.send_bytes(body)
-    };
-    match result {
-        Ok(response) | Err(ureq::Error::Status(_, response)) => {
-            let status = response.status();
-            let challenges = response
-                .all("www-authenticate")
-                .into_iter()
-                .map(str::to_string)
-                .collect();
-            (
-                status,
-                response.into_string().unwrap_or_default(),
-                challenges,
-            )
-        }
-        Err(err) => panic!("{method} {path}: {err}"),
-    }
+    send(server, method, path, body, headers, "www-authenticate")
 }
 
 fn status(server: &TestServer, method: &str, path: &str, headers: &[(&str, &str)]) -> u16 {
@@ -282,14 +258,7 @@ fn tokens_allow_their_tenant_and_scopes_and_nothing_else() {
     assert_eq!(status(&server, "GET", "/", &[]), 200);
     assert_eq!(status(&server, "GET", "/ui/app.js", &[]), 200);
     assert_eq!(status(&server, "GET", "/metrics", &[]), 401);
-    let (code, metrics, _) = request(
-        &server,
-        "GET",
-        "/metrics",
-        b"",
-        &[("Authorization", &basic("team-b", OPS_B))],
-    );
-    assert_eq!(code, 200);
+    let metrics = admin_metrics(&server);
     for reason in ["missing", "invalid", "wrong_tenant", "scope"] {
         let line = format!("kiln_auth_failures_total{{reason=\"{reason}\"}} ");
         let count: f64 = metrics
@@ -314,14 +283,7 @@ fn metrics_need_admin_by_default_and_prometheus_gets_in_with_basic_auth() {
         403
     );
     // What Prometheus sends for `basic_auth: {username: team-b, password: <token>}`.
-    let (code, body, _) = request(
-        &server,
-        "GET",
-        "/metrics",
-        b"",
-        &[("Authorization", &basic("team-b", OPS_B))],
-    );
-    assert_eq!(code, 200);
+    let body = admin_metrics(&server);
     assert!(body.contains("kiln_auth_failures_total"), "{body}");
     assert_eq!(status(&server, "GET", "/ready", &[]), 200);
     // Opened on purpose.

@@ -575,6 +575,39 @@ pub fn pprof_total(bytes: &[u8], index: usize) -> i64 {
         .sum()
 }
 
+/// Sends a request (GET without a body when `body` is empty) and returns the status, the
+/// body and the values of the answer's header `collect`, whatever the status.
+pub fn send(
+    server: &TestServer,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    headers: &[(&str, &str)],
+    collect: &str,
+) -> (u16, String, Vec<String>) {
+    let mut request = TestServer::agent().request(method, &format!("{}{path}", server.url));
+    for (name, value) in headers {
+        request = request.set(name, value);
+    }
+    let result = if body.is_empty() && method == "GET" {
+        request.call()
+    } else {
+        request.send_bytes(body)
+    };
+    match result {
+        Ok(response) | Err(ureq::Error::Status(_, response)) => {
+            let status = response.status();
+            let values = response
+                .all(collect)
+                .into_iter()
+                .map(str::to_string)
+                .collect();
+            (status, response.into_string().unwrap_or_default(), values)
+        }
+        Err(err) => panic!("{method} {path}: {err}"),
+    }
+}
+
 /// Folded stacks with these tags at a time `minutes_ago` in the past, 100 Hz (one sample
 /// = 10 ms).
 pub fn push_folded(server: &TestServer, service: &str, tags: &str, minutes_ago: i64, body: &str) {

@@ -250,12 +250,15 @@ fn push_together(nodes: &[TestServer], services: &[String], value: u64) {
     let barrier = std::sync::Arc::new(std::sync::Barrier::new(services.len() * nodes.len()));
     std::thread::scope(|scope| {
         for service in services {
-            for node in nodes {
+            for (index, node) in nodes.iter().enumerate() {
                 let barrier = barrier.clone();
+                // Each node's copy a second apart: three profiles, not one sent thrice
+                // (a retry, which is stored once).
+                let until = now - index as i64;
                 scope.spawn(move || {
                     let path = format!(
-                        "/ingest?name={service}.cpu&format=folded&sampleRate=100&from={}&until={now}",
-                        now - 10
+                        "/ingest?name={service}.cpu&format=folded&sampleRate=100&from={}&until={until}",
+                        until - 10
                     );
                     let body = symbol_heavy(service, 40, value);
                     barrier.wait();

@@ -5,6 +5,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
+use prost::Message as _;
 use serde_json::json;
 
 use crate::common::*;
@@ -222,6 +223,21 @@ fn read_head(stream: &mut std::net::TcpStream, timeout: std::time::Duration) -> 
     String::from_utf8_lossy(&head).into_owned()
 }
 
+/// Reads an answer's head and checks its status and that the connection is closed.
+fn refused_and_closed(
+    stream: &mut std::net::TcpStream,
+    status: &str,
+    timeout: std::time::Duration,
+) -> String {
+    let head = read_head(stream, timeout);
+    assert!(head.starts_with(&format!("HTTP/1.1 {status}")), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
+    head
+}
+
 fn ingest_head(service: &str, tenant: &str, length: usize, extra: &str) -> String {
     format!(
         "POST /ingest?name={service}.cpu&format=pprof HTTP/1.1\r\nHost: kiln\r\nX-Scope-OrgID: {tenant}\r\nContent-Length: {length}\r\n{extra}\r\n"
@@ -253,12 +269,7 @@ fn stalled_uploads_hold_no_budget_and_are_closed_when_idle() {
     }
     // Past the idle timeout, each stalled upload is answered 408 and closed.
     for mut stream in stalled.into_iter().take(4) {
-        let head = read_head(&mut stream, std::time::Duration::from_secs(10));
-        assert!(head.starts_with("HTTP/1.1 408"), "{head}");
-        assert!(
-            head.to_ascii_lowercase().contains("connection: close"),
-            "{head}"
-        );
+        refused_and_closed(&mut stream, "408", std::time::Duration::from_secs(10));
     }
     assert!(
         server.counter("kiln_ingest_rejected_total{endpoint=\"ingest\",reason=\"timeout\"}") >= 4.0,
@@ -292,12 +303,7 @@ fn refusals_come_after_the_headers_and_honour_expect_100_continue() {
     // Another declares 1 MiB: refused at once, its body never sent.
     let started = std::time::Instant::now();
     let mut refused = send_head(&server, &ingest_head("second", "small", 1 << 20, ""));
-    let head = read_head(&mut refused, std::time::Duration::from_secs(5));
-    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
-    assert!(
-        head.to_ascii_lowercase().contains("connection: close"),
-        "{head}"
-    );
+    refused_and_closed(&mut refused, "429", std::time::Duration::from_secs(5));
     assert!(
         started.elapsed() < std::time::Duration::from_secs(2),
         "{:?}",
@@ -399,4 +405,231 @@ fn partial_endpoints_need_the_node_credential_and_errors_name_no_server_path() {
         .err()
         .expect("refused");
     assert!(err.to_string().contains("cluster.token_file"), "{err}");
+}
+
+/// CPU of `service` over all time, from the flame graph.
+fn cpu_ticks(server: &TestServer, service: &str) -> i64 {
+    let query = crate::pyroscope::url_escape(&format!("{CPU}{{service_name=\"{service}\"}}"));
+    crate::pyroscope::ticks(&server.json(
+        &format!("/pyroscope/render?query={query}&from=0&until=now%2B1h"),
+        &[],
+    ))
+}
+
+/// POSTs and returns the status, the body and the `Warning` headers.
+fn post_warned(
+    server: &TestServer,
+    path_and_query: &str,
+    body: &[u8],
+    headers: &[(&str, &str)],
+) -> (u16, String, Vec<String>) {
+    send(server, "POST", path_and_query, body, headers, "warning")
+}
+
+/// Finding 6: an SDK whose upload timed out sends it again, and the profile was stored
+/// twice. Now a retry is acknowledged and not stored again, on every write protocol;
+/// what differs in content is stored, and an `Idempotency-Key` says what a retry is.
+#[test]
+fn retries_are_acknowledged_and_stored_once() {
+    let server = TestServer::start();
+    let cpu = fixture("profefe-collector_cpu_1.prof");
+    let once = pprof_total(&cpu, 1);
+
+    // /ingest: the same request twice, then once more uncompressed: the same profile. (As
+    // the SDKs send it, with its time range: without `from` a profile is stamped with
+    // its arrival, and each arrival is another profile.)
+    let plain = kiln_model::compress::gunzip_bounded(&cpu, 1 << 30).unwrap();
+    assert_ne!(plain, cpu);
+    for (attempt, body) in [&cpu, &cpu, &plain].into_iter().enumerate() {
+        let (status, text, warnings) = post_warned(
+            &server,
+            "/ingest?name=retry-ingest.cpu&format=pprof&from=1700000000&until=1700000010",
+            body,
+            &[],
+        );
+        assert_eq!(status, 200, "{text}");
+        assert_eq!(
+            warnings.iter().any(|w| w.contains("stored already")),
+            attempt > 0,
+            "attempt {attempt}: {warnings:?}"
+        );
+    }
+    assert_eq!(cpu_ticks(&server, "retry-ingest"), once);
+
+    // The push API: the same request twice.
+    let push = crate::push::request("retry-push", &plain, "6f1e2d3c-0000-4000-8000-00000000aaaa")
+        .encode_to_vec();
+    for _ in 0..2 {
+        let (status, text, _) = post_warned(
+            &server,
+            "/push.v1.PusherService/Push",
+            &push,
+            &[("Content-Type", "application/proto")],
+        );
+        assert_eq!(status, 200, "{text}");
+    }
+    assert_eq!(cpu_ticks(&server, "retry-push"), once);
+
+    // profefe: the second upload answers the first one's id, and one copy is stored.
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (status, text, _) = post_warned(
+            &server,
+            "/api/0/profiles?service=retry-profefe&type=cpu",
+            &cpu,
+            &[],
+        );
+        assert_eq!(status, 200, "{text}");
+        let answer: serde_json::Value = serde_json::from_str(&text).unwrap();
+        ids.push(answer["body"]["id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(ids[0], ids[1]);
+    let (status, merged) =
+        server.get_bytes("/api/0/profiles/merge?service=retry-profefe&type=cpu", &[]);
+    assert_eq!(status, 200);
+    assert_eq!(pprof_total(&merged, 1), once);
+    let (status, by_id) = server.get_bytes(&format!("/api/0/profiles/{}", ids[0]), &[]);
+    assert_eq!(status, 200);
+    assert_eq!(pprof_total(&by_id, 1), once);
+
+    // Two different profiles with the same labels and time are both stored.
+    let folded = |body: &str| {
+        let (status, text, warnings) = post_warned(
+            &server,
+            "/ingest?name=retry-twins.cpu&format=folded&sampleRate=100&from=1700000000&until=1700000010",
+            body.as_bytes(),
+            &[],
+        );
+        assert_eq!(status, 200, "{text}");
+        warnings
+    };
+    assert!(folded("main;a 10\n").is_empty());
+    assert!(folded("main;b 10\n").is_empty());
+    assert_eq!(cpu_ticks(&server, "retry-twins"), 20 * 10_000_000);
+
+    // An Idempotency-Key takes precedence: another body under the same key is the
+    // retry, and the same body under another key is a new write.
+    let keyed = |body: &str, key: &str| {
+        let (status, text, _) = post_warned(
+            &server,
+            "/ingest?name=retry-keyed.cpu&format=folded&sampleRate=100&from=1700000000&until=1700000010",
+            body.as_bytes(),
+            &[("Idempotency-Key", key)],
+        );
+        assert_eq!(status, 200, "{text}");
+    };
+    keyed("main;a 10\n", "upload-1");
+    keyed("main;a 30\n", "upload-1");
+    assert_eq!(cpu_ticks(&server, "retry-keyed"), 10 * 10_000_000);
+    keyed("main;a 10\n", "upload-2");
+    assert_eq!(cpu_ticks(&server, "retry-keyed"), 20 * 10_000_000);
+    let (status, text, _) = post_warned(
+        &server,
+        "/ingest?name=retry-keyed.cpu&format=folded",
+        b"main;a 1\n",
+        &[("Idempotency-Key", "two words")],
+    );
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("Idempotency-Key"), "{text}");
+    assert_eq!(
+        server.counter("kiln_ingest_duplicates_total{endpoint=\"ingest\"}"),
+        3.0
+    );
+
+    // With the window at 0, every copy is stored, as before.
+    let server = TestServer::start_with(|config| config.limits.dedup_window_ms = 0);
+    for _ in 0..2 {
+        let (status, text) = server.post(
+            "/ingest?name=retry-off.cpu&format=pprof&from=1700000000&until=1700000010",
+            &cpu,
+        );
+        assert_eq!(status, 200, "{text}");
+    }
+    assert_eq!(cpu_ticks(&server, "retry-off"), 2 * once);
+}
+
+/// Finding 6 across a crash: the server is killed (SIGKILL) after it made a write
+/// durable and before its client read the answer; the client sends it again to the
+/// restarted server, which stores nothing twice. One write's identity comes back from
+/// the metastore (its segment was flushed), the other's from the write-ahead log.
+#[test]
+fn a_retry_after_kill_9_between_write_and_acknowledgement_is_stored_once() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let ready = || {
+        TestServer::agent()
+            .get(&format!("{url}/ready"))
+            .call()
+            .is_ok()
+    };
+    let args: [&std::ffi::OsStr; 2] = ["--retention-days".as_ref(), "0".as_ref()];
+    let server = ServerChild::start(dir.path(), port, &args, ready);
+    let client = TestServer::at(&url);
+    let path = |service: &str| {
+        format!("/ingest?name={service}.cpu&format=folded&sampleRate=100&from=1700000000&until=1700000010")
+    };
+    let flushed_body = "main;flushed 25\n";
+    let logged_body = "main;logged 40\n";
+    // The first write is acknowledged, and a query flushes it into a segment.
+    let (status, text) = client.post(&path("crash-flushed"), flushed_body.as_bytes());
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(cpu_ticks(&client, "crash-flushed"), 25 * 10_000_000);
+    // The second is sent whole; the server is killed once it is in the log, and its
+    // answer is never read.
+    let wal = dir.path().join("wal");
+    let logged_bytes = || -> u64 {
+        std::fs::read_dir(&wal)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|entry| entry.metadata().ok())
+                    .map(|meta| meta.len())
+                    .sum()
+            })
+            .unwrap_or(0)
+    };
+    assert_eq!(logged_bytes(), 0, "the flushed write's log is gone");
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        stream,
+        "POST {} HTTP/1.1\r\nHost: kiln\r\nContent-Length: {}\r\n\r\n{logged_body}",
+        path("crash-logged"),
+        logged_body.len()
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while logged_bytes() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the write was never logged"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let mut server = server;
+    server.0.kill().expect("SIGKILL");
+    server.0.wait().unwrap();
+    let mut unread = Vec::new();
+    let _ = stream.read_to_end(&mut unread);
+    drop(stream);
+
+    let _server = ServerChild::start(dir.path(), port, &args, ready);
+    for (service, body) in [
+        ("crash-flushed", flushed_body),
+        ("crash-logged", logged_body),
+    ] {
+        let (status, text, warnings) = post_warned(&client, &path(service), body.as_bytes(), &[]);
+        assert_eq!(status, 200, "{service}: {text}");
+        assert!(
+            warnings.iter().any(|w| w.contains("stored already")),
+            "{service}: the retry is known as one: {warnings:?}"
+        );
+    }
+    assert_eq!(cpu_ticks(&client, "crash-flushed"), 25 * 10_000_000);
+    assert_eq!(cpu_ticks(&client, "crash-logged"), 40 * 10_000_000);
 }

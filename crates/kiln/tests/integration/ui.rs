@@ -83,7 +83,7 @@ fn the_ui_explores_searches_selects_compares_and_restores_a_shared_view() {
     );
     // Another service, so picking one matters.
     push_folded(&server, "kiln-ui-other", "", 20, "other;work 50\n");
-    // 50,000 distinct stacks (four uploads under the 16,000-sample limit each).
+    // 50,000 distinct stacks (four uploads of 12,500 stacks each).
     for part in 0..4 {
         let mut body = String::new();
         for i in part * 12_500..(part + 1) * 12_500 {
