@@ -5,11 +5,15 @@
 //! what it stored with 20: it read every refused body in full, and accepted writes
 //! waited seconds behind them. A server that refuses early and cheaply keeps its goodput
 //! under overload. Each phase starts a fresh `kiln server` child with its defaults; each
-//! writer sends gzip pprofs of about `--profile-bytes` in a closed loop (the next as soon
-//! as the last is answered, after a 429 too: an SDK that ignores `Retry-After` is the
-//! worst case), each with a time range of its own, so no write is a retry of another.
-//! Reported per phase: stored profiles per second (200s), refusals, accepted p50/p99, and
-//! the server's peak RSS; then the ratio of the overloaded phase's goodput to the first's.
+//! writer sends gzip pprofs of about `--profile-bytes` in a closed loop: the next as soon
+//! as the last is stored, or after the `Retry-After` of a refusal, as a client that
+//! honours it does. Each writer is a service of its own and each profile a second after
+//! its last, so no write is a retry of another.
+//! Reported per phase: stored profiles per second (200s), refusals read as 429s, refusals
+//! that reached the client as a closed connection (the server answered after the headers
+//! and closed while the body was still being sent; a client that sends `Expect:
+//! 100-continue` gets the 429 instead), accepted p50/p99, and the server's peak RSS; then
+//! the ratio of the overloaded phase's goodput to the first's.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -82,7 +86,7 @@ struct Phase {
     writers: usize,
     stored: usize,
     refused: usize,
-    failed: usize,
+    closed: usize,
     p50: Duration,
     p99: Duration,
     peak_rss_mib: f64,
@@ -107,17 +111,18 @@ fn run_phase(writers: usize, seconds: u64, body: Arc<Vec<u8>>) -> anyhow::Result
                 let agent = ureq::AgentBuilder::new()
                     .timeout(Duration::from_secs(60))
                     .build();
-                let base = 1_700_000_000 + writer as i64 * 1_000_000;
+                // A service per writer, and each of its profiles a second after the
+                // last: no write is a copy of another (a retry, which is stored once).
+                let base = kiln_model::time::now_ms() / 1000 - 86_400;
                 let mut sent = 0i64;
                 while Instant::now() < deadline {
-                    let from = base + sent * 10;
+                    let from = base + sent;
                     sent += 1;
                     let begun = Instant::now();
                     let answer = agent
                         .post(&format!(
-                            "{url}/ingest?name=goodput-{}.cpu&format=pprof&from={from}&until={}",
-                            writer % 20,
-                            from + 10
+                            "{url}/ingest?name=goodput-{writer}.cpu&format=pprof&from={from}&until={}",
+                            from + 1
                         ))
                         .send_bytes(&body);
                     let took = begun.elapsed();
@@ -126,23 +131,47 @@ fn run_phase(writers: usize, seconds: u64, body: Arc<Vec<u8>>) -> anyhow::Result
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .push(took),
-                        Err(ureq::Error::Status(429 | 503 | 408, _)) => {
-                            counts.lock().unwrap_or_else(|p| p.into_inner()).0 += 1
+                        Err(ureq::Error::Status(429 | 503 | 408, response)) => {
+                            counts.lock().unwrap_or_else(|p| p.into_inner()).0 += 1;
+                            // As an SDK that honours Retry-After: the next profile then.
+                            let wait = response
+                                .header("retry-after")
+                                .and_then(|seconds| seconds.trim().parse::<u64>().ok())
+                                .unwrap_or(1);
+                            std::thread::sleep(Duration::from_secs(wait.min(5)));
                         }
-                        Err(_) => counts.lock().unwrap_or_else(|p| p.into_inner()).1 += 1,
+                        // Refused while its body was still being sent: the server
+                        // read a little of it and closed the connection, which the
+                        // client sees as an error, not as the 429 it was sent.
+                        Err(ureq::Error::Transport(err)) => {
+                            let mut counts = counts.lock().unwrap_or_else(|p| p.into_inner());
+                            if counts.1 == 0 {
+                                eprintln!("goodput: a write's connection was closed: {err}");
+                            }
+                            counts.1 += 1;
+                            drop(counts);
+                            std::thread::sleep(Duration::from_secs(1));
+                        }
+                        Err(err) => panic!("goodput: a write failed: {err}"),
                     }
                 }
             })
         })
         .collect();
-    for thread in threads {
-        let _ = thread.join();
-    }
+    let writers_failed = threads
+        .into_iter()
+        .map(std::thread::JoinHandle::join)
+        .filter(Result::is_err)
+        .count();
     let elapsed = started.elapsed().as_secs_f64();
     let peak_rss_mib = kiln_agent::procs::status_kib(child.id(), "VmHWM:") as f64 / 1024.0;
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&temp);
+    anyhow::ensure!(
+        writers_failed == 0,
+        "{writers_failed} writers failed (a write answered neither 200 nor a refusal)"
+    );
     let mut latencies = std::mem::take(&mut *latencies.lock().unwrap_or_else(|p| p.into_inner()));
     latencies.sort();
     let quantile = |q: f64| {
@@ -151,12 +180,12 @@ fn run_phase(writers: usize, seconds: u64, body: Arc<Vec<u8>>) -> anyhow::Result
             .copied()
             .unwrap_or_default()
     };
-    let (refused, failed) = *counts.lock().unwrap_or_else(|p| p.into_inner());
+    let (refused, closed) = *counts.lock().unwrap_or_else(|p| p.into_inner());
     Ok(Phase {
         writers,
         stored: latencies.len(),
         refused,
-        failed,
+        closed,
         p50: quantile(0.5),
         p99: quantile(0.99),
         peak_rss_mib,
@@ -174,7 +203,7 @@ pub fn run(args: GoodputArgs) -> anyhow::Result<()> {
     );
     println!(
         "{:>8} {:>10} {:>9} {:>9} {:>7} {:>9} {:>9} {:>10}",
-        "writers", "stored/s", "stored", "refused", "failed", "p50 ms", "p99 ms", "peak RSS"
+        "writers", "stored/s", "stored", "429", "closed", "p50 ms", "p99 ms", "peak RSS"
     );
     let mut baseline = None;
     for &writers in &args.writers {
@@ -187,7 +216,7 @@ pub fn run(args: GoodputArgs) -> anyhow::Result<()> {
             goodput,
             phase.stored,
             phase.refused,
-            phase.failed,
+            phase.closed,
             phase.p50.as_secs_f64() * 1e3,
             phase.p99.as_secs_f64() * 1e3,
             phase.peak_rss_mib

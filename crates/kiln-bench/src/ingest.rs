@@ -895,6 +895,7 @@ fn stages(args: StagesArgs) -> anyhow::Result<()> {
     let mut inflate = Duration::ZERO;
     let mut decode = Duration::ZERO;
     let mut plan = Duration::ZERO;
+    let mut identity = Duration::ZERO;
     let mut build = Duration::ZERO;
     let mut encode = Duration::ZERO;
     let mut read_back = Duration::ZERO;
@@ -946,6 +947,13 @@ fn stages(args: StagesArgs) -> anyhow::Result<()> {
                 }
             };
             held_bytes += parsed.iter().map(|p| p.decoded_bytes()).sum::<usize>();
+            // What deduplication adds to each write: the profile's identity.
+            let started = Instant::now();
+            for parsed in &parsed {
+                let digest = kiln_ingest::dedup::profile_digest(&parsed.profile);
+                std::hint::black_box(kiln_ingest::dedup::identity("bench", parsed, &digest));
+            }
+            identity += started.elapsed();
             let started = Instant::now();
             for parsed in &parsed {
                 builder.add_pprof(&parsed.input(limits.max_stack_depth));
@@ -992,7 +1000,7 @@ fn stages(args: StagesArgs) -> anyhow::Result<()> {
         }
     }
     let megabytes = (gzip_bytes * args.rounds) as f64 / 1e6;
-    let total = inflate + decode + plan + build + encode;
+    let total = inflate + decode + plan + identity + build + encode;
     println!(
         "kiln bench stages: {} files as {}, {:.2} MB gzip pprof ({:.2} MB raw) x {} rounds, one thread",
         files.len(),
@@ -1008,6 +1016,7 @@ fn stages(args: StagesArgs) -> anyhow::Result<()> {
         ("inflate", inflate),
         ("decode", decode),
         ("validate+plan", plan),
+        ("identity", identity),
         ("build", build),
         ("encode", encode),
     ] {

@@ -161,6 +161,25 @@ impl InFlight {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
+
+    /// Gives back all but `bytes` of the share: a body that stalls keeps only what has
+    /// arrived of it.
+    pub fn keep(&mut self, bytes: usize) {
+        if bytes >= self.bytes {
+            return;
+        }
+        for permit in [self.global.as_mut(), self.tenant.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            let excess = permit.num_permits().saturating_sub(bytes);
+            if excess > 0 {
+                drop(permit.split(excess));
+            }
+        }
+        self.gauge.dec_by((self.bytes - bytes) as i64);
+        self.bytes = bytes;
+    }
 }
 
 impl Drop for InFlight {

@@ -65,9 +65,13 @@ pub(crate) struct IngestBody {
     pub arrival: kiln_ingest::Arrival,
 }
 
-/// The in-flight share a body takes at a time as it arrives: one reservation per
-/// 64 KiB rather than per read of 16 KiB at most.
+/// The in-flight share a body of unknown length takes at a time as it arrives: one
+/// reservation per 64 KiB rather than per read of 16 KiB at most.
 const ADMISSION_STEP: usize = 64 << 10;
+
+/// How long a body may send nothing and keep the share it was promised: past it, it keeps
+/// only the bytes that have arrived ([`kiln_ingest::InFlight::keep`]).
+const PROMISE_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Reads a body within the tenant's size limit, counts it against the tenant's rate, and
 /// opens it: as `rpc` frames it, or as its `Content-Encoding` says.
@@ -87,8 +91,10 @@ pub(crate) async fn read_body(
 /// headers is judged before a byte of the body is read, and a refusal reads at most a
 /// little of it ([`crate::body::refuse_unread`]): the write queue's room, the declared
 /// length against the free in-flight bytes and against the tenant's rate. The in-flight
-/// bytes are then taken as the body arrives, so a client that declares a body and stalls
-/// holds none of them.
+/// bytes are taken when the body's bytes start to arrive (the whole declared length, so
+/// that bodies admitted together all finish), and given back down to what has arrived
+/// whenever the body stalls for [`PROMISE_IDLE`]: a client that declares a body and sends
+/// nothing, or stops, holds no more than it sent.
 pub(crate) async fn receive(
     state: &AppState,
     tenant: &str,
@@ -143,7 +149,18 @@ async fn read_admitted(
     let mut first: Option<Bytes> = None;
     let mut joined = bytes::BytesMut::new();
     let mut received = 0usize;
-    while let Some(frame) = body.frame().await {
+    loop {
+        let frame = match tokio::time::timeout(PROMISE_IDLE, body.frame()).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            // Stalled: it keeps only what has arrived, and asks again when bytes come.
+            Err(_) => {
+                if let Some(held) = held.as_mut() {
+                    held.keep(received);
+                }
+                continue;
+            }
+        };
         let frame = frame.map_err(|err| {
             let err: axum::BoxError = err.into();
             if crate::body::is_timeout(err.as_ref()) {
@@ -162,10 +179,16 @@ async fn read_admitted(
         }
         let holding = held.as_ref().map_or(0, kiln_ingest::InFlight::bytes);
         if received > holding {
+            // A body of declared length takes the rest of it at once, so that bodies
+            // admitted together are not refused halfway, their bytes read for nothing;
+            // one of unknown length takes a step at a time.
             let ceiling = declared.unwrap_or(limit).max(received);
-            let step = (received - holding)
-                .max(ADMISSION_STEP)
-                .min(ceiling - holding);
+            let step = match declared {
+                Some(_) => ceiling - holding,
+                None => (received - holding)
+                    .max(ADMISSION_STEP)
+                    .min(ceiling - holding),
+            };
             match state.limits.admit(tenant, step) {
                 Ok(share) => match held.as_mut() {
                     Some(held) => held.absorb(share),
@@ -265,7 +288,16 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 /// warning: the write succeeded, but not quite as sent.
 pub(crate) fn with_warnings(mut response: Response, warnings: &[String]) -> Response {
     for warning in warnings {
-        let text = warning.replace(['"', '\\'], "'");
+        // Header values are ASCII to every client: some drop a value with other bytes.
+        let text: String = warning
+            .replace('…', "...")
+            .chars()
+            .map(|c| match c {
+                '"' | '\\' => '\'',
+                c if c.is_ascii() && !c.is_ascii_control() => c,
+                _ => '?',
+            })
+            .collect();
         if let Ok(value) = HeaderValue::from_str(&format!("299 - \"{text}\"")) {
             response.headers_mut().append("warning", value);
         }

@@ -633,3 +633,178 @@ fn a_retry_after_kill_9_between_write_and_acknowledgement_is_stored_once() {
     assert_eq!(cpu_ticks(&client, "crash-flushed"), 25 * 10_000_000);
     assert_eq!(cpu_ticks(&client, "crash-logged"), 40 * 10_000_000);
 }
+
+/// A push of one series per value of label `user`, from `first` on.
+fn push_users(server: &TestServer, first: usize, count: usize) -> (u16, String) {
+    use kiln_ingest::push::{LabelPair, PushRequest, RawProfileSeries, RawSample};
+    let profile = profile_with_files(&["main.go".to_string()]);
+    let label = |name: &str, value: String| LabelPair {
+        name: name.into(),
+        value,
+    };
+    let request = PushRequest {
+        series: (first..first + count)
+            .map(|user| RawProfileSeries {
+                labels: vec![
+                    label("__name__", "process_cpu".into()),
+                    label("service_name", "cardinal".into()),
+                    label("user", format!("u{user}")),
+                ],
+                samples: vec![RawSample {
+                    raw_profile: profile.clone(),
+                    id: String::new(),
+                }],
+            })
+            .collect(),
+    };
+    let (status, body, _) = send(
+        server,
+        "POST",
+        "/push.v1.PusherService/Push",
+        &request.encode_to_vec(),
+        &[("Content-Type", "application/proto")],
+        "warning",
+    );
+    (status, body)
+}
+
+/// Finding 7, at the default limits: 100,000 values of one label were all accepted; a
+/// 4 MB function name was stored; a 200,000-frame stack was cut without a word; a real
+/// 20,430-sample profile got 413.
+#[test]
+fn cardinality_and_sizes_are_bounded_at_the_defaults() {
+    let server = TestServer::start_with(|config| {
+        config.limits.max_samples_per_profile =
+            kiln_ingest::Limits::default().max_samples_per_profile;
+    });
+    // Values of one label: accepted up to limits.max_label_values_per_name (10,000), the
+    // next series refused with 429 naming its label set; the known ones still go in.
+    for batch in 0..10 {
+        let (status, body) = push_users(&server, batch * 1_000, 1_000);
+        assert_eq!(status, 200, "batch {batch}: {body}");
+    }
+    let (status, body) = push_users(&server, 10_000, 1);
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body.contains("max_label_values_per_name") && body.contains("user=\\\"u10000\\\""),
+        "{body}"
+    );
+    assert_eq!(push_users(&server, 5, 1).0, 200, "a known series");
+    assert_eq!(
+        server.counter("kiln_ingest_series_refused_total{limit=\"label_values\"}"),
+        1.0
+    );
+
+    // A 4 MB function name is cut to 4 KiB and said so.
+    let long = "f".repeat(4 << 20);
+    let (status, text, warnings) = post_warned(
+        &server,
+        "/ingest?name=long.cpu&format=folded&sampleRate=100",
+        format!("main;{long} 5\n").as_bytes(),
+        &[],
+    );
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        warnings.iter().any(|w| w.contains("4096 bytes were cut")),
+        "{warnings:?}"
+    );
+    let query = crate::pyroscope::url_escape(&format!("{CPU}{{service_name=\"long\"}}"));
+    let rendered = server.json(
+        &format!("/pyroscope/render?query={query}&from=0&until=now%2B1h"),
+        &[],
+    );
+    let names = rendered["flamebearer"]["names"].as_array().unwrap().clone();
+    let longest = names
+        .iter()
+        .filter_map(|n| n.as_str())
+        .map(str::len)
+        .max()
+        .unwrap();
+    assert!(
+        (4096..4200).contains(&longest),
+        "longest stored name: {longest} bytes"
+    );
+
+    // A 200,000-frame stack keeps its innermost frames, with a Warning and a metric.
+    let frames: Vec<String> = (0..200_000).map(|i| format!("g{i}")).collect();
+    let (status, text, warnings) = post_warned(
+        &server,
+        "/ingest?name=deep.cpu&format=folded&sampleRate=100",
+        format!("{} 3\n", frames.join(";")).as_bytes(),
+        &[],
+    );
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        warnings.iter().any(|w| w.contains("max_stack_depth")),
+        "{warnings:?}"
+    );
+    assert_eq!(
+        server.counter("kiln_ingest_cut_total{what=\"stacks\"}"),
+        1.0
+    );
+    // The long name was the function's name and its system name.
+    assert_eq!(server.counter("kiln_ingest_cut_total{what=\"names\"}"), 2.0);
+
+    // The corpus's 20,430-sample profile is accepted whole.
+    if let Some(large) = corpus("pprof-large.cpu.pb.gz") {
+        let samples = kiln_model::pprof::decode(&large, 1 << 30)
+            .unwrap()
+            .sample
+            .len();
+        assert_eq!(samples, 20_430);
+        let (status, text, warnings) = post_warned(
+            &server,
+            "/ingest?name=large.cpu&format=pprof&from=1700000000&until=1700000010",
+            &large,
+            &[],
+        );
+        assert_eq!(status, 200, "{text}");
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(cpu_ticks(&server, "large"), pprof_total(&large, 1));
+    }
+}
+
+/// Finding 7: past `limits.max_series_per_tenant`, a new series is refused naming its
+/// label set, and the series already written keep being accepted.
+#[test]
+fn new_series_past_the_tenants_limit_are_refused() {
+    let server = TestServer::start_with(|config| config.limits.max_series_per_tenant = 20);
+    assert_eq!(push_users(&server, 0, 20).0, 200);
+    let (status, body) = push_users(&server, 20, 1);
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body.contains("max_series_per_tenant") && body.contains("u20"),
+        "{body}"
+    );
+    assert_eq!(push_users(&server, 3, 1).0, 200);
+}
+
+/// Finding 5's benchmark, briefly (its figures are for docs/benchmarks.md): both phases
+/// run against a server of their own, and each stores profiles.
+#[test]
+fn the_goodput_bench_runs_briefly() {
+    let output = run_kiln([
+        "bench",
+        "goodput",
+        "--writers",
+        "2,8",
+        "--seconds",
+        "2",
+        "--profile-bytes",
+        "200000",
+    ]);
+    let phases: Vec<&str> = output
+        .lines()
+        .filter(|line| line.ends_with("MiB"))
+        .collect();
+    assert_eq!(phases.len(), 2, "{output}");
+    for phase in phases {
+        let stored: usize = phase
+            .split_whitespace()
+            .nth(2)
+            .and_then(|stored| stored.parse().ok())
+            .unwrap_or_else(|| panic!("{output}"));
+        assert!(stored > 0, "{output}");
+    }
+    assert!(output.contains("× the goodput of 2 writers"), "{output}");
+}
