@@ -33,6 +33,10 @@ pub struct GoodputArgs {
     /// Size of each gzip pprof sent.
     #[arg(long, default_value_t = 1 << 20)]
     profile_bytes: usize,
+    /// A flag for the started servers (repeated for several: `--server-flag
+    /// --config --server-flag kiln.yaml`), to measure other settings.
+    #[arg(long, allow_hyphen_values = true)]
+    server_flag: Vec<std::ffi::OsString>,
 }
 
 /// A gzip pprof of about `target` bytes: random stacks over a few thousand functions,
@@ -93,12 +97,17 @@ struct Phase {
     seconds: f64,
 }
 
-fn run_phase(writers: usize, seconds: u64, body: Arc<Vec<u8>>) -> anyhow::Result<Phase> {
+fn run_phase(
+    writers: usize,
+    seconds: u64,
+    body: Arc<Vec<u8>>,
+    flags: &[std::ffi::OsString],
+) -> anyhow::Result<Phase> {
     let temp = std::env::temp_dir().join(format!(
         "kiln-bench-goodput-{}-{writers}",
         std::process::id()
     ));
-    let (mut child, url) = crate::ingest::start_server_with(&temp, &[])?;
+    let (mut child, url) = crate::ingest::start_server_with(&temp, flags)?;
     let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let counts: Arc<Mutex<(usize, usize)>> = Arc::default();
     let started = Instant::now();
@@ -207,7 +216,7 @@ pub fn run(args: GoodputArgs) -> anyhow::Result<()> {
     );
     let mut baseline = None;
     for &writers in &args.writers {
-        let phase = run_phase(writers, args.seconds, body.clone())
+        let phase = run_phase(writers, args.seconds, body.clone(), &args.server_flag)
             .with_context(|| format!("the phase of {writers} writers"))?;
         let goodput = phase.stored as f64 / phase.seconds;
         println!(

@@ -156,11 +156,19 @@ pub fn refuse_unread(headers: &HeaderMap, body: Body) {
     if expects_continue(headers) {
         return;
     }
-    tokio::spawn(async move {
-        let drain =
-            http_body_util::BodyExt::collect(http_body_util::Limited::new(body, LINGER_BYTES));
-        let _ = tokio::time::timeout(LINGER, drain).await;
-    });
+    tokio::spawn(linger(body));
+}
+
+/// [`refuse_unread`] of a body already being sent, waited for before answering: the
+/// client is sending, so the rest of a body within [`LINGER_BYTES`] arrives at once, and
+/// read before the answer it cannot be cut off by the close that follows it.
+pub async fn refuse_sending(body: Body) {
+    linger(body).await
+}
+
+async fn linger(body: Body) {
+    let drain = http_body_util::BodyExt::collect(http_body_util::Limited::new(body, LINGER_BYTES));
+    let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
 /// Whether the client waits for `100 Continue` before it sends its body.

@@ -106,6 +106,11 @@ pub(crate) async fn receive(
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.trim().parse::<usize>().ok());
+    // Past the hard limit: 413 before a byte of the body is read.
+    if declared.is_some_and(|declared| declared > limits.max_body_bytes) {
+        crate::body::refuse_unread(headers, body);
+        return Err(BodyError::TooLarge(limits.max_body_bytes).into());
+    }
     let early = state.ingester.has_room().and_then(|()| match declared {
         Some(declared) => {
             state.limits.check_declared(tenant, declared)?;
@@ -117,7 +122,7 @@ pub(crate) async fn receive(
         crate::body::refuse_unread(headers, body);
         return Err(err.into());
     }
-    let (raw, inflight) = read_admitted(state, tenant, headers, body, &limits, declared).await?;
+    let (raw, inflight) = read_admitted(state, tenant, body, &limits, declared).await?;
     if declared.is_none() {
         state.limits.check_rate(tenant, raw.len())?;
     }
@@ -138,7 +143,6 @@ pub(crate) async fn receive(
 async fn read_admitted(
     state: &AppState,
     tenant: &str,
-    headers: &HeaderMap,
     mut body: Body,
     limits: &Limits,
     declared: Option<usize>,
@@ -174,7 +178,7 @@ async fn read_admitted(
         };
         received += data.len();
         if received > limit {
-            crate::body::refuse_unread(headers, body);
+            crate::body::refuse_sending(body).await;
             return Err(BodyError::TooLarge(limit).into());
         }
         let holding = held.as_ref().map_or(0, kiln_ingest::InFlight::bytes);
@@ -195,7 +199,7 @@ async fn read_admitted(
                     None => held = Some(share),
                 },
                 Err(err) => {
-                    crate::body::refuse_unread(headers, body);
+                    crate::body::refuse_sending(body).await;
                     return Err(BodyError::Overloaded(err).into());
                 }
             }

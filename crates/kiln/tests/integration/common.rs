@@ -308,7 +308,7 @@ fn response_bytes(result: Result<ureq::Response, ureq::Error>) -> (u16, Vec<u8>)
     }
 }
 
-fn response_text(result: Result<ureq::Response, ureq::Error>) -> (u16, String) {
+pub fn response_text(result: Result<ureq::Response, ureq::Error>) -> (u16, String) {
     match result {
         Ok(response) | Err(ureq::Error::Status(_, response)) => {
             let status = response.status();

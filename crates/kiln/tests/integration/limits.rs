@@ -7,7 +7,18 @@ fn size_limits_are_413_and_counted() {
         config.limits.max_body_bytes = 64 * 1024;
         config.limits.max_decompressed_bytes = 1 << 20;
     });
-    let (status, text) = server.post("/ingest?name=big&format=pprof", &vec![b'a'; 100 * 1024]);
+    // A body declared past the limit is refused after its headers, before it is sent.
+    let mut declared = crate::security::send_head(
+        &server,
+        &crate::security::ingest_head("big", "t", 100 * 1024, ""),
+    );
+    crate::security::refused_and_closed(&mut declared, "413", std::time::Duration::from_secs(5));
+    // One sent without a length (chunked) is refused once past it.
+    let (status, text) = response_text(
+        TestServer::agent()
+            .post(&format!("{}/ingest?name=big&format=pprof", server.url))
+            .send(std::io::Cursor::new(vec![b'a'; 100 * 1024])),
+    );
     assert_eq!(status, 413, "{text}");
     // 64 MiB of zeros gzip to ~64 KiB: stopped at the 1 MiB decompressed limit.
     let bomb = gzip(&vec![0u8; 8 << 20]);
@@ -22,7 +33,7 @@ fn size_limits_are_413_and_counted() {
     assert_eq!(status, 413);
     let metrics = server.metrics();
     assert!(
-        metrics.contains("kiln_ingest_rejected_total{endpoint=\"ingest\",reason=\"too_large\"} 3"),
+        metrics.contains("kiln_ingest_rejected_total{endpoint=\"ingest\",reason=\"too_large\"} 4"),
         "{metrics}"
     );
 }

@@ -201,7 +201,7 @@ fn percent_decode(text: &str) -> String {
 }
 
 /// Sends a request head (no body) on a fresh connection.
-fn send_head(server: &TestServer, head: &str) -> std::net::TcpStream {
+pub fn send_head(server: &TestServer, head: &str) -> std::net::TcpStream {
     let address = server.url.trim_start_matches("http://").to_string();
     let mut stream = std::net::TcpStream::connect(address).expect("connect");
     stream.write_all(head.as_bytes()).expect("head");
@@ -209,7 +209,7 @@ fn send_head(server: &TestServer, head: &str) -> std::net::TcpStream {
 }
 
 /// Reads an answer's head (up to the blank line), within `timeout`.
-fn read_head(stream: &mut std::net::TcpStream, timeout: std::time::Duration) -> String {
+pub fn read_head(stream: &mut std::net::TcpStream, timeout: std::time::Duration) -> String {
     use std::io::Read;
     stream.set_read_timeout(Some(timeout)).expect("timeout");
     let mut head = Vec::new();
@@ -224,7 +224,7 @@ fn read_head(stream: &mut std::net::TcpStream, timeout: std::time::Duration) -> 
 }
 
 /// Reads an answer's head and checks its status and that the connection is closed.
-fn refused_and_closed(
+pub fn refused_and_closed(
     stream: &mut std::net::TcpStream,
     status: &str,
     timeout: std::time::Duration,
@@ -238,7 +238,7 @@ fn refused_and_closed(
     head
 }
 
-fn ingest_head(service: &str, tenant: &str, length: usize, extra: &str) -> String {
+pub fn ingest_head(service: &str, tenant: &str, length: usize, extra: &str) -> String {
     format!(
         "POST /ingest?name={service}.cpu&format=pprof HTTP/1.1\r\nHost: kiln\r\nX-Scope-OrgID: {tenant}\r\nContent-Length: {length}\r\n{extra}\r\n"
     )
@@ -296,7 +296,8 @@ fn refusals_come_after_the_headers_and_honour_expect_100_continue() {
         };
         config.tenant_limits.insert("slow".into(), slow);
     });
-    // One upload holds about 640 KiB of tenant small's 1 MiB as its bytes arrive.
+    // One upload declares all of tenant small's 1 MiB and sends 640 KiB of it: while its
+    // bytes come, it holds its whole declared length.
     let mut holder = send_head(&server, &ingest_head("holder", "small", 1 << 20, ""));
     holder.write_all(&vec![b'x'; 640 << 10]).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
@@ -316,7 +317,9 @@ fn refusals_come_after_the_headers_and_honour_expect_100_continue() {
     );
     let head = read_head(&mut expecting, std::time::Duration::from_secs(5));
     assert!(head.starts_with("HTTP/1.1 429"), "{head}");
-    // One that fits is asked for its body, and stored.
+    // Stalled for a second, the holder keeps only the 640 KiB it sent: one that fits in
+    // the rest is asked for its body, and stored.
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
     let profile = fixture("profefe-collector_cpu_1.prof");
     let mut fits = send_head(
         &server,
