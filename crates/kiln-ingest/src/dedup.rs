@@ -418,6 +418,16 @@ unsafe impl bytes::BufMut for HashSink {
         bytes::buf::UninitSlice::new(&mut self.buffer[self.filled..])
     }
 
+    // prost writes a varint a byte at a time: the default, through `put_slice`, made
+    // the digest cost as much as building the dataset (`kiln bench stages`, session 40).
+    fn put_u8(&mut self, byte: u8) {
+        if self.filled == SINK_BYTES {
+            self.drain();
+        }
+        self.buffer[self.filled] = byte;
+        self.filled += 1;
+    }
+
     fn put_slice(&mut self, mut src: &[u8]) {
         while !src.is_empty() {
             let room = SINK_BYTES - self.filled;
