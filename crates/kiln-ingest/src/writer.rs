@@ -969,7 +969,8 @@ impl Written {
             warnings,
             cuts,
             duplicates: 0,
-            ids: profiles.iter().map(|p| p.id.clone()).collect(),
+            // Filled by the dedup claim, which may give the profiles their ids.
+            ids: Vec::new(),
         }
     }
 }

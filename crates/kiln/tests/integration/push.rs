@@ -34,7 +34,8 @@ pub fn request(service: &str, profile: &[u8], id: &str) -> PushRequest {
     }
 }
 
-fn cpu_total(server: &TestServer, service: &str) -> i64 {
+/// CPU of `service` over all time, from the flame graph.
+pub fn cpu_total(server: &TestServer, service: &str) -> i64 {
     let query = url_escape(&format!("{CPU}{{service_name=\"{service}\"}}"));
     ticks(&server.json(
         &format!("/pyroscope/render?query={query}&from=0&until=now%2B1h"),

@@ -410,15 +410,6 @@ fn partial_endpoints_need_the_node_credential_and_errors_name_no_server_path() {
     assert!(err.to_string().contains("cluster.token_file"), "{err}");
 }
 
-/// CPU of `service` over all time, from the flame graph.
-fn cpu_ticks(server: &TestServer, service: &str) -> i64 {
-    let query = crate::pyroscope::url_escape(&format!("{CPU}{{service_name=\"{service}\"}}"));
-    crate::pyroscope::ticks(&server.json(
-        &format!("/pyroscope/render?query={query}&from=0&until=now%2B1h"),
-        &[],
-    ))
-}
-
 /// POSTs and returns the status, the body and the `Warning` headers.
 fn post_warned(
     server: &TestServer,
@@ -457,7 +448,7 @@ fn retries_are_acknowledged_and_stored_once() {
             "attempt {attempt}: {warnings:?}"
         );
     }
-    assert_eq!(cpu_ticks(&server, "retry-ingest"), once);
+    assert_eq!(crate::push::cpu_total(&server, "retry-ingest"), once);
 
     // The push API: the same request twice.
     let push = crate::push::request("retry-push", &plain, "6f1e2d3c-0000-4000-8000-00000000aaaa")
@@ -471,7 +462,7 @@ fn retries_are_acknowledged_and_stored_once() {
         );
         assert_eq!(status, 200, "{text}");
     }
-    assert_eq!(cpu_ticks(&server, "retry-push"), once);
+    assert_eq!(crate::push::cpu_total(&server, "retry-push"), once);
 
     // profefe: the second upload answers the first one's id, and one copy is stored.
     let mut ids = Vec::new();
@@ -508,7 +499,10 @@ fn retries_are_acknowledged_and_stored_once() {
     };
     assert!(folded("main;a 10\n").is_empty());
     assert!(folded("main;b 10\n").is_empty());
-    assert_eq!(cpu_ticks(&server, "retry-twins"), 20 * 10_000_000);
+    assert_eq!(
+        crate::push::cpu_total(&server, "retry-twins"),
+        20 * 10_000_000
+    );
 
     // An Idempotency-Key takes precedence: another body under the same key is the
     // retry, and the same body under another key is a new write.
@@ -523,9 +517,15 @@ fn retries_are_acknowledged_and_stored_once() {
     };
     keyed("main;a 10\n", "upload-1");
     keyed("main;a 30\n", "upload-1");
-    assert_eq!(cpu_ticks(&server, "retry-keyed"), 10 * 10_000_000);
+    assert_eq!(
+        crate::push::cpu_total(&server, "retry-keyed"),
+        10 * 10_000_000
+    );
     keyed("main;a 10\n", "upload-2");
-    assert_eq!(cpu_ticks(&server, "retry-keyed"), 20 * 10_000_000);
+    assert_eq!(
+        crate::push::cpu_total(&server, "retry-keyed"),
+        20 * 10_000_000
+    );
     let (status, text, _) = post_warned(
         &server,
         "/ingest?name=retry-keyed.cpu&format=folded",
@@ -548,7 +548,7 @@ fn retries_are_acknowledged_and_stored_once() {
         );
         assert_eq!(status, 200, "{text}");
     }
-    assert_eq!(cpu_ticks(&server, "retry-off"), 2 * once);
+    assert_eq!(crate::push::cpu_total(&server, "retry-off"), 2 * once);
 }
 
 /// Finding 6 across a crash: the server is killed (SIGKILL) after it made a write
@@ -582,7 +582,10 @@ fn a_retry_after_kill_9_between_write_and_acknowledgement_is_stored_once() {
     // The first write is acknowledged, and a query flushes it into a segment.
     let (status, text) = client.post(&path("crash-flushed"), flushed_body.as_bytes());
     assert_eq!(status, 200, "{text}");
-    assert_eq!(cpu_ticks(&client, "crash-flushed"), 25 * 10_000_000);
+    assert_eq!(
+        crate::push::cpu_total(&client, "crash-flushed"),
+        25 * 10_000_000
+    );
     // The second is sent whole; the server is killed once it is in the log, and its
     // answer is never read.
     let wal = dir.path().join("wal");
@@ -633,8 +636,14 @@ fn a_retry_after_kill_9_between_write_and_acknowledgement_is_stored_once() {
             "{service}: the retry is known as one: {warnings:?}"
         );
     }
-    assert_eq!(cpu_ticks(&client, "crash-flushed"), 25 * 10_000_000);
-    assert_eq!(cpu_ticks(&client, "crash-logged"), 40 * 10_000_000);
+    assert_eq!(
+        crate::push::cpu_total(&client, "crash-flushed"),
+        25 * 10_000_000
+    );
+    assert_eq!(
+        crate::push::cpu_total(&client, "crash-logged"),
+        40 * 10_000_000
+    );
 }
 
 /// A push of one series per value of label `user`, from `first` on.
@@ -763,7 +772,10 @@ fn cardinality_and_sizes_are_bounded_at_the_defaults() {
         );
         assert_eq!(status, 200, "{text}");
         assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(cpu_ticks(&server, "large"), pprof_total(&large, 1));
+        assert_eq!(
+            crate::push::cpu_total(&server, "large"),
+            pprof_total(&large, 1)
+        );
     }
 }
 
