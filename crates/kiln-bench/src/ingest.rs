@@ -70,6 +70,10 @@ pub struct IngestArgs {
     /// Server to push to; an in-process server is started when absent.
     #[arg(long)]
     url: Option<String>,
+    /// A flag for the started server (repeated for several: `--server-flag --config
+    /// --server-flag kiln.yaml`), to compare settings in one sitting.
+    #[arg(long, allow_hyphen_values = true)]
+    server_flag: Vec<std::ffi::OsString>,
     /// Concurrent clients.
     #[arg(long, default_value_t = 64)]
     clients: usize,
@@ -451,12 +455,13 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
             url
         }
         None => {
-            let flags: [std::ffi::OsString; 4] = [
+            let mut flags: Vec<std::ffi::OsString> = vec![
                 "--compaction".into(),
                 args.compaction.to_string().into(),
                 "--flush-adaptive".into(),
                 args.flush_adaptive.to_string().into(),
             ];
+            flags.extend(args.server_flag.iter().cloned());
             let (child, url) = start_server_with(&temp, &flags)?;
             server = Some(child);
             url

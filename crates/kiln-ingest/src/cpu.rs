@@ -30,7 +30,7 @@ static PARSE_PERMITS: LazyLock<Semaphore> =
 static WAITING: AtomicUsize = AtomicUsize::new(0);
 /// Recent parse time, in nanoseconds (an exponentially weighted mean, weight 1/16).
 static PARSE_NANOS: AtomicU64 = AtomicU64::new(1_000_000);
-static MAX_WAIT_MS: AtomicU64 = AtomicU64::new(2_000);
+static MAX_WAIT_MS: AtomicU64 = AtomicU64::new(1_000);
 
 /// The longest a request may wait for a core (`http.max_parse_wait_ms`).
 pub fn set_max_wait(wait: Duration) {

@@ -157,7 +157,9 @@ pub struct HttpConfig {
     pub max_inflight_bytes: usize,
     /// Longest a write request may expect to wait for a core to parse it, in
     /// milliseconds; one that would wait longer is refused at once with 429, so that an
-    /// overloaded server answers quickly instead of building a backlog.
+    /// overloaded server answers quickly instead of building a backlog. A second keeps
+    /// the p99 of accepted writes under 2 s at 10× overload (`kiln bench goodput`) for
+    /// about 6 % fewer stored profiles than 2 s at closed-loop saturation.
     pub max_parse_wait_ms: u64,
 }
 
@@ -169,7 +171,7 @@ impl Default for HttpConfig {
             body_idle_timeout_ms: 10_000,
             max_connections: 4096,
             max_inflight_bytes: 64 << 20,
-            max_parse_wait_ms: 2_000,
+            max_parse_wait_ms: 1_000,
         }
     }
 }
