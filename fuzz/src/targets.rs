@@ -299,7 +299,7 @@ pub fn partial_tree(data: &[u8]) {
         merged.compute_totals();
         let _ = kiln_query::tree::encode_partial(&merged);
     }
-    if let Ok(part) = serde_json::from_slice::<kiln_query::fanout::PartialQuery>(data) {
+    if let Ok(part) = serde_json::from_slice::<kiln_query::root::PartialQuery>(data) {
         let _ = part.request("fuzz");
     }
 }

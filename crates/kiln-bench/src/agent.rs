@@ -68,7 +68,7 @@ fn churn(per_minute: u64, busy: Arc<AtomicBool>) -> Option<std::thread::JoinHand
 
 pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
     let data_dir = std::env::temp_dir().join(format!("kiln-bench-agent-{}", std::process::id()));
-    let (mut server, url) = crate::ingest::start_server(&data_dir)?;
+    let (mut server, url) = crate::common::start_server(&data_dir)?;
     let busy = Arc::new(AtomicBool::new(true));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut busy_children = Vec::new();
@@ -132,14 +132,14 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
             if let Ok(Some(status)) = agent.try_wait() {
                 anyhow::bail!("kiln agent exited: {status}");
             }
-            let before = crate::ingest::process_cpu_seconds(pid).unwrap_or(0.0);
+            let before = crate::common::process_cpu_seconds(pid).unwrap_or(0.0);
             // Its own heap, every second: the figure the memory budget bounds.
             let mut peak_anon = 0;
             for _ in 0..args.seconds {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 peak_anon = peak_anon.max(status_kib(pid, "RssAnon:"));
             }
-            let cpu = crate::ingest::process_cpu_seconds(pid).unwrap_or(0.0) - before;
+            let cpu = crate::common::process_cpu_seconds(pid).unwrap_or(0.0) - before;
             let metrics = ureq::get(&format!("http://127.0.0.1:{metrics_port}/metrics"))
                 .call()
                 .ok()

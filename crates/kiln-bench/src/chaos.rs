@@ -97,7 +97,7 @@ impl Cluster {
             .spawn()
             .context("cannot start kiln server")?;
         node.child = Some(child);
-        crate::ingest::wait_ready(&format!("http://127.0.0.1:{}", node.port))
+        crate::common::wait_ready(&format!("http://127.0.0.1:{}", node.port))
             .with_context(|| format!("{} node", node.target))?;
         node.up.store(true, Ordering::SeqCst);
         Ok(())
@@ -182,7 +182,7 @@ fn week(url: &str, now_ms: i64) -> Result<HashMap<String, i64>, (Option<u16>, St
 /// Runs the cluster in a temporary directory, removed when every check passed; after a
 /// breach it is kept, and named in the error, for the nodes' logs (`<node>/kiln.log`).
 pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
-    let temp = crate::insight::tempfile_dir("kiln-chaos")?;
+    let temp = crate::common::tempfile_dir("kiln-chaos")?;
     match run_in(args, &temp) {
         Ok(()) => {
             let _ = std::fs::remove_dir_all(&temp);

@@ -107,7 +107,7 @@ fn run_phase(
         "kiln-bench-goodput-{}-{writers}",
         std::process::id()
     ));
-    let (mut child, url) = crate::ingest::start_server_with(&temp, flags)?;
+    let (mut child, url) = crate::common::start_server_with(&temp, flags)?;
     let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let counts: Arc<Mutex<(usize, usize)>> = Arc::default();
     let started = Instant::now();

@@ -9,34 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use clap::{Args, Subcommand};
-
-#[derive(Subcommand)]
-pub enum BenchCommand {
-    /// Ingest throughput and ack latency with durable acks.
-    Ingest(IngestArgs),
-    /// CPU cost of each write-path stage on one core, without HTTP or storage.
-    Stages(StagesArgs),
-    /// Query latency over 1 h, 24 h and 7 d of one service, against go tool pprof.
-    Query(crate::query::QueryBenchArgs),
-    /// Bytes kept for a day of one service after compaction, and compaction throughput.
-    Storage(crate::storage::StorageBenchArgs),
-    /// Time from a segment's write to its first compaction, with the default settings.
-    CompactionDelay(crate::storage::DelayBenchArgs),
-    /// Scrape targets one server core sustains.
-    Scrape(crate::scrape::ScrapeBenchArgs),
-    /// The host agent's own CPU and memory, with every core busy, per sampling frequency.
-    Agent(crate::agent::AgentBenchArgs),
-    /// What recording rules add to a level-0 compaction job.
-    Rules(crate::rules::RulesBenchArgs),
-    /// Planted regressions found and false alarms raised by the comparison, and its speed.
-    Insight(crate::insight::InsightBenchArgs),
-    /// Ingest, query and compact processes over PostgreSQL and S3 under kills and a
-    /// PostgreSQL restart: every acknowledged write present exactly once.
-    Chaos(crate::chaos::ChaosArgs),
-    /// Profiles stored per second with 200 writers of 1 MB profiles against 20.
-    Goodput(crate::goodput::GoodputArgs),
-}
+use clap::Args;
 
 #[derive(Args)]
 pub struct StagesArgs {
@@ -170,12 +143,17 @@ impl IngestCluster {
             ]
         };
         for index in 0..args.ingest_nodes {
-            let server =
-                start_server_with(&temp.join(format!("ingest-{index}")), &flags("ingest"))?;
+            let server = crate::common::start_server_with(
+                &temp.join(format!("ingest-{index}")),
+                &flags("ingest"),
+            )?;
             cluster.servers.push(server);
         }
         if args.compaction {
-            cluster.compactor = Some(start_server_with(&temp.join("compact"), &flags("compact"))?);
+            cluster.compactor = Some(crate::common::start_server_with(
+                &temp.join("compact"),
+                &flags("compact"),
+            )?);
         }
         // Placement needs every node to know the others: wait until each lists them all
         // as live, and one heartbeat more for their caches.
@@ -233,29 +211,6 @@ fn machine_busy_seconds() -> Option<f64> {
 enum Protocol {
     Pprof,
     Otlp,
-}
-
-pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
-    match command {
-        BenchCommand::Ingest(args) => ingest(args).await,
-        BenchCommand::Stages(args) => stages(args),
-        BenchCommand::Query(args) => crate::query::run(args).await,
-        BenchCommand::Storage(args) => crate::storage::run(args).await,
-        BenchCommand::CompactionDelay(args) => crate::storage::run_delay(args).await,
-        BenchCommand::Scrape(args) => crate::scrape::run(args).await,
-        BenchCommand::Agent(args) => crate::agent::run(args).await,
-        BenchCommand::Rules(args) => crate::rules::run(args),
-        BenchCommand::Insight(args) => crate::insight::run(args).await,
-        // Threads and child processes of its own, and a runtime for the metastore.
-        BenchCommand::Chaos(args) => tokio::task::spawn_blocking(move || crate::chaos::run(args))
-            .await
-            .context("the chaos bench's thread failed")?,
-        BenchCommand::Goodput(args) => {
-            tokio::task::spawn_blocking(move || crate::goodput::run(args))
-                .await
-                .context("the goodput bench's thread failed")?
-        }
-    }
 }
 
 /// A corpus file as the bench sends it: gzip pprof, and the size of the pprof inside.
@@ -332,110 +287,7 @@ fn load_corpus(dir: &PathBuf, min_bytes: usize) -> anyhow::Result<Vec<BenchFile>
     Ok(files)
 }
 
-/// The files of a corpus directory, in name order, of at most `max_bytes`, that decode as
-/// pprof: (file name, bytes as stored, decoded profile).
-pub(crate) fn corpus_pprofs(
-    dir: &std::path::Path,
-    max_bytes: usize,
-) -> anyhow::Result<Vec<(String, Vec<u8>, kiln_model::pprof::Profile)>> {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot read corpus {}", dir.display()))?
-        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-        .filter(|path| path.is_file())
-        .collect();
-    entries.sort();
-    let mut profiles = Vec::new();
-    for path in entries {
-        let bytes = std::fs::read(&path)?;
-        if bytes.len() > max_bytes {
-            continue;
-        }
-        let Ok(profile) = kiln_model::pprof::decode(&bytes, 64 << 20) else {
-            continue;
-        };
-        let name = path
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
-        profiles.push((name, bytes, profile));
-    }
-    Ok(profiles)
-}
-
-/// Starts `kiln server` as a child process on `data_dir` and waits until it is ready;
-/// returns the child and its URL. A child, so that its CPU time and memory can be told
-/// from the load generator's, which shares the machine. `KILN_BENCH_SERVER` names another
-/// `kiln` binary to start instead, so that two builds are compared under the same load
-/// generator. Compaction is off: it is measured on its own, and here it would compete for
-/// the cores.
-pub fn start_server(data_dir: &std::path::Path) -> anyhow::Result<(std::process::Child, String)> {
-    start_server_with(data_dir, &["--compaction".into(), "false".into()])
-}
-
-/// [`start_server`] with other server flags instead of `--compaction false`.
-pub fn start_server_with(
-    data_dir: &std::path::Path,
-    flags: &[std::ffi::OsString],
-) -> anyhow::Result<(std::process::Child, String)> {
-    start_server_pinned(data_dir, flags, &[])
-}
-
-/// [`start_server_with`] on only these CPUs (`taskset`), when not empty: one process
-/// standing for a machine of its own.
-pub fn start_server_pinned(
-    data_dir: &std::path::Path,
-    flags: &[std::ffi::OsString],
-    cpus: &[usize],
-) -> anyhow::Result<(std::process::Child, String)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let binary = match std::env::var_os("KILN_BENCH_SERVER") {
-        Some(binary) => std::path::PathBuf::from(binary),
-        None => std::env::current_exe()?,
-    };
-    let mut command = match cpus.is_empty() {
-        true => std::process::Command::new(&binary),
-        false => {
-            let list: Vec<String> = cpus.iter().map(usize::to_string).collect();
-            let mut command = std::process::Command::new("taskset");
-            command.args(["-c", &list.join(",")]).arg(&binary);
-            command
-        }
-    };
-    let mut child = command
-        .args(["server", "--listen", &format!("127.0.0.1:{port}")])
-        .args(flags)
-        .arg("--data-dir")
-        .arg(data_dir)
-        .env("KILN_LOG_LEVEL", "warn")
-        .spawn()
-        .with_context(|| format!("cannot start the server {}", binary.display()))?;
-    let url = format!("http://127.0.0.1:{port}");
-    if let Err(err) = wait_ready(&url) {
-        let _ = child.kill();
-        return Err(err);
-    }
-    Ok((child, url))
-}
-
-/// Waits up to a minute for a started server's `/ready`.
-pub(crate) fn wait_ready(url: &str) -> anyhow::Result<()> {
-    let agent = ureq::AgentBuilder::new()
-        .timeout(Duration::from_secs(1))
-        .build();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while agent.get(&format!("{url}/ready")).call().is_err() {
-        if Instant::now() > deadline {
-            bail!("the server at {url} did not become ready");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
-}
-
-async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
+pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
     let mut files = load_corpus(&args.corpus, args.min_file_bytes)?;
     let services = args.services.max(1);
     let protocol = args.protocol;
@@ -462,7 +314,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
                 args.flush_adaptive.to_string().into(),
             ];
             flags.extend(args.server_flag.iter().cloned());
-            let (child, url) = start_server_with(&temp, &flags)?;
+            let (child, url) = crate::common::start_server_with(&temp, &flags)?;
             server = Some(child);
             url
         }
@@ -486,13 +338,16 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
         None => url.clone(),
     };
     let servers_cpu = |pids: &[u32]| -> Option<f64> {
-        let seconds: Option<Vec<f64>> = pids.iter().map(|pid| process_cpu_seconds(*pid)).collect();
+        let seconds: Option<Vec<f64>> = pids
+            .iter()
+            .map(|pid| crate::common::process_cpu_seconds(*pid))
+            .collect();
         seconds.filter(|s| !s.is_empty()).map(|s| s.iter().sum())
     };
     let cpu_before = servers_cpu(&pids);
     let machine_before = machine_busy_seconds();
-    let merge_cpu_before = crate::storage::metric(&merge_url, MERGE_CPU).ok();
-    let compaction_cpu_before = crate::storage::metric(&merge_url, COMPACTION_CPU).ok();
+    let merge_cpu_before = crate::common::metric(&merge_url, MERGE_CPU).ok();
+    let compaction_cpu_before = crate::common::metric(&merge_url, COMPACTION_CPU).ok();
     let total_bytes: usize = files.iter().map(|file| file.body.len()).sum();
     let total_pprof_bytes: usize = files.iter().map(|file| file.pprof_bytes).sum();
     let total_otlp_bytes: usize = files
@@ -687,14 +542,14 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     }
     let cpu_after = servers_cpu(&pids);
     let machine_after = machine_busy_seconds();
-    let merge_cpu_after = crate::storage::metric(&merge_url, MERGE_CPU).ok();
-    let compaction_cpu_after = crate::storage::metric(&merge_url, COMPACTION_CPU).ok();
+    let merge_cpu_after = crate::common::metric(&merge_url, MERGE_CPU).ok();
+    let compaction_cpu_after = crate::common::metric(&merge_url, COMPACTION_CPU).ok();
     // A run that leaves compaction behind looks cheaper than it is: its backlog is shown.
     let backlog = args
         .compaction
         .then(|| {
-            let datasets = crate::storage::metric(&url, BACKLOG_DATASETS).ok()?;
-            let wait = crate::storage::metric(&url, BACKLOG_WAIT).ok()?;
+            let datasets = crate::common::metric(&url, BACKLOG_DATASETS).ok()?;
+            let wait = crate::common::metric(&url, BACKLOG_WAIT).ok()?;
             Some((datasets, wait))
         })
         .flatten();
@@ -872,21 +727,9 @@ const BACKLOG_WAIT: &str = "kiln_ingest_compaction_wait_seconds";
 /// Compaction's CPU in all (merges, planning, metastore transactions, uploads).
 const COMPACTION_CPU: &str = "kiln_compaction_cpu_seconds_total";
 
-/// User plus system CPU seconds of a process, from `/proc/PID/stat` (Linux; clock ticks are
-/// 100 per second there).
-pub(crate) fn process_cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / 100.0)
-}
-
 /// Times each stage of the write path over the corpus on one thread: inflate, protobuf
 /// decode, validation and series planning, dataset building (interning), block encoding.
-fn stages(args: StagesArgs) -> anyhow::Result<()> {
+pub fn stages(args: StagesArgs) -> anyhow::Result<()> {
     let mut files = load_corpus(&args.corpus, 0)?;
     if args.protocol == Protocol::Otlp {
         add_otlp_bodies(&mut files, 1)?;

@@ -27,8 +27,8 @@ use kiln_storage::DatasetBuilder;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::query::{
-    cpu_templates, load_templates, write_stream, QueryBenchArgs, Template, CPU, HOUR_NANOS, SERVICE,
+use crate::stream::{
+    cpu_templates, load_templates, write_stream, StreamShape, Template, CPU, HOUR_NANOS, SERVICE,
 };
 
 #[derive(Args)]
@@ -233,7 +233,7 @@ struct Tally {
 }
 
 pub async fn run(args: InsightBenchArgs) -> anyhow::Result<()> {
-    let query_args = QueryBenchArgs::one_instance(args.corpus.clone(), 2);
+    let query_args = StreamShape::one_instance(args.corpus.clone());
     let templates = load_templates(&query_args)?;
     let shapes = shapes(&cpu_templates(&args.corpus, usize::MAX)?);
     if shapes.is_empty() {
@@ -359,7 +359,7 @@ pub async fn run(args: InsightBenchArgs) -> anyhow::Result<()> {
 /// leaves them before compaction: every 15 s a segment with one dataset (one profile) per
 /// service; the first half of the segments at version 1.0, the second at 1.1.
 async fn watch(args: &InsightBenchArgs, templates: &[Template]) -> anyhow::Result<()> {
-    let dir = tempfile_dir("kiln-bench-watch")?;
+    let dir = crate::common::tempfile_dir("kiln-bench-watch")?;
     let storage =
         kiln_storage::ObjectStorage::open(&format!("file://{}", dir.join("blocks").display()))?;
     let metastore = kiln_metastore::Metastore::open(&format!(
@@ -451,14 +451,6 @@ async fn watch(args: &InsightBenchArgs, templates: &[Template]) -> anyhow::Resul
     Ok(())
 }
 
-/// An empty directory of this process's own under the temporary directory.
-pub(crate) fn tempfile_dir(prefix: &str) -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
-}
-
 /// `POST /api/v1/compare` over a day a side.
 async fn speed(args: &InsightBenchArgs, templates: &[Template]) -> anyhow::Result<()> {
     let data_dir = std::env::temp_dir().join(format!("kiln-bench-insight-{}", std::process::id()));
@@ -475,7 +467,7 @@ async fn speed_in(
 ) -> anyhow::Result<()> {
     // Two sides of `speed_profiles` seconds each, in whole hours.
     let hours = ((args.speed_profiles as i64 + 3_599) / 3_600).max(1);
-    let stream = QueryBenchArgs::one_instance(args.corpus.clone(), 1);
+    let stream = StreamShape::one_instance(args.corpus.clone());
     let now = kiln_model::time::now_nanos();
     let end_nanos = now - now.rem_euclid(HOUR_NANOS);
     let started = Instant::now();
@@ -503,7 +495,7 @@ async fn speed_in(
         })
         .sum();
     println!("{samples} samples a side");
-    let (mut child, url) = crate::ingest::start_server(data_dir)?;
+    let (mut child, url) = crate::common::start_server(data_dir)?;
     let end_ms = end_nanos / 1_000_000;
     let side_ms = hours * 3_600_000;
     let body = serde_json::json!({

@@ -13,18 +13,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kiln_ingest::parse::{from_pprof, new_profile_id, ProfileContext};
-use kiln_ingest::ParsedProfile;
-use kiln_metastore::{BlockMeta, Metastore};
-use kiln_model::labels::Labels;
 use kiln_query::api;
-use kiln_storage::format::{encode_block_as, BlockEncoding};
-use kiln_storage::{DatasetBuilder, ObjectStorage};
 use prost::Message;
 
-pub(crate) const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
-pub(crate) const SERVICE: &str = "bench-service";
-pub(crate) const HOUR_NANOS: i64 = 3_600 * 1_000_000_000;
+use crate::stream::{
+    load_templates, write_stream, StreamShape, Template, CPU, HOUR_NANOS, SERVICE,
+};
 
 #[derive(Args)]
 pub struct QueryBenchArgs {
@@ -78,100 +72,17 @@ pub struct QueryBenchArgs {
 }
 
 impl QueryBenchArgs {
-    /// One instance of one service sending a profile every second for `days`, every other
-    /// option at its default: the stream other benches write with [`write_stream`].
-    pub(crate) fn one_instance(corpus: PathBuf, days: i64) -> Self {
-        QueryBenchArgs {
-            corpus,
-            days,
-            instances: 1,
-            services: 1,
-            interval: 1,
-            max_file_bytes: 200_000,
-            skip_go: true,
-            go: None,
-            stack_sums: true,
-            ingest_rate: 0.0,
-            ingest_clients: 64,
-            ingest_seconds: 60,
-            query_nodes: Vec::new(),
-            cpus_per_node: None,
+    /// The stream this bench writes and queries.
+    fn shape(&self) -> StreamShape {
+        StreamShape {
+            corpus: self.corpus.clone(),
+            instances: self.instances,
+            services: self.services,
+            interval: self.interval,
+            max_file_bytes: self.max_file_bytes,
+            stack_sums: self.stack_sums,
         }
     }
-}
-
-pub(crate) struct Template {
-    pub(crate) name: String,
-    bytes: Vec<u8>,
-    pub(crate) parsed: ParsedProfile,
-}
-
-/// Every CPU profile of the corpus (`process_cpu:cpu:nanoseconds`), of any sample types.
-pub(crate) fn cpu_templates(corpus: &Path, max_file_bytes: usize) -> anyhow::Result<Vec<Template>> {
-    let mut templates = Vec::new();
-    // Corpus files carry their recording times, years old: no retention here.
-    let limits = kiln_ingest::Limits {
-        max_samples_per_profile: usize::MAX,
-        retention_days: 0,
-        ..Default::default()
-    };
-    for (name, bytes, profile) in crate::ingest::corpus_pprofs(corpus, max_file_bytes)? {
-        let Ok(parsed) = from_pprof(profile, ProfileContext::default(), bytes.len(), &limits)
-        else {
-            continue;
-        };
-        if parsed
-            .types
-            .iter()
-            .any(|plan| plan.profile_type.id() == CPU)
-        {
-            templates.push(Template {
-                name,
-                bytes,
-                parsed,
-            });
-        }
-    }
-    Ok(templates)
-}
-
-pub(crate) fn load_templates(args: &QueryBenchArgs) -> anyhow::Result<Vec<Template>> {
-    let templates = cpu_templates(&args.corpus, args.max_file_bytes)?;
-    // go tool pprof merges only profiles with the same sample types: keep the group that
-    // shares them with the most bytes of profile (the heaviest, most realistic stream), as
-    // one service's profiles would.
-    let signature = |template: &Template| -> Vec<String> {
-        let profile = &template.parsed.profile;
-        profile
-            .sample_type
-            .iter()
-            .chain(profile.period_type.iter())
-            .map(|value_type| {
-                format!(
-                    "{}/{}",
-                    profile.string_or_empty(value_type.r#type),
-                    profile.string_or_empty(value_type.unit)
-                )
-            })
-            .collect()
-    };
-    let mut groups: std::collections::BTreeMap<Vec<String>, Vec<Template>> = Default::default();
-    for template in templates {
-        if template.parsed.profile.sample.is_empty() {
-            continue;
-        }
-        groups
-            .entry(signature(&template))
-            .or_default()
-            .push(template);
-    }
-    let weight = |group: &Vec<Template>| -> usize {
-        group.iter().map(|template| template.bytes.len()).sum()
-    };
-    let Some(group) = groups.into_values().max_by_key(weight) else {
-        bail!("no {CPU} profiles in {}", args.corpus.display());
-    };
-    Ok(group)
 }
 
 /// Three 24 h flame graphs, asked in turn every 125 ms while `kiln bench ingest` pushes
@@ -186,7 +97,7 @@ fn query_while_ingesting(
     end_ms: i64,
 ) -> anyhow::Result<()> {
     let (child, url) =
-        crate::ingest::start_server_with(data_dir, &["--compaction".into(), "true".into()])?;
+        crate::common::start_server_with(data_dir, &["--compaction".into(), "true".into()])?;
     let server = Server { child, url };
     let request = api::SelectMergeStacktracesRequest {
         profile_type_id: CPU.to_string(),
@@ -217,7 +128,7 @@ fn query_while_ingesting(
     std::thread::sleep(Duration::from_secs(3));
     let mut latencies = [Vec::new(), Vec::new(), Vec::new()];
     let mut one_service_total = 0;
-    let cpu_before = crate::ingest::process_cpu_seconds(server.child.id());
+    let cpu_before = crate::common::process_cpu_seconds(server.child.id());
     let started = Instant::now();
     while ingest.try_wait()?.is_none() {
         let begin = Instant::now();
@@ -256,7 +167,7 @@ fn query_while_ingesting(
     if one_service_total <= 0 {
         bail!("the last flame graph of bench-svc-0 was empty: the ingest did not reach it");
     }
-    let cpu = crate::ingest::process_cpu_seconds(server.child.id())
+    let cpu = crate::common::process_cpu_seconds(server.child.id())
         .zip(cpu_before)
         .map(|(after, before)| after - before);
     println!(
@@ -290,131 +201,6 @@ fn query_while_ingesting(
     Ok(())
 }
 
-/// The name of service `index` of the stream: the first is [`SERVICE`].
-fn service_name(index: usize) -> String {
-    if index == 0 {
-        SERVICE.to_string()
-    } else {
-        format!("{SERVICE}-{index}")
-    }
-}
-
-/// Writes one block per service and hour (in parallel on every core) and registers each.
-pub(crate) async fn write_stream(
-    args: &QueryBenchArgs,
-    templates: &[Template],
-    data_dir: &Path,
-    end_nanos: i64,
-    hours: i64,
-) -> anyhow::Result<(usize, u64)> {
-    let storage = ObjectStorage::open(&format!("file://{}", data_dir.join("blocks").display()))?;
-    let metastore = Metastore::open(&format!(
-        "sqlite://{}",
-        data_dir.join("metastore.db").display()
-    ))
-    .await?;
-    let start_nanos = end_nanos - hours * HOUR_NANOS;
-    let interval_nanos = args.interval * 1_000_000_000;
-    let services: Vec<String> = (0..args.services.max(1)).map(service_name).collect();
-    let instance_labels: Vec<Vec<Labels>> = services
-        .iter()
-        .map(|service| {
-            (0..args.instances)
-                .map(|instance| {
-                    Labels::from_pairs([
-                        ("service_name", service.clone()),
-                        ("instance", format!("instance-{instance:02}")),
-                    ])
-                })
-                .collect()
-        })
-        .collect();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut profiles = 0usize;
-    let mut bytes_written = 0u64;
-    // One block per service and hour, as compaction leaves them.
-    let units: Vec<(i64, usize)> = (0..hours)
-        .flat_map(|hour| (0..services.len()).map(move |service| (hour, service)))
-        .collect();
-    for chunk in units.chunks(cores) {
-        let blocks: Vec<anyhow::Result<(Vec<u8>, kiln_metastore::DatasetMeta, usize)>> =
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = chunk
-                    .iter()
-                    .map(|(hour, service)| {
-                        let instance_labels = &instance_labels[*service];
-                        let name = &services[*service];
-                        scope.spawn(move || -> anyhow::Result<_> {
-                            let hour_start = start_nanos + hour * HOUR_NANOS;
-                            let mut builder = DatasetBuilder::new("anonymous", name);
-                            let mut count = 0usize;
-                            let mut time = hour_start;
-                            while time < hour_start + HOUR_NANOS {
-                                let slot = ((time - start_nanos) / interval_nanos) as usize;
-                                for (instance, labels) in instance_labels.iter().enumerate() {
-                                    let template =
-                                        &templates[(slot + instance + service) % templates.len()];
-                                    let id = new_profile_id(time);
-                                    let mut input = template.parsed.input(1_000);
-                                    input.id = &id;
-                                    input.labels = labels;
-                                    input.time_nanos = time;
-                                    input.duration_nanos = interval_nanos;
-                                    builder.add_pprof(&input);
-                                    count += 1;
-                                }
-                                time += interval_nanos;
-                            }
-                            let mut dataset = builder.finish();
-                            if args.stack_sums {
-                                dataset.sum_stacks_if_smaller();
-                            }
-                            let id = ulid::Ulid::new().to_string();
-                            let key = format!("blocks/{id}.parquet");
-                            let meta = kiln_ingest::writer::dataset_meta(&dataset, &id, &key, 0);
-                            let block = encode_block_as(
-                                std::slice::from_ref(&dataset),
-                                BlockEncoding::Compacted,
-                            )?;
-                            Ok((block, meta, count))
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|handle| {
-                        handle
-                            .join()
-                            .unwrap_or_else(|_| Err(anyhow::anyhow!("block builder panicked")))
-                    })
-                    .collect()
-            });
-        for block in blocks {
-            let (block, meta, count) = block?;
-            bytes_written += block.len() as u64;
-            let size_bytes = block.len() as u64;
-            storage
-                .put(&meta.object_key, bytes::Bytes::from(block))
-                .await?;
-            metastore
-                .register_block(
-                    BlockMeta {
-                        id: meta.block_id.clone(),
-                        object_key: meta.object_key.clone(),
-                        level: 2,
-                        size_bytes,
-                        created_at_ms: end_nanos / 1_000_000,
-                        deleted_at_ms: None,
-                    },
-                    vec![meta],
-                )
-                .await?;
-            profiles += count;
-        }
-    }
-    Ok((profiles, bytes_written))
-}
-
 struct Server {
     child: std::process::Child,
     url: String,
@@ -422,7 +208,7 @@ struct Server {
 
 impl Server {
     fn start(data_dir: &Path) -> anyhow::Result<Server> {
-        let (child, url) = crate::ingest::start_server(data_dir)?;
+        let (child, url) = crate::common::start_server(data_dir)?;
         Ok(Server { child, url })
     }
 
@@ -530,7 +316,7 @@ fn query_nodes_table(args: &QueryBenchArgs, data_dir: &Path, end_ms: i64) -> any
                 config.clone().into(),
             ];
             let node_dir = data_dir.join(format!("query-{round}-{index}"));
-            let (child, url) = crate::ingest::start_server_pinned(&node_dir, &flags, &cpus)?;
+            let (child, url) = crate::common::start_server_pinned(&node_dir, &flags, &cpus)?;
             servers.push(Server { child, url });
         }
         // The first node must see exactly these as the live query nodes.
@@ -564,7 +350,7 @@ fn query_nodes_table(args: &QueryBenchArgs, data_dir: &Path, end_ms: i64) -> any
         // One heartbeat more, for the first node's cache of the live nodes.
         std::thread::sleep(Duration::from_millis(600));
         let first = &servers[0];
-        let shares_before = crate::storage::metric(&first.url, "kiln_query_shares_sent_total")?;
+        let shares_before = crate::common::metric(&first.url, "kiln_query_shares_sent_total")?;
         let (cold, warm, _, response) = measure(first, || {
             first.call::<api::SelectMergeStacktracesResponse>("SelectMergeStacktraces", &request)
         })?;
@@ -572,7 +358,7 @@ fn query_nodes_table(args: &QueryBenchArgs, data_dir: &Path, end_ms: i64) -> any
             first.call::<api::SelectSeriesResponse>("SelectSeries", &series_request)
         })?;
         let shares =
-            crate::storage::metric(&first.url, "kiln_query_shares_sent_total")? - shares_before;
+            crate::common::metric(&first.url, "kiln_query_shares_sent_total")? - shares_before;
         let total = response.flamegraph.map_or(0, |graph| graph.total);
         if *first_total.get_or_insert(total) != total {
             bail!("the flame graph's total differs on {count} query nodes: {total}");
@@ -642,7 +428,7 @@ fn go_binary(explicit: Option<&PathBuf>) -> Option<PathBuf> {
 }
 
 pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
-    let templates = load_templates(&args)?;
+    let templates = load_templates(&args.shape())?;
     let data_dir = std::env::temp_dir().join(format!("kiln-bench-query-{}", std::process::id()));
     std::fs::create_dir_all(&data_dir)?;
     let result = run_in(&args, &templates, &data_dir).await;
@@ -670,8 +456,14 @@ async fn run_in(
         args.days
     );
     let started = Instant::now();
-    let (profiles, bytes) =
-        write_stream(args, templates, data_dir, end_nanos, args.days * 24).await?;
+    let (profiles, bytes) = write_stream(
+        &args.shape(),
+        templates,
+        data_dir,
+        end_nanos,
+        args.days * 24,
+    )
+    .await?;
     println!(
         "wrote {profiles} profiles in {} hourly blocks, {:.1} MB, in {:.1} s",
         args.days * 24 * args.services.max(1) as i64,

@@ -45,7 +45,7 @@ pub fn run(args: RulesBenchArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let mut templates = Vec::new();
-    for (_, bytes, profile) in crate::ingest::corpus_pprofs(&args.corpus, 1 << 20)? {
+    for (_, bytes, profile) in crate::common::corpus_pprofs(&args.corpus, 1 << 20)? {
         if let Ok(parsed) = from_pprof(profile, ProfileContext::default(), bytes.len(), &limits) {
             if parsed
                 .types

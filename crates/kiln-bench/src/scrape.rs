@@ -70,7 +70,7 @@ pub async fn run(args: ScrapeBenchArgs) -> anyhow::Result<()> {
     let config = data_dir.join("kiln.yaml");
     std::fs::write(&config, yaml)?;
     let (mut server, url) =
-        crate::ingest::start_server_with(&data_dir, &["--config".into(), config.into_os_string()])?;
+        crate::common::start_server_with(&data_dir, &["--config".into(), config.into_os_string()])?;
     println!(
         "kiln bench scrape: {} targets × 5 Go endpoints every {} s, {} s measured",
         args.targets, args.interval, args.seconds
@@ -78,10 +78,10 @@ pub async fn run(args: ScrapeBenchArgs) -> anyhow::Result<()> {
     // Warm-up: every target's first scrape (the delta baselines) and connection set-up.
     tokio::time::sleep(Duration::from_secs(2 * args.interval + 1)).await;
     let served_before = served.load(Ordering::Relaxed);
-    let cpu_before = crate::ingest::process_cpu_seconds(server.id()).unwrap_or(0.0);
+    let cpu_before = crate::common::process_cpu_seconds(server.id()).unwrap_or(0.0);
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(args.seconds)).await;
-    let cpu_seconds = crate::ingest::process_cpu_seconds(server.id()).unwrap_or(0.0) - cpu_before;
+    let cpu_seconds = crate::common::process_cpu_seconds(server.id()).unwrap_or(0.0) - cpu_before;
     let elapsed = started.elapsed().as_secs_f64();
     let scrapes = (served.load(Ordering::Relaxed) - served_before) as f64;
     let targets: serde_json::Value = serde_json::from_str(
@@ -93,7 +93,7 @@ pub async fn run(args: ScrapeBenchArgs) -> anyhow::Result<()> {
         .as_array()
         .map(|all| all.iter().filter(|t| t["health"] != "up").count())
         .unwrap_or(0);
-    crate::storage::stop(&mut server);
+    crate::common::stop(&mut server);
     let _ = std::fs::remove_dir_all(&data_dir);
     if scrapes == 0.0 {
         bail!("no scrape happened");

@@ -86,7 +86,7 @@ fn load_templates(args: &StorageBenchArgs) -> anyhow::Result<Vec<Template>> {
         Stream::Heap => ALLOC_SPACE,
     };
     let mut templates = Vec::new();
-    for (name, _, profile) in crate::ingest::corpus_pprofs(&args.corpus, args.max_file_bytes)? {
+    for (name, _, profile) in crate::common::corpus_pprofs(&args.corpus, args.max_file_bytes)? {
         if profile.sample.is_empty() {
             continue;
         }
@@ -203,7 +203,7 @@ async fn run_in(
     );
 
     // Phase 1: ingest with compaction off.
-    let (mut server, url) = crate::ingest::start_server(data_dir)?;
+    let (mut server, url) = crate::common::start_server(data_dir)?;
     let sent = Arc::new(Sent::default());
     let next = Arc::new(AtomicUsize::new(0));
     let total_jobs = steps as usize * args.instances;
@@ -272,7 +272,7 @@ async fn run_in(
     let expected_total = sent.value_total.load(Ordering::Relaxed) as i64;
     let (query_start, query_end) = ((start - 60) * 1000, (now + 60) * 1000);
     let total_before = query_total(&url, args.stream, query_start, query_end)?;
-    stop(&mut server);
+    crate::common::stop(&mut server);
     let objects_before = directory_bytes(&data_dir.join("blocks"));
     let metastore_before = metastore_bytes(data_dir);
     println!(
@@ -295,14 +295,14 @@ async fn run_in(
         data_dir.join("kiln.yaml"),
         "compaction:\n  interval_ms: 100\n  grace_ms: 0\n  levels:\n    - { max_datasets: 20, max_age_ms: 0, window_ms: 0, compression: snappy }\n    - { max_datasets: 10, max_age_ms: 0, window_ms: 3600000 }\n    - { max_datasets: 24, max_age_ms: 0, window_ms: 86400000 }\n",
     )?;
-    let (mut server, url) = crate::ingest::start_server_with(
+    let (mut server, url) = crate::common::start_server_with(
         data_dir,
         &[
             "--config".into(),
             data_dir.join("kiln.yaml").into_os_string(),
         ],
     )?;
-    let cpu_before = crate::ingest::process_cpu_seconds(server.id()).unwrap_or(0.0);
+    let cpu_before = crate::common::process_cpu_seconds(server.id()).unwrap_or(0.0);
     let compaction_started = Instant::now();
     let metastore = kiln_metastore::Metastore::open(&format!(
         "sqlite://{}",
@@ -330,15 +330,15 @@ async fn run_in(
         }
         // Five unchanged polls of the settled layout: 1.5 s, fifteen compactor passes.
         if stable_polls == 5 {
-            let cpu = crate::ingest::process_cpu_seconds(server.id()).unwrap_or(0.0) - cpu_before;
+            let cpu = crate::common::process_cpu_seconds(server.id()).unwrap_or(0.0) - cpu_before;
             break (compaction_started.elapsed().as_secs_f64() - 1.5, cpu);
         }
         if Instant::now() > deadline {
-            stop(&mut server);
+            crate::common::stop(&mut server);
             bail!("compaction did not settle within an hour");
         }
     };
-    let compaction_input = metric(&url, "kiln_compaction_input_bytes_total")?;
+    let compaction_input = crate::common::metric(&url, "kiln_compaction_input_bytes_total")?;
     let blocks: Vec<_> = metastore
         .list_blocks()
         .await?
@@ -347,7 +347,7 @@ async fn run_in(
         .collect();
     let total_after = query_total(&url, args.stream, query_start, query_end)?;
     drop(metastore);
-    stop(&mut server);
+    crate::common::stop(&mut server);
     let objects_after = directory_bytes(&data_dir.join("blocks"));
     let metastore_after = metastore_bytes(data_dir);
     let stored = objects_after + metastore_after;
@@ -430,7 +430,7 @@ pub async fn run_delay(args: DelayBenchArgs) -> anyhow::Result<()> {
     let templates = Arc::new(load_templates(&storage_args)?);
     let data_dir = std::env::temp_dir().join(format!("kiln-bench-delay-{}", std::process::id()));
     std::fs::create_dir_all(&data_dir)?;
-    let (mut server, url) = crate::ingest::start_server_with(&data_dir, &[])?;
+    let (mut server, url) = crate::common::start_server_with(&data_dir, &[])?;
     println!(
         "kiln bench compaction-delay: {} instances every {} s for {} s, default compaction settings",
         args.instances, args.interval, args.seconds
@@ -488,7 +488,7 @@ pub async fn run_delay(args: DelayBenchArgs) -> anyhow::Result<()> {
         }
     }
     drop(metastore);
-    stop(&mut server);
+    crate::common::stop(&mut server);
     let _ = std::fs::remove_dir_all(&data_dir);
     if compacted.is_empty() {
         bail!("no segment was compacted");
@@ -511,23 +511,6 @@ pub async fn run_delay(args: DelayBenchArgs) -> anyhow::Result<()> {
         at(1.0)
     );
     Ok(())
-}
-
-/// Stops the server the way an operator would (SIGTERM), so the metastore is checkpointed.
-pub(crate) fn stop(server: &mut std::process::Child) {
-    // SAFETY: a plain syscall on our own child's pid.
-    unsafe {
-        libc::kill(server.id() as i32, libc::SIGTERM);
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = server.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = server.kill();
-    let _ = server.wait();
 }
 
 fn query_total(url: &str, stream: Stream, start: i64, end: i64) -> anyhow::Result<i64> {
@@ -556,16 +539,6 @@ fn query_total(url: &str, stream: Stream, start: i64, end: i64) -> anyhow::Resul
     std::io::Read::read_to_end(&mut response.into_reader(), &mut bytes)?;
     let response = api::SelectMergeStacktracesResponse::decode(bytes.as_slice())?;
     Ok(response.flamegraph.map_or(0, |graph| graph.total))
-}
-
-/// One counter's value from the server's `/metrics`.
-pub(crate) fn metric(url: &str, name: &str) -> anyhow::Result<f64> {
-    let text = ureq::get(&format!("{url}/metrics")).call()?.into_string()?;
-    Ok(text
-        .lines()
-        .filter(|line| line.starts_with(name))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
 }
 
 fn directory_bytes(root: &Path) -> u64 {

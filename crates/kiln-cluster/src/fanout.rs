@@ -1,4 +1,4 @@
-//! The other live query nodes, for kiln-query's fan-out ([`kiln_query::fanout`]): who they
+//! The other live query nodes, for kiln-query's fan-out ([`kiln_query::root`]): who they
 //! are (the membership's cached view, so a split costs no metastore round trip), and how
 //! a share is asked of them, with the next node tried when one fails.
 
@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use kiln_query::fanout::{Output, PartialQuery, Peers};
+use kiln_query::root::{Output, PartialQuery, Peers};
 use kiln_query::QueryError;
 
 use crate::membership::Membership;

@@ -13,6 +13,13 @@
 //! [`request`], for every API that asks: querier.v1, the render API, profefe and the CLI.
 //! [`tree`] is the one call tree behind the flame graph and the diff.
 //!
+//! A query that may be split over the query nodes has a root and leaves, as Quickwit's
+//! search does: [`root`] plans it, sends shares to peers, runs its own share and merges
+//! the parts; [`leaf`] runs one part over datasets this node reads. [`select`]'s
+//! `Querier` reads local data only and does not know the root exists. The output types
+//! the reader and the outputs share sit in [`selection`], so no two files import each
+//! other (`tests/architecture.rs` checks every crate for import cycles).
+//!
 //! What one query may cost is [`budget`]'s: profiles read (refused before anything is
 //! fetched), time, and a tenant's queries at once.
 //!
@@ -26,12 +33,13 @@
 
 pub mod api;
 pub mod budget;
+pub mod cache;
 pub mod diff;
 pub mod error;
-pub mod fanout;
 pub mod flamebearer;
 pub mod heatmap;
 pub mod labels;
+pub mod leaf;
 pub mod lines;
 pub mod merge;
 pub mod metrics;
@@ -39,7 +47,9 @@ pub mod overview;
 pub mod pprof_export;
 pub mod profiles;
 pub mod request;
+pub mod root;
 pub mod select;
+pub mod selection;
 pub mod series;
 pub mod source;
 pub mod symbols;

@@ -1,11 +1,9 @@
 //! `SelectMergeStacktraces`, `SelectMergeSpanProfile` and `SelectMergeProfile`: the
 //! matching profiles merged into one flame graph, Pyroscope tree or pprof.
 
-use kiln_model::pprof::Profile;
-
 use crate::api::{FlameGraph, Level};
 use crate::flamebearer::flamebearer;
-use crate::select::{Querier, SelectRequest, TypeFilter};
+use crate::select::{SelectRequest, TypeFilter};
 use crate::tree::FlameTree;
 use crate::QueryError;
 
@@ -31,21 +29,6 @@ pub fn exact_type(request: &SelectRequest) -> Result<&str, QueryError> {
     }
 }
 
-/// The merged flame tree of the request's one profile type, cut to `max_nodes` (0 keeps
-/// every node). The call site, when given, was applied to the samples, so the tree holds
-/// that subtree at full resolution under its call-site path.
-pub async fn merged_tree(
-    querier: &Querier,
-    request: &SelectRequest,
-    max_nodes: usize,
-) -> Result<FlameTree, QueryError> {
-    // Split over the other query nodes when large enough (crate::fanout); built here
-    // otherwise. Either way the same uncut tree, cut once here.
-    let mut tree = crate::fanout::tree(querier, request).await?;
-    tree.compute_totals();
-    Ok(cut(tree, max_nodes))
-}
-
 /// The tree cut to `max_nodes` (0 keeps every node).
 pub fn cut(tree: FlameTree, max_nodes: usize) -> FlameTree {
     if max_nodes == 0 {
@@ -53,15 +36,6 @@ pub fn cut(tree: FlameTree, max_nodes: usize) -> FlameTree {
     } else {
         tree.truncate(max_nodes)
     }
-}
-
-/// The merged pprof of the request's profile type, never truncated.
-pub async fn merged_profile(
-    querier: &Querier,
-    request: &SelectRequest,
-) -> Result<Profile, QueryError> {
-    // Split over the other query nodes when large enough (crate::fanout), as the tree is.
-    crate::fanout::profile(querier, request).await
 }
 
 /// The API's flame graph: the flamebearer layout, levels wrapped as messages.

@@ -8,7 +8,7 @@ use foldhash::HashMap;
 use kiln_model::pprof::{Function, Line, Location, Mapping, Profile, StringInterner, ValueType};
 use kiln_model::ProfileType;
 
-use crate::select::DatasetSelection;
+use crate::selection::DatasetSelection;
 
 /// (mapping id, address, (function id, line) per line): identical locations merge.
 type LocationKey = (u64, u64, Vec<(u64, i64)>);
@@ -249,7 +249,7 @@ impl PprofMerge {
     }
 
     /// Adds a profile another query node merged from its share of a split query
-    /// ([`crate::fanout`]): its symbols re-interned here and identical stacks merged, as
+    /// ([`crate::root`]): its symbols re-interned here and identical stacks merged, as
     /// if its datasets had been read here. Its values go by sample type name and unit;
     /// types it lacks add nothing. A share's profile has one type, so which type pprof
     /// shows first needs no positions from it.

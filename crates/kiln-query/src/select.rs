@@ -11,6 +11,7 @@ use kiln_storage::format::{decode_dataset, Projection};
 use kiln_storage::ranged::TailCache;
 use kiln_storage::{Dataset, ObjectStorage};
 
+pub use crate::selection::{DatasetSelection, SelectedProfile};
 use crate::QueryError;
 
 /// Which profile types a query wants.
@@ -58,7 +59,7 @@ pub struct SelectRequest {
     /// rectangle: the values of whole profiles, whatever else filters their samples).
     pub value_range: Option<(i64, i64)>,
     /// When set, these datasets instead of the metastore's listing: a share of a query
-    /// that another query node listed and split ([`crate::fanout`]). Listing again here
+    /// that another query node listed and split ([`crate::root`]). Listing again here
     /// could miss datasets a compaction replaced in between; the objects themselves stay
     /// readable for the grace period.
     pub datasets: Option<Arc<Vec<DatasetMeta>>>,
@@ -102,34 +103,6 @@ pub fn selectable_labels(dataset: &Dataset, series: &kiln_storage::dataset::Seri
     labels
 }
 
-/// What one dataset contributes to a query: per matched type, the value of every stack
-/// node (dense, indexed by stack id), and each matched profile's total.
-pub struct DatasetSelection {
-    pub dataset: Arc<Dataset>,
-    /// Matched type ids, with the lowest position each had in its received profile.
-    pub types: Vec<(String, u32)>,
-    /// `values[t][stack]`: summed value of stack node `stack` for local type `t`.
-    pub values: Vec<Vec<i64>>,
-    pub profiles: Vec<SelectedProfile>,
-    /// The values came from the dataset's stack sums, not its samples.
-    pub summed: bool,
-}
-
-impl DatasetSelection {
-    /// The position of `type_id` among this selection's matched types.
-    pub fn local_type(&self, type_id: &str) -> Option<usize> {
-        self.types.iter().position(|(id, _)| id == type_id)
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct SelectedProfile {
-    pub row: usize,
-    pub time_nanos: i64,
-    pub local_type: usize,
-    pub total: i64,
-}
-
 /// Decoded datasets kept in memory by (object key, row group). Blocks never change once
 /// written, so entries never go stale. An entry keeps the projection it was decoded with,
 /// and serves what that covers: a summed one ([`Projection::SUMMED`],
@@ -168,40 +141,9 @@ impl quick_cache::Weighter<(String, u32), CacheEntry> for EntryBytes {
 /// A guess at the average entry, only to size the cache's tables.
 const TYPICAL_ENTRY_BYTES: u64 = 256 << 10;
 
-/// A cache of `capacity` by weight, scan-resistant (quick_cache's policy), in one shard:
-/// quick_cache splits the capacity between its shards (several per core, down to 32
-/// expected entries each) and keeps nothing heavier than one shard's part, and a week of
-/// one service decodes to more than that would be. Lookups are not where queries wait.
-pub(crate) fn weighed_cache<K, V, W>(
-    capacity: u64,
-    typical_entry: u64,
-    weighter: W,
-) -> quick_cache::sync::Cache<K, V, W>
-where
-    K: Eq + std::hash::Hash,
-    V: Clone,
-    W: quick_cache::Weighter<K, V> + Clone,
-{
-    let items = usize::try_from(capacity / typical_entry.max(1)).unwrap_or(usize::MAX);
-    let options = quick_cache::OptionsBuilder::new()
-        .estimated_items_capacity(items.max(16))
-        .weight_capacity(capacity.max(1))
-        .shards(1)
-        .build();
-    match options {
-        Ok(options) => quick_cache::sync::Cache::with_options(
-            options,
-            weighter,
-            Default::default(),
-            Default::default(),
-        ),
-        Err(_) => quick_cache::sync::Cache::with_weighter(items.max(16), capacity.max(1), weighter),
-    }
-}
-
 impl DatasetCache {
     fn new(capacity: u64) -> Self {
-        let entries = weighed_cache(capacity, TYPICAL_ENTRY_BYTES, EntryBytes);
+        let entries = crate::cache::weighed_cache(capacity, TYPICAL_ENTRY_BYTES, EntryBytes);
         DatasetCache { entries, capacity }
     }
 
@@ -248,8 +190,6 @@ pub struct Querier {
     tails: Arc<Mutex<TailCache>>,
     budget: Arc<crate::budget::Budget>,
     metrics: crate::metrics::QueryMetrics,
-    /// The other query nodes large queries are split over, once the cluster is known.
-    fanout: Arc<std::sync::OnceLock<crate::fanout::Fanout>>,
     /// The thread that reads and decodes for [`Querier::derive_from_indexes`], started at
     /// its first use ([`kiln_model::worker`] says why a thread of its own).
     background: Arc<std::sync::OnceLock<kiln_model::worker::Pool>>,
@@ -275,20 +215,9 @@ impl Querier {
             budget: Arc::new(crate::budget::Budget::new(crate::QueryBudget::default())),
             tails: Arc::new(Mutex::new(TailCache::new(TAIL_CACHE_BYTES))),
             metrics: Default::default(),
-            fanout: Arc::new(std::sync::OnceLock::new()),
             background: Arc::new(std::sync::OnceLock::new()),
             freshness: None,
         }
-    }
-
-    /// Splits large queries over `fanout`'s peers from now on (set once; later calls
-    /// are ignored). Clones of this querier share it.
-    pub fn fan_out(&self, fanout: crate::fanout::Fanout) {
-        let _ = self.fanout.set(fanout);
-    }
-
-    pub fn fanout(&self) -> Option<&crate::fanout::Fanout> {
-        self.fanout.get()
     }
 
     pub fn metrics(&self) -> &crate::metrics::QueryMetrics {

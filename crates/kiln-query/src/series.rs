@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use kiln_model::labels::Labels;
 
 use crate::api::{Exemplar, LabelPair, Point, Series};
-use crate::select::{selectable_labels, DatasetSelection, Querier, SelectRequest};
+use crate::select::selectable_labels;
+use crate::selection::DatasetSelection;
 use crate::QueryError;
 
 /// The exemplars kept per point: the profiles with the largest values.
@@ -34,46 +35,6 @@ struct Bucket {
     sum: i64,
     count: i64,
     exemplars: Vec<Exemplar>,
-}
-
-/// Sums (or averages) the matching profiles per series and step, split over the other
-/// query nodes when the range is large ([`crate::fanout::series`]).
-pub async fn select_series(
-    querier: &Querier,
-    request: &SelectRequest,
-    options: &SeriesOptions,
-) -> Result<Vec<Series>, QueryError> {
-    let mut builder = SeriesBuilder::new(options)?;
-    let parts = if options.span_exemplars {
-        // Span exemplars read every sample: a filter of few profiles, never split.
-        vec![local_series(querier, request, options).await?]
-    } else {
-        crate::fanout::series(querier, request, options).await?
-    };
-    for part in parts {
-        builder.add_partial(part);
-    }
-    Ok(builder.finish())
-}
-
-/// The request's series over the datasets read here, not yet finished: sums, counts and
-/// the best exemplars per bucket.
-pub async fn local_series(
-    querier: &Querier,
-    request: &SelectRequest,
-    options: &SeriesOptions,
-) -> Result<PartialSeries, QueryError> {
-    let mut builder = SeriesBuilder::new(options)?;
-    // The profiles' rows: each is a point's time.
-    let request = SelectRequest {
-        per_sample: request.per_sample || options.span_exemplars,
-        values_only: false,
-        ..request.clone()
-    };
-    querier
-        .select_each(&request, |selection| builder.add(&selection))
-        .await?;
-    Ok(builder.into_partial())
 }
 
 /// A share's series before [`SeriesBuilder::finish`]: per group and bucket the sum, the

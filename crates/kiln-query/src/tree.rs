@@ -5,7 +5,7 @@
 use foldhash::{HashMap, HashMapExt};
 use prost::encoding::{decode_varint, encode_varint};
 
-use crate::select::DatasetSelection;
+use crate::selection::DatasetSelection;
 use crate::symbols::FrameNames;
 use crate::QueryError;
 
@@ -450,7 +450,7 @@ pub fn build_tree(selections: &[DatasetSelection], type_id: &str) -> FlameTree {
     tree
 }
 
-/// A partial tree as one query node sends it to another ([`crate::fanout`]): every node
+/// A partial tree as one query node sends it to another ([`crate::root`]): every node
 /// with its parent, name and self value, uncut, so that the parts add up exactly.
 ///
 /// Layout: `KFT1`, then varints: the name count and each name (length, UTF-8 bytes), the

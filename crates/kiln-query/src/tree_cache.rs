@@ -19,11 +19,7 @@
 
 use std::sync::Arc;
 
-use kiln_metastore::DatasetMeta;
-
-use crate::select::{Querier, SelectRequest};
 use crate::tree::DatasetTree;
-use crate::QueryError;
 
 /// A dataset and the shape of the flame graphs its share serves. The shape is built once
 /// per query and shared by its keys, so a lookup copies only the object key.
@@ -33,6 +29,20 @@ pub(crate) struct TreeKey {
     row_group: u32,
     /// Tenant, profile type and selector.
     shape: Arc<(String, String, String)>,
+}
+
+impl TreeKey {
+    pub(crate) fn new(
+        object_key: String,
+        row_group: u32,
+        shape: Arc<(String, String, String)>,
+    ) -> Self {
+        TreeKey {
+            object_key,
+            row_group,
+            shape,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -65,22 +75,34 @@ const TYPICAL_ENTRY_BYTES: u64 = 64 << 10;
 
 impl TreeCache {
     pub(crate) fn new(capacity: u64) -> Self {
-        // One shard, as the dataset cache ([`crate::select::weighed_cache`]): large
+        // One shard, as the dataset cache ([`crate::cache::weighed_cache`]): large
         // shares would otherwise never be kept.
         let entries = (capacity > 0)
-            .then(|| crate::select::weighed_cache(capacity, TYPICAL_ENTRY_BYTES, EntryBytes));
+            .then(|| crate::cache::weighed_cache(capacity, TYPICAL_ENTRY_BYTES, EntryBytes));
         TreeCache { entries, capacity }
     }
 
-    fn get(&self, key: &TreeKey, request: &SelectRequest) -> Option<Arc<DatasetTree>> {
+    /// The share kept under `key`, if `covers` says the query covers its dataset's time
+    /// range whole ([`crate::select::SelectRequest::summable`]).
+    pub(crate) fn get(
+        &self,
+        key: &TreeKey,
+        covers: impl Fn(i64, i64) -> bool,
+    ) -> Option<Arc<DatasetTree>> {
         self.entries
             .as_ref()?
             .get(key)
-            .filter(|entry| request.summable(entry.min_nanos, entry.max_nanos))
+            .filter(|entry| covers(entry.min_nanos, entry.max_nanos))
             .map(|entry| entry.tree)
     }
 
-    fn insert(&self, key: TreeKey, tree: &Arc<DatasetTree>, min_nanos: i64, max_nanos: i64) {
+    pub(crate) fn insert(
+        &self,
+        key: TreeKey,
+        tree: &Arc<DatasetTree>,
+        min_nanos: i64,
+        max_nanos: i64,
+    ) {
         let Some(entries) = &self.entries else {
             return;
         };
@@ -105,65 +127,15 @@ impl TreeCache {
     }
 }
 
-impl Querier {
-    /// Every matching dataset's share of the flame graph of `type_id`, handed to `each`
-    /// in dataset order: kept shares where the query covers their dataset whole, else
-    /// read, aggregated and kept for the next query of the same shape.
-    pub async fn fold_dataset_trees(
-        &self,
-        request: &SelectRequest,
-        type_id: &str,
-        mut each: impl FnMut(&DatasetTree),
-    ) -> Result<(), QueryError> {
-        let trees = self.trees();
-        let shape = Arc::new((
-            request.tenant.clone(),
-            type_id.to_string(),
-            request.selector.to_string(),
-        ));
-        let key = move |meta: &DatasetMeta| TreeKey {
-            object_key: meta.object_key.clone(),
-            row_group: meta.row_group,
-            shape: shape.clone(),
-        };
-        let metrics = self.metrics().clone();
-        let lookup = {
-            let (trees, key, metrics) = (trees.clone(), key.clone(), metrics.clone());
-            move |meta: &DatasetMeta| {
-                // Only a dataset the query covers whole can have a share that serves it.
-                if !request.summable(meta.min_time_nanos, meta.max_time_nanos) {
-                    return None;
-                }
-                let hit = trees.get(&key(meta), request)?;
-                metrics.share_reused();
-                Some(hit)
-            }
-        };
-        let type_id = type_id.to_string();
-        let build = move |meta: &DatasetMeta,
-                          request: &SelectRequest,
-                          selection: crate::select::DatasetSelection| {
-            let tree = Arc::new(DatasetTree::new(&selection, &type_id));
-            let dataset = &selection.dataset;
-            if request.summable(dataset.min_time_nanos, dataset.max_time_nanos) {
-                trees.insert(
-                    key(meta),
-                    &tree,
-                    dataset.min_time_nanos,
-                    dataset.max_time_nanos,
-                );
-                metrics.tree_cache_holds(trees.bytes());
-            }
-            Some(tree)
-        };
-        self.select_map(request, lookup, build, |tree| each(&tree))
-            .await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::select::SelectRequest;
+
+    /// What a query of `request` accepts of a share.
+    fn covers(request: &SelectRequest) -> impl Fn(i64, i64) -> bool + '_ {
+        |min, max| request.summable(min, max)
+    }
 
     fn key(object: &str) -> TreeKey {
         TreeKey {
@@ -188,16 +160,16 @@ mod tests {
         let cache = TreeCache::new(1 << 20);
         let tree = Arc::new(DatasetTree::default());
         cache.insert(key("a"), &tree, 100, 200);
-        assert!(cache.get(&key("a"), &over(100, 200)).is_some());
-        assert!(cache.get(&key("a"), &over(0, 1_000)).is_some());
-        assert!(cache.get(&key("a"), &over(150, 1_000)).is_none());
-        assert!(cache.get(&key("a"), &over(0, 199)).is_none());
+        assert!(cache.get(&key("a"), covers(&over(100, 200))).is_some());
+        assert!(cache.get(&key("a"), covers(&over(0, 1_000))).is_some());
+        assert!(cache.get(&key("a"), covers(&over(150, 1_000))).is_none());
+        assert!(cache.get(&key("a"), covers(&over(0, 199))).is_none());
         let filtered = SelectRequest {
             call_site: vec!["main".to_string()],
             ..over(0, 1_000)
         };
-        assert!(cache.get(&key("a"), &filtered).is_none());
-        assert!(cache.get(&key("b"), &over(0, 1_000)).is_none());
+        assert!(cache.get(&key("a"), covers(&filtered)).is_none());
+        assert!(cache.get(&key("b"), covers(&over(0, 1_000))).is_none());
         assert!(cache.bytes() > 0);
         // A share of a third of the budget is kept: shards would each have only a part
         // of it.
@@ -205,10 +177,10 @@ mod tests {
         let mut large = DatasetTree::default();
         large.push_for_test(&"f".repeat(20 << 20));
         budget.insert(key("large"), &Arc::new(large), 100, 200);
-        assert!(budget.get(&key("large"), &over(0, 1_000)).is_some());
+        assert!(budget.get(&key("large"), covers(&over(0, 1_000))).is_some());
         let none = TreeCache::new(0);
         none.insert(key("a"), &tree, 100, 200);
-        assert!(none.get(&key("a"), &over(0, 1_000)).is_none());
+        assert!(none.get(&key("a"), covers(&over(0, 1_000))).is_none());
         assert_eq!(none.bytes(), 0);
     }
 }

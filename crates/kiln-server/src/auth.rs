@@ -126,7 +126,7 @@ pub(crate) async fn authenticate(
                 .get(header::AUTHORIZATION)
                 .and_then(|value| value.to_str().ok())
                 .map(str::to_string);
-            kiln_query::fanout::with_credentials(credentials, next.run(request)).await
+            kiln_query::root::with_credentials(credentials, next.run(request)).await
         }
         Err(err) => {
             // The UI asks for a token itself; a Basic challenge would make the browser

@@ -6,9 +6,10 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use kiln_query::fanout::{local_profile, local_tree, PartialQuery};
+use kiln_query::leaf::{local_profile, local_series, local_tree};
+use kiln_query::root::PartialQuery;
 use kiln_query::select::SelectRequest;
-use kiln_query::series::local_series;
+
 use kiln_query::tree::encode_partial;
 use kiln_query::QueryError;
 use prost::Message;

@@ -11,9 +11,9 @@ use axum::response::Response;
 use kiln_model::time::now_nanos;
 use kiln_query::api::{self, EXEMPLAR_TYPE_INDIVIDUAL, EXEMPLAR_TYPE_SPAN, PROFILE_FORMAT_TREE};
 use kiln_query::labels as label_queries;
-use kiln_query::merge::{self, flame_graph, max_nodes, tree_bytes};
+use kiln_query::merge::{flame_graph, max_nodes, tree_bytes};
 use kiln_query::request::{self, Selection};
-use kiln_query::series::{select_series, SeriesOptions};
+use kiln_query::series::SeriesOptions;
 use kiln_query::tree::FlameTree;
 use kiln_query::QueryError;
 
@@ -79,20 +79,26 @@ pub async fn call(
         "SelectMergeStacktraces" => {
             let request = decode!(api::SelectMergeStacktracesRequest);
             let select = Selection::of_stacktraces(&request).request(&tenant, now)?;
-            let tree = merge::merged_tree(querier, &select, max_nodes(request.max_nodes)).await?;
+            let tree = state
+                .root
+                .merged_tree(&select, max_nodes(request.max_nodes))
+                .await?;
             rpc.reply(&stacktraces_response(&tree, request.format))
         }
         "SelectMergeSpanProfile" => {
             let request = decode!(api::SelectMergeSpanProfileRequest);
             let mut select = Selection::of_span_profile(&request).request(&tenant, now)?;
             select.span_ids = Some(request.span_selector.clone());
-            let tree = merge::merged_tree(querier, &select, max_nodes(request.max_nodes)).await?;
+            let tree = state
+                .root
+                .merged_tree(&select, max_nodes(request.max_nodes))
+                .await?;
             rpc.reply(&stacktraces_response(&tree, request.format))
         }
         "SelectMergeProfile" => {
             let request = decode!(api::SelectMergeProfileRequest);
             let select = Selection::of_profile(&request).request(&tenant, now)?;
-            let profile = merge::merged_profile(querier, &select).await?;
+            let profile = state.root.merged_profile(&select).await?;
             match rpc.encoding {
                 // pprof's JSON is written by kiln-model, not serde.
                 Encoding::Json => json_response(
@@ -117,7 +123,7 @@ pub async fn call(
                 exemplars: request.exemplar_type == EXEMPLAR_TYPE_INDIVIDUAL,
                 span_exemplars: request.exemplar_type == EXEMPLAR_TYPE_SPAN,
             };
-            let series = select_series(querier, &select, &options).await?;
+            let series = state.root.select_series(&select, &options).await?;
             rpc.reply(&api::SelectSeriesResponse { series })
         }
         "Diff" => {
@@ -131,8 +137,8 @@ pub async fn call(
             let right_select = Selection::of_stacktraces(right).request(&tenant, now)?;
             // Both sides merge in full; the diff is cut once, over both.
             let (left_tree, right_tree) = futures_util::future::try_join(
-                merge::merged_tree(querier, &left_select, 0),
-                merge::merged_tree(querier, &right_select, 0),
+                state.root.merged_tree(&left_select, 0),
+                state.root.merged_tree(&right_select, 0),
             )
             .await?;
             let limit = max_nodes(left.max_nodes.or(right.max_nodes));

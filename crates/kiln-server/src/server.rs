@@ -158,6 +158,7 @@ impl Server {
             }));
         }
         querier.metrics().register(&mut registry);
+        let root = kiln_query::root::Root::new(querier.clone());
         let rules = kiln_rules::Rules::new(
             metastore.clone(),
             querier.clone(),
@@ -295,7 +296,7 @@ impl Server {
                 tls_roots.as_deref(),
             )
             .map_err(ServerError::PeerClient)?;
-            querier.fan_out(kiln_query::fanout::Fanout {
+            root.fan_out(kiln_query::root::Fanout {
                 peers: Arc::new(kiln_cluster::fanout::QueryPeers::new(
                     membership.clone(),
                     client,
@@ -313,6 +314,7 @@ impl Server {
             forwarder,
             ingester,
             querier,
+            root,
             rules,
             insight,
             limits,

@@ -13,6 +13,8 @@ use crate::metrics::ServerMetrics;
 pub struct AppState {
     pub ingester: Ingester,
     pub querier: Querier,
+    /// Plans, fans out and merges the queries that may be split ([`kiln_query::root`]).
+    pub root: kiln_query::root::Root,
     /// Recording rules: definitions, preview, backfill, and the newest values.
     pub rules: kiln_rules::Rules,
     /// Comparisons with confidence, and the regression watcher's findings.

@@ -771,7 +771,7 @@ fn a_large_query_is_split_over_the_query_nodes_and_survives_one_dying() {
     for meta in &mut datasets {
         meta.tenant = "intruder".to_string();
     }
-    let part = kiln_query::fanout::PartialQuery {
+    let part = kiln_query::root::PartialQuery {
         profile_type: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(),
         selector: "{}".into(),
         from_nanos: 0,

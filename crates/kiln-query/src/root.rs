@@ -1,4 +1,4 @@
-//! One large query split by block over the live query nodes, and the parts merged.
+//! The root of a query: plan, split by block over the live query nodes, merge.
 //!
 //! A flame graph, a merged pprof and a series' buckets (sums and counts) are sums over
 //! datasets, so any partition of a query's datasets gives parts that add up to the whole. The node a client asked lists the datasets (one
@@ -31,9 +31,11 @@ use kiln_metastore::DatasetMeta;
 use kiln_model::pprof::Profile;
 use serde::{Deserialize, Serialize};
 
+use crate::api::Series;
+use crate::leaf::{local_profile, local_series, local_tree};
 use crate::pprof_export::PprofMerge;
 use crate::select::{Querier, SelectRequest, TypeFilter};
-use crate::series::{local_series, PartialSeries, SeriesOptions};
+use crate::series::{PartialSeries, SeriesBuilder, SeriesOptions};
 use crate::tree::{decode_partial, FlameTree};
 use crate::QueryError;
 
@@ -153,6 +155,230 @@ fn credentials() -> Option<String> {
     CREDENTIALS.try_with(|c| c.clone()).ok().flatten()
 }
 
+/// The root of every query this node is asked: it plans, splits over the live query
+/// nodes when the query is large enough, runs its own share as a leaf ([`crate::leaf`])
+/// and merges the parts. The querier below it reads local data and knows nothing of
+/// peers. Clones share the fan-out, which is set once the cluster is known.
+#[derive(Clone)]
+pub struct Root {
+    querier: Querier,
+    fanout: Arc<std::sync::OnceLock<Fanout>>,
+}
+
+impl Root {
+    pub fn new(querier: Querier) -> Self {
+        Root {
+            querier,
+            fanout: Arc::new(std::sync::OnceLock::new()),
+        }
+    }
+
+    /// Splits large queries over `fanout`'s peers from now on (set once; later calls
+    /// are ignored).
+    pub fn fan_out(&self, fanout: Fanout) {
+        let _ = self.fanout.set(fanout);
+    }
+
+    pub fn querier(&self) -> &Querier {
+        &self.querier
+    }
+
+    /// The merged flame tree of the request's one profile type, cut to `max_nodes` (0
+    /// keeps every node). The call site, when given, was applied to the samples, so the
+    /// tree holds that subtree at full resolution under its call-site path. Split over
+    /// the other query nodes when large enough; either way the same uncut tree, cut once
+    /// here.
+    pub async fn merged_tree(
+        &self,
+        request: &SelectRequest,
+        max_nodes: usize,
+    ) -> Result<FlameTree, QueryError> {
+        let mut tree = self.tree(request).await?;
+        tree.compute_totals();
+        Ok(crate::merge::cut(tree, max_nodes))
+    }
+
+    /// The merged pprof of the request's profile type, never truncated.
+    pub async fn merged_profile(&self, request: &SelectRequest) -> Result<Profile, QueryError> {
+        self.profile(request).await
+    }
+
+    /// Sums (or averages) the matching profiles per series and step, split over the
+    /// other query nodes when the range is large.
+    pub async fn select_series(
+        &self,
+        request: &SelectRequest,
+        options: &SeriesOptions,
+    ) -> Result<Vec<Series>, QueryError> {
+        let mut builder = SeriesBuilder::new(options)?;
+        let parts = if options.span_exemplars {
+            // Span exemplars read every sample: a filter of few profiles, never split.
+            vec![local_series(&self.querier, request, options).await?]
+        } else {
+            self.series(request, options).await?
+        };
+        for part in parts {
+            builder.add_partial(part);
+        }
+        Ok(builder.finish())
+    }
+
+    /// The request's tree (totals not yet computed), split over the peers when it is large
+    /// enough; else built here.
+    async fn tree(&self, request: &SelectRequest) -> Result<FlameTree, QueryError> {
+        let parts = self
+            .split(
+                request,
+                Output::Tree,
+                move |part| async move { local_tree(&self.querier, &part).await },
+                decode_partial,
+            )
+            .await?;
+        let mut parts = parts.into_iter();
+        let mut merged = parts.next().unwrap_or_default();
+        for tree in parts {
+            merged.add_tree(&tree, |value| value);
+        }
+        Ok(merged)
+    }
+
+    /// The request's merged pprof, split over the peers when it is large enough; else merged
+    /// here. Parts are merged as pprof, symbols re-interned: a stack is the same stack
+    /// whichever node read it.
+    async fn profile(&self, request: &SelectRequest) -> Result<Profile, QueryError> {
+        let type_id = crate::merge::exact_type(request)?.to_string();
+        let parts = self
+            .split(
+                request,
+                Output::Profile,
+                move |part| async move { local_profile(&self.querier, &part).await },
+                decode_profile,
+            )
+            .await?;
+        if parts.len() == 1 {
+            return Ok(parts.into_iter().next().unwrap_or_default());
+        }
+        let mut merge = PprofMerge::new(&[type_id]);
+        for part in &parts {
+            merge.add_profile(part);
+        }
+        Ok(merge.finish())
+    }
+
+    /// The request's series in parts, one per share, unfinished: the caller adds them up
+    /// ([`crate::series::SeriesBuilder::add_partial`]) and finishes once.
+    async fn series(
+        &self,
+        request: &SelectRequest,
+        options: &SeriesOptions,
+    ) -> Result<Vec<PartialSeries>, QueryError> {
+        let spec = SeriesSpec {
+            step_ms: options.step_ms,
+            group_by: options.group_by.clone(),
+            exemplars: options.exemplars,
+        };
+        self.split(
+            request,
+            Output::Series(spec),
+            move |part| async move { local_series(&self.querier, &part, options).await },
+            PartialSeries::from_bytes,
+        )
+        .await
+    }
+
+    /// Runs `request` in parts, one per share of its datasets, when it is large enough and
+    /// other query nodes are live: the first share with `local`, each other on a peer (its
+    /// answer read with `decode`), and a share no peer answered with `local` too. Otherwise
+    /// one part, the whole request run with `local` (on the datasets already listed, if the
+    /// listing was what showed the query small).
+    async fn split<T, Local, Run>(
+        &self,
+        request: &SelectRequest,
+        output: Output,
+        local: Local,
+        decode: fn(&[u8]) -> Result<T, QueryError>,
+    ) -> Result<Vec<T>, QueryError>
+    where
+        Local: Fn(SelectRequest) -> Run,
+        Run: Future<Output = Result<T, QueryError>>,
+    {
+        let restricted = |datasets: Vec<DatasetMeta>| SelectRequest {
+            datasets: Some(Arc::new(datasets)),
+            ..request.clone()
+        };
+        let (fanout, profile_type, shares) = match self.plan(request).await? {
+            Plan::Here => return Ok(vec![local(request.clone()).await?]),
+            Plan::HereListed(metas) => return Ok(vec![local(restricted(metas)).await?]),
+            Plan::Split(fanout, profile_type, shares) => (fanout, profile_type, shares),
+        };
+        self.querier.metrics().fanned_out(shares.len() - 1);
+        let credentials = credentials();
+        let (local, restricted, output) = (&local, &restricted, &output);
+        let parts = shares.into_iter().enumerate().map(|(index, datasets)| {
+            let fanout = fanout.clone();
+            let credentials = credentials.clone();
+            let part = PartialQuery {
+                profile_type: profile_type.clone(),
+                selector: request.selector.to_string(),
+                from_nanos: request.from_nanos,
+                to_nanos: request.to_nanos,
+                call_site: request.call_site.clone(),
+                datasets,
+                series: match output {
+                    Output::Series(spec) => Some(spec.clone()),
+                    _ => None,
+                },
+            };
+            async move {
+                if index == 0 {
+                    return local(restricted(part.datasets)).await;
+                }
+                let remote = fanout
+                    .peers
+                    .run(index - 1, &request.tenant, credentials.as_deref(), output, &part)
+                    .await
+                    .and_then(|bytes| decode(&bytes));
+                match remote {
+                    Ok(answer) => Ok(answer),
+                    Err(err) => {
+                        // No peer answered: the share is run here, and the query still holds.
+                        tracing::warn!(error = %err, datasets = part.datasets.len(), "query share failed on every peer; running it here");
+                        self.querier.metrics().share_run_here();
+                        local(restricted(part.datasets)).await
+                    }
+                }
+            }
+        });
+        futures_util::future::join_all(parts)
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    async fn plan(&self, request: &SelectRequest) -> Result<Plan, QueryError> {
+        let Some(fanout) = self.fanout.get().filter(|_| splittable(request)) else {
+            return Ok(Plan::Here);
+        };
+        let TypeFilter::Exact(profile_type) = &request.types else {
+            return Ok(Plan::Here);
+        };
+        let peers = fanout.peers.count();
+        if peers == 0 {
+            return Ok(Plan::Here);
+        }
+        let metas = self.querier.datasets_within_budget(request).await?;
+        let profiles: u64 = metas.iter().map(|meta| meta.profile_count).sum();
+        if profiles < fanout.min_profiles {
+            return Ok(Plan::HereListed(metas));
+        }
+        let shares = shares(&metas, peers + 1);
+        if shares.len() < 2 {
+            return Ok(Plan::HereListed(metas));
+        }
+        Ok(Plan::Split(fanout.clone(), profile_type.clone(), shares))
+    }
+}
+
 /// Whether a request may be split: a sum over whole profiles' stacks, without filters
 /// that pick single profiles or samples (those select little anyway).
 fn splittable(request: &SelectRequest) -> bool {
@@ -164,144 +390,11 @@ fn splittable(request: &SelectRequest) -> bool {
         && request.datasets.is_none()
 }
 
-/// The request's tree (totals not yet computed), split over the peers when it is large
-/// enough; else built here.
-pub async fn tree(querier: &Querier, request: &SelectRequest) -> Result<FlameTree, QueryError> {
-    let parts = split(
-        querier,
-        request,
-        Output::Tree,
-        move |part| async move { local_tree(querier, &part).await },
-        decode_partial,
-    )
-    .await?;
-    let mut parts = parts.into_iter();
-    let mut merged = parts.next().unwrap_or_default();
-    for tree in parts {
-        merged.add_tree(&tree, |value| value);
-    }
-    Ok(merged)
-}
-
-/// The request's merged pprof, split over the peers when it is large enough; else merged
-/// here. Parts are merged as pprof, symbols re-interned: a stack is the same stack
-/// whichever node read it.
-pub async fn profile(querier: &Querier, request: &SelectRequest) -> Result<Profile, QueryError> {
-    let type_id = crate::merge::exact_type(request)?.to_string();
-    let parts = split(
-        querier,
-        request,
-        Output::Profile,
-        move |part| async move { local_profile(querier, &part).await },
-        decode_profile,
-    )
-    .await?;
-    if parts.len() == 1 {
-        return Ok(parts.into_iter().next().unwrap_or_default());
-    }
-    let mut merge = PprofMerge::new(&[type_id]);
-    for part in &parts {
-        merge.add_profile(part);
-    }
-    Ok(merge.finish())
-}
-
-/// The request's series in parts, one per share, unfinished: the caller adds them up
-/// ([`crate::series::SeriesBuilder::add_partial`]) and finishes once.
-pub async fn series(
-    querier: &Querier,
-    request: &SelectRequest,
-    options: &SeriesOptions,
-) -> Result<Vec<PartialSeries>, QueryError> {
-    let spec = SeriesSpec {
-        step_ms: options.step_ms,
-        group_by: options.group_by.clone(),
-        exemplars: options.exemplars,
-    };
-    split(
-        querier,
-        request,
-        Output::Series(spec),
-        move |part| async move { local_series(querier, &part, options).await },
-        PartialSeries::from_bytes,
-    )
-    .await
-}
-
 /// A share's pprof as a peer returned it: bounded like any profile read from the network.
 fn decode_profile(bytes: &[u8]) -> Result<Profile, QueryError> {
     const MAX_DECODED: usize = 1 << 30;
     kiln_model::pprof::decode(bytes, MAX_DECODED)
         .map_err(|err| QueryError::Remote(format!("a share's pprof does not decode: {err}")))
-}
-
-/// Runs `request` in parts, one per share of its datasets, when it is large enough and
-/// other query nodes are live: the first share with `local`, each other on a peer (its
-/// answer read with `decode`), and a share no peer answered with `local` too. Otherwise
-/// one part, the whole request run with `local` (on the datasets already listed, if the
-/// listing was what showed the query small).
-async fn split<T, Local, Run>(
-    querier: &Querier,
-    request: &SelectRequest,
-    output: Output,
-    local: Local,
-    decode: fn(&[u8]) -> Result<T, QueryError>,
-) -> Result<Vec<T>, QueryError>
-where
-    Local: Fn(SelectRequest) -> Run,
-    Run: Future<Output = Result<T, QueryError>>,
-{
-    let restricted = |datasets: Vec<DatasetMeta>| SelectRequest {
-        datasets: Some(Arc::new(datasets)),
-        ..request.clone()
-    };
-    let (fanout, profile_type, shares) = match plan(querier, request).await? {
-        Plan::Here => return Ok(vec![local(request.clone()).await?]),
-        Plan::HereListed(metas) => return Ok(vec![local(restricted(metas)).await?]),
-        Plan::Split(fanout, profile_type, shares) => (fanout, profile_type, shares),
-    };
-    querier.metrics().fanned_out(shares.len() - 1);
-    let credentials = credentials();
-    let (local, restricted, output) = (&local, &restricted, &output);
-    let parts = shares.into_iter().enumerate().map(|(index, datasets)| {
-        let fanout = fanout.clone();
-        let credentials = credentials.clone();
-        let part = PartialQuery {
-            profile_type: profile_type.clone(),
-            selector: request.selector.to_string(),
-            from_nanos: request.from_nanos,
-            to_nanos: request.to_nanos,
-            call_site: request.call_site.clone(),
-            datasets,
-            series: match output {
-                Output::Series(spec) => Some(spec.clone()),
-                _ => None,
-            },
-        };
-        async move {
-            if index == 0 {
-                return local(restricted(part.datasets)).await;
-            }
-            let remote = fanout
-                .peers
-                .run(index - 1, &request.tenant, credentials.as_deref(), output, &part)
-                .await
-                .and_then(|bytes| decode(&bytes));
-            match remote {
-                Ok(answer) => Ok(answer),
-                Err(err) => {
-                    // No peer answered: the share is run here, and the query still holds.
-                    tracing::warn!(error = %err, datasets = part.datasets.len(), "query share failed on every peer; running it here");
-                    querier.metrics().share_run_here();
-                    local(restricted(part.datasets)).await
-                }
-            }
-        }
-    });
-    futures_util::future::join_all(parts)
-        .await
-        .into_iter()
-        .collect()
 }
 
 /// Where a request runs.
@@ -313,68 +406,6 @@ enum Plan {
     HereListed(Vec<DatasetMeta>),
     /// Over the peers: the profile type, and one share of datasets per node.
     Split(Fanout, String, Vec<Vec<DatasetMeta>>),
-}
-
-async fn plan(querier: &Querier, request: &SelectRequest) -> Result<Plan, QueryError> {
-    let Some(fanout) = querier.fanout().filter(|_| splittable(request)) else {
-        return Ok(Plan::Here);
-    };
-    let TypeFilter::Exact(profile_type) = &request.types else {
-        return Ok(Plan::Here);
-    };
-    let peers = fanout.peers.count();
-    if peers == 0 {
-        return Ok(Plan::Here);
-    }
-    let metas = querier.datasets_within_budget(request).await?;
-    let profiles: u64 = metas.iter().map(|meta| meta.profile_count).sum();
-    if profiles < fanout.min_profiles {
-        return Ok(Plan::HereListed(metas));
-    }
-    let shares = shares(&metas, peers + 1);
-    if shares.len() < 2 {
-        return Ok(Plan::HereListed(metas));
-    }
-    Ok(Plan::Split(fanout.clone(), profile_type.clone(), shares))
-}
-
-/// The tree of the request's datasets read here (totals not yet computed).
-pub async fn local_tree(
-    querier: &Querier,
-    request: &SelectRequest,
-) -> Result<FlameTree, QueryError> {
-    let type_id = crate::merge::exact_type(request)?;
-    // Each dataset's share is folded into the tree as it comes and dropped (a month of
-    // blocks is never in memory at once), or kept for the next flame graph of this shape
-    // (crate::tree_cache).
-    let mut tree = FlameTree::default();
-    let request = SelectRequest {
-        values_only: true,
-        ..request.clone()
-    };
-    querier
-        .fold_dataset_trees(&request, type_id, |share| tree.add_dataset_tree(share))
-        .await?;
-    Ok(tree)
-}
-
-/// The merged pprof of the request's datasets read here.
-pub async fn local_profile(
-    querier: &Querier,
-    request: &SelectRequest,
-) -> Result<Profile, QueryError> {
-    let type_id = crate::merge::exact_type(request)?;
-    // Folded as each dataset comes, as the flame graph is: a month is never held at once.
-    let mut merge = PprofMerge::new(&[type_id.to_string()]);
-    // The profiles' rows too: the merged profile spans their times.
-    let request = SelectRequest {
-        values_only: false,
-        ..request.clone()
-    };
-    querier
-        .select_each(&request, |selection| merge.add(&selection))
-        .await?;
-    Ok(merge.finish())
 }
 
 /// The datasets of `metas` in up to `count` shares of about equal profile counts, a
