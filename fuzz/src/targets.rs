@@ -70,7 +70,7 @@ pub fn config_parse(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    if let Ok(config) = serde_yaml::from_str::<kiln_server::ServerConfig>(text) {
+    if let Ok(config) = yaml_serde::from_str::<kiln_server::ServerConfig>(text) {
         let _ = kiln_auth::Authenticator::from_config(&config.auth);
         for tenant in config.auth.tenants.keys() {
             let _ = kiln_server::tenant::validate(tenant);
@@ -243,7 +243,7 @@ pub fn scrape_response(data: &[u8]) {
     }
     let _ = serde_json::from_slice::<Vec<kiln_scrape::config::StaticConfig>>(data);
     if let Ok(text) = std::str::from_utf8(data) {
-        if let Ok(rules) = serde_yaml::from_str::<Vec<kiln_scrape::relabel::RelabelConfig>>(text) {
+        if let Ok(rules) = yaml_serde::from_str::<Vec<kiln_scrape::relabel::RelabelConfig>>(text) {
             let labels = [("__address__".to_string(), "h:1".to_string())]
                 .into_iter()
                 .collect();

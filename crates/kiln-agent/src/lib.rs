@@ -37,6 +37,10 @@ use kiln_model::time::now_nanos;
 pub use perf::PerfError;
 use perf::{PerfEvents, Record};
 use procs::{Instance, Mapping, ProcessTable};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
 pub use report::Report;
 use report::{HostInfo, ProfileWriter, Stack, Symbols};
 
@@ -138,76 +142,97 @@ pub struct BinaryStats {
 /// Binaries tracked in [`AgentStats::binaries`]; past it, new ones count as `other`.
 const MAX_BINARIES: usize = 1000;
 
-impl AgentStats {
-    /// The Prometheus text exposition of these counters.
-    pub fn metrics_text(&self) -> String {
-        let mut out = String::new();
+/// The agent's counters for `/metrics`, read at each scrape: the values live here, so the
+/// registry sees them through this collector (the library writes the exposition and
+/// escapes the label values).
+impl prometheus_client::collector::Collector for AgentStats {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let load = |value: &AtomicU64| value.load(Ordering::Relaxed);
-        for (name, kind, help, value) in [
-            ("kiln_agent_samples_total", "counter", "Samples taken", load(&self.samples)),
+        for (name, help, value) in [
+            ("kiln_agent_samples", "Samples taken", load(&self.samples)),
             (
-                "kiln_agent_samples_in_kernel_total",
-                "counter",
+                "kiln_agent_samples_in_kernel",
                 "Samples counted in the kernel by the BPF program (--ebpf), not read from a ring",
                 load(&self.kernel_counted),
             ),
             (
-                "kiln_agent_samples_lost_total",
-                "counter",
+                "kiln_agent_samples_lost",
                 "Samples the kernel dropped because a ring buffer was full",
                 load(&self.lost),
             ),
-            ("kiln_agent_reports_total", "counter", "Process profiles written", load(&self.reports)),
+            ("kiln_agent_reports", "Process profiles written", load(&self.reports)),
             (
-                "kiln_agent_cache_evictions_total",
-                "counter",
+                "kiln_agent_cache_evictions",
                 "Cache entries dropped to stay within --memory-limit; they are recomputed when needed",
                 load(&self.cache_evictions),
             ),
-            ("kiln_agent_processes", "gauge", "Processes the agent tracks", load(&self.processes)),
+        ] {
+            encode_value(&mut encoder, name, help, MetricType::Counter, value)?;
+        }
+        for (name, help, value) in [
+            (
+                "kiln_agent_processes",
+                "Processes the agent tracks",
+                load(&self.processes),
+            ),
             (
                 "kiln_agent_ebpf_active",
-                "gauge",
                 "1 when samples of frame-pointer programs are counted in the kernel",
                 load(&self.ebpf_active),
             ),
             (
                 "kiln_agent_cache_bytes",
-                "gauge",
                 "Bytes held by the unwind-table and symbol caches",
                 load(&self.cache_bytes),
             ),
         ] {
-            write_metric(&mut out, name, kind, help, value);
+            encode_value(&mut encoder, name, help, MetricType::Gauge, value)?;
         }
-        if let Ok(binaries) = self.binaries.lock() {
-            let mut names: Vec<&String> = binaries.keys().collect();
-            names.sort();
-            out.push_str("# HELP kiln_agent_stacks_total Stacks sampled per binary, by how the user stack was walked\n# TYPE kiln_agent_stacks_total counter\n");
-            for name in &names {
-                let stats = &binaries[*name];
-                out.push_str(&format!(
-                    "kiln_agent_stacks_total{{binary={:?},method={:?}}} {}\n",
-                    name, stats.method, stats.stacks
-                ));
-            }
-            out.push_str("# HELP kiln_agent_stacks_truncated_total Stacks cut short: at the kernel's perf_event_max_stack, or past the copied user stack\n# TYPE kiln_agent_stacks_truncated_total counter\n");
-            for name in &names {
-                out.push_str(&format!(
-                    "kiln_agent_stacks_truncated_total{{binary={:?}}} {}\n",
-                    name, binaries[*name].truncated
-                ));
-            }
+        let Ok(binaries) = self.binaries.lock() else {
+            return Ok(());
+        };
+        let mut names: Vec<&String> = binaries.keys().collect();
+        names.sort();
+        let mut stacks = encoder.encode_descriptor(
+            "kiln_agent_stacks",
+            "Stacks sampled per binary, by how the user stack was walked",
+            None,
+            MetricType::Counter,
+        )?;
+        for name in &names {
+            let stats = &binaries[*name];
+            let labels = [("binary", name.as_str()), ("method", stats.method)];
+            ConstCounter::new(stats.stacks).encode(stacks.encode_family(&labels)?)?;
         }
-        out
+        let mut truncated = encoder.encode_descriptor(
+            "kiln_agent_stacks_truncated",
+            "Stacks cut short: at the kernel's perf_event_max_stack, or past the copied user stack",
+            None,
+            MetricType::Counter,
+        )?;
+        for name in &names {
+            let labels = [("binary", name.as_str())];
+            ConstCounter::new(binaries[*name].truncated)
+                .encode(truncated.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }
 
-/// Appends one unlabelled sample in the Prometheus text format, with its HELP and TYPE.
-pub fn write_metric(out: &mut String, name: &str, kind: &str, help: &str, value: u64) {
-    out.push_str(&format!(
-        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
-    ));
+/// One unlabelled counter or gauge, for collectors whose values live elsewhere. A
+/// counter's name is given without `_total`: the library adds it.
+pub fn encode_value(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    value: u64,
+) -> Result<(), std::fmt::Error> {
+    let metric = encoder.encode_descriptor(name, help, None, kind)?;
+    match kind {
+        MetricType::Counter => ConstCounter::new(value).encode(metric),
+        _ => ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX)).encode(metric),
+    }
 }
 
 /// A collector running on its own thread (see [`Collector::spawn`]).
@@ -652,4 +677,47 @@ fn jittered(interval: Duration) -> Duration {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos() % 1000);
     interval.mul_f64(0.95 + 0.1 * f64::from(noise) / 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The agent's counters come out through the library: OpenMetrics text, counters
+    /// with `_total`, and a binary's path escaped by the exposition's rules (a quote, a
+    /// backslash and a newline in a path must not end the label value).
+    #[test]
+    fn the_counters_are_exposed_with_escaped_label_values() {
+        let stats = Arc::new(AgentStats::default());
+        stats.samples.store(7, Ordering::Relaxed);
+        stats.processes.store(3, Ordering::Relaxed);
+        let path = "/opt/a \"b\"\\c\nd";
+        stats.binaries.lock().expect("lock").insert(
+            path.to_string(),
+            BinaryStats {
+                method: "dwarf",
+                stacks: 5,
+                truncated: 1,
+            },
+        );
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(stats));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+        assert!(text.contains("\nkiln_agent_samples_total 7\n"), "{text}");
+        assert!(text.contains("\nkiln_agent_processes 3\n"), "{text}");
+        assert!(
+            text.contains(
+                "kiln_agent_stacks_total{binary=\"/opt/a \\\"b\\\"\\\\c\\nd\",method=\"dwarf\"} 5\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "kiln_agent_stacks_truncated_total{binary=\"/opt/a \\\"b\\\"\\\\c\\nd\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
 }

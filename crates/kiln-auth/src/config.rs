@@ -193,7 +193,7 @@ mod tests {
     use crate::sha256_hex;
 
     fn config(yaml: &str) -> Result<Vec<([u8; 32], Grant)>, ConfigError> {
-        serde_yaml::from_str::<AuthConfig>(yaml)
+        yaml_serde::from_str::<AuthConfig>(yaml)
             .expect("parses")
             .validate()
     }
@@ -216,8 +216,8 @@ mod tests {
         assert!(twice.0.contains("one tenant"), "{twice}");
         let none = config("enabled: true\n").expect_err("no tokens");
         assert!(none.0.contains("no tenant has a token"), "{none}");
-        assert!(serde_yaml::from_str::<AuthConfig>("enabled: true\ntenant: {}\n").is_err());
-        assert!(serde_yaml::from_str::<AuthConfig>(
+        assert!(yaml_serde::from_str::<AuthConfig>("enabled: true\ntenant: {}\n").is_err());
+        assert!(yaml_serde::from_str::<AuthConfig>(
             "tenants:\n  a:\n    tokens:\n      - { name: x, sha256: \"\", scopes: [root] }\n"
         )
         .is_err());
@@ -225,13 +225,13 @@ mod tests {
 
     #[test]
     fn metrics_need_admin_unless_opened_on_purpose() {
-        let parse = |yaml: &str| serde_yaml::from_str::<AuthConfig>(yaml).map(|c| c.metrics_scope);
+        let parse = |yaml: &str| yaml_serde::from_str::<AuthConfig>(yaml).map(|c| c.metrics_scope);
         assert_eq!(parse("enabled: true\n").unwrap(), Some(Scope::Admin));
         assert_eq!(parse("metrics_scope: none\n").unwrap(), None);
         assert_eq!(parse("metrics_scope: read\n").unwrap(), Some(Scope::Read));
         let err = parse("metrics_scope: root\n").unwrap_err().to_string();
         assert!(err.contains("or none"), "{err}");
-        let text = serde_yaml::to_string(&AuthConfig {
+        let text = yaml_serde::to_string(&AuthConfig {
             metrics_scope: None,
             ..AuthConfig::default()
         })

@@ -294,7 +294,7 @@ tenants:
             sha256_hex("reader-a"),
             sha256_hex("ops-b")
         );
-        let config: AuthConfig = serde_yaml::from_str(&yaml).expect("config");
+        let config: AuthConfig = yaml_serde::from_str(&yaml).expect("config");
         Authenticator::from_config(&config)
             .expect("valid")
             .expect("enabled")

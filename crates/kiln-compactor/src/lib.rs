@@ -40,7 +40,7 @@ use bytes::Bytes;
 use kiln_metastore::{
     BlockMeta, DatasetMeta, Exports, LeaseKey, Metastore, MetastoreError, RuleRecord,
 };
-use kiln_model::worker::Pool;
+use kiln_runtime::worker::Pool;
 use kiln_storage::format::{encode_block_as, BlockEncoding, Projection};
 use kiln_storage::ranged::{BlockTail, PartialBlock, TailCache};
 use kiln_storage::{Dataset, DatasetBuilder, ObjectStorage, StorageError};
@@ -71,7 +71,7 @@ pub enum CompactorError {
     #[error("encoding the merged block: {0}")]
     Encode(#[source] StorageError),
     #[error("compaction task failed: {0}")]
-    Task(#[from] kiln_model::worker::WorkerError),
+    Task(#[from] kiln_runtime::worker::WorkerError),
 }
 
 /// When a level's datasets of one (tenant, service) are merged into the next level.
@@ -222,7 +222,7 @@ pub struct CompactorMetrics {
     /// CPU time of merges (decode, merge, encode), on the compactor's thread.
     pub merge_cpu_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     /// CPU time of compaction in all: its merges, and its planning, metastore
-    /// transactions and uploads wherever they ran ([`kiln_model::priority::CpuAccount`]).
+    /// transactions and uploads wherever they ran ([`kiln_runtime::priority::CpuAccount`]).
     pub cpu_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     pub expired_datasets: Counter,
     pub deleted_objects: Counter,
@@ -446,7 +446,7 @@ impl Compactor {
             let interval = Duration::from_millis(self.config.interval_ms.max(10));
             let catching_up = (interval / 10).max(Duration::from_millis(10));
             let cpu = self.metrics.cpu_seconds.clone();
-            let account = kiln_model::priority::CpuAccount::new(move |seconds| {
+            let account = kiln_runtime::priority::CpuAccount::new(move |seconds| {
                 cpu.inc_by(seconds);
             });
             loop {
@@ -650,7 +650,7 @@ impl Compactor {
         // The job's inputs, merged dataset and block are freed by now: hand the memory
         // back before the next job, instead of when the allocator gets round to it.
         if large {
-            kiln_model::priority::release_memory();
+            kiln_runtime::priority::release_memory();
         }
         if leased {
             self.metastore
@@ -697,10 +697,10 @@ impl Compactor {
     ) -> Result<T, CompactorError> {
         let merge_cpu = self.metrics.merge_cpu_seconds.clone();
         // The pass's account, when it runs in one: the merge thread is not polled in it.
-        let account = kiln_model::priority::current_account();
+        let account = kiln_runtime::priority::current_account();
         self.merges
             .spawn(move || {
-                let (done, used) = kiln_model::priority::with_thread_cpu(work);
+                let (done, used) = kiln_runtime::priority::with_thread_cpu(work);
                 merge_cpu.inc_by(used);
                 if let Some(account) = account {
                     account.charge(used);
@@ -768,7 +768,7 @@ impl Compactor {
             .background(move || {
                 let finished = merge.finish(&target, encoding);
                 if large {
-                    kiln_model::priority::release_memory();
+                    kiln_runtime::priority::release_memory();
                 }
                 finished
             })
@@ -964,9 +964,9 @@ fn chunks(datasets: &[DatasetMeta], max_inputs: usize, max_profiles: u64) -> Vec
 }
 
 /// Points: `compaction-merged`, `compaction-uploaded`, `compaction-swapped`,
-/// `garbage-object-deleted` (see [`kiln_model::crash::point`]).
+/// `garbage-object-deleted` (see [`kiln_runtime::crash::point`]).
 fn crash_point(point: &str) {
-    kiln_model::crash::point(point);
+    kiln_runtime::crash::point(point);
 }
 
 /// Fetches dataset `input`'s byte ranges (its block's tail at hand), on the compactor's

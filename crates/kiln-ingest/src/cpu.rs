@@ -19,13 +19,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
-use kiln_model::worker::Pool;
+use kiln_runtime::worker::Pool;
 use tokio::sync::Semaphore;
 
 use crate::IngestError;
 
 static PARSE_PERMITS: LazyLock<Semaphore> =
-    LazyLock::new(|| Semaphore::new(kiln_model::priority::cores()));
+    LazyLock::new(|| Semaphore::new(kiln_runtime::priority::cores()));
 /// Requests waiting for a permit now.
 static WAITING: AtomicUsize = AtomicUsize::new(0);
 /// Recent parse time, in nanoseconds (an exponentially weighted mean, weight 1/16).
@@ -69,7 +69,7 @@ pub async fn run_parser<T: Send + 'static>(
     let waiting = WAITING.load(Ordering::Relaxed);
     let expected = Duration::from_nanos(
         PARSE_NANOS.load(Ordering::Relaxed) * (waiting as u64 + 1)
-            / kiln_model::priority::cores() as u64,
+            / kiln_runtime::priority::cores() as u64,
     );
     if waiting > 0 && expected > max {
         return Err(busy(waiting, expected, max));
@@ -97,12 +97,12 @@ pub async fn run_parser_waiting<T: Send + 'static>(
     timed(parse).await
 }
 
-pub use kiln_model::worker::WorkerError;
+pub use kiln_runtime::worker::WorkerError;
 
 /// The write path's threads: one per core, started on first use, for parsing, staging
-/// and building segments ([`kiln_model::worker`] says why threads of its own).
+/// and building segments ([`kiln_runtime::worker`] says why threads of its own).
 static POOL: LazyLock<Pool> =
-    LazyLock::new(|| Pool::start("kiln-write", kiln_model::priority::cores()));
+    LazyLock::new(|| Pool::start("kiln-write", kiln_runtime::priority::cores()));
 
 /// Hands `work` to the write path's threads at once; await the result when needed.
 pub fn spawn<T: Send + 'static>(

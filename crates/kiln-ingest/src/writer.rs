@@ -1742,7 +1742,7 @@ async fn build_segment(
 ) -> Result<Segment, StoreError> {
     builders.sort_by(|(a, _), (b, _)| a.cmp(b));
     let count = builders.len();
-    let threads = kiln_model::priority::cores().min(count).max(1);
+    let threads = kiln_runtime::priority::cores().min(count).max(1);
     // Deal builders to threads largest first, so one big service does not leave the
     // other threads idle.
     let mut order: Vec<(usize, ServiceKey, DatasetBuilder)> = builders

@@ -232,7 +232,7 @@ pub async fn side_sums(
             )
         }
     });
-    let in_flight = 2 * kiln_model::priority::cores();
+    let in_flight = 2 * kiln_runtime::priority::cores();
     // In order, so that floating-point sums, and so p-values, are the same on every run.
     let mut results = futures_util::stream::iter(tasks).buffered(in_flight);
     let mut side = SideSums::default();

@@ -95,10 +95,10 @@ impl SqliteMetastore {
     ) -> Result<T, MetastoreError> {
         let connection = self.connection.clone();
         // A transaction is charged to the role that asked for it (compaction's commits).
-        let account = kiln_model::priority::current_account();
+        let account = kiln_runtime::priority::current_account();
         tokio::task::spawn_blocking(move || {
             let mut guard = connection.lock().map_err(|_| MetastoreError::Poisoned)?;
-            kiln_model::priority::charge_blocking(account.as_ref(), || work(&mut guard))
+            kiln_runtime::priority::charge_blocking(account.as_ref(), || work(&mut guard))
         })
         .await
         .map_err(MetastoreError::Task)?

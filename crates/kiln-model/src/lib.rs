@@ -7,13 +7,13 @@
 //! one enforces limits and returns [`FormatError`] instead of panicking; each has a
 //! `cargo fuzz` target under `fuzz/`.
 //!
-//! Two small things every layer shares live here too, so no crate reaches sideways for
+//! Threads, priorities and crash points are kiln-runtime's, so this crate does no I/O
+//! and needs no async runtime. Two small things every layer shares live here too, so no crate reaches sideways for
 //! them: Kiln's one wall clock ([`time::now_nanos`]) and the proto3 JSON mapping's serde
 //! helpers ([`proto_json`]) used by the querier.v1 and OTLP messages.
 
 pub mod build;
 pub mod compress;
-pub mod crash;
 pub mod error;
 pub mod folded;
 pub mod jfr;
@@ -22,14 +22,12 @@ pub mod perf_script;
 pub mod placement;
 pub mod pprof;
 pub mod pprof_json;
-pub mod priority;
 pub mod profile_type;
 pub mod proto_json;
 pub mod relabel;
 pub mod selector;
 pub mod speedscope;
 pub mod time;
-pub mod worker;
 
 pub use error::{ErrorKind, FormatError};
 pub use labels::{Label, Labels};

@@ -17,7 +17,7 @@ pub enum QueryError {
     #[error("query task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
     #[error("background read failed: {0}")]
-    Worker(#[from] kiln_model::worker::WorkerError),
+    Worker(#[from] kiln_runtime::worker::WorkerError),
     /// Another query node did not return its part, or returned one that does not read.
     #[error("query part on another node: {0}")]
     Remote(String),

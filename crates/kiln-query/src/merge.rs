@@ -1,6 +1,8 @@
 //! `SelectMergeStacktraces`, `SelectMergeSpanProfile` and `SelectMergeProfile`: the
 //! matching profiles merged into one flame graph, Pyroscope tree or pprof.
 
+use prost::encoding::{decode_varint, encode_varint};
+
 use crate::api::{FlameGraph, Level};
 use crate::flamebearer::flamebearer;
 use crate::select::{SelectRequest, TypeFilter};
@@ -57,13 +59,6 @@ pub fn flame_graph(tree: &FlameTree) -> FlameGraph {
 /// each as varint name length, name bytes, varint self value, varint child count. The
 /// first node is a nameless virtual root whose children are the outermost frames.
 pub fn tree_bytes(tree: &FlameTree) -> Vec<u8> {
-    fn varint(mut value: u64, out: &mut Vec<u8>) {
-        while value >= 0x80 {
-            out.push((value as u8) | 0x80);
-            value >>= 7;
-        }
-        out.push(value as u8);
-    }
     let mut out = Vec::new();
     let mut stack = vec![0u32];
     while let Some(index) = stack.pop() {
@@ -79,10 +74,10 @@ pub fn tree_bytes(tree: &FlameTree) -> Vec<u8> {
             .copied()
             .filter(|child| tree.nodes[*child as usize].total != 0)
             .collect();
-        varint(name.len() as u64, &mut out);
+        encode_varint(name.len() as u64, &mut out);
         out.extend_from_slice(name.as_bytes());
-        varint(node.self_value.max(0) as u64, &mut out);
-        varint(children.len() as u64, &mut out);
+        encode_varint(node.self_value.max(0) as u64, &mut out);
+        encode_varint(children.len() as u64, &mut out);
         stack.extend(children.iter().rev());
     }
     out
@@ -91,33 +86,23 @@ pub fn tree_bytes(tree: &FlameTree) -> Vec<u8> {
 /// Reads Pyroscope's tree bytes back ([`tree_bytes`]): every node but the virtual root,
 /// as (frame names from the outermost, self value), in the order written.
 pub fn read_tree_bytes(bytes: &[u8]) -> Result<Vec<(Vec<String>, i64)>, QueryError> {
-    fn varint(bytes: &[u8], at: &mut usize) -> Result<u64, QueryError> {
-        let mut value = 0u64;
-        for shift in (0..64).step_by(7) {
-            let byte = *bytes
-                .get(*at)
-                .ok_or_else(|| QueryError::BadRequest("truncated tree".to_string()))?;
-            *at += 1;
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return Ok(value);
-            }
-        }
-        Err(QueryError::BadRequest("invalid varint in tree".to_string()))
+    fn varint(rest: &mut &[u8]) -> Result<u64, QueryError> {
+        decode_varint(rest)
+            .map_err(|err| QueryError::BadRequest(format!("invalid varint in tree: {err}")))
     }
     let mut nodes = Vec::new();
-    let mut at = 0;
+    let mut rest = bytes;
     // (path, children still to read) of each open node; the first node is the root.
     let mut open: Vec<(Vec<String>, u64)> = Vec::new();
     let mut first = true;
-    while at < bytes.len() {
-        let length = varint(bytes, &mut at)? as usize;
-        let name = bytes
-            .get(at..at.saturating_add(length))
+    while !rest.is_empty() {
+        let length = usize::try_from(varint(&mut rest)?).unwrap_or(usize::MAX);
+        let name = rest
+            .get(..length)
             .ok_or_else(|| QueryError::BadRequest("truncated tree name".to_string()))?;
-        at += length;
-        let self_value = varint(bytes, &mut at)? as i64;
-        let children = varint(bytes, &mut at)?;
+        rest = &rest[length..];
+        let self_value = varint(&mut rest)? as i64;
+        let children = varint(&mut rest)?;
         let mut path = match open.last_mut() {
             Some((path, remaining)) => {
                 *remaining -= 1;

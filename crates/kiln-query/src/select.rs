@@ -191,8 +191,8 @@ pub struct Querier {
     budget: Arc<crate::budget::Budget>,
     metrics: crate::metrics::QueryMetrics,
     /// The thread that reads and decodes for [`Querier::derive_from_indexes`], started at
-    /// its first use ([`kiln_model::worker`] says why a thread of its own).
-    background: Arc<std::sync::OnceLock<kiln_model::worker::Pool>>,
+    /// its first use ([`kiln_runtime::worker`] says why a thread of its own).
+    background: Arc<std::sync::OnceLock<kiln_runtime::worker::Pool>>,
     /// Makes every acknowledged write visible before a listing ([`Querier::with_freshness`]).
     freshness: Option<Freshness>,
 }
@@ -462,7 +462,7 @@ impl Querier {
             };
             let values = self
                 .background
-                .get_or_init(|| kiln_model::worker::Pool::start("kiln-index", 1))
+                .get_or_init(|| kiln_runtime::worker::Pool::start("kiln-index", 1))
                 .spawn(read)
                 .await??;
             for ((index, _), value) in missing.iter().zip(values) {
@@ -546,7 +546,7 @@ impl Querier {
         });
         // A few datasets in flight per core: all cores stay busy, while decoding buffers
         // of a week of blocks are not all alive at once.
-        let in_flight = 2 * kiln_model::priority::cores();
+        let in_flight = 2 * kiln_runtime::priority::cores();
         let mut results = futures_util::stream::iter(tasks).buffered(in_flight);
         while let Some(result) = results.next().await {
             if let Some(folded) = result? {

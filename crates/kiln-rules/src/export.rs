@@ -129,6 +129,10 @@ impl Latest {
     /// series carries its `tenant` (a series' own `tenant` label becomes
     /// `exported_tenant`, as Prometheus renames a clash), so one scrape of `/metrics`
     /// never mixes two tenants' series into one.
+    ///
+    /// Kiln's one exposition written by hand (`tests/architecture.rs` allows only this):
+    /// prometheus-client 0.25 writes no sample timestamps, and a rule's value belongs to
+    /// the time of its profiles, not to the time of the scrape.
     pub fn render(&self, out: &mut String) {
         let Ok(values) = self.values.lock() else {
             return;
@@ -312,7 +316,7 @@ impl Exporter {
                     Ok(()) => {
                         // The worst moment: the target has the samples, the outbox does
                         // not know.
-                        kiln_model::crash::point("rules-sent");
+                        kiln_runtime::crash::point("rules-sent");
                         self.metrics
                             .sent
                             .get_or_create(&label)

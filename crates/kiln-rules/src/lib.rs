@@ -424,7 +424,7 @@ impl Rules {
         });
         // A few datasets in flight per core, as queries read them: a week's backfill uses
         // every core without holding every decoded dataset at once.
-        let in_flight = 2 * kiln_model::priority::cores();
+        let in_flight = 2 * kiln_runtime::priority::cores();
         let mut parts = futures_util::stream::iter(parts).buffer_unordered(in_flight);
         let mut sums = StepSums::new();
         while let Some(part) = parts.next().await {

@@ -160,7 +160,7 @@ fn read_groups(path: &Path) -> Result<Vec<TargetGroup>, DiscoveryError> {
     if text.trim().is_empty() {
         return Ok(Vec::new());
     }
-    serde_yaml::from_str(&text).map_err(DiscoveryError::Yaml)
+    yaml_serde::from_str(&text).map_err(DiscoveryError::Yaml)
 }
 
 /// The files a pattern names; `*` and `?` in the last component are globs.

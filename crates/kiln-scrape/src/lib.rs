@@ -81,5 +81,5 @@ pub enum DiscoveryError {
     #[error("invalid target groups: {0}")]
     Json(#[source] serde_json::Error),
     #[error("invalid target groups: {0}")]
-    Yaml(#[source] serde_yaml::Error),
+    Yaml(#[source] yaml_serde::Error),
 }

@@ -6,6 +6,10 @@
 //! semaphore bounds how many requests are in flight at once. Health per target is kept
 //! for `GET /api/v1/targets` and `/metrics`.
 
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::hash::{Hash, Hasher};
@@ -125,56 +129,6 @@ impl Targets {
         })
     }
 
-    /// Prometheus text lines for `/metrics`.
-    pub fn metrics_text(&self) -> String {
-        let (active, _) = self.snapshot();
-        let families: [MetricFamily; 3] = [
-            (
-                "kiln_scrape_target_up",
-                "Whether the last scrape of a target succeeded.",
-                "gauge",
-                |t| f64::from(u8::from(t.health == "up")),
-            ),
-            (
-                "kiln_scrape_duration_seconds",
-                "Duration of the last scrape of a target.",
-                "gauge",
-                |t| t.last_scrape_duration.as_secs_f64(),
-            ),
-            (
-                "kiln_scrape_failures",
-                "Failed scrapes of a target.",
-                "counter",
-                |t| t.failures as f64,
-            ),
-        ];
-        let mut out = String::new();
-        for (name, help, kind, value) in families {
-            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-            let sample = if kind == "counter" {
-                format!("{name}_total")
-            } else {
-                name.to_string()
-            };
-            for target in &active {
-                out.push_str(&format!(
-                    "{sample}{{job=\"{}\",instance=\"{}\",kind=\"{}\"}} {}\n",
-                    escape(&target.job),
-                    escape(
-                        target
-                            .labels
-                            .get("instance")
-                            .map(String::as_str)
-                            .unwrap_or("")
-                    ),
-                    escape(&target.kind),
-                    value(target)
-                ));
-            }
-        }
-        out
-    }
-
     fn update(&self, key: &TargetKey, change: impl FnOnce(&mut TargetHealth)) {
         if let Ok(mut state) = self.state.lock() {
             if let Some(health) = state.active.get_mut(key) {
@@ -184,19 +138,58 @@ impl Targets {
     }
 }
 
-/// Name, help, type and value of one per-target metric.
-type MetricFamily = (
-    &'static str,
-    &'static str,
-    &'static str,
-    fn(&TargetHealth) -> f64,
-);
+/// Each active target's health for `/metrics`, read at each scrape: targets come and go,
+/// so they are read from the live state rather than kept in families of their own.
+impl prometheus_client::collector::Collector for Targets {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let (active, _) = self.snapshot();
+        let labels = |target: &TargetHealth| {
+            [
+                ("job", target.job.clone()),
+                (
+                    "instance",
+                    target.labels.get("instance").cloned().unwrap_or_default(),
+                ),
+                ("kind", target.kind.clone()),
+            ]
+        };
+        let mut up = encoder.encode_descriptor(
+            "kiln_scrape_target_up",
+            "Whether the last scrape of a target succeeded.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for target in &active {
+            ConstGauge::new(i64::from(target.health == "up"))
+                .encode(up.encode_family(&labels(target))?)?;
+        }
+        let mut duration = encoder.encode_descriptor(
+            "kiln_scrape_duration_seconds",
+            "Duration of the last scrape of a target.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for target in &active {
+            ConstGauge::new(target.last_scrape_duration.as_secs_f64())
+                .encode(duration.encode_family(&labels(target))?)?;
+        }
+        let mut failures = encoder.encode_descriptor(
+            "kiln_scrape_failures",
+            "Failed scrapes of a target.",
+            None,
+            MetricType::Counter,
+        )?;
+        for target in &active {
+            ConstCounter::new(target.failures).encode(failures.encode_family(&labels(target))?)?;
+        }
+        Ok(())
+    }
+}
 
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+impl std::fmt::Debug for Targets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Targets").finish_non_exhaustive()
+    }
 }
 
 fn format_duration(duration: Duration) -> String {

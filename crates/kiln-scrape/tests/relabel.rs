@@ -12,7 +12,7 @@ fn labels(pairs: &[(&str, &str)]) -> LabelSet {
 }
 
 fn rules(yaml: &str) -> Vec<RelabelConfig> {
-    let rules: Vec<RelabelConfig> = serde_yaml::from_str(yaml).expect("rules parse");
+    let rules: Vec<RelabelConfig> = yaml_serde::from_str(yaml).expect("rules parse");
     for rule in &rules {
         rule.validate().expect("rule is valid");
     }
@@ -172,19 +172,19 @@ fn lowercase_and_uppercase_set_the_target() {
 #[test]
 fn invalid_rules_are_refused_at_load() {
     let rule: Vec<RelabelConfig> =
-        serde_yaml::from_str("- {action: hashmod, target_label: x}").unwrap();
+        yaml_serde::from_str("- {action: hashmod, target_label: x}").unwrap();
     assert!(rule[0].validate().unwrap_err().contains("modulus"));
-    let rule: Vec<RelabelConfig> = serde_yaml::from_str("- {action: replace}").unwrap();
+    let rule: Vec<RelabelConfig> = yaml_serde::from_str("- {action: replace}").unwrap();
     assert!(rule[0].validate().unwrap_err().contains("target_label"));
-    let bad: Result<Vec<RelabelConfig>, _> = serde_yaml::from_str("- {regex: '('}");
+    let bad: Result<Vec<RelabelConfig>, _> = yaml_serde::from_str("- {regex: '('}");
     assert!(bad.unwrap_err().to_string().contains("invalid regex"));
-    let bad: Result<Vec<RelabelConfig>, _> = serde_yaml::from_str("- {action: explode}");
+    let bad: Result<Vec<RelabelConfig>, _> = yaml_serde::from_str("- {action: explode}");
     assert!(bad.is_err());
 }
 
 #[test]
 fn scrape_configs_parse_in_prometheus_shape() {
-    let configs: Vec<kiln_scrape::ScrapeConfig> = serde_yaml::from_str(
+    let configs: Vec<kiln_scrape::ScrapeConfig> = yaml_serde::from_str(
         r#"
 - job_name: api
   scrape_interval: 1m30s
@@ -211,12 +211,12 @@ fn scrape_configs_parse_in_prometheus_shape() {
         endpoints["mutex"].delta && endpoints["block"].delta && !endpoints["process_cpu"].delta
     );
     let bad: Vec<kiln_scrape::ScrapeConfig> =
-        serde_yaml::from_str("- {job_name: x, scrape_interval: 5s, scrape_timeout: 10s}").unwrap();
+        yaml_serde::from_str("- {job_name: x, scrape_interval: 5s, scrape_timeout: 10s}").unwrap();
     assert!(bad[0]
         .validate()
         .unwrap_err()
         .contains("greater than scrape_interval"));
-    assert!(serde_yaml::from_str::<Vec<kiln_scrape::ScrapeConfig>>(
+    assert!(yaml_serde::from_str::<Vec<kiln_scrape::ScrapeConfig>>(
         "- {job_name: x, scrape_interval: 5x}"
     )
     .is_err());

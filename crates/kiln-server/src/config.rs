@@ -217,7 +217,7 @@ impl ServerConfig {
     pub fn from_yaml_file(path: &std::path::Path) -> Result<Self, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|err| format!("cannot read config {}: {err}", path.display()))?;
-        serde_yaml::from_str(&text)
+        yaml_serde::from_str(&text)
             .map_err(|err| format!("invalid config {}: {err}", path.display()))
     }
 
@@ -271,7 +271,7 @@ mod tests {
             .find(|block| block.starts_with("listen:"))
             .and_then(|block| block.split("```").next())
             .expect("the README's config block");
-        let config: ServerConfig = serde_yaml::from_str(block).expect("valid config");
+        let config: ServerConfig = yaml_serde::from_str(block).expect("valid config");
         let defaults = ServerConfig::default();
         assert_eq!(
             config.limits.max_inflight_bytes,

@@ -71,12 +71,10 @@ pub async fn metrics(State(state): State<SharedState>) -> Response {
         )
             .into_response();
     }
-    // Per-target series and the recording rules' newest values come and go: rendered
-    // here, before `# EOF`.
+    // The recording rules' newest values carry their own sample times, which
+    // prometheus-client's encoder cannot write (kiln-rules `export.rs` says why they must):
+    // rendered here, before `# EOF`.
     let mut body = text.strip_suffix("# EOF\n").unwrap_or(&text).to_string();
-    if let Some(targets) = &state.targets {
-        body.push_str(&targets.metrics_text());
-    }
     state.rules.render_latest(&mut body);
     body.push_str("# EOF\n");
     text = body;

@@ -260,6 +260,10 @@ impl Server {
             let targets = manager.targets();
             (Some(targets), Some(manager.spawn(scrape_stopped)?))
         };
+        if let Some(targets) = &targets {
+            // Per-target health, read from the live targets at each scrape.
+            registry.register_collector(Box::new(targets.clone()));
+        }
         if config.agent.enabled && !roles.has("ingest") {
             tracing::warn!(target = %roles, "agent: enabled, but this node does not ingest; not started");
         }

@@ -76,7 +76,7 @@ pub struct AgentArgs {
 }
 
 /// Encoded pushes waiting to be sent, bounded by bytes.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Queue {
     pushes: Mutex<(VecDeque<Vec<u8>>, usize)>,
     ready: Condvar,
@@ -121,52 +121,72 @@ impl Queue {
     }
 }
 
-/// The collector's counters, the queue's, and the agent's own resident memory.
-fn metrics_text(stats: &kiln_agent::AgentStats, queue: &Queue) -> String {
-    let mut text = stats.metrics_text();
-    let queued = queue.pushes.lock().map(|guard| guard.1).unwrap_or(0);
-    let own = std::process::id();
-    for (name, kind, help, value) in [
-        (
-            "kiln_agent_pushes_sent_total",
-            "counter",
-            "Pushes the server took",
-            queue.sent.load(Ordering::Relaxed),
-        ),
-        (
-            "kiln_agent_push_bytes_total",
-            "counter",
-            "Bytes of pushes the server took",
-            queue.sent_bytes.load(Ordering::Relaxed),
-        ),
-        (
-            "kiln_agent_reports_dropped_total",
-            "counter",
-            "Pushes dropped: the queue was full, or the server refused them",
-            queue.dropped.load(Ordering::Relaxed),
-        ),
-        (
-            "kiln_agent_queue_bytes",
-            "gauge",
-            "Bytes of pushes waiting for the server",
-            queued as u64,
-        ),
-        (
-            "kiln_agent_resident_memory_bytes",
-            "gauge",
-            "The agent's resident memory",
-            status_kib(own, "VmRSS:") * 1024,
-        ),
-        (
-            "kiln_agent_resident_anonymous_bytes",
-            "gauge",
-            "The agent's own heap and stacks: resident memory less the file-backed pages of binaries it mapped to symbolize, which the kernel can reclaim",
-            status_kib(own, "RssAnon:") * 1024,
-        ),
-    ] {
-        kiln_agent::write_metric(&mut text, name, kind, help, value);
+/// The push queue's counters and the agent's own resident memory, read at each scrape.
+#[derive(Debug)]
+struct QueueMetrics(Arc<Queue>);
+
+impl prometheus_client::collector::Collector for QueueMetrics {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::metrics::MetricType::{Counter, Gauge};
+        let queue = &self.0;
+        let queued = queue.pushes.lock().map(|guard| guard.1).unwrap_or(0);
+        let own = std::process::id();
+        for (name, kind, help, value) in [
+            (
+                "kiln_agent_pushes_sent",
+                Counter,
+                "Pushes the server took",
+                queue.sent.load(Ordering::Relaxed),
+            ),
+            (
+                "kiln_agent_push_bytes",
+                Counter,
+                "Bytes of pushes the server took",
+                queue.sent_bytes.load(Ordering::Relaxed),
+            ),
+            (
+                "kiln_agent_reports_dropped",
+                Counter,
+                "Pushes dropped: the queue was full, or the server refused them",
+                queue.dropped.load(Ordering::Relaxed),
+            ),
+            (
+                "kiln_agent_queue_bytes",
+                Gauge,
+                "Bytes of pushes waiting for the server",
+                queued as u64,
+            ),
+            (
+                "kiln_agent_resident_memory_bytes",
+                Gauge,
+                "The agent's resident memory",
+                status_kib(own, "VmRSS:") * 1024,
+            ),
+            (
+                "kiln_agent_resident_anonymous_bytes",
+                Gauge,
+                "The agent's own heap and stacks: resident memory less the file-backed pages of binaries it mapped to symbolize, which the kernel can reclaim",
+                status_kib(own, "RssAnon:") * 1024,
+            ),
+        ] {
+            kiln_agent::encode_value(&mut encoder, name, help, kind, value)?;
+        }
+        Ok(())
     }
-    text
+}
+
+/// The agent's `/metrics`: the collector's counters and the queue's, through one registry.
+fn metrics_registry(
+    stats: Arc<kiln_agent::AgentStats>,
+    queue: Arc<Queue>,
+) -> prometheus_client::registry::Registry {
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(stats));
+    registry.register_collector(Box::new(QueueMetrics(queue)));
+    registry
 }
 
 /// Where reports go, and in what protocol.
@@ -405,12 +425,29 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(&args.metrics_listen)
             .await
             .with_context(|| format!("cannot listen on {} for /metrics", args.metrics_listen))?;
-        let (stats, queue) = (stats.clone(), queue.clone());
+        let registry = Arc::new(metrics_registry(stats.clone(), queue.clone()));
         let app = axum::Router::new().route(
             "/metrics",
             axum::routing::get(move || {
-                let text = metrics_text(&stats, &queue);
-                async move { ([("content-type", "text/plain; version=0.0.4")], text) }
+                let mut text = String::new();
+                let encoded = prometheus_client::encoding::text::encode(&mut text, &registry);
+                async move {
+                    match encoded {
+                        Ok(()) => (
+                            axum::http::StatusCode::OK,
+                            [(
+                                "content-type",
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
+                            text,
+                        ),
+                        Err(err) => (
+                            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                            [("content-type", "text/plain; charset=utf-8")],
+                            format!("failed to encode metrics: {err}\n"),
+                        ),
+                    }
+                }
             }),
         );
         tokio::spawn(async move {

@@ -260,7 +260,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     allocator::disable_transparent_huge_pages();
-    kiln_model::priority::set_memory_release(allocator::release_memory);
+    kiln_runtime::priority::set_memory_release(allocator::release_memory);
     if matches!(
         cli.command,
         Command::Server(_) | Command::Scrape(_) | Command::Agent(_)

@@ -37,7 +37,7 @@ struct ScrapeFile {
 pub async fn run(args: ScrapeArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.config)
         .with_context(|| format!("cannot read {}", args.config.display()))?;
-    let file: ScrapeFile = serde_yaml::from_str(&text)
+    let file: ScrapeFile = yaml_serde::from_str(&text)
         .with_context(|| format!("invalid config {}", args.config.display()))?;
     if file.scrape_configs.is_empty() {
         anyhow::bail!("{} has no scrape_configs", args.config.display());

@@ -8,6 +8,7 @@ use std::process::Command;
 /// one layer are independent of each other (storage and metastore, for one).
 const LAYERS: &[(&str, u32)] = &[
     ("kiln-model", 0),
+    ("kiln-runtime", 0),
     ("kiln-testkit", 0),
     ("kiln-storage", 1),
     ("kiln-metastore", 1),
@@ -244,4 +245,28 @@ fn no_crate_has_files_that_import_each_other_in_a_cycle() {
             assert!(!uses.iter().any(|u| u == "routes"), "{module} uses routes");
         }
     }
+}
+
+/// Every `/metrics` line comes from prometheus-client (custom collectors where the values
+/// live elsewhere), which escapes label values by the exposition's rules; the one
+/// exception is the recording rules' values, which carry their own sample times.
+#[test]
+fn no_exposition_is_written_by_hand() {
+    let crates = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut found = Vec::new();
+    for (krate, _) in LAYERS {
+        for file in module_files(&crates.join(krate).join("src")) {
+            let text = std::fs::read_to_string(&file).expect("source");
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            if code.contains("# TYPE ") || code.contains("# HELP ") {
+                found.push(file.display().to_string());
+            }
+        }
+    }
+    let allowed = ["kiln-rules/src/export.rs"];
+    found.retain(|file| !allowed.iter().any(|allowed| file.ends_with(allowed)));
+    assert!(
+        found.is_empty(),
+        "Prometheus text written by hand in {found:#?}"
+    );
 }

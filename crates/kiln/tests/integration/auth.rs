@@ -35,7 +35,7 @@ tenants:
         sha256_hex(READER_A),
         sha256_hex(OPS_B)
     );
-    serde_yaml::from_str(&yaml).expect("auth config")
+    yaml_serde::from_str(&yaml).expect("auth config")
 }
 
 pub fn bearer(token: &str) -> String {
@@ -443,8 +443,8 @@ fn the_cli_sends_its_token_from_a_file_or_the_environment() {
     let token = lines.next().expect("token").to_string();
     assert!(token.len() >= 5 + 22, "at least 128 bits: {token}");
     let line = lines.last().expect("config line");
-    let entry: serde_yaml::Value =
-        serde_yaml::from_str(line.trim_start_matches("- ")).expect("yaml");
+    let entry: yaml_serde::Value =
+        yaml_serde::from_str(line.trim_start_matches("- ")).expect("yaml");
     assert_eq!(entry["sha256"].as_str(), Some(sha256_hex(&token).as_str()));
     assert_eq!(entry["name"].as_str(), Some("ci"));
     let again = run_kiln([

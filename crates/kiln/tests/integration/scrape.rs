@@ -26,7 +26,7 @@ pub(crate) const MEMORY_ONLY: &str = "  profiling_config:
 ";
 
 pub(crate) fn scrape_configs(yaml: &str) -> Vec<kiln_scrape::ScrapeConfig> {
-    serde_yaml::from_str(yaml).expect("scrape config parses")
+    yaml_serde::from_str(yaml).expect("scrape config parses")
 }
 
 pub(crate) fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
