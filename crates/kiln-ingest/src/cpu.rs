@@ -30,7 +30,11 @@ static PARSE_PERMITS: LazyLock<Semaphore> =
 static WAITING: AtomicUsize = AtomicUsize::new(0);
 /// Recent parse time, in nanoseconds (an exponentially weighted mean, weight 1/16).
 static PARSE_NANOS: AtomicU64 = AtomicU64::new(1_000_000);
-static MAX_WAIT_MS: AtomicU64 = AtomicU64::new(1_000);
+/// `http.max_parse_wait_ms` when the configuration does not say: a second keeps the p99
+/// of accepted writes under 2 s at 10x overload (docs/benchmarks.md, "Goodput under
+/// overload").
+pub const DEFAULT_MAX_WAIT_MS: u64 = 1_000;
+static MAX_WAIT_MS: AtomicU64 = AtomicU64::new(DEFAULT_MAX_WAIT_MS);
 
 /// The longest a request may wait for a core (`http.max_parse_wait_ms`).
 pub fn set_max_wait(wait: Duration) {

@@ -179,10 +179,6 @@ impl Root {
         let _ = self.fanout.set(fanout);
     }
 
-    pub fn querier(&self) -> &Querier {
-        &self.querier
-    }
-
     /// The merged flame tree of the request's one profile type, cut to `max_nodes` (0
     /// keeps every node). The call site, when given, was applied to the samples, so the
     /// tree holds that subtree at full resolution under its call-site path. Split over
@@ -196,11 +192,6 @@ impl Root {
         let mut tree = self.tree(request).await?;
         tree.compute_totals();
         Ok(crate::merge::cut(tree, max_nodes))
-    }
-
-    /// The merged pprof of the request's profile type, never truncated.
-    pub async fn merged_profile(&self, request: &SelectRequest) -> Result<Profile, QueryError> {
-        self.profile(request).await
     }
 
     /// Sums (or averages) the matching profiles per series and step, split over the
@@ -242,10 +233,10 @@ impl Root {
         Ok(merged)
     }
 
-    /// The request's merged pprof, split over the peers when it is large enough; else merged
-    /// here. Parts are merged as pprof, symbols re-interned: a stack is the same stack
-    /// whichever node read it.
-    async fn profile(&self, request: &SelectRequest) -> Result<Profile, QueryError> {
+    /// The merged pprof of the request's profile type, never truncated: split over the
+    /// peers when it is large enough, else merged here. Parts are merged as pprof, symbols
+    /// re-interned: a stack is the same stack whichever node read it.
+    pub async fn merged_profile(&self, request: &SelectRequest) -> Result<Profile, QueryError> {
         let type_id = crate::merge::exact_type(request)?.to_string();
         let parts = self
             .split(

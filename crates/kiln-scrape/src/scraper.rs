@@ -153,38 +153,50 @@ impl prometheus_client::collector::Collector for Targets {
                 ("kind", target.kind.clone()),
             ]
         };
-        let mut up = encoder.encode_descriptor(
-            "kiln_scrape_target_up",
-            "Whether the last scrape of a target succeeded.",
-            None,
-            MetricType::Gauge,
-        )?;
-        for target in &active {
-            ConstGauge::new(i64::from(target.health == "up"))
-                .encode(up.encode_family(&labels(target))?)?;
-        }
-        let mut duration = encoder.encode_descriptor(
-            "kiln_scrape_duration_seconds",
-            "Duration of the last scrape of a target.",
-            None,
-            MetricType::Gauge,
-        )?;
-        for target in &active {
-            ConstGauge::new(target.last_scrape_duration.as_secs_f64())
-                .encode(duration.encode_family(&labels(target))?)?;
-        }
-        let mut failures = encoder.encode_descriptor(
-            "kiln_scrape_failures",
-            "Failed scrapes of a target.",
-            None,
-            MetricType::Counter,
-        )?;
-        for target in &active {
-            ConstCounter::new(target.failures).encode(failures.encode_family(&labels(target))?)?;
+        let families: [MetricFamily; 3] = [
+            (
+                "kiln_scrape_target_up",
+                "Whether the last scrape of a target succeeded.",
+                MetricType::Gauge,
+                |t| f64::from(u8::from(t.health == "up")),
+            ),
+            (
+                "kiln_scrape_duration_seconds",
+                "Duration of the last scrape of a target.",
+                MetricType::Gauge,
+                |t| t.last_scrape_duration.as_secs_f64(),
+            ),
+            (
+                "kiln_scrape_failures",
+                "Failed scrapes of a target.",
+                MetricType::Counter,
+                |t| t.failures as f64,
+            ),
+        ];
+        for (name, help, kind, value) in families {
+            let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+            for target in &active {
+                let labels = labels(target);
+                let metric = family.encode_family(&labels)?;
+                match kind {
+                    MetricType::Counter => {
+                        ConstCounter::new(value(target) as u64).encode(metric)?
+                    }
+                    _ => ConstGauge::new(value(target)).encode(metric)?,
+                }
+            }
         }
         Ok(())
     }
 }
+
+/// A per-target family: name, help, type and the value read from a target's health.
+type MetricFamily = (
+    &'static str,
+    &'static str,
+    MetricType,
+    fn(&TargetHealth) -> f64,
+);
 
 impl std::fmt::Debug for Targets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

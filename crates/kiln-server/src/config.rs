@@ -171,7 +171,7 @@ impl Default for HttpConfig {
             body_idle_timeout_ms: 10_000,
             max_connections: 4096,
             max_inflight_bytes: 64 << 20,
-            max_parse_wait_ms: 1_000,
+            max_parse_wait_ms: kiln_ingest::cpu::DEFAULT_MAX_WAIT_MS,
         }
     }
 }
