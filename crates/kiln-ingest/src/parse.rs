@@ -237,7 +237,7 @@ pub fn from_pprof(
     let time_nanos = context
         .time_nanos
         .or((profile.time_nanos > 0).then_some(profile.time_nanos))
-        .unwrap_or(now);
+        .unwrap_or_else(kiln_model::time::arrival_nanos);
     if limits.retention_days > 0 {
         let retention_nanos = i64::from(limits.retention_days) * 86_400 * 1_000_000_000;
         if time_nanos < now.saturating_sub(retention_nanos) {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use kiln_model::labels::{client_labels, sanitize_label_name, ClientLabels, SERVICE_NAME};
 use kiln_model::profile_type::{default_legacy_type, split_legacy_name, SuffixType};
-use kiln_model::time::{now_nanos, parse_epoch_nanos};
+use kiln_model::time::{arrival_nanos, parse_epoch_nanos};
 use kiln_model::{folded, jfr, perf_script, speedscope};
 
 use crate::parse::{from_pprof, from_pprof_bytes, ProfileContext};
@@ -174,7 +174,7 @@ pub async fn prepare_ingest(
         warnings,
         // Without `from` a profile is stamped with its arrival, as Pyroscope does; the
         // pprof's own time_nanos may be from whenever the file was recorded.
-        time_nanos: Some(from.unwrap_or_else(now_nanos)),
+        time_nanos: Some(from.unwrap_or_else(arrival_nanos)),
         duration_nanos: match (from, until) {
             (Some(from), Some(until)) if until >= from => Some(until - from),
             _ => None,

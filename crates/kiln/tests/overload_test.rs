@@ -267,6 +267,30 @@ fn four_times_capacity_for_a_minute_gets_200_or_429_and_loses_nothing() {
     ));
     assert_eq!(status, 200, "{text}");
     let stored = ticks(&serde_json::from_str(&text).expect("json"));
-    assert_eq!(stored, (accepted + ok) as i64 * per_profile);
+    let expected = (accepted + ok) as i64 * per_profile;
+    if stored != expected {
+        // Tells a late write from a lost one, and a retry mistaken for one.
+        std::thread::sleep(Duration::from_secs(3));
+        let (_, later) = TestServer::at(&base).get(&format!(
+            "/pyroscope/render?query={query}&from=0&until=now%2B1h"
+        ));
+        let later = ticks(&serde_json::from_str(&later).expect("json"));
+        let (_, metrics) = TestServer::at(&base).get("/metrics");
+        let counters: Vec<&str> = metrics
+            .lines()
+            .filter(|l| {
+                !l.starts_with('#')
+                    && ["duplicates", "failed", "error", "flushes", "wal", "compact"]
+                        .iter()
+                        .any(|w| l.contains(w))
+            })
+            .collect();
+        panic!(
+            "stored {stored}, expected {expected} ({} profiles of {per_profile} each short); \
+             3 s later {later}; counters:\n{}",
+            (expected - stored) as f64 / per_profile as f64,
+            counters.join("\n")
+        );
+    }
     drop(runtime);
 }
