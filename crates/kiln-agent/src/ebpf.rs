@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, StackTraceMap};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf, StackTraceMap};
 use aya::programs::{PerfEvent, RawTracePoint};
 
 use crate::procs::Instance;
@@ -71,6 +71,11 @@ pub struct Ebpf {
     stacks: [StackTraceMap<MapData>; 2],
     /// pid → instance, as in `fp_processes`.
     tracked: HashMap<u32, Instance>,
+    /// Processes whose interpreter stacks the program reads (interp/), by pid.
+    interp_procs: BpfHashMap<MapData, u32, crate::interp::python::ProcLayout>,
+    interpreted: HashMap<u32, Instance>,
+    /// The interpreter stacks it read, until [`Ebpf::take_interp_events`].
+    interp_events: Option<RingBuf<MapData>>,
 }
 
 impl Ebpf {
@@ -113,6 +118,8 @@ impl Ebpf {
             StackTraceMap::try_from(take("stacks_0")?)?,
             StackTraceMap::try_from(take("stacks_1")?)?,
         ];
+        let interp_procs = BpfHashMap::try_from(take("interp_procs")?)?;
+        let interp_events = Some(RingBuf::try_from(take("interp_events")?)?);
         Ok(Ebpf {
             _bpf: bpf,
             program,
@@ -122,6 +129,9 @@ impl Ebpf {
             counts,
             stacks,
             tracked: HashMap::new(),
+            interp_procs,
+            interpreted: HashMap::new(),
+            interp_events,
         })
     }
 
@@ -146,6 +156,28 @@ impl Ebpf {
             self.tracked.remove(&pid);
             let _ = self.fp_processes.remove(&pid);
         }
+        if self.interpreted.get(&pid) == Some(&instance) {
+            self.interpreted.remove(&pid);
+            let _ = self.interp_procs.remove(&pid);
+        }
+    }
+
+    /// Reads this process's interpreter stacks at its samples from now on.
+    pub fn interpret(
+        &mut self,
+        pid: u32,
+        instance: Instance,
+        layout: &crate::interp::python::ProcLayout,
+    ) -> Result<(), EbpfError> {
+        self.interp_procs.insert(pid, *layout, 0)?;
+        self.interpreted.insert(pid, instance);
+        Ok(())
+    }
+
+    /// The ring the program writes interpreter stacks to, for the thread that reads the
+    /// perf rings; `None` after the first call.
+    pub fn take_interp_events(&mut self) -> Option<InterpEvents> {
+        self.interp_events.take().map(InterpEvents)
     }
 
     /// The counts since the last call, by instance and stack; the maps they were read from
@@ -217,4 +249,20 @@ pub fn attach(event: BorrowedFd<'_>, program: BorrowedFd<'_>) -> std::io::Result
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The ring of interpreter stacks (interp/), read with the perf rings.
+pub struct InterpEvents(RingBuf<MapData>);
+
+impl InterpEvents {
+    /// Every event written since the last call, with its time.
+    pub fn drain(&mut self) -> Vec<(u64, crate::perf::Record)> {
+        let mut out = Vec::new();
+        while let Some(item) = self.0.next() {
+            if let Some(event) = crate::interp::Event::parse(&item) {
+                out.push((event.time, crate::perf::Record::Interpreted(event)));
+            }
+        }
+        out
+    }
 }

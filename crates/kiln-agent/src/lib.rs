@@ -23,6 +23,7 @@
 //! server.
 
 pub mod ebpf;
+pub mod interp;
 pub mod perf;
 pub mod procs;
 pub mod report;
@@ -129,6 +130,9 @@ pub struct AgentStats {
     pub cache_evictions: AtomicU64,
     /// Per binary: how its user stacks were walked, stacks sampled and stacks cut short.
     pub binaries: std::sync::Mutex<HashMap<String, BinaryStats>>,
+    /// Per binary, runtime and outcome: samples of interpreters, and whether their
+    /// interpreted frames were named (interp/).
+    pub interpreters: interp::Outcomes,
 }
 
 /// What the agent knows of one binary's stacks.
@@ -215,6 +219,26 @@ impl prometheus_client::collector::Collector for AgentStats {
             ConstCounter::new(binaries[*name].truncated)
                 .encode(truncated.encode_family(&labels)?)?;
         }
+        drop(binaries);
+        let Ok(outcomes) = self.interpreters.lock() else {
+            return Ok(());
+        };
+        let mut keys: Vec<&(String, &'static str, String)> = outcomes.keys().collect();
+        keys.sort();
+        let mut family = encoder.encode_descriptor(
+            "kiln_agent_interpreter_stacks",
+            "Samples of interpreters (Python), per binary, by outcome: named, or why the stack kept native frames only",
+            None,
+            MetricType::Counter,
+        )?;
+        for key in keys {
+            let labels = [
+                ("binary", key.0.as_str()),
+                ("runtime", key.1),
+                ("outcome", key.2.as_str()),
+            ];
+            ConstCounter::new(outcomes[key]).encode(family.encode_family(&labels)?)?;
+        }
         Ok(())
     }
 }
@@ -253,6 +277,8 @@ pub struct Collector {
     symbols: Symbols,
     unwinding: unwind::Unwinding,
     ebpf: Option<ebpf::Ebpf>,
+    /// Interpreters found, and their stacks read in the kernel (interp/).
+    interp: interp::Interpreters,
     host: HostInfo,
     stats: Arc<AgentStats>,
     interval_start: i64,
@@ -298,6 +324,7 @@ impl Collector {
             unwinding: unwind::Unwinding::new(config.memory_limit / 8, max_stack),
             symbols: Symbols::new(config.memory_limit as u64 / 8),
             ebpf,
+            interp: interp::Interpreters::default(),
             config,
             cpus: events.cpus(),
             events: Some(events),
@@ -321,9 +348,13 @@ impl Collector {
         self.cpus
     }
 
-    /// Takes in records read from the rings.
+    /// Takes in records read from the rings: interpreter stacks first, since each is
+    /// stamped just after its sample (interp/).
     fn records(&mut self, batch: Vec<Record>) {
-        for record in batch {
+        let (interpreted, records): (Vec<Record>, Vec<Record>) = batch
+            .into_iter()
+            .partition(|record| matches!(record, Record::Interpreted(_)));
+        for record in interpreted.into_iter().chain(records) {
             self.record(record);
         }
         self.stats
@@ -335,12 +366,13 @@ impl Collector {
         match record {
             Record::Sample {
                 pid,
+                tid,
                 kernel,
                 user,
                 depth,
                 regs,
                 stack,
-                ..
+                time,
             } => {
                 if pid == 0 {
                     return; // the idle task
@@ -355,6 +387,13 @@ impl Collector {
                 });
                 let walked = match self.table.instance(instance) {
                     Some(process) => {
+                        if let Some(bpf) = &mut self.ebpf {
+                            if let interp::Found::Register(layout) = self.interp.examine(process) {
+                                if let Err(err) = bpf.interpret(pid, instance, layout) {
+                                    tracing::debug!(pid, error = %err, "cannot read this interpreter's stacks");
+                                }
+                            }
+                        }
                         self.unwinding
                             .walk(process, user, depth >= self.max_stack, context)
                     }
@@ -367,18 +406,29 @@ impl Collector {
                 if !walked.user.is_empty() {
                     self.count_stacks(instance, walked.method, 1, u64::from(walked.truncated));
                 }
+                let (user, outcome) = self.interp.join(instance, tid, time, walked.user);
+                if let Some((runtime, outcome)) = outcome {
+                    interp::count(
+                        &self.stats.interpreters,
+                        self.binary_name(instance),
+                        runtime,
+                        outcome,
+                    );
+                }
                 // Only user-mode samples: a kernel thread has no user stack to count.
                 if walked.method == unwind::Method::FramePointer && regs.is_some() {
                     if let Some(bpf) = &mut self.ebpf {
                         bpf.track(pid, instance);
                     }
                 }
-                for address in &walked.user {
-                    self.table.pin(instance, *address);
+                for address in &user {
+                    if address & interp::INTERPRETED == 0 {
+                        self.table.pin(instance, *address);
+                    }
                 }
                 let stack = Stack {
                     kernel: kernel.into_boxed_slice(),
-                    user: walked.user.into_boxed_slice(),
+                    user: user.into_boxed_slice(),
                 };
                 self.add_stack(instance, stack, 1);
             }
@@ -415,6 +465,7 @@ impl Collector {
             Record::Lost(count) => {
                 self.stats.lost.fetch_add(count, Ordering::Relaxed);
             }
+            Record::Interpreted(event) => self.interp.event(event),
         }
     }
 
@@ -427,6 +478,14 @@ impl Collector {
             .or_default() += count;
     }
 
+    fn binary_name(&self, instance: Instance) -> &str {
+        self.table
+            .instance(instance)
+            .map(|process| process.exe.as_str())
+            .filter(|exe| !exe.is_empty())
+            .unwrap_or("unknown")
+    }
+
     fn count_stacks(
         &self,
         instance: Instance,
@@ -434,12 +493,7 @@ impl Collector {
         stacks: u64,
         truncated: u64,
     ) {
-        let binary = self
-            .table
-            .instance(instance)
-            .map(|process| process.exe.as_str())
-            .filter(|exe| !exe.is_empty())
-            .unwrap_or("unknown");
+        let binary = self.binary_name(instance);
         if let Ok(mut binaries) = self.stats.binaries.lock() {
             let key = if binaries.len() < MAX_BINARIES || binaries.contains_key(binary) {
                 binary.to_string()
@@ -487,7 +541,7 @@ impl Collector {
         let kernel = report::resolve_kernel(&self.symbols, &stacks);
         let period =
             1_000_000_000 / i64::try_from(self.config.frequency.clamp(1, 1000)).unwrap_or(19);
-        let writer = ProfileWriter::new(&self.symbols, &kernel, period);
+        let writer = ProfileWriter::new(&self.symbols, &kernel, &self.interp.frames, period);
         // One series per label set: processes that relabeling left alike (a `labeldrop` of
         // `pid`, say) are one service's, and go out as one profile.
         let mut series: HashMap<Vec<(String, String)>, Vec<ProcessStacks<'_>>> = HashMap::new();
@@ -522,6 +576,10 @@ impl Collector {
         let table = &self.table;
         self.unwinding
             .retain(|instance| table.instance(instance).is_some());
+        self.interp.retain(
+            |instance| table.instance(instance).is_some(),
+            self.config.memory_limit / 16,
+        );
         self.keep_within_budget();
         self.stats
             .reports
@@ -546,7 +604,9 @@ impl Collector {
             .cache_evictions
             .fetch_add(evicted, Ordering::Relaxed);
         self.stats.cache_bytes.store(
-            self.symbols.held_bytes() + self.unwinding.binaries.bytes() as u64,
+            self.symbols.held_bytes()
+                + self.unwinding.binaries.bytes() as u64
+                + self.interp.bytes() as u64,
             Ordering::Relaxed,
         );
     }
@@ -593,8 +653,9 @@ impl Collector {
             return;
         };
         let (batches, received) = std::sync::mpsc::sync_channel::<Vec<Record>>(READ_AHEAD);
+        let mut interp_events = self.ebpf.as_mut().and_then(ebpf::Ebpf::take_interp_events);
         std::thread::scope(|scope| {
-            scope.spawn(move || read_rings(&mut events, stop, batches));
+            scope.spawn(move || read_rings(&mut events, interp_events.as_mut(), stop, batches));
             let mut next_report = Instant::now() + first_report_after(self.config.interval);
             loop {
                 let wait = next_report.saturating_duration_since(Instant::now());
@@ -638,13 +699,20 @@ pub const READ_AHEAD: usize = 16;
 /// that came online every 10 s. Ends when `stop` is set, after a last drain.
 fn read_rings(
     events: &mut PerfEvents,
+    mut interp_events: Option<&mut ebpf::InterpEvents>,
     stop: &AtomicBool,
     batches: std::sync::mpsc::SyncSender<Vec<Record>>,
 ) {
     let mut next_cpu_check = Instant::now() + Duration::from_secs(10);
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
-        let batch = events.drain();
+        // The interpreter stacks first: each was written before its sample, so every
+        // sample drained next finds its stack already read.
+        let interpreted = interp_events
+            .as_mut()
+            .map(|ring| ring.drain())
+            .unwrap_or_default();
+        let batch = events.drain_with(interpreted);
         if !batch.is_empty() && batches.send(batch).is_err() {
             return;
         }
@@ -657,7 +725,8 @@ fn read_rings(
             }
         }
     }
-    let _ = batches.send(events.drain());
+    let interpreted = interp_events.map(|ring| ring.drain()).unwrap_or_default();
+    let _ = batches.send(events.drain_with(interpreted));
 }
 
 /// When the first report is due: between half an interval and a whole one, at a phase

@@ -65,7 +65,12 @@ pub enum Record {
         regs: Option<[u64; 3]>,
         /// The copy of the user stack from `sp` up, as much as the kernel could copy.
         stack: Box<[u8]>,
+        /// When it was taken, on `CLOCK_MONOTONIC`: the clock of the BPF program's
+        /// interpreter stacks, which are joined to their samples by thread and time.
+        time: u64,
     },
+    /// An interpreter's stack, read by the BPF program at a sample (interp/).
+    Interpreted(crate::interp::Event),
     /// An executable mapping appeared.
     Mmap {
         pid: u32,
@@ -228,6 +233,10 @@ impl PerfEvents {
         // can be put back in order: a child's FORK on one CPU must come before its exec's
         // COMM and MMAP2 on another, or the new program would look like its parent.
         attr.set_sample_id_all(1);
+        // The clock `bpf_ktime_get_ns` reads, so a sample and the interpreter stack read
+        // for it compare.
+        attr.set_use_clockid(1);
+        attr.clockid = libc::CLOCK_MONOTONIC;
         // SAFETY: `attr` is a valid, initialised perf_event_attr of the size it declares.
         let fd = unsafe {
             sys::perf_event_open(&mut attr, -1, cpu as i32, -1, b::PERF_FLAG_FD_CLOEXEC as _)
@@ -294,7 +303,11 @@ impl PerfEvents {
 
     /// Reads every record waiting in every ring, in the order they happened.
     pub fn drain(&mut self) -> Vec<Record> {
-        let mut records: Vec<(u64, Record)> = Vec::new();
+        self.drain_with(Vec::new())
+    }
+
+    /// [`PerfEvents::drain`], with records read elsewhere put in time order among them.
+    pub fn drain_with(&mut self, mut records: Vec<(u64, Record)>) -> Vec<Record> {
         for ring in &mut self.rings {
             drain_ring(ring, &mut self.scratch, &mut |time, record| {
                 records.push((time, record))
@@ -446,7 +459,7 @@ pub fn parse_record(bytes: &[u8]) -> Option<Record> {
             let _ip = cursor.u64()?;
             let pid = cursor.u32()?;
             let tid = cursor.u32()?;
-            let _time = cursor.u64()?;
+            let time = cursor.u64()?;
             let _period = cursor.u64()?;
             let count = usize::try_from(cursor.u64()?).ok()?;
             if count > 4096 {
@@ -479,6 +492,7 @@ pub fn parse_record(bytes: &[u8]) -> Option<Record> {
                 depth: count,
                 regs,
                 stack,
+                time,
             })
         }
         b::PERF_RECORD_MMAP | b::PERF_RECORD_MMAP2 => {
@@ -581,6 +595,7 @@ mod tests {
                 depth: 6,
                 regs: None,
                 stack: Box::default(),
+                time: 1,
             }
         );
         // With it: registers BP, SP, IP in perf_regs order, 16 bytes of stack of which the

@@ -298,6 +298,8 @@ impl HostInfo {
 pub struct ProfileWriter<'a> {
     symbols: &'a Symbols,
     kernel: &'a HashMap<u64, Resolved>,
+    /// What the interpreted frames of user stacks are (crate::interp).
+    interpreted: &'a crate::interp::Frames,
     period_nanos: i64,
 }
 
@@ -334,11 +336,13 @@ impl<'a> ProfileWriter<'a> {
     pub fn new(
         symbols: &'a Symbols,
         kernel: &'a HashMap<u64, Resolved>,
+        interpreted: &'a crate::interp::Frames,
         period_nanos: i64,
     ) -> Self {
         ProfileWriter {
             symbols,
             kernel,
+            interpreted,
             period_nanos,
         }
     }
@@ -395,8 +399,9 @@ impl<'a> ProfileWriter<'a> {
             }
         };
         let mut by_mapping: HashMap<usize, Vec<u64>> = HashMap::new();
+        let native = |address: &u64| address & crate::interp::INTERPRETED == 0;
         for stack in counts.keys() {
-            for (depth, address) in stack.user.iter().enumerate() {
+            for (depth, address) in stack.user.iter().enumerate().filter(|(_, a)| native(a)) {
                 let address = lookup(depth, *address);
                 if let Some(index) = mapping_index(process, address) {
                     by_mapping.entry(index).or_default().push(address);
@@ -420,7 +425,7 @@ impl<'a> ProfileWriter<'a> {
 
         // Addresses outside any file: JIT code, named by the runtime's perf map if any.
         let jitted = counts.keys().any(|stack| {
-            stack.user.iter().any(|address| {
+            stack.user.iter().filter(|a| native(a)).any(|address| {
                 mapping_index(process, *address).is_none_or(|i| !process.mappings[i].is_file())
             })
         });
@@ -451,6 +456,10 @@ impl<'a> ProfileWriter<'a> {
                 ids.push(out.kernel_location(*address, &frames));
             }
             for (depth, address) in stack.user.iter().enumerate() {
+                if let Some(frames) = self.interpreted.get(*address) {
+                    ids.push(out.interpreted_location(*address, frames));
+                    continue;
+                }
                 let at = lookup(depth, *address);
                 let mapping = mapping_index(process, at).map(|i| &process.mappings[i]);
                 let frames = resolved.get(&at).cloned().unwrap_or_default();
@@ -531,7 +540,23 @@ impl Out {
     }
 
     fn location(&mut self, address: u64, mapping_id: u64, frames: &[(String, String, i64)]) -> u32 {
-        if let Some(id) = self.locations.get(&(mapping_id, address)) {
+        self.location_keyed((mapping_id, address), mapping_id, address, frames)
+    }
+
+    /// An interpreted frame: a function with its file and line, at no address in any
+    /// mapping (the tag only tells frames apart).
+    fn interpreted_location(&mut self, tag: u64, frames: &[(String, String, i64)]) -> u32 {
+        self.location_keyed((u64::MAX, tag), 0, 0, frames)
+    }
+
+    fn location_keyed(
+        &mut self,
+        key: (u64, u64),
+        mapping_id: u64,
+        address: u64,
+        frames: &[(String, String, i64)],
+    ) -> u32 {
+        if let Some(id) = self.locations.get(&key) {
             return *id;
         }
         let lines = frames
@@ -548,7 +573,7 @@ impl Out {
             line: lines,
             ..Default::default()
         });
-        self.locations.insert((mapping_id, address), id);
+        self.locations.insert(key, id);
         id
     }
 

@@ -316,6 +316,7 @@ fn print_status(metrics_listen: &str) -> anyhow::Result<()> {
         .into_string()?;
     let mut rows: std::collections::BTreeMap<String, (String, f64, f64)> = Default::default();
     let mut totals = Vec::new();
+    let mut interpreted: Vec<(String, String, String, f64)> = Vec::new();
     for line in text.lines().filter(|line| !line.starts_with('#')) {
         let Some((series, value)) = line.rsplit_once(' ') else {
             continue;
@@ -336,6 +337,12 @@ fn print_status(metrics_listen: &str) -> anyhow::Result<()> {
             if let Some(binary) = label("binary") {
                 rows.entry(binary).or_default().2 = value;
             }
+        } else if series.starts_with("kiln_agent_interpreter_stacks_total{") {
+            if let (Some(binary), Some(runtime), Some(outcome)) =
+                (label("binary"), label("runtime"), label("outcome"))
+            {
+                interpreted.push((binary, runtime, outcome, value));
+            }
         } else if !series.contains('{') {
             totals.push((series.trim_start_matches("kiln_agent_").to_string(), value));
         }
@@ -350,6 +357,18 @@ fn print_status(metrics_listen: &str) -> anyhow::Result<()> {
     );
     for (binary, (method, stacks, truncated)) in rows {
         println!("{method:<14} {stacks:>10} {truncated:>10}  {binary}");
+    }
+    if !interpreted.is_empty() {
+        // Whether each interpreter's own functions were named, and if not, why.
+        println!();
+        println!(
+            "{:<8} {:>10}  {:<32} binary",
+            "runtime", "stacks", "outcome"
+        );
+        interpreted.sort_by(|a, b| (&a.0, &a.2).cmp(&(&b.0, &b.2)));
+        for (binary, runtime, outcome, stacks) in interpreted {
+            println!("{runtime:<8} {stacks:>10}  {outcome:<32} {binary}");
+        }
     }
     Ok(())
 }

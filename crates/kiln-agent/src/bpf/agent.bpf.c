@@ -32,6 +32,14 @@ static long (*bpf_map_update_elem)(void *map, const void *key, const void *value
 static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)3;
 static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;
 static long (*bpf_get_stackid)(void *ctx, void *map, __u64 flags) = (void *)27;
+static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;
+static long (*bpf_probe_read_user)(void *dst, __u32 size, const void *src) = (void *)112;
+static void *(*bpf_ringbuf_reserve)(void *ringbuf, __u64 size, __u64 flags) = (void *)131;
+static void (*bpf_ringbuf_submit)(void *data, __u64 flags) = (void *)132;
+static long (*bpf_loop)(__u32 nr_loops, void *callback_fn, void *callback_ctx,
+                        __u64 flags) = (void *)181;
+
+#include "interp.bpf.h"
 
 #define MAX_DEPTH 127
 #define MAX_STACKS 4096
@@ -73,9 +81,14 @@ struct {
 SEC("perf_event")
 int kiln_sample(struct bpf_perf_event_data *ctx)
 {
-    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    __u64 pid_tgid = bpf_get_current_pid_tgid();
+    __u32 tgid = pid_tgid >> 32;
     if (tgid == 0)
         return 0; // the idle task: the agent ignores it
+    // An interpreter's sample needs its native stack unwound with the interpreter frames
+    // read here: it goes to the ring, never counted here.
+    if (interp_sample(tgid, (__u32)pid_tgid))
+        return 1;
     __u64 *instance = bpf_map_lookup_elem(&fp_processes, &tgid);
     if (!instance)
         return 1;
@@ -113,12 +126,13 @@ int kiln_sample(struct bpf_perf_event_data *ctx)
 }
 
 // A process that executes a new program is another program: its samples go to the ring
-// again until the agent has looked at the new one.
+// again, with no interpreter read, until the agent has looked at the new one.
 SEC("raw_tracepoint/sched_process_exec")
 int kiln_exec(void *ctx)
 {
     __u32 tgid = bpf_get_current_pid_tgid() >> 32;
     bpf_map_delete_elem(&fp_processes, &tgid);
+    bpf_map_delete_elem(&interp_procs, &tgid);
     return 0;
 }
 
@@ -131,6 +145,7 @@ int kiln_exit(void *ctx)
     if ((__u32)pid_tgid == (__u32)(pid_tgid >> 32)) {
         __u32 tgid = pid_tgid >> 32;
         bpf_map_delete_elem(&fp_processes, &tgid);
+        bpf_map_delete_elem(&interp_procs, &tgid);
     }
     return 0;
 }

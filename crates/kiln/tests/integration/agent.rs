@@ -62,7 +62,7 @@ fn split_and_root(server: &TestServer, service: &str, a: &str, b: &str, root: &s
 
 /// The agent pushing to `server` every second; `None` (after saying why) when perf events
 /// are not permitted here.
-fn start_agent(server: &TestServer) -> Option<AgentChild> {
+pub(crate) fn start_agent(server: &TestServer) -> Option<AgentChild> {
     start_agent_with(server, &[])
 }
 
@@ -114,9 +114,18 @@ fn functions(
     server: &TestServer,
     service: &str,
 ) -> (std::collections::HashMap<String, (i64, i64)>, i64) {
+    let tree = cpu_tree(server, &format!(r#"{{service_name="{service}"}}"#));
+    let functions = tree_functions(&tree);
+    // The total is every self value: the flat values of all functions.
+    let total = functions.values().map(|(flat, _)| flat).sum();
+    (functions, total)
+}
+
+/// The whole CPU flame graph of a selection, as tree bytes.
+pub(crate) fn cpu_tree(server: &TestServer, selector: &str) -> Vec<u8> {
     let request = kiln_query::api::SelectMergeStacktracesRequest {
         profile_type_id: CPU.into(),
-        label_selector: format!(r#"{{service_name="{service}"}}"#),
+        label_selector: selector.to_string(),
         start: 0,
         end: 0,
         max_nodes: Some(-1),
@@ -125,10 +134,7 @@ fn functions(
     };
     let response: kiln_query::api::SelectMergeStacktracesResponse =
         call(server, "SelectMergeStacktraces", &request, None);
-    let functions = tree_functions(&response.tree);
-    // The total is every self value: the flat values of all functions.
-    let total = functions.values().map(|(flat, _)| flat).sum();
-    (functions, total)
+    response.tree
 }
 
 /// Waits (up to 15 s) until a service's sampled CPU reaches `nanos`.
@@ -140,7 +146,7 @@ fn wait_for_cpu(server: &TestServer, service: &str, nanos: f64) {
 }
 
 /// The agent's /metrics, from the address it was started with.
-fn agent_metrics(agent: &AgentChild) -> String {
+pub(crate) fn agent_metrics(agent: &AgentChild) -> String {
     ureq::get(&format!("http://{}/metrics", agent.metrics))
         .call()
         .expect("the agent serves /metrics")

@@ -12,6 +12,7 @@ mod explore;
 mod formats;
 mod hygiene;
 mod insight;
+mod interpreters;
 mod limits;
 mod openapi;
 mod otlp;

@@ -1,0 +1,225 @@
+// SPDX-License-Identifier: Apache-2.0 OR GPL-2.0-only
+//
+// Interpreter stacks, read at the sample (crates/kiln-agent/src/interp/ explains the
+// design; agent.bpf.c includes this file).
+//
+// For a process in `interp_procs` (the agent put it there once it recognised the
+// runtime and found its layout), the sampled thread's interpreter frames are read here,
+// from the interpreter's own memory, at the moment of the sample: a later read from user
+// space would find the thread elsewhere. Each frame goes out as the runtime's code object
+// address and instruction pointer, with a fingerprint against an address reused by
+// another object; the agent names them. The event goes to `interp_events` with the time
+// and thread of the sample, and the sample itself to the perf ring as before: the agent
+// joins the two by thread and time, and puts the interpreter frames in place of the
+// interpreter's own native frames.
+//
+// The walk is a `bpf_loop` (Linux 5.17): a bounded loop this long, with a branch per
+// frame, is more than the verifier will follow.
+//
+// Nothing here writes to the program's memory, and every read may fail: a read that
+// fails ends the walk, with a status saying where, and the sample keeps its native stack.
+
+#define INTERP_MAX_FRAMES 128
+#define INTERP_MAX_THREADS 256
+
+#define RUNTIME_PYTHON 1
+
+// Statuses of an event.
+#define STATUS_OK 0
+#define STATUS_NO_THREAD 1    // the thread has no interpreter state (a native thread)
+#define STATUS_READ_FAILED 2  // a read of the interpreter's memory failed mid-walk
+#define STATUS_TRUNCATED 3    // more frames than INTERP_MAX_FRAMES
+
+// Frame flags.
+#define FRAME_ENTRY 1 // the outermost frame of one native call of the interpreter loop
+
+// How a frame marks the end of one native interpreter call.
+#define ENTRY_IS_ENTRY_BYTE 1 // CPython 3.11: a bool in the frame
+#define ENTRY_CSTACK_OWNER 2  // CPython 3.12+: a shim frame owned by the C stack follows
+#define ENTRY_EVERY_FRAME 3   // CPython up to 3.10: one native call per frame object
+
+#define OWNED_BY_CSTACK 3
+
+// The layout of one process's interpreter, filled by the agent (interp/python.rs).
+// Offsets are in bytes; a field of 0xffff is absent in that version.
+struct interp_proc {
+    __u64 runtime;              // address of _PyRuntime
+    __u32 kind;                 // RUNTIME_*
+    __u32 version;              // 0x030b for 3.11
+    __u16 runtime_interp_head;  // _PyRuntime.interpreters.head
+    __u16 interp_threads_head;  // PyInterpreterState.threads.head (tstate_head)
+    __u16 tstate_next;          // PyThreadState.next
+    __u16 tstate_thread_id;     // PyThreadState.native_thread_id
+    __u16 tstate_cframe;        // PyThreadState.cframe, or 0xffff: the frame is in tstate
+    __u16 current_frame;        // _PyCFrame.current_frame, or PyThreadState.current_frame
+    __u16 frame_code;           // _PyInterpreterFrame.f_code (f_executable)
+    __u16 frame_previous;       // _PyInterpreterFrame.previous
+    __u16 frame_instr;          // _PyInterpreterFrame.prev_instr (instr_ptr)
+    __u16 frame_entry;          // is_entry or owner
+    __u16 entry_kind;           // ENTRY_*
+    __u16 code_firstlineno;     // PyCodeObject.co_firstlineno
+};
+
+struct interp_frame {
+    __u64 code;
+    __u64 instr;
+    __u32 fingerprint;
+    __u32 flags;
+};
+
+struct interp_event {
+    __u32 pid;
+    __u32 tid;
+    __u64 time;
+    __u32 kind;
+    __u16 status;
+    __u16 count;
+    struct interp_frame frames[INTERP_MAX_FRAMES];
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 4096);
+    __type(key, __u32);
+    __type(value, struct interp_proc);
+} interp_procs SEC(".maps");
+
+// Where each thread's interpreter state was found: checked on every use, since a thread
+// id is reused and a state freed.
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u32);
+    __type(value, __u64);
+} interp_threads SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, 4 << 20);
+} interp_events SEC(".maps");
+
+static __u64 read_u64(__u64 address)
+{
+    __u64 value = 0;
+    if (bpf_probe_read_user(&value, sizeof(value), (const void *)address) != 0)
+        return 0;
+    return value;
+}
+
+// The interpreter state of thread `tid`, or 0 when it has none.
+static __u64 python_thread_state(const struct interp_proc *proc, __u32 tid)
+{
+    __u64 *cached = bpf_map_lookup_elem(&interp_threads, &tid);
+    if (cached && *cached && read_u64(*cached + proc->tstate_thread_id) == tid)
+        return *cached;
+    __u64 interp = read_u64(proc->runtime + proc->runtime_interp_head);
+    if (!interp)
+        return 0;
+    __u64 state = read_u64(interp + proc->interp_threads_head);
+    for (int i = 0; i < INTERP_MAX_THREADS && state; i++) {
+        if (read_u64(state + proc->tstate_thread_id) == tid) {
+            bpf_map_update_elem(&interp_threads, &tid, &state, BPF_ANY);
+            return state;
+        }
+        state = read_u64(state + proc->tstate_next);
+    }
+    return 0;
+}
+
+struct walk {
+    const struct interp_proc *proc;
+    struct interp_event *event;
+    __u64 frame;
+    __u32 count;
+};
+
+// One frame of the walk (a bpf_loop callback: the verifier checks it once, not once per
+// iteration, so the walk may be long). Returns 1 to stop.
+static long python_frame(__u64 index, struct walk *walk)
+{
+    const struct interp_proc *proc = walk->proc;
+    struct interp_event *event = walk->event;
+    __u64 frame = walk->frame;
+    if (!frame)
+        return 1;
+    __u8 entry = 0;
+    if (proc->entry_kind != ENTRY_EVERY_FRAME &&
+        bpf_probe_read_user(&entry, 1, (const void *)(frame + proc->frame_entry)) != 0) {
+        event->status = STATUS_READ_FAILED;
+        return 1;
+    }
+    __u32 count = walk->count;
+    if (proc->entry_kind == ENTRY_CSTACK_OWNER && entry == OWNED_BY_CSTACK) {
+        // A shim between two native calls of the loop: the frame before it was the first
+        // of its call.
+        if (count > 0 && count <= INTERP_MAX_FRAMES)
+            event->frames[count - 1].flags |= FRAME_ENTRY;
+    } else {
+        if (count >= INTERP_MAX_FRAMES) {
+            event->status = STATUS_TRUNCATED;
+            return 1;
+        }
+        struct interp_frame *out = &event->frames[count];
+        out->code = read_u64(frame + proc->frame_code);
+        out->instr = read_u64(frame + proc->frame_instr);
+        __u32 line = 0;
+        if (out->code)
+            bpf_probe_read_user(&line, sizeof(line),
+                                (const void *)(out->code + proc->code_firstlineno));
+        out->fingerprint = line;
+        out->flags = 0;
+        if (proc->entry_kind == ENTRY_EVERY_FRAME ||
+            (proc->entry_kind == ENTRY_IS_ENTRY_BYTE && entry))
+            out->flags = FRAME_ENTRY;
+        walk->count = count + 1;
+    }
+    __u64 previous = 0;
+    if (bpf_probe_read_user(&previous, sizeof(previous),
+                            (const void *)(frame + proc->frame_previous)) != 0) {
+        event->status = STATUS_READ_FAILED;
+        return 1;
+    }
+    walk->frame = previous;
+    return 0;
+}
+
+static void python_walk(const struct interp_proc *proc, struct interp_event *event, __u32 tid)
+{
+    __u64 state = python_thread_state(proc, tid);
+    if (!state) {
+        event->status = STATUS_NO_THREAD;
+        return;
+    }
+    struct walk walk = {.proc = proc, .event = event, .count = 0};
+    if (proc->tstate_cframe != 0xffff) {
+        __u64 cframe = read_u64(state + proc->tstate_cframe);
+        walk.frame = cframe ? read_u64(cframe + proc->current_frame) : 0;
+    } else {
+        walk.frame = read_u64(state + proc->current_frame);
+    }
+    // Shim frames take no slot, so up to twice as many frames are visited as kept.
+    bpf_loop(INTERP_MAX_FRAMES * 2, python_frame, &walk, 0);
+    event->count = walk.count;
+}
+
+// Reads the sampled thread's interpreter stack, if its process runs a known interpreter.
+// Returns whether it did: the sample then goes to the ring as well.
+static int interp_sample(__u32 tgid, __u32 tid)
+{
+    const struct interp_proc *proc = bpf_map_lookup_elem(&interp_procs, &tgid);
+    if (!proc)
+        return 0;
+    struct interp_event *event = bpf_ringbuf_reserve(&interp_events, sizeof(*event), 0);
+    if (!event)
+        return 1; // the ring is full: the sample keeps its native stack
+    event->pid = tgid;
+    event->tid = tid;
+    event->time = bpf_ktime_get_ns();
+    event->kind = proc->kind;
+    event->status = STATUS_OK;
+    event->count = 0;
+    if (proc->kind == RUNTIME_PYTHON)
+        python_walk(proc, event, tid);
+    bpf_ringbuf_submit(event, 0);
+    return 1;
+}

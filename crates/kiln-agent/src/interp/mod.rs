@@ -1,0 +1,480 @@
+//! Interpreted frames: the functions of a Python program, named with no change to it.
+//!
+//! A profile of an interpreter's process that shows only the interpreter's own C
+//! functions (`_PyEval_EvalFrameDefault` a thousand times) says nothing of the program.
+//! The program's frames live in the interpreter's memory, and they must be read at the
+//! moment of the sample: read later, from user space, they describe wherever the thread
+//! went since. So the BPF program (src/bpf/interp.bpf.h) reads them in the sample's own
+//! context, and sends each as a code object address and an instruction pointer through a
+//! BPF ring buffer, stamped with the thread and the time. The sample itself still goes to
+//! the perf ring with its stack copy, and its native stack is unwound as before.
+//!
+//! Here the two meet ([`Interpreters::join`]): by thread, and by time (the perf events
+//! run on `CLOCK_MONOTONIC`, as `bpf_ktime_get_ns` does; the BPF program runs just before
+//! the kernel writes the sample). Each native frame of the interpreter's loop is replaced
+//! by the interpreted frames it was running, innermost first, up to the frame that began
+//! that native call ([`merge`]), so a C extension sits under the Python function that
+//! called it and the interpreter's caller above the outermost one. Interpreted frames are
+//! named here, from user space, by reading the code object once (it outlives the
+//! sample); they go in the stack as tagged values ([`INTERPRETED`]) into [`Frames`], and
+//! the report writes them as functions with a file and a line, no mapping.
+//!
+//! A process whose interpreter is not known (another version, a build whose symbols are
+//! gone) keeps its native stacks, and the reason is counted per binary
+//! (`kiln_agent_interpreter_stacks_total`). So is every sample whose interpreter read
+//! failed or was not found.
+
+pub mod memory;
+pub mod python;
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+
+use crate::procs::{Instance, Process};
+
+/// The tag of an interpreted frame in a user stack: user addresses are below 2^63.
+pub const INTERPRETED: u64 = 1 << 63;
+
+/// A frame as the BPF program read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawFrame {
+    pub code: u64,
+    pub instr: u64,
+    pub fingerprint: u32,
+    /// The first frame of its native call of the interpreter's loop.
+    pub entry: bool,
+}
+
+/// An interpreter stack read at one sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub pid: u32,
+    pub tid: u32,
+    pub time: u64,
+    pub kind: u32,
+    pub status: u16,
+    /// Innermost first.
+    pub frames: Vec<RawFrame>,
+}
+
+pub const STATUS_OK: u16 = 0;
+pub const STATUS_NO_THREAD: u16 = 1;
+pub const STATUS_READ_FAILED: u16 = 2;
+pub const STATUS_TRUNCATED: u16 = 3;
+
+const HEADER_BYTES: usize = 24;
+const FRAME_BYTES: usize = 24;
+/// `INTERP_MAX_FRAMES` in interp.bpf.h.
+pub const MAX_FRAMES: usize = 128;
+
+impl Event {
+    /// Decodes `struct interp_event`; `None` when it is shorter than it says.
+    pub fn parse(bytes: &[u8]) -> Option<Event> {
+        let u32_at = |at: usize| -> Option<u32> {
+            Some(u32::from_ne_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
+        };
+        let u64_at = |at: usize| -> Option<u64> {
+            Some(u64::from_ne_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+        };
+        let u16_at = |at: usize| -> Option<u16> {
+            Some(u16::from_ne_bytes(bytes.get(at..at + 2)?.try_into().ok()?))
+        };
+        let count = usize::from(u16_at(22)?).min(MAX_FRAMES);
+        let frames = (0..count)
+            .map(|i| {
+                let at = HEADER_BYTES + i * FRAME_BYTES;
+                Some(RawFrame {
+                    code: u64_at(at)?,
+                    instr: u64_at(at + 8)?,
+                    fingerprint: u32_at(at + 16)?,
+                    entry: u32_at(at + 20)? & 1 == 1,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Event {
+            pid: u32_at(0)?,
+            tid: u32_at(4)?,
+            time: u64_at(8)?,
+            kind: u32_at(16)?,
+            status: u16_at(20)?,
+            frames,
+        })
+    }
+}
+
+/// Interpreted frames of this interval, each a list of (function, file, line), innermost
+/// (inlined) first; a user stack holds `INTERPRETED | index`.
+#[derive(Debug, Default)]
+pub struct Frames {
+    frames: Vec<Vec<(String, String, i64)>>,
+    index: HashMap<(String, String, i64), u64>,
+    bytes: usize,
+}
+
+impl Frames {
+    pub fn intern(&mut self, name: String, file: String, line: i64) -> u64 {
+        let key = (name, file, line);
+        if let Some(id) = self.index.get(&key) {
+            return INTERPRETED | id;
+        }
+        let id = self.frames.len() as u64;
+        self.bytes += 2 * (key.0.len() + key.1.len()) + 96;
+        self.frames.push(vec![key.clone()]);
+        self.index.insert(key, id);
+        INTERPRETED | id
+    }
+
+    /// The frames of a tagged value; `None` for a native address.
+    pub fn get(&self, value: u64) -> Option<&[(String, String, i64)]> {
+        if value & INTERPRETED == 0 {
+            return None;
+        }
+        self.frames
+            .get(usize::try_from(value & !INTERPRETED).ok()?)
+            .map(Vec::as_slice)
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// Puts interpreted frames in place of the interpreter loop's native frames: each native
+/// frame for which `in_loop` holds takes the interpreted frames up to the first of its
+/// call. Interpreted frames left over (their native calls were past a stack cut short)
+/// go outermost, after the native ones.
+pub fn merge(
+    native: &[u64],
+    interpreted: &[(u64, bool)],
+    in_loop: impl Fn(u64) -> bool,
+) -> Vec<u64> {
+    let mut out = Vec::with_capacity(native.len() + interpreted.len());
+    let mut next = 0;
+    for (depth, address) in native.iter().enumerate() {
+        // A caller's address is where the call returns to: the call is a byte before.
+        let at = if depth == 0 {
+            *address
+        } else {
+            address.saturating_sub(1)
+        };
+        if next < interpreted.len() && in_loop(at) {
+            while let Some((frame, entry)) = interpreted.get(next) {
+                out.push(*frame);
+                next += 1;
+                if *entry {
+                    break;
+                }
+            }
+            continue;
+        }
+        out.push(*address);
+    }
+    out.extend(interpreted[next..].iter().map(|(frame, _)| *frame));
+    out
+}
+
+/// What became of a process's interpreter.
+#[derive(Debug)]
+enum State {
+    /// Not an interpreter this agent knows, as of the mapping generation given.
+    Native(u64),
+    /// Read from the time given on (`CLOCK_MONOTONIC`): samples before it have no
+    /// event.
+    Python(Box<python::Runtime>, u64),
+    /// An interpreter, profiled natively, and why.
+    Unsupported(String),
+}
+
+/// Samples an interpreter stack was wanted for, per binary, runtime and outcome.
+pub type Outcomes = Mutex<HashMap<(String, &'static str, String), u64>>;
+
+/// Binaries tracked in [`Outcomes`]; past it, new ones count as `other`.
+const MAX_BINARIES: usize = 1000;
+
+/// The interpreters of the host's processes, and the stacks read for them not yet
+/// joined to their samples.
+#[derive(Debug, Default)]
+pub struct Interpreters {
+    states: HashMap<Instance, State>,
+    /// Events of each thread not joined yet, oldest first.
+    pending: HashMap<u32, std::collections::VecDeque<Event>>,
+    binaries: HashMap<String, Option<python::Binary>>,
+    pub frames: Frames,
+    /// Events whose sample never came (the ring dropped it, or the sample was lost).
+    pub unjoined: AtomicU64,
+}
+
+/// How far apart a sample's time and its event's may be. The kernel stamps the sample,
+/// runs the BPF program (which stamps the event microseconds later), then writes the
+/// sample; a thread is sampled at most every millisecond, so the window tells samples
+/// apart.
+const JOIN_WINDOW_NANOS: u64 = 500_000;
+
+/// Events kept per thread while their samples are awaited.
+const MAX_PENDING: usize = 256;
+
+/// What [`Interpreters::examine`] found for the BPF program.
+pub enum Found<'a> {
+    /// Read this process's interpreter with this layout.
+    Register(&'a python::ProcLayout),
+    Nothing,
+}
+
+impl Interpreters {
+    /// Looks at a process's mappings for an interpreter, once per mapping generation until
+    /// one is found.
+    pub fn examine(&mut self, process: &Process) -> Found<'_> {
+        let instance = process.instance;
+        match self.states.get(&instance) {
+            Some(State::Native(generation)) if *generation == process.generation => {
+                return Found::Nothing
+            }
+            Some(State::Python(..)) | Some(State::Unsupported(_)) => return Found::Nothing,
+            _ => {}
+        }
+        let mut found = None;
+        for mapping in &process.mappings {
+            if !mapping.is_file() || !python::may_be_interpreter(&mapping.path) {
+                continue;
+            }
+            let Some(path) = process.readable_path(mapping) else {
+                continue;
+            };
+            // The same file in every process that maps it, told apart by build id.
+            let key = match &mapping.build_id {
+                Some(id) => format!("{id:02x?}"),
+                None => format!("{}:{}", process.pid, mapping.path),
+            };
+            let binary = self
+                .binaries
+                .entry(key)
+                .or_insert_with(|| python::Binary::read(&path));
+            if let Some(binary) = binary {
+                found = Some(python::Runtime::new(
+                    process.pid,
+                    binary,
+                    &mapping.path,
+                    mapping.start,
+                    mapping.pgoff,
+                ));
+                break;
+            }
+        }
+        if self.binaries.len() > 4 * MAX_BINARIES {
+            self.binaries.clear();
+        }
+        let state = match found {
+            None => State::Native(process.generation),
+            Some(Ok(runtime)) => State::Python(Box::new(runtime), monotonic_nanos()),
+            Some(Err(reason)) => {
+                tracing::info!(pid = process.pid, exe = %process.exe, %reason, "interpreter profiled with native frames only");
+                State::Unsupported(reason)
+            }
+        };
+        self.states.insert(instance, state);
+        match self.states.get(&instance) {
+            Some(State::Python(runtime, _)) => Found::Register(&runtime.proc),
+            _ => Found::Nothing,
+        }
+    }
+
+    /// Keeps an event until its sample arrives. Events are written just after their
+    /// samples are stamped, so a batch's events must all be kept before its samples join.
+    pub fn event(&mut self, event: Event) {
+        let queue = self.pending.entry(event.tid).or_default();
+        if queue.len() >= MAX_PENDING {
+            queue.pop_front();
+            self.unjoined
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        queue.push_back(event);
+    }
+
+    /// The event of the sample taken at `time` on thread `tid`; older events, whose
+    /// samples never came, are dropped.
+    fn take(&mut self, tid: u32, time: u64) -> Option<Event> {
+        let queue = self.pending.get_mut(&tid)?;
+        while let Some(front) = queue.front() {
+            if front.time.abs_diff(time) <= JOIN_WINDOW_NANOS {
+                return queue.pop_front();
+            }
+            if front.time > time {
+                return None; // a later sample's
+            }
+            queue.pop_front();
+            self.unjoined
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        None
+    }
+
+    /// The sample's user stack with its interpreted frames, and the outcome to count:
+    /// `None` when the process runs no interpreter.
+    pub fn join(
+        &mut self,
+        instance: Instance,
+        tid: u32,
+        time: u64,
+        native: Vec<u64>,
+    ) -> (Vec<u64>, Option<(&'static str, String)>) {
+        match self.states.get(&instance) {
+            Some(State::Python(_, since)) if time < *since => {
+                return (
+                    native,
+                    Some(("python", "sampled before it was found".into())),
+                )
+            }
+            Some(State::Python(..)) => {}
+            Some(State::Unsupported(reason)) => {
+                return (native, Some(("python", format!("unsupported: {reason}"))))
+            }
+            _ => return (native, None),
+        }
+        let Some(event) = self.take(tid, time) else {
+            return (native, Some(("python", "no stack read".into())));
+        };
+        let Some(State::Python(runtime, _)) = self.states.get_mut(&instance) else {
+            return (native, None);
+        };
+        let outcome = match event.status {
+            STATUS_OK => "named",
+            STATUS_NO_THREAD => "native thread",
+            STATUS_READ_FAILED => "read failed",
+            STATUS_TRUNCATED => "truncated",
+            _ => "unknown status",
+        };
+        let mut frames = Vec::with_capacity(event.frames.len());
+        let mut unnamed = 0;
+        for frame in &event.frames {
+            match runtime.name(frame.code, frame.fingerprint, frame.instr) {
+                Some((name, file, line)) => {
+                    frames.push((self.frames.intern(name, file, line), frame.entry))
+                }
+                None => {
+                    unnamed += 1;
+                    frames.push((
+                        self.frames
+                            .intern("[unknown python frame]".into(), String::new(), 0),
+                        frame.entry,
+                    ))
+                }
+            }
+        }
+        let outcome = if unnamed > 0 && outcome == "named" {
+            "code object unreadable"
+        } else {
+            outcome
+        };
+        let merged = merge(&native, &frames, |address| runtime.in_eval(address));
+        (merged, Some(("python", outcome.to_string())))
+    }
+
+    /// Forgets processes that are gone, and the frames of the interval just reported.
+    pub fn retain(&mut self, live: impl Fn(Instance) -> bool, frame_budget: usize) {
+        self.states.retain(|instance, _| live(*instance));
+        self.pending.clear();
+        if self.frames.bytes() > frame_budget {
+            self.frames = Frames::default();
+        }
+    }
+
+    /// Bytes held by named code objects and interned frames.
+    pub fn bytes(&self) -> usize {
+        self.frames.bytes()
+            + self
+                .states
+                .values()
+                .map(|state| match state {
+                    State::Python(runtime, _) => runtime.bytes(),
+                    _ => 0,
+                })
+                .sum::<usize>()
+    }
+}
+
+/// `CLOCK_MONOTONIC`, the clock of samples and events.
+fn monotonic_nanos() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which `now` is.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    (now.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(now.tv_nsec as u64)
+}
+
+/// Counts one outcome, by binary.
+pub fn count(outcomes: &Outcomes, binary: &str, runtime: &'static str, outcome: String) {
+    let Ok(mut outcomes) = outcomes.lock() else {
+        return;
+    };
+    let known = outcomes.keys().any(|(b, _, _)| b == binary);
+    let distinct = outcomes.len();
+    let binary = if known || distinct < MAX_BINARIES {
+        binary.to_string()
+    } else {
+        "other".to_string()
+    };
+    *outcomes.entry((binary, runtime, outcome)).or_default() += 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interpreted_frames_replace_the_loop_with_each_native_call_its_own() {
+        // Native, innermost first: deflate (0x10), compress (0x20), the loop (0x100,
+        // return address 0x101), a C call (0x30), the loop again (0x181), main (0x40).
+        let native = [0x10, 0x21, 0x101, 0x31, 0x181, 0x41];
+        let in_loop = |address: u64| (0x100..0x200).contains(&address);
+        let py = |n: u64| INTERPRETED | n;
+        // Python, innermost first: hot (1) called by work (2), which began the inner
+        // native call; then handler (3) and main (4), which began the outer one.
+        let interpreted = [(py(1), false), (py(2), true), (py(3), false), (py(4), true)];
+        assert_eq!(
+            merge(&native, &interpreted, in_loop),
+            [0x10, 0x21, py(1), py(2), 0x31, py(3), py(4), 0x41]
+        );
+        // A native stack cut short before the outer call: its frames go outermost.
+        assert_eq!(
+            merge(&native[..3], &interpreted, in_loop),
+            [0x10, 0x21, py(1), py(2), py(3), py(4)]
+        );
+        // No interpreted frames: the native stack as it was.
+        assert_eq!(merge(&native, &[], in_loop), native);
+    }
+
+    #[test]
+    fn events_decode_as_the_bpf_program_lays_them_out() {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&7u32.to_ne_bytes());
+        bytes.extend_from_slice(&8u32.to_ne_bytes());
+        bytes.extend_from_slice(&99u64.to_ne_bytes());
+        bytes.extend_from_slice(&1u32.to_ne_bytes());
+        bytes.extend_from_slice(&0u16.to_ne_bytes());
+        bytes.extend_from_slice(&2u16.to_ne_bytes());
+        for (code, instr, line, flags) in
+            [(0x1000u64, 0x1040u64, 3u32, 0u32), (0x2000, 0x2010, 9, 1)]
+        {
+            bytes.extend_from_slice(&code.to_ne_bytes());
+            bytes.extend_from_slice(&instr.to_ne_bytes());
+            bytes.extend_from_slice(&line.to_ne_bytes());
+            bytes.extend_from_slice(&flags.to_ne_bytes());
+        }
+        let event = Event::parse(&bytes).expect("decodes");
+        assert_eq!(
+            (event.pid, event.tid, event.time, event.kind),
+            (7, 8, 99, 1)
+        );
+        assert_eq!(event.frames.len(), 2);
+        assert!(!event.frames[0].entry && event.frames[1].entry);
+        assert_eq!(event.frames[1].code, 0x2000);
+        // Shorter than its count says: refused, not read past its end.
+        assert_eq!(Event::parse(&bytes[..bytes.len() - 1]), None);
+        assert_eq!(Event::parse(&bytes[..10]), None);
+    }
+}

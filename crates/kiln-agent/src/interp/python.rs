@@ -1,0 +1,629 @@
+//! CPython: where its state lives, and how its frames are named.
+//!
+//! The interpreter is found by its `_PyRuntime` symbol, in the program or in the
+//! `libpython` it loaded, and its version by `Py_Version` (3.11 on). The layout of the
+//! structures the BPF program walks (`_PyRuntime` → interpreter → thread states →
+//! frames) depends on the minor version, and is taken from [`LAYOUTS`]: offsets of a
+//! release build on a 64-bit little-endian host, as CPython's headers give them. Adding a
+//! release is one entry there and one test (`a_layout_per_version_matches_its_headers`
+//! in this file's tests checks the entry that can be checked here against the headers of
+//! the interpreter installed).
+//!
+//! The BPF program sends each frame as its code object's address and instruction
+//! pointer, with the code object's first line as a fingerprint. Here the code object is
+//! read once (its type checked against `PyCode_Type`, so an address reused by another
+//! object is never named as code), and the instruction's line comes from its location
+//! table. A thread is matched to its state by `native_thread_id` (3.11 on), which is the
+//! kernel's thread id.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+use object::{Object, ObjectSegment, ObjectSymbol};
+
+use super::memory::Memory;
+
+/// What the BPF program's `struct interp_proc` holds (interp.bpf.h), laid out as it is.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcLayout {
+    pub runtime: u64,
+    pub kind: u32,
+    pub version: u32,
+    pub walk: Walk,
+}
+
+/// The offsets the BPF program walks by, in bytes (the fields of `struct interp_proc`
+/// after the version).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Walk {
+    /// `_PyRuntime.interpreters.head`.
+    pub runtime_interp_head: u16,
+    /// `PyInterpreterState.threads.head`.
+    pub interp_threads_head: u16,
+    pub tstate_next: u16,
+    /// `PyThreadState.native_thread_id`: the kernel's thread id.
+    pub tstate_thread_id: u16,
+    /// `PyThreadState.cframe`, or 0xffff when the frame pointer is in the thread state.
+    pub tstate_cframe: u16,
+    /// `_PyCFrame.current_frame` (or the thread state's).
+    pub current_frame: u16,
+    pub frame_code: u16,
+    pub frame_previous: u16,
+    pub frame_instr: u16,
+    /// `is_entry`, or `owner`, as `entry_kind` says.
+    pub frame_entry: u16,
+    pub entry_kind: u16,
+    pub code_firstlineno: u16,
+}
+
+// SAFETY: plain C structs of integers without padding (8 + 4 + 4 + 12 × 2 = 40 bytes,
+// a multiple of their alignment), as the BPF program lays them out.
+unsafe impl aya::Pod for ProcLayout {}
+
+pub const RUNTIME_PYTHON: u32 = 1;
+/// How a frame says it began its native call of the loop (interp.bpf.h): 3.11 keeps a
+/// flag in the frame; 3.12 puts a shim frame owned by the C stack before it (2), and
+/// releases up to 3.10 make one native call per frame (3).
+const ENTRY_IS_ENTRY_BYTE: u16 = 1;
+
+/// One minor version's layout.
+#[derive(Debug, Clone, Copy)]
+pub struct Layout {
+    pub version: (u8, u8),
+    pub walk: Walk,
+    pub code_filename: u16,
+    pub code_name: u16,
+    pub code_qualname: u16,
+    pub code_linetable: u16,
+    /// `co_code_adaptive`: where the instructions start, in the code object.
+    pub code_instructions: u16,
+    /// `sizeof(PyASCIIObject)` and `sizeof(PyCompactUnicodeObject)`: where a compact
+    /// string's characters start.
+    pub ascii_data: u16,
+    pub compact_data: u16,
+    /// The instruction pointer points at the next instruction, not the current one.
+    pub instr_is_next: bool,
+}
+
+/// The layouts known, by version. From the headers of each release
+/// (`Include/internal/pycore_frame.h`, `pycore_interp.h`, `pycore_runtime.h`,
+/// `Include/cpython/code.h`, `pystate.h`, `unicodeobject.h`), release builds, x86-64.
+pub const LAYOUTS: &[Layout] = &[
+    // 3.11: frames in `_PyInterpreterFrame`, reached through `tstate->cframe`; a frame
+    // says itself whether it is the first of its native call (`is_entry`).
+    Layout {
+        version: (3, 11),
+        walk: Walk {
+            runtime_interp_head: 40,
+            interp_threads_head: 16,
+            tstate_next: 8,
+            tstate_thread_id: 160,
+            tstate_cframe: 56,
+            current_frame: 8,
+            frame_code: 32,
+            frame_previous: 48,
+            frame_instr: 56,
+            frame_entry: 68,
+            entry_kind: ENTRY_IS_ENTRY_BYTE,
+            code_firstlineno: 72,
+        },
+        code_filename: 112,
+        code_name: 120,
+        code_qualname: 128,
+        code_linetable: 136,
+        code_instructions: 184,
+        ascii_data: 48,
+        compact_data: 72,
+        instr_is_next: false,
+    },
+];
+
+/// Why a CPython process is profiled with native frames only.
+pub fn layout(version: (u8, u8)) -> Result<&'static Layout, String> {
+    LAYOUTS
+        .iter()
+        .find(|layout| layout.version == version)
+        .ok_or_else(|| format!("CPython {}.{} has no known layout", version.0, version.1))
+}
+
+/// An interpreter binary: the file that holds `_PyRuntime`.
+#[derive(Debug, Clone)]
+pub struct Binary {
+    /// Virtual addresses in the file.
+    pub runtime: u64,
+    pub version_symbol: Option<u64>,
+    pub code_type: Option<u64>,
+    /// `_PyEval_EvalFrameDefault` and its split-off parts (`.cold`).
+    pub eval: Vec<Range<u64>>,
+    /// Loadable segments: (file offset, virtual address, executable).
+    loads: Vec<(u64, u64, bool)>,
+}
+
+impl Binary {
+    /// Reads an ELF file's interpreter symbols; `None` when it has no `_PyRuntime`.
+    pub fn read(path: &Path) -> Option<Binary> {
+        let file = std::fs::File::open(path).ok()?;
+        let cache = object::ReadCache::new(file);
+        let elf = object::File::parse(&cache).ok()?;
+        let mut binary = Binary {
+            runtime: 0,
+            version_symbol: None,
+            code_type: None,
+            eval: Vec::new(),
+            loads: elf
+                .segments()
+                .map(|segment| {
+                    let exec = matches!(segment.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
+                    (segment.file_range().0, segment.address(), exec)
+                })
+                .collect(),
+        };
+        for symbol in elf.dynamic_symbols().chain(elf.symbols()) {
+            let Ok(name) = symbol.name() else { continue };
+            let address = symbol.address();
+            if address == 0 {
+                continue;
+            }
+            match name {
+                "_PyRuntime" => binary.runtime = address,
+                "Py_Version" => binary.version_symbol = Some(address),
+                "PyCode_Type" => binary.code_type = Some(address),
+                _ if name == "_PyEval_EvalFrameDefault"
+                    || name.starts_with("_PyEval_EvalFrameDefault.") =>
+                {
+                    let range = address..address + symbol.size().max(1);
+                    if !binary.eval.contains(&range) {
+                        binary.eval.push(range);
+                    }
+                }
+                _ => {}
+            }
+        }
+        (binary.runtime != 0).then_some(binary)
+    }
+
+    /// What to add to the file's addresses in a process that mapped its code at `start`
+    /// from file offset `pgoff`.
+    pub fn bias(&self, start: u64, pgoff: u64) -> Option<u64> {
+        let vaddr = self
+            .loads
+            .iter()
+            .filter(|(offset, _, exec)| *exec && offset & !0xfff <= pgoff)
+            .max_by_key(|(offset, _, _)| *offset)
+            .map(|(offset, vaddr, _)| pgoff.wrapping_add(*vaddr).wrapping_sub(*offset))?;
+        Some(start.wrapping_sub(vaddr))
+    }
+}
+
+/// The version from a file name: `python3.10`, `libpython3.9.so.1.0`.
+pub fn version_from_name(path: &str) -> Option<(u8, u8)> {
+    let name = path.rsplit('/').next()?;
+    let rest = name
+        .strip_prefix("libpython")
+        .or_else(|| name.strip_prefix("python"))?;
+    let mut parts = rest.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// Whether a mapped file may be a CPython interpreter, by its name.
+pub fn may_be_interpreter(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.starts_with("libpython") || name.starts_with("python")
+}
+
+/// A code object as read: what names its frames.
+#[derive(Debug)]
+struct Code {
+    name: String,
+    file: String,
+    first_line: i64,
+    lines: Vec<u8>,
+    instructions: u64,
+}
+
+/// Most code objects one process keeps named; past it the cache starts anew.
+const MAX_CODES: usize = 65_536;
+/// The longest name or path read.
+const MAX_STRING: usize = 4096;
+/// The largest location table read.
+const MAX_TABLE: usize = 1 << 20;
+
+/// One CPython process: its layout, where its loop runs, and its named code objects.
+#[derive(Debug)]
+pub struct Runtime {
+    pub layout: &'static Layout,
+    pub proc: ProcLayout,
+    pub eval: Vec<Range<u64>>,
+    code_type: Option<u64>,
+    memory: Memory,
+    codes: HashMap<(u64, u32), Option<Arc<Code>>>,
+}
+
+impl Runtime {
+    /// The process's interpreter, from its binary mapped at `start` (file offset `pgoff`).
+    pub fn new(
+        pid: u32,
+        binary: &Binary,
+        path: &str,
+        start: u64,
+        pgoff: u64,
+    ) -> Result<Runtime, String> {
+        let bias = binary
+            .bias(start, pgoff)
+            .ok_or("the interpreter's code segment is not where it was mapped")?;
+        let memory = Memory { pid };
+        let version = match binary.version_symbol {
+            Some(symbol) => {
+                let hex = memory
+                    .u32(symbol.wrapping_add(bias))
+                    .ok_or("Py_Version is unreadable")?;
+                ((hex >> 24) as u8, (hex >> 16) as u8)
+            }
+            None => version_from_name(path).ok_or("the CPython version is unknown")?,
+        };
+        let layout = layout(version)?;
+        let proc = ProcLayout {
+            runtime: binary.runtime.wrapping_add(bias),
+            kind: RUNTIME_PYTHON,
+            version: u32::from(version.0) << 8 | u32::from(version.1),
+            walk: layout.walk,
+        };
+        Ok(Runtime {
+            layout,
+            proc,
+            eval: binary
+                .eval
+                .iter()
+                .map(|range| range.start.wrapping_add(bias)..range.end.wrapping_add(bias))
+                .collect(),
+            code_type: binary.code_type.map(|t| t.wrapping_add(bias)),
+            memory,
+            codes: HashMap::new(),
+        })
+    }
+
+    /// Whether a native frame's address is in the interpreter's loop.
+    pub fn in_eval(&self, address: u64) -> bool {
+        self.eval.iter().any(|range| range.contains(&address))
+    }
+
+    /// The frame's function, file and line; `None` when its code object cannot be read
+    /// (freed since, or not a code object).
+    pub fn name(
+        &mut self,
+        code: u64,
+        fingerprint: u32,
+        instr: u64,
+    ) -> Option<(String, String, i64)> {
+        if self.codes.len() >= MAX_CODES {
+            self.codes.clear();
+        }
+        let entry = self.codes.entry((code, fingerprint)).or_insert_with(|| {
+            read_code(&self.memory, self.layout, self.code_type, code).map(Arc::new)
+        });
+        let code = entry.clone()?;
+        let unit = 2;
+        let mut index = instr.checked_sub(code.instructions).map(|b| b / unit);
+        if self.layout.instr_is_next {
+            index = index.and_then(|i| i.checked_sub(1));
+        }
+        let line = index
+            .and_then(|index| line_of(&code.lines, code.first_line, index))
+            .unwrap_or(code.first_line);
+        Some((code.name.clone(), code.file.clone(), line))
+    }
+
+    /// Bytes held by the named code objects, roughly.
+    pub fn bytes(&self) -> usize {
+        self.codes
+            .values()
+            .flatten()
+            .map(|code| code.name.len() + code.file.len() + code.lines.len() + 64)
+            .sum()
+    }
+}
+
+fn read_code(memory: &Memory, layout: &Layout, code_type: Option<u64>, code: u64) -> Option<Code> {
+    // ob_type follows ob_refcnt.
+    if let Some(expected) = code_type {
+        if memory.u64(code + 8)? != expected {
+            return None;
+        }
+    }
+    let field = |offset: u16| memory.u64(code + u64::from(offset));
+    let name = read_unicode(memory, layout, field(layout.code_qualname)?)
+        .or_else(|| read_unicode(memory, layout, field(layout.code_name)?))?;
+    let file = read_unicode(memory, layout, field(layout.code_filename)?).unwrap_or_default();
+    let first_line = i64::from(memory.u32(code + u64::from(layout.walk.code_firstlineno))? as i32);
+    let lines = read_bytes(memory, field(layout.code_linetable)?).unwrap_or_default();
+    Some(Code {
+        name,
+        file,
+        first_line,
+        lines,
+        instructions: code + u64::from(layout.code_instructions),
+    })
+}
+
+/// A `str`: compact, as names and paths are; ASCII, Latin-1, UCS-2 or UCS-4.
+fn read_unicode(memory: &Memory, layout: &Layout, address: u64) -> Option<String> {
+    let length = usize::try_from(memory.u64(address + 16)?).ok()?;
+    let state = memory.u32(address + 32)?;
+    let kind = (state >> 2) & 7;
+    let compact = (state >> 5) & 1 == 1;
+    let ascii = (state >> 6) & 1 == 1;
+    if !compact || length > MAX_STRING {
+        return None;
+    }
+    let data = address
+        + u64::from(if ascii {
+            layout.ascii_data
+        } else {
+            layout.compact_data
+        });
+    let width = match kind {
+        1 | 2 | 4 => kind as usize,
+        _ => return None,
+    };
+    let bytes = memory.bytes(data, length * width, MAX_STRING * 4)?;
+    Some(match width {
+        1 => bytes.iter().map(|b| char::from(*b)).collect(),
+        2 => bytes
+            .chunks_exact(2)
+            .map(|c| {
+                char::from_u32(u32::from(u16::from_ne_bytes([c[0], c[1]]))).unwrap_or('\u{fffd}')
+            })
+            .collect(),
+        _ => bytes
+            .chunks_exact(4)
+            .map(|c| {
+                char::from_u32(u32::from_ne_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('\u{fffd}')
+            })
+            .collect(),
+    })
+}
+
+/// A `bytes` object's contents (`ob_size` at 16, the bytes at 32).
+fn read_bytes(memory: &Memory, address: u64) -> Option<Vec<u8>> {
+    let size = usize::try_from(memory.u64(address + 16)?).ok()?;
+    memory.bytes(address + 32, size, MAX_TABLE)
+}
+
+/// The line of code unit `index`, from a 3.11+ location table
+/// (`Objects/locations.md` in CPython): entries of a header byte (1, a 4-bit code and
+/// the length in code units less one) and the code's operands. `None` for an
+/// instruction without a location, or past the table.
+pub fn line_of(table: &[u8], first_line: i64, index: u64) -> Option<i64> {
+    let mut at = 0usize;
+    let mut line = first_line;
+    let mut unit = 0u64;
+    let mut next = || -> Option<u8> {
+        let byte = *table.get(at)?;
+        at += 1;
+        Some(byte)
+    };
+    loop {
+        let header = next()?;
+        if header & 0x80 == 0 {
+            return None;
+        }
+        let code = (header >> 3) & 15;
+        let length = u64::from(header & 7) + 1;
+        let mut varint = || -> Option<u64> {
+            let mut byte = next()?;
+            let mut value = u64::from(byte & 63);
+            let mut shift = 6;
+            while byte & 64 != 0 && shift < 64 {
+                byte = next()?;
+                value |= u64::from(byte & 63) << shift;
+                shift += 6;
+            }
+            Some(value)
+        };
+        let located = match code {
+            15 => false,
+            14 => {
+                let delta = varint()?;
+                line += signed(delta);
+                for _ in 0..3 {
+                    varint()?;
+                }
+                true
+            }
+            13 => {
+                let delta = varint()?;
+                line += signed(delta);
+                true
+            }
+            10..=12 => {
+                line += i64::from(code - 10);
+                next()?;
+                next()?;
+                true
+            }
+            _ => {
+                next()?;
+                true
+            }
+        };
+        if index < unit + length {
+            return located.then_some(line);
+        }
+        unit += length;
+    }
+}
+
+fn signed(value: u64) -> i64 {
+    if value & 1 == 1 {
+        -((value >> 1) as i64)
+    } else {
+        (value >> 1) as i64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_come_from_file_names() {
+        assert_eq!(version_from_name("/usr/bin/python3.11"), Some((3, 11)));
+        assert_eq!(
+            version_from_name("/usr/lib/x86_64-linux-gnu/libpython3.9.so.1.0"),
+            Some((3, 9))
+        );
+        assert_eq!(version_from_name("/usr/bin/python3"), None);
+        assert!(may_be_interpreter("/opt/py/bin/python3.12"));
+        assert!(!may_be_interpreter("/usr/lib/libc.so.6"));
+    }
+
+    /// A location table as CPython 3.11 writes it for
+    /// `def f():\n    x = 1\n    return x` (first line 1): RESUME on line 1, then two
+    /// instructions on line 2 and two on line 3 (short and one-line forms).
+    #[test]
+    fn lines_come_from_the_location_table() {
+        let table = [
+            0x80 | (13 << 3),
+            0, // 1 unit, no columns, line +0 → 1
+            0x80 | (11 << 3) | 1,
+            4,
+            9, // 2 units, one-line form, line +1 → 2
+            0x80 | (14 << 3) | 1,
+            2,
+            0,
+            5,
+            13,               // 2 units, long form, line +1 → 3
+            0x80 | (15 << 3), // 1 unit without a location
+        ];
+        let lines: Vec<Option<i64>> = (0..7).map(|i| line_of(&table, 1, i)).collect();
+        assert_eq!(
+            lines,
+            [Some(1), Some(2), Some(2), Some(3), Some(3), None, None]
+        );
+        // A negative delta (long form, zigzag) and garbage after it.
+        let back = [0x80 | (13 << 3), 4, 0x80 | (13 << 3), 3, 0x00];
+        assert_eq!(line_of(&back, 10, 0), Some(12));
+        assert_eq!(line_of(&back, 10, 1), Some(11));
+        assert_eq!(line_of(&back, 10, 2), None);
+        assert_eq!(line_of(&[], 10, 0), None);
+    }
+
+    /// The 3.11 entry against the headers of the interpreter installed here, when they
+    /// are: the offsets a C compiler computes from `Py_BUILD_CORE` headers.
+    #[test]
+    fn a_layout_per_version_matches_its_headers() {
+        let Some((include, version)) = installed_headers() else {
+            eprintln!("skipped: no CPython headers with internal/pycore_frame.h found");
+            return;
+        };
+        let Ok(layout) = layout(version) else {
+            panic!("CPython {version:?} is installed but has no layout");
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let source = dir.path().join("offsets.c");
+        std::fs::write(&source, OFFSETS_C).expect("write");
+        let program = dir.path().join("offsets");
+        let built = std::process::Command::new("cc")
+            .arg(format!("-I{}", include.display()))
+            .arg(&source)
+            .arg("-o")
+            .arg(&program)
+            .status();
+        let Ok(status) = built else {
+            eprintln!("skipped: no C compiler");
+            return;
+        };
+        assert!(
+            status.success(),
+            "offsets.c did not build against {include:?}"
+        );
+        let output = std::process::Command::new(&program).output().expect("run");
+        let text = String::from_utf8_lossy(&output.stdout);
+        let value = |name: &str| -> u16 {
+            text.lines()
+                .find_map(|line| line.strip_prefix(&format!("{name} ")))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{name} missing from {text}"))
+        };
+        assert_eq!(
+            layout.walk.runtime_interp_head,
+            value("runtime_interp_head")
+        );
+        assert_eq!(
+            layout.walk.interp_threads_head,
+            value("interp_threads_head")
+        );
+        assert_eq!(layout.walk.tstate_next, value("tstate_next"));
+        assert_eq!(layout.walk.tstate_thread_id, value("tstate_thread_id"));
+        assert_eq!(layout.walk.tstate_cframe, value("tstate_cframe"));
+        assert_eq!(layout.walk.current_frame, value("current_frame"));
+        assert_eq!(layout.walk.frame_code, value("frame_code"));
+        assert_eq!(layout.walk.frame_previous, value("frame_previous"));
+        assert_eq!(layout.walk.frame_instr, value("frame_instr"));
+        assert_eq!(layout.walk.frame_entry, value("frame_entry"));
+        assert_eq!(layout.walk.code_firstlineno, value("code_firstlineno"));
+        assert_eq!(layout.code_filename, value("code_filename"));
+        assert_eq!(layout.code_name, value("code_name"));
+        assert_eq!(layout.code_qualname, value("code_qualname"));
+        assert_eq!(layout.code_linetable, value("code_linetable"));
+        assert_eq!(layout.code_instructions, value("code_instructions"));
+        assert_eq!(layout.ascii_data, value("ascii_data"));
+        assert_eq!(layout.compact_data, value("compact_data"));
+    }
+
+    /// The include directory of an installed CPython with its internal headers, and its
+    /// version.
+    fn installed_headers() -> Option<(std::path::PathBuf, (u8, u8))> {
+        let output = std::process::Command::new("python3")
+            .args(["-c", "import sysconfig, sys; print(sysconfig.get_paths()['include']); print(sys.version_info[0], sys.version_info[1])"])
+            .output()
+            .ok()?;
+        let text = String::from_utf8(output.stdout).ok()?;
+        let mut lines = text.lines();
+        let include = std::path::PathBuf::from(lines.next()?);
+        let mut version = lines.next()?.split(' ');
+        let version = (version.next()?.parse().ok()?, version.next()?.parse().ok()?);
+        include
+            .join("internal/pycore_frame.h")
+            .exists()
+            .then_some((include, version))
+    }
+
+    const OFFSETS_C: &str = r#"
+#define Py_BUILD_CORE 1
+#include <Python.h>
+#include <stddef.h>
+#include <stdio.h>
+#include "internal/pycore_frame.h"
+#include "internal/pycore_interp.h"
+#include "internal/pycore_runtime.h"
+#define P(name, type, field) printf(name " %zu\n", offsetof(type, field))
+int main(void) {
+    P("runtime_interp_head", _PyRuntimeState, interpreters.head);
+    P("interp_threads_head", PyInterpreterState, threads.head);
+    P("tstate_next", PyThreadState, next);
+    P("tstate_thread_id", PyThreadState, native_thread_id);
+    P("tstate_cframe", PyThreadState, cframe);
+    P("current_frame", _PyCFrame, current_frame);
+    P("frame_code", _PyInterpreterFrame, f_code);
+    P("frame_previous", _PyInterpreterFrame, previous);
+    P("frame_instr", _PyInterpreterFrame, prev_instr);
+    P("frame_entry", _PyInterpreterFrame, is_entry);
+    P("code_firstlineno", PyCodeObject, co_firstlineno);
+    P("code_filename", PyCodeObject, co_filename);
+    P("code_name", PyCodeObject, co_name);
+    P("code_qualname", PyCodeObject, co_qualname);
+    P("code_linetable", PyCodeObject, co_linetable);
+    P("code_instructions", PyCodeObject, co_code_adaptive);
+    printf("ascii_data %zu\n", sizeof(PyASCIIObject));
+    printf("compact_data %zu\n", sizeof(PyCompactUnicodeObject));
+    return 0;
+}
+"#;
+}
