@@ -8,6 +8,7 @@ fn main() {
     let source = "src/bpf/agent.bpf.c";
     println!("cargo:rerun-if-changed={source}");
     println!("cargo:rerun-if-changed=src/bpf/interp.bpf.h");
+    println!("cargo:rerun-if-changed=src/bpf/offcpu.bpf.h");
     println!("cargo:rerun-if-env-changed=CLANG");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let object = out.join("agent.bpf.o");

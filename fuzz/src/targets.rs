@@ -11,6 +11,12 @@ pub fn agent_records(data: &[u8]) {
     let _ = kiln_agent::perf::parse_timed(data);
     let _ = kiln_agent::perf::parse_record(data);
     let _ = kiln_agent::unwind::function_starts(0x1000, data);
+    // The BPF rings' events, and a CPython location table as read from a process's memory.
+    let _ = kiln_agent::interp::Event::parse(data);
+    let _ = kiln_agent::offcpu::Event::parse(data);
+    for index in [0, 1, 7, u64::MAX] {
+        let _ = kiln_agent::interp::python::line_of(data, 1, index);
+    }
 }
 
 /// Block objects: a corrupt block must be an error, never a panic, whether it is decoded

@@ -1,6 +1,8 @@
 # Kiln's Python burner (crates/kiln/tests/integration/interpreters.rs): 7:3 of its time
 # in two named functions, called from a named main, for argv[1] seconds. With
-# "compress", a third function spends its time in a C extension (zlib) instead.
+# "compress", a third function spends its time in a C extension (zlib) instead; with
+# "sleep", it sleeps in kiln_sleepy (off the CPU); with "many", it calls 10,000 distinct
+# functions in turn (kiln_f_0 … kiln_f_9999).
 import sys
 import time
 import zlib
@@ -24,16 +26,35 @@ def kiln_compress(data):
     return zlib.compress(data, 9)
 
 
-def kiln_main(seconds, compress):
+def kiln_sleepy():
+    time.sleep(0.02)
+
+
+def kiln_many():
+    source = "".join(
+        f"def kiln_f_{i}(n):\n    return sum(range(n))\n" for i in range(10000)
+    )
+    names = {}
+    exec(compile(source, "kiln_many.py", "exec"), names)
+    return [names[f"kiln_f_{i}"] for i in range(10000)]
+
+
+def kiln_main(seconds, mode):
     end = time.monotonic() + seconds
     data = bytes(range(256)) * 4096
+    many = kiln_many() if mode == "many" else []
     while time.monotonic() < end:
-        if compress:
+        if mode == "many":
+            for function in many:
+                function(200)
+        elif mode == "compress":
             kiln_compress(data)
+        elif mode == "sleep":
+            kiln_sleepy()
         else:
             kiln_hot_a(7000)
             kiln_hot_b(3000)
 
 
 if __name__ == "__main__":
-    kiln_main(float(sys.argv[1]), len(sys.argv) > 2 and sys.argv[2] == "compress")
+    kiln_main(float(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "plain")

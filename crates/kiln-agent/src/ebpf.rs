@@ -74,8 +74,9 @@ pub struct Ebpf {
     /// Processes whose interpreter stacks the program reads (interp/), by pid.
     interp_procs: BpfHashMap<MapData, u32, crate::interp::python::ProcLayout>,
     interpreted: HashMap<u32, Instance>,
-    /// The interpreter stacks it read, until [`Ebpf::take_interp_events`].
+    /// The rings the reading thread drains, until [`Ebpf::take_rings`].
     interp_events: Option<RingBuf<MapData>>,
+    offcpu_events: Option<RingBuf<MapData>>,
 }
 
 impl Ebpf {
@@ -120,6 +121,7 @@ impl Ebpf {
         ];
         let interp_procs = BpfHashMap::try_from(take("interp_procs")?)?;
         let interp_events = Some(RingBuf::try_from(take("interp_events")?)?);
+        let offcpu_events = Some(RingBuf::try_from(take("offcpu_events")?)?);
         Ok(Ebpf {
             _bpf: bpf,
             program,
@@ -132,6 +134,7 @@ impl Ebpf {
             interp_procs,
             interpreted: HashMap::new(),
             interp_events,
+            offcpu_events,
         })
     }
 
@@ -174,10 +177,42 @@ impl Ebpf {
         Ok(())
     }
 
-    /// The ring the program writes interpreter stacks to, for the thread that reads the
-    /// perf rings; `None` after the first call.
-    pub fn take_interp_events(&mut self) -> Option<InterpEvents> {
-        self.interp_events.take().map(InterpEvents)
+    /// The rings the programs write interpreter stacks and off-CPU switches to, for the
+    /// thread that reads the perf rings; empty after the first call.
+    pub fn take_rings(&mut self) -> Rings {
+        Rings {
+            interp: self.interp_events.take(),
+            offcpu: self.offcpu_events.take(),
+        }
+    }
+
+    /// Samples a `threshold` share of the switches of threads that block (offcpu.rs),
+    /// other than the agent's own.
+    pub fn enable_offcpu(&mut self, threshold: f64) -> Result<(), EbpfError> {
+        let switch: &mut RawTracePoint = self
+            ._bpf
+            .program_mut("kiln_switch")
+            .ok_or(EbpfError::Missing("kiln_switch"))?
+            .try_into()?;
+        switch.load()?;
+        switch.attach("sched_switch")?;
+        let mut config: Array<&mut MapData, OffCpuConfig> = Array::try_from(
+            self._bpf
+                .map_mut("offcpu_config")
+                .ok_or(EbpfError::Missing("offcpu_config"))?,
+        )?;
+        let share = (threshold.clamp(0.0, 1.0) * f64::from(u32::MAX)) as u32;
+        config.set(
+            0,
+            OffCpuConfig {
+                enabled: 1,
+                threshold: share,
+                agent: std::process::id(),
+                pad: 0,
+            },
+            0,
+        )?;
+        Ok(())
     }
 
     /// The counts since the last call, by instance and stack; the maps they were read from
@@ -251,18 +286,68 @@ pub fn attach(event: BorrowedFd<'_>, program: BorrowedFd<'_>) -> std::io::Result
     Ok(())
 }
 
-/// The ring of interpreter stacks (interp/), read with the perf rings.
-pub struct InterpEvents(RingBuf<MapData>);
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct OffCpuConfig {
+    enabled: u32,
+    threshold: u32,
+    agent: u32,
+    pad: u32,
+}
 
-impl InterpEvents {
+// SAFETY: a plain C struct of four integers, as `struct offcpu_config` lays it out.
+unsafe impl aya::Pod for OffCpuConfig {}
+
+/// The BPF rings of interpreter stacks (interp/) and off-CPU switches (offcpu.rs), read
+/// with the perf rings.
+#[derive(Default)]
+pub struct Rings {
+    interp: Option<RingBuf<MapData>>,
+    offcpu: Option<RingBuf<MapData>>,
+}
+
+impl Rings {
     /// Every event written since the last call, with its time.
     pub fn drain(&mut self) -> Vec<(u64, crate::perf::Record)> {
         let mut out = Vec::new();
-        while let Some(item) = self.0.next() {
-            if let Some(event) = crate::interp::Event::parse(&item) {
-                out.push((event.time, crate::perf::Record::Interpreted(event)));
+        if let Some(ring) = &mut self.interp {
+            while let Some(item) = ring.next() {
+                if let Some(event) = crate::interp::Event::parse(&item) {
+                    out.push((event.time, crate::perf::Record::Interpreted(event)));
+                }
+            }
+        }
+        if let Some(ring) = &mut self.offcpu {
+            while let Some(item) = ring.next() {
+                if let Some(event) = crate::offcpu::Event::parse(&item) {
+                    let time = match &event {
+                        crate::offcpu::Event::Left(left) => left.time,
+                        crate::offcpu::Event::Back(back) => back.time,
+                    };
+                    out.push((time, crate::perf::Record::OffCpu(event)));
+                }
             }
         }
         out
     }
+}
+
+/// Turns on the kernel's run-time accounting of BPF programs for as long as the returned
+/// descriptor is open (`kiln bench agent` measures the programs' own cost with it).
+pub fn enable_stats() -> Option<OwnedFd> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime).ok()
+}
+
+/// Runs and run time of every loaded BPF program named `kiln_*` (any process's), by name.
+pub fn program_stats() -> HashMap<String, (u64, std::time::Duration)> {
+    let mut stats: HashMap<String, (u64, std::time::Duration)> = HashMap::new();
+    for info in aya::programs::loaded_programs().filter_map(Result::ok) {
+        let Some(name) = info.name_as_str().filter(|name| name.starts_with("kiln_")) else {
+            continue;
+        };
+        let entry = stats.entry(name.to_string()).or_default();
+        entry.0 += info.run_count();
+        entry.1 += info.run_time();
+    }
+    stats
 }

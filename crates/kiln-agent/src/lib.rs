@@ -24,6 +24,7 @@
 
 pub mod ebpf;
 pub mod interp;
+pub mod offcpu;
 pub mod perf;
 pub mod procs;
 pub mod report;
@@ -64,6 +65,9 @@ pub struct AgentConfig {
     /// Count the samples of frame-pointer processes in the kernel (ebpf.rs). Where the
     /// program cannot be loaded the agent says why and samples without it.
     pub ebpf: bool,
+    /// Profile time off the CPU, sampling this share of the switches of threads that
+    /// block (offcpu.rs); `None`: off. Needs eBPF.
+    pub off_cpu: Option<f64>,
 }
 
 /// `--memory-limit`'s default: 128 MiB.
@@ -78,6 +82,7 @@ impl Default for AgentConfig {
             env_allowlist: Vec::new(),
             memory_limit: DEFAULT_MEMORY_LIMIT,
             ebpf: true,
+            off_cpu: None,
         }
     }
 }
@@ -112,6 +117,36 @@ fn relabeled(
 
 /// A process and its stack counts of one interval.
 type ProcessStacks<'a> = (&'a procs::Process, &'a HashMap<Stack, u64>);
+
+/// The processes of each series, by its labels, for a profile named `name`: processes that
+/// relabeling left alike (a `labeldrop` of `pid`, say) are one service's, and go out as
+/// one profile.
+fn series<'a>(
+    table: &'a ProcessTable,
+    host: &HostInfo,
+    config: &AgentConfig,
+    name: &str,
+    stacks: &'a HashMap<Instance, HashMap<Stack, u64>>,
+) -> HashMap<Vec<(String, String)>, Vec<ProcessStacks<'a>>> {
+    let mut series: HashMap<Vec<(String, String)>, Vec<ProcessStacks<'a>>> = HashMap::new();
+    for (instance, counts) in stacks {
+        let Some(process) = table.instance(*instance) else {
+            continue;
+        };
+        let mut labels = report::process_labels(process, host);
+        for (label, value) in &mut labels {
+            if label == "__name__" {
+                *value = name.to_string();
+            }
+        }
+        let Some(mut labels) = relabeled(process, labels, &config.relabel_configs) else {
+            continue;
+        };
+        labels.sort();
+        series.entry(labels).or_default().push((process, counts));
+    }
+    series
+}
 
 /// Counters of the agent's own work.
 #[derive(Debug, Default)]
@@ -279,6 +314,8 @@ pub struct Collector {
     ebpf: Option<ebpf::Ebpf>,
     /// Interpreters found, and their stacks read in the kernel (interp/).
     interp: interp::Interpreters,
+    /// Stacks off the CPU, with `--off-cpu`.
+    offcpu: Option<offcpu::OffCpu>,
     host: HostInfo,
     stats: Arc<AgentStats>,
     interval_start: i64,
@@ -314,6 +351,21 @@ impl Collector {
         } else {
             None
         };
+        let mut ebpf = ebpf;
+        let offcpu = match (config.off_cpu, &mut ebpf) {
+            (None, _) => None,
+            (Some(_), None) => {
+                tracing::warn!("off-CPU profiling needs eBPF, which is unavailable; CPU only");
+                None
+            }
+            (Some(threshold), Some(bpf)) => match bpf.enable_offcpu(threshold) {
+                Ok(()) => Some(offcpu::OffCpu::new(threshold)),
+                Err(err) => {
+                    tracing::warn!(error = %err, "off-CPU profiling unavailable (Linux 5.18+ with BTF); CPU only");
+                    None
+                }
+            },
+        };
         let ebpf_loaded = ebpf.is_some();
         let env_allowlist = config.env_allowlist.clone();
         let max_stack = std::fs::read_to_string("/proc/sys/kernel/perf_event_max_stack")
@@ -325,6 +377,7 @@ impl Collector {
             symbols: Symbols::new(config.memory_limit as u64 / 8),
             ebpf,
             interp: interp::Interpreters::default(),
+            offcpu,
             config,
             cpus: events.cpus(),
             events: Some(events),
@@ -466,6 +519,12 @@ impl Collector {
                 self.stats.lost.fetch_add(count, Ordering::Relaxed);
             }
             Record::Interpreted(event) => self.interp.event(event),
+            Record::OffCpu(offcpu::Event::Left(left)) => self.left_cpu(left),
+            Record::OffCpu(offcpu::Event::Back(back)) => {
+                if let Some(off) = &mut self.offcpu {
+                    off.back(back);
+                }
+            }
         }
     }
 
@@ -476,6 +535,48 @@ impl Collector {
             .or_default()
             .entry(stack)
             .or_default() += count;
+    }
+
+    /// A thread left the CPU: its stacks are unwound as a sample's, and kept until it
+    /// comes back.
+    fn left_cpu(&mut self, left: offcpu::Left) {
+        if self.offcpu.is_none() {
+            return;
+        }
+        let instance = self.table.for_sample(left.pid);
+        let Some(process) = self.table.instance(instance) else {
+            return;
+        };
+        if let Some(bpf) = &mut self.ebpf {
+            if let interp::Found::Register(layout) = self.interp.examine(process) {
+                if let Err(err) = bpf.interpret(left.pid, instance, layout) {
+                    tracing::debug!(pid = left.pid, error = %err, "cannot read this interpreter's stacks");
+                }
+            }
+        }
+        let [ip, sp, bp] = left.regs;
+        let walked = self.unwinding.walk_copy(
+            process,
+            unwind::UserContext {
+                ip,
+                sp,
+                bp,
+                stack: &left.stack,
+            },
+        );
+        let (user, _) = self.interp.join(instance, left.tid, left.time, walked.user);
+        for address in &user {
+            if address & interp::INTERPRETED == 0 {
+                self.table.pin(instance, *address);
+            }
+        }
+        let stack = Stack {
+            kernel: left.kernel.into_boxed_slice(),
+            user: user.into_boxed_slice(),
+        };
+        if let Some(off) = &mut self.offcpu {
+            off.left(left.tid, left.time, instance, stack);
+        }
     }
 
     fn binary_name(&self, instance: Instance) -> &str {
@@ -541,30 +642,30 @@ impl Collector {
         let kernel = report::resolve_kernel(&self.symbols, &stacks);
         let period =
             1_000_000_000 / i64::try_from(self.config.frequency.clamp(1, 1000)).unwrap_or(19);
-        let writer = ProfileWriter::new(&self.symbols, &kernel, &self.interp.frames, period);
-        // One series per label set: processes that relabeling left alike (a `labeldrop` of
-        // `pid`, say) are one service's, and go out as one profile.
-        let mut series: HashMap<Vec<(String, String)>, Vec<ProcessStacks<'_>>> = HashMap::new();
-        for (instance, counts) in &stacks {
-            let Some(process) = self.table.instance(*instance) else {
-                continue;
-            };
-            let labels = report::process_labels(process, &self.host);
-            let Some(mut labels) = relabeled(process, labels, &self.config.relabel_configs) else {
-                continue;
-            };
-            labels.sort();
-            series.entry(labels).or_default().push((process, counts));
-        }
+        let off = self
+            .offcpu
+            .as_mut()
+            .map(|off| std::mem::take(&mut off.stacks))
+            .unwrap_or_default();
+        let off_kernel = report::resolve_kernel(&self.symbols, &off);
         let mut reports = Vec::new();
-        for (labels, processes) in series {
-            let profile = writer.write(
-                &processes,
-                &mut self.unwinding.binaries,
-                self.interval_start,
-                now - self.interval_start,
-            );
-            reports.push(Report { labels, profile });
+        for (name, stacks, kernel) in [
+            ("process_cpu", &stacks, &kernel),
+            ("off_cpu", &off, &off_kernel),
+        ] {
+            let mut writer = ProfileWriter::new(&self.symbols, kernel, &self.interp.frames, period);
+            if name == "off_cpu" {
+                writer = writer.off_cpu();
+            }
+            for (labels, processes) in series(&self.table, &self.host, &self.config, name, stacks) {
+                let profile = writer.write(
+                    &processes,
+                    &mut self.unwinding.binaries,
+                    self.interval_start,
+                    now - self.interval_start,
+                );
+                reports.push(Report { labels, profile });
+            }
         }
         self.interval_start = now;
         if let Some(bpf) = &mut self.ebpf {
@@ -580,6 +681,9 @@ impl Collector {
             |instance| table.instance(instance).is_some(),
             self.config.memory_limit / 16,
         );
+        if let Some(off) = &mut self.offcpu {
+            off.retain(|instance| table.instance(instance).is_some());
+        }
         self.keep_within_budget();
         self.stats
             .reports
@@ -653,9 +757,13 @@ impl Collector {
             return;
         };
         let (batches, received) = std::sync::mpsc::sync_channel::<Vec<Record>>(READ_AHEAD);
-        let mut interp_events = self.ebpf.as_mut().and_then(ebpf::Ebpf::take_interp_events);
+        let mut rings = self
+            .ebpf
+            .as_mut()
+            .map(ebpf::Ebpf::take_rings)
+            .unwrap_or_default();
         std::thread::scope(|scope| {
-            scope.spawn(move || read_rings(&mut events, interp_events.as_mut(), stop, batches));
+            scope.spawn(move || read_rings(&mut events, &mut rings, stop, batches));
             let mut next_report = Instant::now() + first_report_after(self.config.interval);
             loop {
                 let wait = next_report.saturating_duration_since(Instant::now());
@@ -699,20 +807,16 @@ pub const READ_AHEAD: usize = 16;
 /// that came online every 10 s. Ends when `stop` is set, after a last drain.
 fn read_rings(
     events: &mut PerfEvents,
-    mut interp_events: Option<&mut ebpf::InterpEvents>,
+    rings: &mut ebpf::Rings,
     stop: &AtomicBool,
     batches: std::sync::mpsc::SyncSender<Vec<Record>>,
 ) {
     let mut next_cpu_check = Instant::now() + Duration::from_secs(10);
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
-        // The interpreter stacks first: each was written before its sample, so every
-        // sample drained next finds its stack already read.
-        let interpreted = interp_events
-            .as_mut()
-            .map(|ring| ring.drain())
-            .unwrap_or_default();
-        let batch = events.drain_with(interpreted);
+        // The BPF rings first: an interpreter stack is written before its sample reaches
+        // the perf ring, so every sample drained next finds its stack already read.
+        let batch = events.drain_with(rings.drain());
         if !batch.is_empty() && batches.send(batch).is_err() {
             return;
         }
@@ -725,8 +829,7 @@ fn read_rings(
             }
         }
     }
-    let interpreted = interp_events.map(|ring| ring.drain()).unwrap_or_default();
-    let _ = batches.send(events.drain_with(interpreted));
+    let _ = batches.send(events.drain_with(rings.drain()));
 }
 
 /// When the first report is due: between half an interval and a whole one, at a phase

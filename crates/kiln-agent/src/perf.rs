@@ -71,6 +71,8 @@ pub enum Record {
     },
     /// An interpreter's stack, read by the BPF program at a sample (interp/).
     Interpreted(crate::interp::Event),
+    /// A thread left the CPU or came back (offcpu.rs).
+    OffCpu(crate::offcpu::Event),
     /// An executable mapping appeared.
     Mmap {
         pid: u32,

@@ -301,6 +301,8 @@ pub struct ProfileWriter<'a> {
     /// What the interpreted frames of user stacks are (crate::interp).
     interpreted: &'a crate::interp::Frames,
     period_nanos: i64,
+    /// Stacks count nanoseconds off the CPU (crate::offcpu), not samples.
+    off_cpu: bool,
 }
 
 /// Symbolizes every kernel address of this interval at once.
@@ -344,6 +346,15 @@ impl<'a> ProfileWriter<'a> {
             kernel,
             interpreted,
             period_nanos,
+            off_cpu: false,
+        }
+    }
+
+    /// The writer of off-CPU profiles: one value per stack, nanoseconds blocked.
+    pub fn off_cpu(self) -> Self {
+        ProfileWriter {
+            off_cpu: true,
+            ..self
         }
     }
 
@@ -359,22 +370,25 @@ impl<'a> ProfileWriter<'a> {
         let mut out = Out::default();
         out.string("");
         let samples = (out.string("samples"), out.string("count"));
-        let cpu = (out.string("cpu"), out.string("nanoseconds"));
-        out.profile.sample_type = vec![
-            ValueType {
-                r#type: samples.0,
-                unit: samples.1,
-            },
-            ValueType {
-                r#type: cpu.0,
-                unit: cpu.1,
-            },
-        ];
-        out.profile.period_type = Some(ValueType {
-            r#type: cpu.0,
-            unit: cpu.1,
-        });
-        out.profile.period = self.period_nanos;
+        let kind = if self.off_cpu { "off_cpu" } else { "cpu" };
+        let time = (out.string(kind), out.string("nanoseconds"));
+        let time_type = ValueType {
+            r#type: time.0,
+            unit: time.1,
+        };
+        out.profile.sample_type = if self.off_cpu {
+            vec![time_type]
+        } else {
+            vec![
+                ValueType {
+                    r#type: samples.0,
+                    unit: samples.1,
+                },
+                time_type,
+            ]
+        };
+        out.profile.period_type = Some(time_type);
+        out.profile.period = if self.off_cpu { 1 } else { self.period_nanos };
         out.profile.time_nanos = time_nanos;
         out.profile.duration_nanos = duration_nanos;
         for (process, counts) in processes {
@@ -466,9 +480,15 @@ impl<'a> ProfileWriter<'a> {
                 ids.push(out.user_location(*address, mapping, &frames));
             }
             let count = i64::try_from(*count).unwrap_or(i64::MAX);
-            out.profile
-                .sample
-                .push(&ids, &[count, count.saturating_mul(self.period_nanos)], &[]);
+            if self.off_cpu {
+                out.profile.sample.push(&ids, &[count], &[]);
+            } else {
+                out.profile.sample.push(
+                    &ids,
+                    &[count, count.saturating_mul(self.period_nanos)],
+                    &[],
+                );
+            }
         }
     }
 }

@@ -357,6 +357,9 @@ pub struct Unwinding {
 struct ProcessUnwinder {
     generation: u64,
     method: Method,
+    /// Holds the DWARF of every mapped file: always for DWARF programs, and for a
+    /// frame-pointer program once a stack copy had to be walked (walk_copy).
+    modules: bool,
     #[cfg(target_arch = "x86_64")]
     unwinder: framehop::x86_64::UnwinderX86_64<Arc<[u8]>>,
 }
@@ -454,6 +457,34 @@ impl Unwinding {
         }
     }
 
+    /// The user stack of a thread that went off the CPU (offcpu.rs): there is no kernel
+    /// chain, only the registers and the stack copy, so a frame-pointer program's chain
+    /// is followed in the copy.
+    /// The frames are found by the files' CFI even in a frame-pointer program: a thread
+    /// that blocked is in a system call's libc wrapper, which sets up no frame, so a
+    /// frame-pointer walk from there would skip its caller.
+    pub fn walk_copy(&mut self, process: &Process, context: UserContext<'_>) -> Walked {
+        self.refresh(process);
+        let modules = self
+            .processes
+            .get(&process.instance)
+            .is_some_and(|unwinder| unwinder.modules);
+        if !modules {
+            if let Some(built) = self.build(process, true) {
+                self.processes.insert(process.instance, built);
+            }
+        }
+        let method = match self.processes.get_mut(&process.instance) {
+            Some(unwinder) => std::mem::replace(&mut unwinder.method, Method::Dwarf),
+            None => Method::FramePointer,
+        };
+        let walked = self.walk(process, vec![context.ip], false, Some(context));
+        if let Some(unwinder) = self.processes.get_mut(&process.instance) {
+            unwinder.method = method;
+        }
+        walked
+    }
+
     /// Builds the process's unwinder if its mappings changed since it was built.
     fn refresh(&mut self, process: &Process) {
         let stale = self
@@ -463,9 +494,10 @@ impl Unwinding {
         if stale {
             // A program that cannot be read is walked by the kernel's chain, and not read
             // again until its mappings change.
-            let built = self.build(process).unwrap_or(ProcessUnwinder {
+            let built = self.build(process, false).unwrap_or(ProcessUnwinder {
                 generation: process.generation,
                 method: Method::FramePointer,
+                modules: false,
                 #[cfg(target_arch = "x86_64")]
                 unwinder: framehop::x86_64::UnwinderX86_64::new(),
             });
@@ -473,14 +505,15 @@ impl Unwinding {
         }
     }
 
-    fn build(&mut self, process: &Process) -> Option<ProcessUnwinder> {
+    fn build(&mut self, process: &Process, modules: bool) -> Option<ProcessUnwinder> {
         let main = process.main_mapping()?;
         let main_path = process.readable_path(main)?;
         let method = self.binaries.get(&main_path)?.method;
         #[cfg(target_arch = "x86_64")]
         let mut unwinder = framehop::x86_64::UnwinderX86_64::new();
+        let modules = modules || method == Method::Dwarf;
         #[cfg(target_arch = "x86_64")]
-        if method == Method::Dwarf {
+        if modules {
             use framehop::Unwinder;
             for mapping in process.mappings.iter().filter(|m| m.is_file()) {
                 let Some(path) = process.readable_path(mapping) else {
@@ -514,6 +547,7 @@ impl Unwinding {
         Some(ProcessUnwinder {
             generation: process.generation,
             method,
+            modules,
             #[cfg(target_arch = "x86_64")]
             unwinder,
         })

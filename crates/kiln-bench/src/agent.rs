@@ -26,9 +26,14 @@ pub struct AgentBenchArgs {
     #[arg(long, default_value_t = 200)]
     churn: u64,
     /// Agent modes measured at each frequency: `perf` (every sample through the ring),
-    /// `ebpf` (frame-pointer programs counted in the kernel).
+    /// `ebpf` (frame-pointer programs counted in the kernel), `offcpu=SHARE` (eBPF, and
+    /// off-CPU profiling sampling that share of blocking switches).
     #[arg(long, value_delimiter = ',', default_value = "perf,ebpf")]
     modes: Vec<String>,
+    /// Blocking context switches a second made by threads that sleep briefly in a loop
+    /// (0: none), for the cost of off-CPU profiling.
+    #[arg(long, default_value_t = 0)]
+    switches: u64,
     /// A program to keep each core busy instead of the bench's own spinning threads, with
     /// its arguments (e.g. a Go program, whose frame pointers let eBPF count its samples
     /// in the kernel). One copy per core.
@@ -37,6 +42,18 @@ pub struct AgentBenchArgs {
     /// The agent's --memory-limit.
     #[arg(long, default_value = "128MiB")]
     memory_limit: String,
+}
+
+/// Context switches on the host since boot (`ctxt` in /proc/stat).
+fn context_switches() -> u64 {
+    std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("ctxt "))
+                .and_then(|value| value.trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// Starts `per_minute` short-lived processes a minute until `busy` is cleared.
@@ -98,6 +115,18 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
         })
         .collect();
     let churning = churn(args.churn, busy.clone());
+    // Four threads that block and wake, `switches` times a second between them.
+    let sleepers: Vec<_> = (0..if args.switches > 0 { 4 } else { 0 })
+        .map(|_| {
+            let busy = busy.clone();
+            let pause = Duration::from_secs_f64(4.0 / args.switches.max(1) as f64);
+            std::thread::spawn(move || {
+                while busy.load(Ordering::Relaxed) {
+                    std::thread::sleep(pause);
+                }
+            })
+        })
+        .collect();
     println!(
         "kiln bench agent: {cores} cores kept busy, {} short-lived processes a minute, {} s per frequency",
         args.churn, args.seconds
@@ -105,10 +134,11 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("cannot find the kiln binary")?;
     for frequency in &args.frequencies {
         for mode in &args.modes {
-            let ebpf = match mode.as_str() {
-                "perf" => "false",
-                "ebpf" => "true",
-                other => anyhow::bail!("unknown mode {other:?}: perf or ebpf"),
+            let (ebpf, off_cpu) = match mode.split_once('=') {
+                _ if mode == "perf" => ("false", None),
+                _ if mode == "ebpf" => ("true", None),
+                Some(("offcpu", share)) => ("true", Some(share)),
+                _ => anyhow::bail!("unknown mode {mode:?}: perf, ebpf or offcpu=SHARE"),
             };
             let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
                 .local_addr()?
@@ -124,6 +154,11 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
                 .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
                 .args(["--memory-limit", &args.memory_limit])
                 .args(["--ebpf", ebpf])
+                .args(
+                    off_cpu
+                        .map(|share| vec!["--off-cpu", "--off-cpu-threshold", share])
+                        .unwrap_or_default(),
+                )
                 .env("KILN_LOG_LEVEL", "warn")
                 .spawn()
                 .context("cannot start kiln agent")?;
@@ -132,7 +167,10 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
             if let Ok(Some(status)) = agent.try_wait() {
                 anyhow::bail!("kiln agent exited: {status}");
             }
+            let stats_on = kiln_agent::ebpf::enable_stats();
+            let programs_before = kiln_agent::ebpf::program_stats();
             let before = crate::common::process_cpu_seconds(pid).unwrap_or(0.0);
+            let switches_before = context_switches();
             // Its own heap, every second: the figure the memory budget bounds.
             let mut peak_anon = 0;
             for _ in 0..args.seconds {
@@ -140,6 +178,27 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
                 peak_anon = peak_anon.max(status_kib(pid, "RssAnon:"));
             }
             let cpu = crate::common::process_cpu_seconds(pid).unwrap_or(0.0) - before;
+            let switch_rate =
+                context_switches().saturating_sub(switches_before) as f64 / args.seconds as f64;
+            // The BPF programs run in the threads they sample, not in the agent: their
+            // time is the kernel's accounting of each program.
+            let programs: Vec<String> = kiln_agent::ebpf::program_stats()
+                .into_iter()
+                .filter_map(|(name, (runs, time))| {
+                    let (runs_before, time_before) =
+                        programs_before.get(&name).copied().unwrap_or_default();
+                    let runs = runs.checked_sub(runs_before)?;
+                    let time = time.checked_sub(time_before)?;
+                    (runs > 0).then(|| {
+                        format!(
+                            "{name} {runs} runs, {:.0} ns each, {:.3} % of one core",
+                            time.as_nanos() as f64 / runs as f64,
+                            100.0 * time.as_secs_f64() / args.seconds as f64
+                        )
+                    })
+                })
+                .collect();
+            drop(stats_on);
             let metrics = ureq::get(&format!("http://127.0.0.1:{metrics_port}/metrics"))
                 .call()
                 .ok()
@@ -169,7 +228,7 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
                     .sum()
             };
             println!(
-            "{frequency:>5} Hz {mode:>4}: agent CPU {:.3} % of one core over {} s, RSS {:.1} MiB (peak {:.1} MiB; its own heap {:.1} MiB, peak {:.1} MiB, the rest mapped binaries), {samples} samples ({in_kernel} counted in the kernel), {lost} lost, {} stacks by frame pointers, {} by DWARF, {processes} processes tracked",
+            "{frequency:>5} Hz {mode:>4}: {switch_rate:.0} context switches/s on the host, agent CPU {:.3} % of one core over {} s, RSS {:.1} MiB (peak {:.1} MiB; its own heap {:.1} MiB, peak {:.1} MiB, the rest mapped binaries), {samples} samples ({in_kernel} counted in the kernel), {lost} lost, {} stacks by frame pointers, {} by DWARF, {processes} processes tracked",
             100.0 * cpu / args.seconds as f64,
             args.seconds,
             status_kib(pid, "VmRSS:") as f64 / 1024.0,
@@ -179,6 +238,9 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
             stacks("frame_pointer"),
             stacks("dwarf"),
         );
+            if !programs.is_empty() {
+                println!("      in the kernel: {}", programs.join("; "));
+            }
             // SAFETY: kill(2) with a child's pid and SIGINT touches no memory.
             unsafe {
                 libc::kill(pid as i32, libc::SIGINT);
@@ -187,6 +249,9 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
         }
     }
     busy.store(false, Ordering::Relaxed);
+    for sleeper in sleepers {
+        let _ = sleeper.join();
+    }
     for mut child in busy_children {
         let _ = child.kill();
         let _ = child.wait();

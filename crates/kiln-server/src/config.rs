@@ -116,6 +116,11 @@ pub struct AgentSettings {
     pub memory_limit_bytes: usize,
     /// Count frame-pointer programs' samples in the kernel (`kiln agent --ebpf`).
     pub ebpf: bool,
+    /// Profile where threads block, as a second profile per process (`off_cpu`; `kiln
+    /// agent --off-cpu`).
+    pub off_cpu: bool,
+    /// The share of blocking switches sampled (`kiln agent --off-cpu-threshold`), 0 to 1.
+    pub off_cpu_threshold: f64,
 }
 
 impl Default for AgentSettings {
@@ -129,6 +134,8 @@ impl Default for AgentSettings {
             env_allowlist: Vec::new(),
             memory_limit_bytes: kiln_agent::DEFAULT_MEMORY_LIMIT,
             ebpf: true,
+            off_cpu: false,
+            off_cpu_threshold: kiln_agent::offcpu::DEFAULT_THRESHOLD,
         }
     }
 }

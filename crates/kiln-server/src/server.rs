@@ -478,6 +478,7 @@ async fn start_agent(
         env_allowlist: settings.env_allowlist.clone(),
         memory_limit: settings.memory_limit_bytes,
         ebpf: settings.ebpf,
+        off_cpu: settings.off_cpu.then_some(settings.off_cpu_threshold),
     };
     let stop = Arc::new(AtomicBool::new(false));
     // Reports wait here while a flush is slow; past 64 intervals the newest are dropped.

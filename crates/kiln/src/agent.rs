@@ -57,6 +57,15 @@ pub struct AgentArgs {
     /// cannot be loaded the agent says why and samples without it.
     #[arg(long, env = "KILN_AGENT_EBPF", default_value_t = true, action = clap::ArgAction::Set)]
     ebpf: bool,
+    /// Also profile where threads block (a lock, a socket, the disk, a sleep): a second
+    /// profile per process, `off_cpu`, in nanoseconds. Needs eBPF (Linux 5.18+).
+    #[arg(long, env = "KILN_AGENT_OFF_CPU")]
+    off_cpu: bool,
+    /// The share of blocking switches sampled with --off-cpu, 0 to 1; each is weighted by
+    /// its inverse, so the totals are estimates of the whole. Bounds the cost on a host
+    /// that switches often (docs/benchmarks.md).
+    #[arg(long, env = "KILN_AGENT_OFF_CPU_THRESHOLD", value_parser = parse_share)]
+    off_cpu_threshold: Option<f64>,
     /// Print what the agent running on this host is doing (from its /metrics at
     /// --metrics-listen): per binary, how stacks are unwound and how many were cut.
     #[arg(long)]
@@ -302,6 +311,20 @@ fn parse_size(text: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("{text:?} is too large"))
 }
 
+/// A share: a number from 0 (exclusive) to 1.
+fn parse_share(text: &str) -> Result<f64, String> {
+    let share: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if share > 0.0 && share <= 1.0 {
+        Ok(share)
+    } else {
+        Err(format!(
+            "{text} is not a share: it must be above 0 and at most 1"
+        ))
+    }
+}
+
 /// `kiln agent --status`: the running agent's per-binary unwinding, from its /metrics.
 fn print_status(metrics_listen: &str) -> anyhow::Result<()> {
     let url = format!("http://{metrics_listen}/metrics");
@@ -397,6 +420,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         env_allowlist: settings.env_allowlist,
         memory_limit: args.memory_limit,
         ebpf: args.ebpf,
+        off_cpu: (args.off_cpu || settings.off_cpu)
+            .then(|| args.off_cpu_threshold.unwrap_or(settings.off_cpu_threshold)),
     };
     let target = Target::from_args(&args)?;
     let stop = Arc::new(AtomicBool::new(false));

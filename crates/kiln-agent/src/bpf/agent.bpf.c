@@ -38,8 +38,14 @@ static void *(*bpf_ringbuf_reserve)(void *ringbuf, __u64 size, __u64 flags) = (v
 static void (*bpf_ringbuf_submit)(void *data, __u64 flags) = (void *)132;
 static long (*bpf_loop)(__u32 nr_loops, void *callback_fn, void *callback_ctx,
                         __u64 flags) = (void *)181;
+static __u32 (*bpf_get_prandom_u32)(void) = (void *)7;
+static long (*bpf_get_stack)(void *ctx, void *buf, __u32 size, __u64 flags) = (void *)67;
+static long (*bpf_probe_read_kernel)(void *dst, __u32 size, const void *src) = (void *)113;
+static void *(*bpf_get_current_task_btf)(void) = (void *)158;
+static long (*bpf_task_pt_regs)(void *task) = (void *)175;
 
 #include "interp.bpf.h"
+#include "offcpu.bpf.h"
 
 #define MAX_DEPTH 127
 #define MAX_STACKS 4096

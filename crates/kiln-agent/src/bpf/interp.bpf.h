@@ -202,9 +202,9 @@ static void python_walk(const struct interp_proc *proc, struct interp_event *eve
     event->count = walk.count;
 }
 
-// Reads the sampled thread's interpreter stack, if its process runs a known interpreter.
-// Returns whether it did: the sample then goes to the ring as well.
-static int interp_sample(__u32 tgid, __u32 tid)
+// Reads the thread's interpreter stack, if its process runs a known interpreter, stamped
+// `time`. Returns whether it does.
+static int interp_read(__u32 tgid, __u32 tid, __u64 time)
 {
     const struct interp_proc *proc = bpf_map_lookup_elem(&interp_procs, &tgid);
     if (!proc)
@@ -214,7 +214,7 @@ static int interp_sample(__u32 tgid, __u32 tid)
         return 1; // the ring is full: the sample keeps its native stack
     event->pid = tgid;
     event->tid = tid;
-    event->time = bpf_ktime_get_ns();
+    event->time = time;
     event->kind = proc->kind;
     event->status = STATUS_OK;
     event->count = 0;
@@ -222,4 +222,11 @@ static int interp_sample(__u32 tgid, __u32 tid)
         python_walk(proc, event, tid);
     bpf_ringbuf_submit(event, 0);
     return 1;
+}
+
+// At a CPU sample: whether the thread's interpreter stack was read (the sample then goes
+// to the ring as well).
+static int interp_sample(__u32 tgid, __u32 tid)
+{
+    return interp_read(tgid, tid, bpf_ktime_get_ns());
 }

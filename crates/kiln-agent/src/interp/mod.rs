@@ -71,12 +71,7 @@ pub const MAX_FRAMES: usize = 128;
 impl Event {
     /// Decodes `struct interp_event`; `None` when it is shorter than it says.
     pub fn parse(bytes: &[u8]) -> Option<Event> {
-        let u32_at = |at: usize| -> Option<u32> {
-            Some(u32::from_ne_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
-        };
-        let u64_at = |at: usize| -> Option<u64> {
-            Some(u64::from_ne_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
-        };
+        let (u32_at, u64_at) = (|at| u32_at(bytes, at), |at| u64_at(bytes, at));
         let u16_at = |at: usize| -> Option<u16> {
             Some(u16::from_ne_bytes(bytes.get(at..at + 2)?.try_into().ok()?))
         };
@@ -101,6 +96,20 @@ impl Event {
             frames,
         })
     }
+}
+
+/// A native-endian `u32` at `at`, as a BPF program wrote it.
+pub(crate) fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(
+        bytes.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
+}
+
+/// A native-endian `u64` at `at`, as a BPF program wrote it.
+pub(crate) fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_ne_bytes(
+        bytes.get(at..at.checked_add(8)?)?.try_into().ok()?,
+    ))
 }
 
 /// Interpreted frames of this interval, each a list of (function, file, line), innermost

@@ -430,7 +430,7 @@ pub fn line_of(table: &[u8], first_line: i64, index: u64) -> Option<i64> {
             15 => false,
             14 => {
                 let delta = varint()?;
-                line += signed(delta);
+                line = line.saturating_add(signed(delta));
                 for _ in 0..3 {
                     varint()?;
                 }
@@ -438,11 +438,11 @@ pub fn line_of(table: &[u8], first_line: i64, index: u64) -> Option<i64> {
             }
             13 => {
                 let delta = varint()?;
-                line += signed(delta);
+                line = line.saturating_add(signed(delta));
                 true
             }
             10..=12 => {
-                line += i64::from(code - 10);
+                line = line.saturating_add(i64::from(code - 10));
                 next()?;
                 next()?;
                 true

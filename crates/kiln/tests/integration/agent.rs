@@ -66,7 +66,7 @@ pub(crate) fn start_agent(server: &TestServer) -> Option<AgentChild> {
     start_agent_with(server, &[])
 }
 
-fn start_agent_with(server: &TestServer, extra: &[&str]) -> Option<AgentChild> {
+pub(crate) fn start_agent_with(server: &TestServer, extra: &[&str]) -> Option<AgentChild> {
     start_agent_to(&["--push-url", &server.url], extra)
 }
 
@@ -123,8 +123,13 @@ fn functions(
 
 /// The whole CPU flame graph of a selection, as tree bytes.
 pub(crate) fn cpu_tree(server: &TestServer, selector: &str) -> Vec<u8> {
+    tree_of(server, CPU, selector)
+}
+
+/// The whole flame graph of a profile type and selection, as tree bytes.
+pub(crate) fn tree_of(server: &TestServer, profile_type: &str, selector: &str) -> Vec<u8> {
     let request = kiln_query::api::SelectMergeStacktracesRequest {
-        profile_type_id: CPU.into(),
+        profile_type_id: profile_type.into(),
         label_selector: selector.to_string(),
         start: 0,
         end: 0,

@@ -1,6 +1,7 @@
-//! `kiln agent` and interpreted programs: their own functions named, with no change to
+//! `kiln agent`, round two: interpreted programs' own functions named, with no change to
 //! them (no flag, no environment variable, no library loaded), in one stack with the
-//! native frames around them (crates/kiln-agent/src/interp/).
+//! native frames around them (crates/kiln-agent/src/interp/); and where threads block,
+//! off the CPU (crates/kiln-agent/src/offcpu.rs).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -69,7 +70,8 @@ fn pythons() -> Vec<PathBuf> {
 /// functions, splits 70/30 between the two hot ones within ±5 points, and has `kiln_main`
 /// on ≥ 90 % of its samples (the stack is whole: the Python frames sit between the
 /// interpreter's start and the native code they run). A function calling a C extension
-/// (zlib) has zlib's frames under it.
+/// (zlib) has zlib's frames under it. A program calling 10,000 distinct functions in turn
+/// gets them named, with no unknown frames.
 #[test]
 fn python_functions_are_named_with_no_change_to_the_program() {
     let pythons = pythons();
@@ -84,8 +86,13 @@ fn python_functions_are_named_with_no_change_to_the_program() {
     };
     let seconds = "8";
     let mut children = Vec::new();
-    for python in &pythons {
-        for mode in ["plain", "compress"] {
+    for (index, python) in pythons.iter().enumerate() {
+        let modes: &[&str] = if index == 0 {
+            &["plain", "compress", "many"]
+        } else {
+            &["plain", "compress"]
+        };
+        for &mode in modes {
             let child = Command::new(python)
                 .arg(&script)
                 .arg(seconds)
@@ -103,8 +110,8 @@ fn python_functions_are_named_with_no_change_to_the_program() {
     }
     let mut failures = Vec::new();
     for (python, mode, pid) in &processes {
-        // Four processes on two cores for 8 s: about 4 s of CPU each.
-        let paths = wait_for_samples(&server, *pid, 3_000_000_000);
+        // Five processes on two cores for 8 s: about 3 s of CPU each.
+        let paths = wait_for_samples(&server, *pid, 2_500_000_000);
         let total: i64 = paths.iter().map(|(_, v)| v).sum();
         let main = share(&paths, "kiln_main");
         if *mode == "plain" {
@@ -117,6 +124,23 @@ fn python_functions_are_named_with_no_change_to_the_program() {
             );
             if (split - 70.0).abs() > 5.0 || main < 90.0 {
                 failures.push(format!("{python:?}: split {split:.1}, main {main:.1}"));
+            }
+        } else if *mode == "many" {
+            // 10,000 functions called in turn: each sample names one of them, rightly.
+            let names: std::collections::HashSet<&String> = paths
+                .iter()
+                .flat_map(|(path, _)| path.iter().filter(|f| f.starts_with("kiln_f_")))
+                .collect();
+            let unknown = share(&paths, "[unknown python frame]");
+            println!(
+                "{python:?} (pid {pid}) with 10,000 functions: {} of them sampled, unknown frames on {unknown:.2} %, kiln_main on {main:.1} %",
+                names.len()
+            );
+            if names.len() < 200 || unknown > 1.0 || main < 90.0 {
+                failures.push(format!(
+                    "{python:?} many: {} names, unknown {unknown:.2}, main {main:.1}",
+                    names.len()
+                ));
             }
         } else {
             // zlib's own frames (deflate…) below kiln_compress, in the same stacks.
@@ -154,4 +178,106 @@ fn python_functions_are_named_with_no_change_to_the_program() {
             && metrics.contains("outcome=\"named\""),
         "{metrics}"
     );
+}
+
+const OFF_CPU: &str = "off_cpu:off_cpu:nanoseconds:off_cpu:nanoseconds";
+
+/// `--off-cpu`: a thread that sleeps 70 ms and then blocks 30 ms on a pipe read, in turn,
+/// shows both in its process's `off_cpu` profile, 70/30 within ±5 points, each with the
+/// kernel's sleep or pipe read under the function that blocked. A Python program's own
+/// function is named off the CPU as on it.
+#[test]
+fn off_cpu_time_goes_to_where_threads_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = dir.path().join("kiln_blocker");
+    let built = Command::new("cc")
+        .args(["-O2", "-g", "-pthread", "-o"])
+        .arg(&program)
+        .arg(workspace_root().join("tests/agent/blocker.c"))
+        .status();
+    if !built.is_ok_and(|status| status.success()) {
+        println!("skipped: the off-CPU test (no C compiler)");
+        return;
+    }
+    let server = TestServer::start();
+    let Some(agent) =
+        crate::agent::start_agent_with(&server, &["--off-cpu", "--off-cpu-threshold", "1"])
+    else {
+        return;
+    };
+    let mut child = Command::new(&program).arg("6").spawn().unwrap();
+    let pid = child.id();
+    // A Python program sleeping in a function of its own: named off the CPU too.
+    let python = pythons().into_iter().next().map(|python| {
+        Command::new(python)
+            .arg(workspace_root().join("tests/agent/burner.py"))
+            .args(["6", "sleep"])
+            .spawn()
+            .expect("python runs")
+    });
+    assert!(child.wait().unwrap().success());
+    let python = python.map(|mut python| {
+        assert!(python.wait().unwrap().success());
+        python.id()
+    });
+    // The main thread is off the CPU for nearly all of its 6 s, and so is the writer.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let paths = loop {
+        let tree = crate::agent::tree_of(&server, OFF_CPU, &format!(r#"{{pid="{pid}"}}"#));
+        let paths = kiln_query::merge::read_tree_bytes(&tree).expect("tree");
+        let main: i64 = paths
+            .iter()
+            .filter(|(path, _)| path.iter().any(|f| f == "main"))
+            .map(|(_, v)| v)
+            .sum();
+        if main >= 5_500_000_000 || Instant::now() > deadline {
+            break paths;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let python_paths = python.map(|pid| {
+        let tree = crate::agent::tree_of(&server, OFF_CPU, &format!(r#"{{pid="{pid}"}}"#));
+        (
+            pid,
+            kiln_query::merge::read_tree_bytes(&tree).expect("tree"),
+        )
+    });
+    stop(agent);
+    if let Some((pid, paths)) = python_paths {
+        let sleepy = share(&paths, "kiln_sleepy");
+        let total: i64 = paths.iter().map(|(_, v)| v).sum();
+        println!(
+            "off-CPU of Python pid {pid}: {:.2} s, kiln_sleepy on {sleepy:.1} %",
+            total as f64 / 1e9
+        );
+        assert!(sleepy >= 90.0, "{paths:?}");
+    }
+    let under = |function: &str, blocking: &str| -> (i64, i64) {
+        let mut total = 0;
+        let mut blocked = 0;
+        for (path, value) in &paths {
+            if let Some(at) = path.iter().position(|f| f == function) {
+                total += value;
+                if path[at + 1..].iter().any(|f| f.contains(blocking)) {
+                    blocked += value;
+                }
+            }
+        }
+        (total, blocked)
+    };
+    let (sleep, in_nanosleep) = under("kiln_sleep_a", "nanosleep");
+    let (pipe, in_pipe_read) = under("kiln_pipe_b", "pipe_read");
+    let split = 100.0 * sleep as f64 / (sleep + pipe).max(1) as f64;
+    println!(
+        "off-CPU of pid {pid}: kiln_sleep_a {:.2} s ({:.1} % in nanosleep), kiln_pipe_b {:.2} s ({:.1} % in pipe_read): {split:.1} / {:.1}",
+        sleep as f64 / 1e9,
+        100.0 * in_nanosleep as f64 / sleep.max(1) as f64,
+        pipe as f64 / 1e9,
+        100.0 * in_pipe_read as f64 / pipe.max(1) as f64,
+        100.0 - split
+    );
+    assert!((split - 70.0).abs() <= 5.0, "split {split:.1}: {paths:?}");
+    assert!(sleep + pipe >= 5_000_000_000, "{sleep} + {pipe} ns of 6 s");
+    assert!(in_nanosleep as f64 >= 0.95 * sleep as f64, "{paths:?}");
+    assert!(in_pipe_read as f64 >= 0.95 * pipe as f64, "{paths:?}");
 }
