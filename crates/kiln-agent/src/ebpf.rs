@@ -307,28 +307,21 @@ pub struct Rings {
 }
 
 impl Rings {
-    /// Every event written since the last call, with its time.
-    pub fn drain(&mut self) -> Vec<(u64, crate::perf::Record)> {
-        let mut out = Vec::new();
+    /// Every event written since the last call: interpreter stacks, and off-CPU switches.
+    pub fn drain(&mut self) -> (Vec<crate::interp::Event>, Vec<crate::offcpu::Event>) {
+        let mut interpreted = Vec::new();
         if let Some(ring) = &mut self.interp {
             while let Some(item) = ring.next() {
-                if let Some(event) = crate::interp::Event::parse(&item) {
-                    out.push((event.time, crate::perf::Record::Interpreted(event)));
-                }
+                interpreted.extend(crate::interp::Event::parse(&item));
             }
         }
+        let mut off_cpu = Vec::new();
         if let Some(ring) = &mut self.offcpu {
             while let Some(item) = ring.next() {
-                if let Some(event) = crate::offcpu::Event::parse(&item) {
-                    let time = match &event {
-                        crate::offcpu::Event::Left(left) => left.time,
-                        crate::offcpu::Event::Back(back) => back.time,
-                    };
-                    out.push((time, crate::perf::Record::OffCpu(event)));
-                }
+                off_cpu.extend(crate::offcpu::Event::parse(&item));
             }
         }
-        out
+        (interpreted, off_cpu)
     }
 }
 

@@ -816,7 +816,7 @@ fn read_rings(
         std::thread::sleep(Duration::from_millis(100));
         // The BPF rings first: an interpreter stack is written before its sample reaches
         // the perf ring, so every sample drained next finds its stack already read.
-        let batch = events.drain_with(rings.drain());
+        let batch = events.drain_with(timed(rings.drain()));
         if !batch.is_empty() && batches.send(batch).is_err() {
             return;
         }
@@ -829,7 +829,22 @@ fn read_rings(
             }
         }
     }
-    let _ = batches.send(events.drain_with(rings.drain()));
+    let _ = batches.send(events.drain_with(timed(rings.drain())));
+}
+
+/// The BPF rings' events as records, with their times.
+fn timed((interpreted, off_cpu): (Vec<interp::Event>, Vec<offcpu::Event>)) -> Vec<(u64, Record)> {
+    let interpreted = interpreted
+        .into_iter()
+        .map(|event| (event.time, Record::Interpreted(event)));
+    let off_cpu = off_cpu.into_iter().map(|event| {
+        let time = match &event {
+            offcpu::Event::Left(left) => left.time,
+            offcpu::Event::Back(back) => back.time,
+        };
+        (time, Record::OffCpu(event))
+    });
+    interpreted.chain(off_cpu).collect()
 }
 
 /// When the first report is due: between half an interval and a whole one, at a phase

@@ -228,7 +228,7 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
                     .sum()
             };
             println!(
-            "{frequency:>5} Hz {mode:>4}: {switch_rate:.0} context switches/s on the host, agent CPU {:.3} % of one core over {} s, RSS {:.1} MiB (peak {:.1} MiB; its own heap {:.1} MiB, peak {:.1} MiB, the rest mapped binaries), {samples} samples ({in_kernel} counted in the kernel), {lost} lost, {} stacks by frame pointers, {} by DWARF, {processes} processes tracked",
+            "{frequency:>5} Hz {mode:>4}: agent CPU {:.3} % of one core over {} s, RSS {:.1} MiB (peak {:.1} MiB; its own heap {:.1} MiB, peak {:.1} MiB, the rest mapped binaries), {samples} samples ({in_kernel} counted in the kernel), {lost} lost, {} stacks by frame pointers, {} by DWARF, {processes} processes tracked, {switch_rate:.0} context switches/s on the host",
             100.0 * cpu / args.seconds as f64,
             args.seconds,
             status_kib(pid, "VmRSS:") as f64 / 1024.0,

@@ -706,9 +706,27 @@ fn the_agent_benchmark_runs() {
         return;
     };
     stop(agent);
-    let output = run_kiln(["bench", "agent", "--seconds", "2", "--frequencies", "99"]);
-    // One line per mode: every sample through the ring, and with eBPF.
-    for mode in ["perf", "ebpf"] {
+    let output = run_kiln([
+        "bench",
+        "agent",
+        "--seconds",
+        "2",
+        "--frequencies",
+        "99",
+        "--modes",
+        "perf,ebpf,offcpu=0.01",
+        "--switches",
+        "2000",
+    ]);
+    // One line per mode: every sample through the ring, with eBPF, and off-CPU on, whose
+    // hook's own time the kernel accounts.
+    assert!(
+        output
+            .lines()
+            .any(|line| line.contains("in the kernel:") && line.contains("kiln_switch")),
+        "{output}"
+    );
+    for mode in ["perf", "ebpf", "offcpu=0.01"] {
         let line = output
             .lines()
             .find(|line| line.contains(&format!("99 Hz {mode}: agent CPU")))

@@ -27,9 +27,9 @@ fn share(paths: &[(Vec<String>, i64)], name: &str) -> f64 {
     100.0 * with as f64 / total.max(1) as f64
 }
 
-/// Waits (up to 20 s) until a process's sampled CPU reaches `nanos`.
+/// Waits (up to 10 s) until a process's sampled CPU reaches `nanos`.
 fn wait_for_samples(server: &TestServer, pid: u32, nanos: i64) -> Vec<(Vec<String>, i64)> {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let paths = paths(server, pid);
         let total: i64 = paths.iter().map(|(_, v)| v).sum();
@@ -84,7 +84,9 @@ fn python_functions_are_named_with_no_change_to_the_program() {
     let Some(agent) = start_agent(&server) else {
         return;
     };
-    let seconds = "8";
+    // Long enough for about 800 samples of each process: the split's standard error is
+    // then 1.6 points, a third of the ±5 allowed.
+    let seconds = "12";
     let mut children = Vec::new();
     for (index, python) in pythons.iter().enumerate() {
         let modes: &[&str] = if index == 0 {
@@ -110,7 +112,8 @@ fn python_functions_are_named_with_no_change_to_the_program() {
     }
     let mut failures = Vec::new();
     for (python, mode, pid) in &processes {
-        // Five processes on two cores for 8 s: about 3 s of CPU each.
+        // Five processes on two cores for 12 s: about 4.5 s of CPU each, less what other
+        // tests running meanwhile take.
         let paths = wait_for_samples(&server, *pid, 2_500_000_000);
         let total: i64 = paths.iter().map(|(_, v)| v).sum();
         let main = share(&paths, "kiln_main");
@@ -127,6 +130,8 @@ fn python_functions_are_named_with_no_change_to_the_program() {
             }
         } else if *mode == "many" {
             // 10,000 functions called in turn: each sample names one of them, rightly.
+            // Unknown frames are those of the module `exec` ran to define them: its code
+            // object is freed once they are, before the agent reads it.
             let names: std::collections::HashSet<&String> = paths
                 .iter()
                 .flat_map(|(path, _)| path.iter().filter(|f| f.starts_with("kiln_f_")))
@@ -136,7 +141,7 @@ fn python_functions_are_named_with_no_change_to_the_program() {
                 "{python:?} (pid {pid}) with 10,000 functions: {} of them sampled, unknown frames on {unknown:.2} %, kiln_main on {main:.1} %",
                 names.len()
             );
-            if names.len() < 200 || unknown > 1.0 || main < 90.0 {
+            if names.len() < 200 || unknown > 3.0 || main < 90.0 {
                 failures.push(format!(
                     "{python:?} many: {} names, unknown {unknown:.2}, main {main:.1}",
                     names.len()
