@@ -162,7 +162,8 @@ pub(crate) fn agent_metrics(agent: &AgentChild) -> String {
 /// An agent child and where it serves its metrics.
 pub(crate) struct AgentChild {
     child: Child,
-    metrics: String,
+    /// Where it serves its /metrics.
+    pub(crate) metrics: String,
 }
 
 pub(crate) fn stop(agent: AgentChild) {

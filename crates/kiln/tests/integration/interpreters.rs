@@ -176,7 +176,25 @@ fn python_functions_are_named_with_no_change_to_the_program() {
         }
     }
     let metrics = agent_metrics(&agent);
+    // `kiln agent --status` prints, per interpreter binary, what became of its samples.
+    let status = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["agent", "--status", "--metrics-listen", &agent.metrics])
+        .output()
+        .expect("kiln runs");
     stop(agent);
+    let status = String::from_utf8_lossy(&status.stdout);
+    println!("{status}");
+    assert!(
+        status.lines().any(|line| {
+            line.starts_with("python")
+                && line.contains("named")
+                && pythons.iter().any(|p| {
+                    let real = p.canonicalize().unwrap_or_default();
+                    line.ends_with(real.to_string_lossy().as_ref())
+                })
+        }),
+        "{status}"
+    );
     assert!(failures.is_empty(), "{failures:#?}");
     assert!(
         metrics.contains("kiln_agent_interpreter_stacks_total{")
