@@ -115,6 +115,32 @@ fn relabeled(
     )
 }
 
+/// The binary a process instance runs, as the per-binary counters name it.
+fn binary_name(table: &ProcessTable, instance: Instance) -> &str {
+    table
+        .instance(instance)
+        .map(|process| process.exe.as_str())
+        .filter(|exe| !exe.is_empty())
+        .unwrap_or("unknown")
+}
+
+/// Looks for an interpreter in a sampled process (interp/), and has the BPF program read
+/// its stacks once one is found.
+fn examine_interpreter(
+    ebpf: &mut Option<ebpf::Ebpf>,
+    interp: &mut interp::Interpreters,
+    process: &procs::Process,
+) {
+    let Some(bpf) = ebpf else {
+        return;
+    };
+    if let interp::Found::Register(layout) = interp.examine(process) {
+        if let Err(err) = bpf.interpret(process.pid, process.instance, layout) {
+            tracing::debug!(pid = process.pid, error = %err, "cannot read this interpreter's stacks");
+        }
+    }
+}
+
 /// A process and its stack counts of one interval.
 type ProcessStacks<'a> = (&'a procs::Process, &'a HashMap<Stack, u64>);
 
@@ -258,21 +284,28 @@ impl prometheus_client::collector::Collector for AgentStats {
         let Ok(outcomes) = self.interpreters.lock() else {
             return Ok(());
         };
-        let mut keys: Vec<&(String, &'static str, String)> = outcomes.keys().collect();
-        keys.sort();
+        let mut rows: Vec<(&str, &str, &str, u64)> = outcomes
+            .iter()
+            .flat_map(|(binary, (runtime, counts))| {
+                counts.iter().map(move |(outcome, count)| {
+                    (binary.as_str(), *runtime, outcome.as_str(), *count)
+                })
+            })
+            .collect();
+        rows.sort();
         let mut family = encoder.encode_descriptor(
             "kiln_agent_interpreter_stacks",
             "Samples of interpreters (Python), per binary, by outcome: named, or why the stack kept native frames only",
             None,
             MetricType::Counter,
         )?;
-        for key in keys {
+        for (binary, runtime, outcome, count) in rows {
             let labels = [
-                ("binary", key.0.as_str()),
-                ("runtime", key.1),
-                ("outcome", key.2.as_str()),
+                ("binary", binary),
+                ("runtime", runtime),
+                ("outcome", outcome),
             ];
-            ConstCounter::new(outcomes[key]).encode(family.encode_family(&labels)?)?;
+            ConstCounter::new(count).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }
@@ -440,13 +473,7 @@ impl Collector {
                 });
                 let walked = match self.table.instance(instance) {
                     Some(process) => {
-                        if let Some(bpf) = &mut self.ebpf {
-                            if let interp::Found::Register(layout) = self.interp.examine(process) {
-                                if let Err(err) = bpf.interpret(pid, instance, layout) {
-                                    tracing::debug!(pid, error = %err, "cannot read this interpreter's stacks");
-                                }
-                            }
-                        }
+                        examine_interpreter(&mut self.ebpf, &mut self.interp, process);
                         self.unwinding
                             .walk(process, user, depth >= self.max_stack, context)
                     }
@@ -461,12 +488,8 @@ impl Collector {
                 }
                 let (user, outcome) = self.interp.join(instance, tid, time, walked.user);
                 if let Some((runtime, outcome)) = outcome {
-                    interp::count(
-                        &self.stats.interpreters,
-                        self.binary_name(instance),
-                        runtime,
-                        outcome,
-                    );
+                    let binary = binary_name(&self.table, instance);
+                    interp::count(&self.stats.interpreters, binary, runtime, outcome);
                 }
                 // Only user-mode samples: a kernel thread has no user stack to count.
                 if walked.method == unwind::Method::FramePointer && regs.is_some() {
@@ -547,13 +570,7 @@ impl Collector {
         let Some(process) = self.table.instance(instance) else {
             return;
         };
-        if let Some(bpf) = &mut self.ebpf {
-            if let interp::Found::Register(layout) = self.interp.examine(process) {
-                if let Err(err) = bpf.interpret(left.pid, instance, layout) {
-                    tracing::debug!(pid = left.pid, error = %err, "cannot read this interpreter's stacks");
-                }
-            }
-        }
+        examine_interpreter(&mut self.ebpf, &mut self.interp, process);
         let [ip, sp, bp] = left.regs;
         let walked = self.unwinding.walk_copy(
             process,
@@ -579,14 +596,6 @@ impl Collector {
         }
     }
 
-    fn binary_name(&self, instance: Instance) -> &str {
-        self.table
-            .instance(instance)
-            .map(|process| process.exe.as_str())
-            .filter(|exe| !exe.is_empty())
-            .unwrap_or("unknown")
-    }
-
     fn count_stacks(
         &self,
         instance: Instance,
@@ -594,7 +603,7 @@ impl Collector {
         stacks: u64,
         truncated: u64,
     ) {
-        let binary = self.binary_name(instance);
+        let binary = binary_name(&self.table, instance);
         if let Ok(mut binaries) = self.stats.binaries.lock() {
             let key = if binaries.len() < MAX_BINARIES || binaries.contains_key(binary) {
                 binary.to_string()
@@ -887,6 +896,24 @@ mod tests {
                 truncated: 1,
             },
         );
+        interp::count(
+            &stats.interpreters,
+            "/usr/bin/python3.11",
+            "python",
+            "named",
+        );
+        interp::count(
+            &stats.interpreters,
+            "/usr/bin/python3.11",
+            "python",
+            "named",
+        );
+        interp::count(
+            &stats.interpreters,
+            "/usr/bin/python3.11",
+            "python",
+            "read failed",
+        );
         let mut registry = prometheus_client::registry::Registry::default();
         registry.register_collector(Box::new(stats));
         let mut text = String::new();
@@ -902,6 +929,18 @@ mod tests {
         assert!(
             text.contains(
                 "kiln_agent_stacks_truncated_total{binary=\"/opt/a \\\"b\\\"\\\\c\\nd\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "kiln_agent_interpreter_stacks_total{binary=\"/usr/bin/python3.11\",runtime=\"python\",outcome=\"named\"} 2\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "kiln_agent_interpreter_stacks_total{binary=\"/usr/bin/python3.11\",runtime=\"python\",outcome=\"read failed\"} 1\n"
             ),
             "{text}"
         );

@@ -170,11 +170,12 @@ impl Binary {
     /// Segments share pages at their edges, so it is looked up among the code segments,
     /// by the page-aligned offset the loader mapped them at.
     fn code_address_of(&self, pgoff: u64) -> Option<u64> {
-        self.loads
-            .iter()
-            .filter(|(offset, _, _, exec)| *exec && offset & !0xfff <= pgoff)
-            .max_by_key(|(offset, _, _, _)| *offset)
-            .map(|(offset, vaddr, _, _)| pgoff.wrapping_add(*vaddr).wrapping_sub(*offset))
+        code_address(
+            self.loads
+                .iter()
+                .map(|(offset, vaddr, _, exec)| (*offset, *vaddr, *exec)),
+            pgoff,
+        )
     }
 
     /// Whether nine in ten of the functions probed set up a frame (see the module doc).
@@ -328,6 +329,20 @@ pub fn verified_path(
     let mapped = process.mapped_file(mapping)?;
     let binary = binaries.get(&mapped)?;
     (binary.build_id.as_ref() == Some(expected)).then_some((mapped, binary.symbol_bytes))
+}
+
+/// The virtual address of an executable mapping's first byte, from its file offset, among
+/// an ELF file's loadable segments (file offset, virtual address, executable). Segments
+/// share pages at their edges, so it is looked up among the code segments, by the
+/// page-aligned offset the loader mapped them at.
+pub(crate) fn code_address(
+    loads: impl Iterator<Item = (u64, u64, bool)>,
+    pgoff: u64,
+) -> Option<u64> {
+    loads
+        .filter(|(offset, _, exec)| *exec && offset & !0xfff <= pgoff)
+        .max_by_key(|(offset, _, _)| *offset)
+        .map(|(offset, vaddr, _)| pgoff.wrapping_add(vaddr).wrapping_sub(offset))
 }
 
 /// A user stack as walked: addresses innermost first, and whether it was cut short.

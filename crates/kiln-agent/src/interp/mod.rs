@@ -191,12 +191,14 @@ enum State {
     /// Read from the time given on (`CLOCK_MONOTONIC`): samples before it have no
     /// event.
     Python(Box<python::Runtime>, u64),
-    /// An interpreter, profiled natively, and why.
+    /// An interpreter, profiled natively: the outcome counted, with why.
     Unsupported(String),
 }
 
-/// Samples an interpreter stack was wanted for, per binary, runtime and outcome.
-pub type Outcomes = Mutex<HashMap<(String, &'static str, String), u64>>;
+/// Samples an interpreter stack was wanted for: per binary, its runtime and the count of
+/// each outcome. Keyed so that counting a sample looks up by `&str` and allocates nothing
+/// once the binary and outcome are known (it runs at every interpreter sample).
+pub type Outcomes = Mutex<HashMap<String, (&'static str, HashMap<String, u64>)>>;
 
 /// Binaries tracked in [`Outcomes`]; past it, new ones count as `other`.
 const MAX_BINARIES: usize = 1000;
@@ -278,7 +280,7 @@ impl Interpreters {
             Some(Ok(runtime)) => State::Python(Box::new(runtime), monotonic_nanos()),
             Some(Err(reason)) => {
                 tracing::info!(pid = process.pid, exe = %process.exe, %reason, "interpreter profiled with native frames only");
-                State::Unsupported(reason)
+                State::Unsupported(format!("unsupported: {reason}"))
             }
         };
         self.states.insert(instance, state);
@@ -326,22 +328,26 @@ impl Interpreters {
         tid: u32,
         time: u64,
         native: Vec<u64>,
-    ) -> (Vec<u64>, Option<(&'static str, String)>) {
-        match self.states.get(&instance) {
+    ) -> (Vec<u64>, Option<(&'static str, &str)>) {
+        let python = match self.states.get(&instance) {
             Some(State::Python(_, since)) if time < *since => {
-                return (
-                    native,
-                    Some(("python", "sampled before it was found".into())),
-                )
+                return (native, Some(("python", "sampled before it was found")))
             }
-            Some(State::Python(..)) => {}
-            Some(State::Unsupported(reason)) => {
-                return (native, Some(("python", format!("unsupported: {reason}"))))
-            }
+            Some(State::Python(..)) => true,
+            Some(State::Unsupported(_)) => false,
             _ => return (native, None),
+        };
+        if !python {
+            // Borrowed again here, not above: a borrow returned from one arm of that match
+            // would last past it, and `take` below needs `self`.
+            let outcome = match self.states.get(&instance) {
+                Some(State::Unsupported(outcome)) => outcome.as_str(),
+                _ => "unsupported",
+            };
+            return (native, Some(("python", outcome)));
         }
         let Some(event) = self.take(tid, time) else {
-            return (native, Some(("python", "no stack read".into())));
+            return (native, Some(("python", "no stack read")));
         };
         let Some(State::Python(runtime, _)) = self.states.get_mut(&instance) else {
             return (native, None);
@@ -376,13 +382,19 @@ impl Interpreters {
             outcome
         };
         let merged = merge(&native, &frames, |address| runtime.in_eval(address));
-        (merged, Some(("python", outcome.to_string())))
+        (merged, Some(("python", outcome)))
     }
 
     /// Forgets processes that are gone, and the frames of the interval just reported.
     pub fn retain(&mut self, live: impl Fn(Instance) -> bool, frame_budget: usize) {
         self.states.retain(|instance, _| live(*instance));
-        self.pending.clear();
+        // An event read just before a report may have its sample in the next batch: only
+        // events a second old, whose samples never came, are dropped.
+        let stale = monotonic_nanos().saturating_sub(1_000_000_000);
+        self.pending.retain(|_, queue| {
+            queue.retain(|event| event.time >= stale);
+            !queue.is_empty()
+        });
         if self.frames.bytes() > frame_budget {
             self.frames = Frames::default();
         }
@@ -416,18 +428,27 @@ fn monotonic_nanos() -> u64 {
 }
 
 /// Counts one outcome, by binary.
-pub fn count(outcomes: &Outcomes, binary: &str, runtime: &'static str, outcome: String) {
+pub fn count(outcomes: &Outcomes, binary: &str, runtime: &'static str, outcome: &str) {
     let Ok(mut outcomes) = outcomes.lock() else {
         return;
     };
-    let known = outcomes.keys().any(|(b, _, _)| b == binary);
-    let distinct = outcomes.len();
-    let binary = if known || distinct < MAX_BINARIES {
-        binary.to_string()
+    let binary = if outcomes.contains_key(binary) || outcomes.len() < MAX_BINARIES {
+        binary
     } else {
-        "other".to_string()
+        "other"
     };
-    *outcomes.entry((binary, runtime, outcome)).or_default() += 1;
+    if !outcomes.contains_key(binary) {
+        outcomes.insert(binary.to_string(), (runtime, HashMap::new()));
+    }
+    let Some((_, counts)) = outcomes.get_mut(binary) else {
+        return;
+    };
+    match counts.get_mut(outcome) {
+        Some(count) => *count += 1,
+        None => {
+            counts.insert(outcome.to_string(), 1);
+        }
+    }
 }
 
 #[cfg(test)]

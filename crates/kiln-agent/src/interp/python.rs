@@ -189,12 +189,7 @@ impl Binary {
     /// What to add to the file's addresses in a process that mapped its code at `start`
     /// from file offset `pgoff`.
     pub fn bias(&self, start: u64, pgoff: u64) -> Option<u64> {
-        let vaddr = self
-            .loads
-            .iter()
-            .filter(|(offset, _, exec)| *exec && offset & !0xfff <= pgoff)
-            .max_by_key(|(offset, _, _)| *offset)
-            .map(|(offset, vaddr, _)| pgoff.wrapping_add(*vaddr).wrapping_sub(*offset))?;
+        let vaddr = crate::unwind::code_address(self.loads.iter().copied(), pgoff)?;
         Some(start.wrapping_sub(vaddr))
     }
 }
