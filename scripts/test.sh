@@ -46,6 +46,10 @@ command -v perf >/dev/null 2>&1 || apt_install linux-perf "perf script"
 { command -v java >/dev/null 2>&1 && command -v jfr >/dev/null 2>&1; } \
   || apt_install openjdk-17-jdk-headless JFR
 [ -x /usr/bin/chromium ] || apt_install chromium "web UI (headless Chromium)"
+# A Ruby program is profiled by the agent, and its VM's layout checked against the
+# headers Ruby ships for its JIT (ruby-dev).
+command -v ruby >/dev/null 2>&1 || apt_install ruby "agent (Ruby)"
+ls /usr/include/*/ruby-*/rb_mjit_min_header-*.h >/dev/null 2>&1 || apt_install ruby-dev "agent (Ruby layout)"
 # The TLS test makes its own CA and server certificate with the openssl command.
 command -v openssl >/dev/null 2>&1 || apt_install openssl "TLS"
 # Recording rules are remote-written to, and alerted on by, a real Prometheus.

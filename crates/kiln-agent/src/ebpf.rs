@@ -72,7 +72,7 @@ pub struct Ebpf {
     /// pid → instance, as in `fp_processes`.
     tracked: HashMap<u32, Instance>,
     /// Processes whose interpreter stacks the program reads (interp/), by pid.
-    interp_procs: BpfHashMap<MapData, u32, crate::interp::python::ProcLayout>,
+    interp_procs: BpfHashMap<MapData, u32, crate::interp::ProcLayout>,
     interpreted: HashMap<u32, Instance>,
     /// The rings the reading thread drains, until [`Ebpf::take_rings`].
     interp_events: Option<RingBuf<MapData>>,
@@ -170,7 +170,7 @@ impl Ebpf {
         &mut self,
         pid: u32,
         instance: Instance,
-        layout: &crate::interp::python::ProcLayout,
+        layout: &crate::interp::ProcLayout,
     ) -> Result<(), EbpfError> {
         self.interp_procs.insert(pid, *layout, 0)?;
         self.interpreted.insert(pid, instance);

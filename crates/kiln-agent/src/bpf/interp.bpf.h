@@ -4,9 +4,9 @@
 // design; agent.bpf.c includes this file).
 //
 // For a process in `interp_procs` (the agent put it there once it recognised the
-// runtime and found its layout), the sampled thread's interpreter frames are read here,
-// from the interpreter's own memory, at the moment of the sample: a later read from user
-// space would find the thread elsewhere. Each frame goes out as the runtime's code object
+// runtime, CPython or Ruby, and found its layout), the sampled thread's interpreter
+// frames are read here, from the interpreter's own memory, at the moment of the sample:
+// a later read from user space would find the thread elsewhere. Each frame goes out as the runtime's code object
 // address and instruction pointer, with a fingerprint against an address reused by
 // another object; the agent names them. The event goes to `interp_events` with the time
 // and thread of the sample, and the sample itself to the perf ring as before: the agent
@@ -23,6 +23,7 @@
 #define INTERP_MAX_THREADS 256
 
 #define RUNTIME_PYTHON 1
+#define RUNTIME_RUBY 2
 
 // Statuses of an event.
 #define STATUS_OK 0
@@ -40,12 +41,8 @@
 
 #define OWNED_BY_CSTACK 3
 
-// The layout of one process's interpreter, filled by the agent (interp/python.rs).
-// Offsets are in bytes; a field of 0xffff is absent in that version.
-struct interp_proc {
-    __u64 runtime;              // address of _PyRuntime
-    __u32 kind;                 // RUNTIME_*
-    __u32 version;              // 0x030b for 3.11
+// CPython's offsets (interp/python.rs). A field of 0xffff is absent in that version.
+struct python_walk {
     __u16 runtime_interp_head;  // _PyRuntime.interpreters.head
     __u16 interp_threads_head;  // PyInterpreterState.threads.head (tstate_head)
     __u16 tstate_next;          // PyThreadState.next
@@ -58,6 +55,35 @@ struct interp_proc {
     __u16 frame_entry;          // is_entry or owner
     __u16 entry_kind;           // ENTRY_*
     __u16 code_firstlineno;     // PyCodeObject.co_firstlineno
+};
+
+// Ruby's offsets (interp/ruby.rs).
+struct ruby_walk {
+    __u16 vm_main_ractor;    // rb_vm_t.ractor.main_ractor
+    __u16 ractor_threads;    // rb_ractor_t.threads.set, a list of rb_thread_t
+    __u16 thread_lt_node;    // rb_thread_t.lt_node, its place in that list
+    __u16 thread_tid;        // rb_thread_t.tid, the kernel's thread id
+    __u16 thread_ec;         // rb_thread_t.ec, its running fiber's context
+    __u16 ec_vm_stack;       // rb_execution_context_t.vm_stack
+    __u16 ec_vm_stack_size;  // .vm_stack_size, in VALUEs
+    __u16 ec_cfp;            // .cfp, the innermost control frame
+    __u16 cfp_size;          // sizeof(rb_control_frame_t)
+    __u16 cfp_pc;
+    __u16 cfp_iseq;
+    __u16 cfp_ep;
+    __u16 iseq_body;         // rb_iseq_t.body
+};
+
+// The layout of one process's interpreter, filled by the agent (interp/mod.rs).
+struct interp_proc {
+    __u64 runtime;  // Python: the address of _PyRuntime; Ruby: of ruby_current_vm_ptr
+    __u32 kind;     // RUNTIME_*
+    __u32 version;  // 0x030b for 3.11
+    union {
+        struct python_walk py;
+        struct ruby_walk rb;
+        __u16 words[16];
+    };
 };
 
 struct interp_frame {
@@ -110,18 +136,18 @@ static __u64 read_u64(__u64 address)
 static __u64 python_thread_state(const struct interp_proc *proc, __u32 tid)
 {
     __u64 *cached = bpf_map_lookup_elem(&interp_threads, &tid);
-    if (cached && *cached && read_u64(*cached + proc->tstate_thread_id) == tid)
+    if (cached && *cached && read_u64(*cached + proc->py.tstate_thread_id) == tid)
         return *cached;
-    __u64 interp = read_u64(proc->runtime + proc->runtime_interp_head);
+    __u64 interp = read_u64(proc->runtime + proc->py.runtime_interp_head);
     if (!interp)
         return 0;
-    __u64 state = read_u64(interp + proc->interp_threads_head);
+    __u64 state = read_u64(interp + proc->py.interp_threads_head);
     for (int i = 0; i < INTERP_MAX_THREADS && state; i++) {
-        if (read_u64(state + proc->tstate_thread_id) == tid) {
+        if (read_u64(state + proc->py.tstate_thread_id) == tid) {
             bpf_map_update_elem(&interp_threads, &tid, &state, BPF_ANY);
             return state;
         }
-        state = read_u64(state + proc->tstate_next);
+        state = read_u64(state + proc->py.tstate_next);
     }
     return 0;
 }
@@ -130,6 +156,7 @@ struct walk {
     const struct interp_proc *proc;
     struct interp_event *event;
     __u64 frame;
+    __u64 end; // Ruby: the end of the control frames
     __u32 count;
 };
 
@@ -143,13 +170,13 @@ static long python_frame(__u64 index, struct walk *walk)
     if (!frame)
         return 1;
     __u8 entry = 0;
-    if (proc->entry_kind != ENTRY_EVERY_FRAME &&
-        bpf_probe_read_user(&entry, 1, (const void *)(frame + proc->frame_entry)) != 0) {
+    if (proc->py.entry_kind != ENTRY_EVERY_FRAME &&
+        bpf_probe_read_user(&entry, 1, (const void *)(frame + proc->py.frame_entry)) != 0) {
         event->status = STATUS_READ_FAILED;
         return 1;
     }
     __u32 count = walk->count;
-    if (proc->entry_kind == ENTRY_CSTACK_OWNER && entry == OWNED_BY_CSTACK) {
+    if (proc->py.entry_kind == ENTRY_CSTACK_OWNER && entry == OWNED_BY_CSTACK) {
         // A shim between two native calls of the loop: the frame before it was the first
         // of its call.
         if (count > 0 && count <= INTERP_MAX_FRAMES)
@@ -160,22 +187,22 @@ static long python_frame(__u64 index, struct walk *walk)
             return 1;
         }
         struct interp_frame *out = &event->frames[count];
-        out->code = read_u64(frame + proc->frame_code);
-        out->instr = read_u64(frame + proc->frame_instr);
+        out->code = read_u64(frame + proc->py.frame_code);
+        out->instr = read_u64(frame + proc->py.frame_instr);
         __u32 line = 0;
         if (out->code)
             bpf_probe_read_user(&line, sizeof(line),
-                                (const void *)(out->code + proc->code_firstlineno));
+                                (const void *)(out->code + proc->py.code_firstlineno));
         out->fingerprint = line;
         out->flags = 0;
-        if (proc->entry_kind == ENTRY_EVERY_FRAME ||
-            (proc->entry_kind == ENTRY_IS_ENTRY_BYTE && entry))
+        if (proc->py.entry_kind == ENTRY_EVERY_FRAME ||
+            (proc->py.entry_kind == ENTRY_IS_ENTRY_BYTE && entry))
             out->flags = FRAME_ENTRY;
         walk->count = count + 1;
     }
     __u64 previous = 0;
     if (bpf_probe_read_user(&previous, sizeof(previous),
-                            (const void *)(frame + proc->frame_previous)) != 0) {
+                            (const void *)(frame + proc->py.frame_previous)) != 0) {
         event->status = STATUS_READ_FAILED;
         return 1;
     }
@@ -191,14 +218,112 @@ static void python_walk(const struct interp_proc *proc, struct interp_event *eve
         return;
     }
     struct walk walk = {.proc = proc, .event = event, .count = 0};
-    if (proc->tstate_cframe != 0xffff) {
-        __u64 cframe = read_u64(state + proc->tstate_cframe);
-        walk.frame = cframe ? read_u64(cframe + proc->current_frame) : 0;
+    if (proc->py.tstate_cframe != 0xffff) {
+        __u64 cframe = read_u64(state + proc->py.tstate_cframe);
+        walk.frame = cframe ? read_u64(cframe + proc->py.current_frame) : 0;
     } else {
-        walk.frame = read_u64(state + proc->current_frame);
+        walk.frame = read_u64(state + proc->py.current_frame);
     }
     // Shim frames take no slot, so up to twice as many frames are visited as kept.
     bpf_loop(INTERP_MAX_FRAMES * 2, python_frame, &walk, 0);
+    event->count = walk.count;
+}
+
+// Ruby's control frame flags (vm_core.h): the frame's kind, in the magic bits, and
+// whether it is the first of a native call of the VM (`vm_exec`).
+#define RUBY_FRAME_MAGIC_MASK 0x7fff0001
+#define RUBY_FRAME_MAGIC_CFUNC 0x55550001
+#define RUBY_FRAME_FLAG_FINISH 0x20
+
+// The Ruby thread whose kernel thread id is `tid`, or 0. Threads of the main ractor only:
+// others (an experimental feature) keep their native stacks.
+static __u64 ruby_thread(const struct interp_proc *proc, __u32 tid)
+{
+    __u64 *cached = bpf_map_lookup_elem(&interp_threads, &tid);
+    __u32 found_tid = 0;
+    if (cached && *cached &&
+        bpf_probe_read_user(&found_tid, 4, (const void *)(*cached + proc->rb.thread_tid)) == 0 &&
+        found_tid == tid)
+        return *cached;
+    __u64 vm = read_u64(proc->runtime);
+    if (!vm)
+        return 0;
+    __u64 ractor = read_u64(vm + proc->rb.vm_main_ractor);
+    if (!ractor)
+        return 0;
+    __u64 head = ractor + proc->rb.ractor_threads;
+    __u64 node = read_u64(head);
+    for (int i = 0; i < INTERP_MAX_THREADS && node && node != head; i++) {
+        __u64 thread = node - proc->rb.thread_lt_node;
+        if (bpf_probe_read_user(&found_tid, 4, (const void *)(thread + proc->rb.thread_tid)) == 0 &&
+            found_tid == tid) {
+            bpf_map_update_elem(&interp_threads, &tid, &thread, BPF_ANY);
+            return thread;
+        }
+        node = read_u64(node);
+    }
+    return 0;
+}
+
+// One control frame, from the innermost outwards (a bpf_loop callback).
+static long ruby_frame(__u64 index, struct walk *walk)
+{
+    const struct interp_proc *proc = walk->proc;
+    struct interp_event *event = walk->event;
+    __u64 cfp = walk->frame;
+    if (!cfp || cfp >= walk->end)
+        return 1;
+    __u64 pc = 0, iseq = 0, ep = 0, flags = 0;
+    if (bpf_probe_read_user(&pc, 8, (const void *)(cfp + proc->rb.cfp_pc)) != 0 ||
+        bpf_probe_read_user(&iseq, 8, (const void *)(cfp + proc->rb.cfp_iseq)) != 0 ||
+        bpf_probe_read_user(&ep, 8, (const void *)(cfp + proc->rb.cfp_ep)) != 0 ||
+        bpf_probe_read_user(&flags, 8, (const void *)ep) != 0) {
+        event->status = STATUS_READ_FAILED;
+        return 1;
+    }
+    __u32 count = walk->count;
+    __u32 finish = flags & RUBY_FRAME_FLAG_FINISH ? FRAME_ENTRY : 0;
+    if (iseq && pc && (flags & RUBY_FRAME_MAGIC_MASK) != RUBY_FRAME_MAGIC_CFUNC) {
+        if (count >= INTERP_MAX_FRAMES) {
+            event->status = STATUS_TRUNCATED;
+            return 1;
+        }
+        struct interp_frame *out = &event->frames[count];
+        out->code = iseq;
+        out->instr = pc;
+        // The body's address: an iseq freed and its memory reused has another.
+        out->fingerprint = (__u32)read_u64(iseq + proc->rb.iseq_body);
+        out->flags = finish;
+        walk->count = count + 1;
+    } else if (finish && count > 0 && count <= INTERP_MAX_FRAMES) {
+        // A C method or a C block began this call of the VM: the frame before it is the
+        // first of it that is kept. (C methods keep their native frames.)
+        event->frames[count - 1].flags |= FRAME_ENTRY;
+    }
+    walk->frame = cfp + proc->rb.cfp_size;
+    return 0;
+}
+
+static void ruby_walk(const struct interp_proc *proc, struct interp_event *event, __u32 tid)
+{
+    __u64 thread = ruby_thread(proc, tid);
+    __u64 ec = thread ? read_u64(thread + proc->rb.thread_ec) : 0;
+    if (!ec) {
+        event->status = STATUS_NO_THREAD;
+        return;
+    }
+    __u64 stack = read_u64(ec + proc->rb.ec_vm_stack);
+    __u64 size = read_u64(ec + proc->rb.ec_vm_stack_size);
+    struct walk walk = {.proc = proc, .event = event, .count = 0};
+    walk.frame = read_u64(ec + proc->rb.ec_cfp);
+    // Control frames grow down from the top of the VM stack (RUBY_VM_END_CONTROL_FRAME).
+    walk.end = stack + size * 8;
+    if (!stack || size > (1 << 24) || !proc->rb.cfp_size) {
+        event->status = STATUS_READ_FAILED;
+        return;
+    }
+    // C frames take no slot, so up to twice as many frames are visited as kept.
+    bpf_loop(INTERP_MAX_FRAMES * 2, ruby_frame, &walk, 0);
     event->count = walk.count;
 }
 
@@ -220,6 +345,8 @@ static int interp_read(__u32 tgid, __u32 tid, __u64 time)
     event->count = 0;
     if (proc->kind == RUNTIME_PYTHON)
         python_walk(proc, event, tid);
+    else if (proc->kind == RUNTIME_RUBY)
+        ruby_walk(proc, event, tid);
     bpf_ringbuf_submit(event, 0);
     return 1;
 }

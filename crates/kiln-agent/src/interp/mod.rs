@@ -1,7 +1,9 @@
-//! Interpreted frames: the functions of a Python program, named with no change to it.
+//! Interpreted frames: the functions of a Python or Ruby program, named with no change to
+//! it (python.rs and ruby.rs hold what differs between the two).
 //!
 //! A profile of an interpreter's process that shows only the interpreter's own C
-//! functions (`_PyEval_EvalFrameDefault` a thousand times) says nothing of the program.
+//! functions (`_PyEval_EvalFrameDefault` or `vm_exec_core` a thousand times) says nothing
+//! of the program.
 //! The program's frames live in the interpreter's memory, and they must be read at the
 //! moment of the sample: read later, from user space, they describe wherever the thread
 //! went since. So the BPF program (src/bpf/interp.bpf.h) reads them in the sample's own
@@ -13,8 +15,9 @@
 //! run on `CLOCK_MONOTONIC`, as `bpf_ktime_get_ns` does; the BPF program runs just before
 //! the kernel writes the sample). Each native frame of the interpreter's loop is replaced
 //! by the interpreted frames it was running, innermost first, up to the frame that began
-//! that native call ([`merge`]), so a C extension sits under the Python function that
-//! called it and the interpreter's caller above the outermost one. Interpreted frames are
+//! that native call ([`merge`]), so a C extension sits under the Python function (or a C
+//! method under the Ruby method) that called it, and the interpreter's caller above the
+//! outermost one. Interpreted frames are
 //! named here, from user space, by reading the code object once (it outlives the
 //! sample); they go in the stack as tagged values ([`INTERPRETED`]) into [`Frames`], and
 //! the report writes them as functions with a file and a line, no mapping.
@@ -26,12 +29,38 @@
 
 pub mod memory;
 pub mod python;
+pub mod ruby;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
 use crate::procs::{Instance, Process};
+
+/// What the BPF program's `struct interp_proc` holds (interp.bpf.h), laid out as it is:
+/// the runtime's root address, its kind and version, and its offsets (`python::Walk`,
+/// `ruby::Walk`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcLayout {
+    pub runtime: u64,
+    pub kind: u32,
+    pub version: u32,
+    pub walk: [u16; 16],
+}
+
+/// A runtime's offsets as the `walk` of [`ProcLayout`], zero-filled.
+fn words(fields: &[u16]) -> [u16; 16] {
+    let mut words = [0u16; 16];
+    for (word, field) in words.iter_mut().zip(fields) {
+        *word = *field;
+    }
+    words
+}
+
+// SAFETY: a plain C struct of integers without padding (8 + 4 + 4 + 16 × 2 = 48 bytes, a
+// multiple of its alignment), as the BPF program lays it out.
+unsafe impl aya::Pod for ProcLayout {}
 
 /// The tag of an interpreted frame in a user stack: user addresses are below 2^63.
 pub const INTERPRETED: u64 = 1 << 63;
@@ -150,37 +179,162 @@ impl Frames {
 }
 
 /// Puts interpreted frames in place of the interpreter loop's native frames: each native
-/// frame for which `in_loop` holds takes the interpreted frames up to the first of its
-/// call. Interpreted frames left over (their native calls were past a stack cut short)
-/// go outermost, after the native ones.
+/// call of the loop (one frame, or several in a row) takes the interpreted frames up to
+/// the first of its call.
+///
+/// Calls and their frames are paired from the outermost when the native stack has more
+/// calls than there are groups of frames: the innermost call has then just returned its
+/// last frame or not pushed its first (a block that ended, with `rb_vm_exec` still on the
+/// stack), and keeps its native frames. Otherwise they are paired from the innermost, and
+/// interpreted frames left over (their native calls were past a stack cut short) go
+/// outermost, after the native ones.
 pub fn merge(
     native: &[u64],
     interpreted: &[(u64, bool)],
     in_loop: impl Fn(u64) -> bool,
 ) -> Vec<u64> {
-    let mut out = Vec::with_capacity(native.len() + interpreted.len());
-    let mut next = 0;
-    for (depth, address) in native.iter().enumerate() {
-        // A caller's address is where the call returns to: the call is a byte before.
-        let at = if depth == 0 {
-            *address
+    // A caller's address is where the call returns to: the call is a byte before.
+    let at = |depth: usize, address: u64| {
+        if depth == 0 {
+            address
         } else {
             address.saturating_sub(1)
-        };
-        if next < interpreted.len() && in_loop(at) {
-            while let Some((frame, entry)) = interpreted.get(next) {
-                out.push(*frame);
-                next += 1;
-                if *entry {
-                    break;
-                }
-            }
-            continue;
         }
+    };
+    let mut calls = 0;
+    let mut previous = false;
+    for (depth, address) in native.iter().enumerate() {
+        let inside = in_loop(at(depth, *address));
+        calls += usize::from(inside && !previous);
+        previous = inside;
+    }
+    let groups = interpreted.iter().filter(|(_, entry)| *entry).count()
+        + usize::from(interpreted.last().is_some_and(|(_, entry)| !entry));
+    let mut unpaired = calls.saturating_sub(groups);
+    let mut out = Vec::with_capacity(native.len() + interpreted.len());
+    let mut next = 0;
+    // Whether the frame before was in the loop, and then whether its call took frames.
+    let mut in_call: Option<bool> = None;
+    for (depth, address) in native.iter().enumerate() {
+        if in_loop(at(depth, *address)) {
+            // Loop frames one after another are one call of it (Ruby's `rb_vm_exec`
+            // calling `vm_exec_core`).
+            match in_call {
+                Some(true) => continue,
+                Some(false) => {
+                    out.push(*address);
+                    continue;
+                }
+                None => {}
+            }
+            if unpaired > 0 {
+                unpaired -= 1;
+                in_call = Some(false);
+                out.push(*address);
+                continue;
+            }
+            if next < interpreted.len() {
+                in_call = Some(true);
+                while let Some((frame, entry)) = interpreted.get(next) {
+                    out.push(*frame);
+                    next += 1;
+                    if *entry {
+                        break;
+                    }
+                }
+                continue;
+            }
+        }
+        in_call = None;
         out.push(*address);
     }
     out.extend(interpreted[next..].iter().map(|(frame, _)| *frame));
     out
+}
+
+/// A process's interpreter, known and read.
+#[derive(Debug)]
+enum Runtime {
+    Python(python::Runtime),
+    Ruby(ruby::Runtime),
+}
+
+impl Runtime {
+    fn proc(&self) -> &ProcLayout {
+        match self {
+            Runtime::Python(python) => &python.proc,
+            Runtime::Ruby(ruby) => &ruby.proc,
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Runtime::Python(_) => "python",
+            Runtime::Ruby(_) => "ruby",
+        }
+    }
+
+    fn name(&mut self, frame: &RawFrame) -> Named {
+        let named = match self {
+            Runtime::Python(python) => python.name(frame.code, frame.fingerprint, frame.instr),
+            Runtime::Ruby(ruby) => match ruby.name(frame.code, frame.fingerprint, frame.instr) {
+                Some((name, file, line, false)) => {
+                    return Named::NotStarted(name, file, line);
+                }
+                Some((name, file, line, true)) => Some((name, file, line)),
+                None => None,
+            },
+        };
+        match named {
+            Some((name, file, line)) => Named::Frame(name, file, line),
+            None => Named::Unreadable,
+        }
+    }
+
+    fn in_loop(&self, address: u64) -> bool {
+        match self {
+            Runtime::Python(python) => python.in_eval(address),
+            Runtime::Ruby(ruby) => ruby.in_loop(address),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Runtime::Python(python) => python.bytes(),
+            Runtime::Ruby(ruby) => ruby.bytes(),
+        }
+    }
+}
+
+/// What a frame read at a sample turned out to be.
+enum Named {
+    /// Function, file and line.
+    Frame(String, String, i64),
+    /// A frame whose code has not begun: a block about to run, or, outermost, Ruby's
+    /// placeholder `<main>` under the main thread's frames, which no native call runs.
+    NotStarted(String, String, i64),
+    /// Its code object could not be read, or was not one.
+    Unreadable,
+}
+
+/// A binary that holds an interpreter.
+#[derive(Debug)]
+enum Binary {
+    Python(python::Binary),
+    Ruby(ruby::Binary),
+}
+
+impl Binary {
+    /// The interpreter in a mapped file, judged first by its name.
+    fn read(mapped: &str, path: &std::path::Path) -> Option<Binary> {
+        if python::may_be_interpreter(mapped) {
+            return python::Binary::read(path).map(Binary::Python);
+        }
+        if ruby::may_be_interpreter(mapped) {
+            return ruby::Binary::read(path).map(Binary::Ruby);
+        }
+        None
+    }
 }
 
 /// What became of a process's interpreter.
@@ -190,9 +344,9 @@ enum State {
     Native(u64),
     /// Read from the time given on (`CLOCK_MONOTONIC`): samples before it have no
     /// event.
-    Python(Box<python::Runtime>, u64),
-    /// An interpreter, profiled natively: the outcome counted, with why.
-    Unsupported(String),
+    Known(Box<Runtime>, u64),
+    /// An interpreter, profiled natively: its kind, and the outcome counted, with why.
+    Unsupported(&'static str, String),
 }
 
 /// Samples an interpreter stack was wanted for: per binary, its runtime and the count of
@@ -210,7 +364,7 @@ pub struct Interpreters {
     states: HashMap<Instance, State>,
     /// Events of each thread not joined yet, oldest first.
     pending: HashMap<u32, std::collections::VecDeque<Event>>,
-    binaries: HashMap<String, Option<python::Binary>>,
+    binaries: HashMap<String, Option<Binary>>,
     pub frames: Frames,
     /// Events whose sample never came (the ring dropped it, or the sample was lost).
     pub unjoined: AtomicU64,
@@ -228,7 +382,7 @@ const MAX_PENDING: usize = 256;
 /// What [`Interpreters::examine`] found for the BPF program.
 pub enum Found<'a> {
     /// Read this process's interpreter with this layout.
-    Register(&'a python::ProcLayout),
+    Register(&'a ProcLayout),
     Nothing,
 }
 
@@ -241,12 +395,15 @@ impl Interpreters {
             Some(State::Native(generation)) if *generation == process.generation => {
                 return Found::Nothing
             }
-            Some(State::Python(..)) | Some(State::Unsupported(_)) => return Found::Nothing,
+            Some(State::Known(..)) | Some(State::Unsupported(..)) => return Found::Nothing,
             _ => {}
         }
         let mut found = None;
         for mapping in &process.mappings {
-            if !mapping.is_file() || !python::may_be_interpreter(&mapping.path) {
+            if !mapping.is_file()
+                || !(python::may_be_interpreter(&mapping.path)
+                    || ruby::may_be_interpreter(&mapping.path))
+            {
                 continue;
             }
             let Some(path) = process.readable_path(mapping) else {
@@ -260,15 +417,21 @@ impl Interpreters {
             let binary = self
                 .binaries
                 .entry(key)
-                .or_insert_with(|| python::Binary::read(&path));
-            if let Some(binary) = binary {
-                found = Some(python::Runtime::new(
-                    process.pid,
-                    binary,
-                    &mapping.path,
-                    mapping.start,
-                    mapping.pgoff,
-                ));
+                .or_insert_with(|| Binary::read(&mapping.path, &path));
+            let (start, pgoff, pid) = (mapping.start, mapping.pgoff, process.pid);
+            found = match binary {
+                Some(Binary::Python(binary)) => Some((
+                    "python",
+                    python::Runtime::new(pid, binary, &mapping.path, start, pgoff)
+                        .map(Runtime::Python),
+                )),
+                Some(Binary::Ruby(binary)) => Some((
+                    "ruby",
+                    ruby::Runtime::new(pid, binary, start, pgoff).map(Runtime::Ruby),
+                )),
+                None => None,
+            };
+            if found.is_some() {
                 break;
             }
         }
@@ -277,15 +440,15 @@ impl Interpreters {
         }
         let state = match found {
             None => State::Native(process.generation),
-            Some(Ok(runtime)) => State::Python(Box::new(runtime), monotonic_nanos()),
-            Some(Err(reason)) => {
+            Some((_, Ok(runtime))) => State::Known(Box::new(runtime), monotonic_nanos()),
+            Some((kind, Err(reason))) => {
                 tracing::info!(pid = process.pid, exe = %process.exe, %reason, "interpreter profiled with native frames only");
-                State::Unsupported(format!("unsupported: {reason}"))
+                State::Unsupported(kind, format!("unsupported: {reason}"))
             }
         };
         self.states.insert(instance, state);
         match self.states.get(&instance) {
-            Some(State::Python(runtime, _)) => Found::Register(&runtime.proc),
+            Some(State::Known(runtime, _)) => Found::Register(runtime.proc()),
             _ => Found::Nothing,
         }
     }
@@ -329,27 +492,29 @@ impl Interpreters {
         time: u64,
         native: Vec<u64>,
     ) -> (Vec<u64>, Option<(&'static str, &str)>) {
-        let python = match self.states.get(&instance) {
-            Some(State::Python(_, since)) if time < *since => {
-                return (native, Some(("python", "sampled before it was found")))
+        let kind = match self.states.get(&instance) {
+            Some(State::Known(runtime, since)) if time < *since => {
+                return (
+                    native,
+                    Some((runtime.kind(), "sampled before it was found")),
+                )
             }
-            Some(State::Python(..)) => true,
-            Some(State::Unsupported(_)) => false,
+            Some(State::Known(runtime, _)) => runtime.kind(),
+            Some(State::Unsupported(..)) => "",
             _ => return (native, None),
         };
-        if !python {
+        if kind.is_empty() {
             // Borrowed again here, not above: a borrow returned from one arm of that match
             // would last past it, and `take` below needs `self`.
-            let outcome = match self.states.get(&instance) {
-                Some(State::Unsupported(outcome)) => outcome.as_str(),
-                _ => "unsupported",
+            return match self.states.get(&instance) {
+                Some(State::Unsupported(kind, outcome)) => (native, Some((kind, outcome.as_str()))),
+                _ => (native, None),
             };
-            return (native, Some(("python", outcome)));
         }
         let Some(event) = self.take(tid, time) else {
-            return (native, Some(("python", "no stack read")));
+            return (native, Some((kind, "no stack read")));
         };
-        let Some(State::Python(runtime, _)) = self.states.get_mut(&instance) else {
+        let Some(State::Known(runtime, _)) = self.states.get_mut(&instance) else {
             return (native, None);
         };
         let outcome = match event.status {
@@ -359,30 +524,38 @@ impl Interpreters {
             STATUS_TRUNCATED => "truncated",
             _ => "unknown status",
         };
-        let mut frames = Vec::with_capacity(event.frames.len());
+        let mut frames: Vec<(u64, bool)> = Vec::with_capacity(event.frames.len());
         let mut unnamed = 0;
-        for frame in &event.frames {
-            match runtime.name(frame.code, frame.fingerprint, frame.instr) {
-                Some((name, file, line)) => {
-                    frames.push((self.frames.intern(name, file, line), frame.entry))
+        let outermost = event.frames.len().saturating_sub(1);
+        for (depth, frame) in event.frames.iter().enumerate() {
+            let id = match runtime.name(frame) {
+                Named::Frame(name, file, line) => self.frames.intern(name, file, line),
+                Named::NotStarted(..) if depth == outermost && event.status == STATUS_OK => {
+                    // The placeholder: its call's first frame is then the one before it.
+                    if let Some(last) = frames.last_mut().filter(|_| frame.entry) {
+                        last.1 = true;
+                    }
+                    continue;
                 }
-                None => {
+                Named::NotStarted(name, file, line) => self.frames.intern(name, file, line),
+                Named::Unreadable => {
                     unnamed += 1;
-                    frames.push((
-                        self.frames
-                            .intern("[unknown python frame]".into(), String::new(), 0),
-                        frame.entry,
-                    ))
+                    let unknown = match kind {
+                        "ruby" => "[unknown ruby frame]",
+                        _ => "[unknown python frame]",
+                    };
+                    self.frames.intern(unknown.into(), String::new(), 0)
                 }
-            }
+            };
+            frames.push((id, frame.entry));
         }
         let outcome = if unnamed > 0 && outcome == "named" {
             "code object unreadable"
         } else {
             outcome
         };
-        let merged = merge(&native, &frames, |address| runtime.in_eval(address));
-        (merged, Some(("python", outcome)))
+        let merged = merge(&native, &frames, |address| runtime.in_loop(address));
+        (merged, Some((kind, outcome)))
     }
 
     /// Forgets processes that are gone, and the frames of the interval just reported.
@@ -407,7 +580,7 @@ impl Interpreters {
                 .states
                 .values()
                 .map(|state| match state {
-                    State::Python(runtime, _) => runtime.bytes(),
+                    State::Known(runtime, _) => runtime.bytes(),
                     _ => 0,
                 })
                 .sum::<usize>()
@@ -451,6 +624,35 @@ pub fn count(outcomes: &Outcomes, binary: &str, runtime: &'static str, outcome: 
     }
 }
 
+/// Test support: builds a C program that prints `name value` lines (offsets computed by
+/// the compiler from a runtime's headers) with `cc` and `args`, and runs it. `None` when
+/// there is no C compiler; a program that does not build fails the test.
+#[cfg(test)]
+pub(crate) fn c_values(source: &str, args: &[&str]) -> Option<HashMap<String, u64>> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("offsets.c");
+    std::fs::write(&file, source).expect("write");
+    let program = dir.path().join("offsets");
+    let status = std::process::Command::new("cc")
+        .args(args)
+        .arg(&file)
+        .arg("-o")
+        .arg(&program)
+        .status()
+        .ok()?;
+    assert!(status.success(), "offsets.c did not build with {args:?}");
+    let output = std::process::Command::new(&program).output().expect("runs");
+    Some(
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| {
+                let (name, value) = line.split_once(' ')?;
+                Some((name.to_string(), value.trim().parse().ok()?))
+            })
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -476,6 +678,22 @@ mod tests {
         );
         // No interpreted frames: the native stack as it was.
         assert_eq!(merge(&native, &[], in_loop), native);
+        // Loop frames one after another (Ruby's rb_vm_exec at 0x1f0 calling its core at
+        // 0x100) are one call: the second takes no frames of its own.
+        let ruby = [0x10, 0x101, 0x1f1, 0x31, 0x181, 0x1f1, 0x41];
+        assert_eq!(
+            merge(&ruby, &interpreted, in_loop),
+            [0x10, py(1), py(2), 0x31, py(3), py(4), 0x41]
+        );
+        // More native calls than groups of frames: the innermost call's frame is gone
+        // (it returned, the loop is still on the stack), so calls pair from the
+        // outermost, and the innermost keeps its native frames.
+        let returned = [0x1f8, 0x31, 0x101, 0x1f1, 0x31, 0x181, 0x41];
+        let outer = [(py(3), false), (py(4), true)];
+        assert_eq!(
+            merge(&returned, &outer, in_loop),
+            [0x1f8, 0x31, 0x101, 0x1f1, 0x31, py(3), py(4), 0x41]
+        );
     }
 
     #[test]

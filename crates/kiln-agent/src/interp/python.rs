@@ -24,20 +24,10 @@ use std::sync::Arc;
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 use super::memory::Memory;
+use super::ProcLayout;
 
-/// What the BPF program's `struct interp_proc` holds (interp.bpf.h), laid out as it is.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProcLayout {
-    pub runtime: u64,
-    pub kind: u32,
-    pub version: u32,
-    pub walk: Walk,
-}
-
-/// The offsets the BPF program walks by, in bytes (the fields of `struct interp_proc`
-/// after the version).
-#[repr(C)]
+/// The offsets the BPF program walks by, in bytes (`struct python_walk` in
+/// interp.bpf.h).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Walk {
     /// `_PyRuntime.interpreters.head`.
@@ -60,9 +50,25 @@ pub struct Walk {
     pub code_firstlineno: u16,
 }
 
-// SAFETY: plain C structs of integers without padding (8 + 4 + 4 + 12 × 2 = 40 bytes,
-// a multiple of their alignment), as the BPF program lays them out.
-unsafe impl aya::Pod for ProcLayout {}
+impl Walk {
+    /// As `struct python_walk` lays them out.
+    pub fn words(&self) -> [u16; 16] {
+        super::words(&[
+            self.runtime_interp_head,
+            self.interp_threads_head,
+            self.tstate_next,
+            self.tstate_thread_id,
+            self.tstate_cframe,
+            self.current_frame,
+            self.frame_code,
+            self.frame_previous,
+            self.frame_instr,
+            self.frame_entry,
+            self.entry_kind,
+            self.code_firstlineno,
+        ])
+    }
+}
 
 pub const RUNTIME_PYTHON: u32 = 1;
 /// How a frame says it began its native call of the loop (interp.bpf.h): 3.11 keeps a
@@ -267,7 +273,7 @@ impl Runtime {
             runtime: binary.runtime.wrapping_add(bias),
             kind: RUNTIME_PYTHON,
             version: u32::from(version.0) << 8 | u32::from(version.1),
-            walk: layout.walk,
+            walk: layout.walk.words(),
         };
         Ok(Runtime {
             layout,
@@ -520,31 +526,16 @@ mod tests {
         let Ok(layout) = layout(version) else {
             panic!("CPython {version:?} is installed but has no layout");
         };
-        let dir = tempfile::tempdir().expect("tempdir");
-        let source = dir.path().join("offsets.c");
-        std::fs::write(&source, OFFSETS_C).expect("write");
-        let program = dir.path().join("offsets");
-        let built = std::process::Command::new("cc")
-            .arg(format!("-I{}", include.display()))
-            .arg(&source)
-            .arg("-o")
-            .arg(&program)
-            .status();
-        let Ok(status) = built else {
+        let include = format!("-I{}", include.display());
+        let Some(values) = super::super::c_values(OFFSETS_C, &[&include]) else {
             eprintln!("skipped: no C compiler");
             return;
         };
-        assert!(
-            status.success(),
-            "offsets.c did not build against {include:?}"
-        );
-        let output = std::process::Command::new(&program).output().expect("run");
-        let text = String::from_utf8_lossy(&output.stdout);
         let value = |name: &str| -> u16 {
-            text.lines()
-                .find_map(|line| line.strip_prefix(&format!("{name} ")))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or_else(|| panic!("{name} missing from {text}"))
+            values
+                .get(name)
+                .and_then(|v| u16::try_from(*v).ok())
+                .unwrap_or_else(|| panic!("{name} missing from {values:?}"))
         };
         assert_eq!(
             layout.walk.runtime_interp_head,

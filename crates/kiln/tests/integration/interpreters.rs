@@ -27,6 +27,33 @@ fn share(paths: &[(Vec<String>, i64)], name: &str) -> f64 {
     100.0 * with as f64 / total.max(1) as f64
 }
 
+/// The value of the stacks holding `function`, and of those among them with a frame
+/// containing `deeper` below it (called by it, directly or not).
+fn under(paths: &[(Vec<String>, i64)], function: &str, deeper: &str) -> (i64, i64) {
+    let mut total = 0;
+    let mut below = 0;
+    for (path, value) in paths {
+        if let Some(at) = path.iter().position(|f| f == function) {
+            total += value;
+            if path[at + 1..].iter().any(|f| f.contains(deeper)) {
+                below += value;
+            }
+        }
+    }
+    (total, below)
+}
+
+/// The five heaviest stacks, for a failure's message.
+fn top(paths: &[(Vec<String>, i64)]) -> Vec<String> {
+    let mut sorted = paths.to_vec();
+    sorted.sort_by_key(|(_, v)| -v);
+    sorted
+        .iter()
+        .take(5)
+        .map(|(path, v)| format!("{v}: {}", path.join(";")))
+        .collect()
+}
+
 /// Waits (up to 10 s) until a process's sampled CPU reaches `nanos`.
 fn wait_for_samples(server: &TestServer, pid: u32, nanos: i64) -> Vec<(Vec<String>, i64)> {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -149,28 +176,16 @@ fn python_functions_are_named_with_no_change_to_the_program() {
             }
         } else {
             // zlib's own frames (deflate…) below kiln_compress, in the same stacks.
-            let under: i64 = paths
-                .iter()
-                .filter(|(path, _)| {
-                    path.iter()
-                        .position(|f| f == "kiln_compress")
-                        .is_some_and(|at| path[at + 1..].iter().any(|f| f.contains("deflate")))
-                })
-                .map(|(_, v)| v)
-                .sum();
+            let (_, under) = under(&paths, "kiln_compress", "deflate");
             let compress = share(&paths, "kiln_compress");
             let under = 100.0 * under as f64 / total.max(1) as f64;
             println!(
                 "{python:?} (pid {pid}) with zlib: kiln_compress on {compress:.1} % of stacks, zlib's deflate under it on {under:.1} %, kiln_main on {main:.1} %"
             );
             if under < 80.0 || main < 90.0 {
-                let top: Vec<String> = paths
-                    .iter()
-                    .take(5)
-                    .map(|(path, v)| format!("{v}: {}", path.join(";")))
-                    .collect();
                 failures.push(format!(
-                    "{python:?} zlib: deflate under kiln_compress on {under:.1} %, main {main:.1}: {top:#?}"
+                    "{python:?} zlib: deflate under kiln_compress on {under:.1} %, main {main:.1}: {:#?}",
+                    top(&paths)
                 ));
             }
         }
@@ -275,21 +290,8 @@ fn off_cpu_time_goes_to_where_threads_block() {
         );
         assert!(sleepy >= 90.0, "{paths:?}");
     }
-    let under = |function: &str, blocking: &str| -> (i64, i64) {
-        let mut total = 0;
-        let mut blocked = 0;
-        for (path, value) in &paths {
-            if let Some(at) = path.iter().position(|f| f == function) {
-                total += value;
-                if path[at + 1..].iter().any(|f| f.contains(blocking)) {
-                    blocked += value;
-                }
-            }
-        }
-        (total, blocked)
-    };
-    let (sleep, in_nanosleep) = under("kiln_sleep_a", "nanosleep");
-    let (pipe, in_pipe_read) = under("kiln_pipe_b", "pipe_read");
+    let (sleep, in_nanosleep) = under(&paths, "kiln_sleep_a", "nanosleep");
+    let (pipe, in_pipe_read) = under(&paths, "kiln_pipe_b", "pipe_read");
     let split = 100.0 * sleep as f64 / (sleep + pipe).max(1) as f64;
     println!(
         "off-CPU of pid {pid}: kiln_sleep_a {:.2} s ({:.1} % in nanosleep), kiln_pipe_b {:.2} s ({:.1} % in pipe_read): {split:.1} / {:.1}",
@@ -303,4 +305,155 @@ fn off_cpu_time_goes_to_where_threads_block() {
     assert!(sleep + pipe >= 5_000_000_000, "{sleep} + {pipe} ns of 6 s");
     assert!(in_nanosleep as f64 >= 0.95 * sleep as f64, "{paths:?}");
     assert!(in_pipe_read as f64 >= 0.95 * pipe as f64, "{paths:?}");
+}
+
+/// Ruby programs started plainly (Debian's `ruby`): each process's flame graph names its
+/// own methods and blocks, splits 70/30 between the two hot methods within ±5 points,
+/// and has `kiln_main` on ≥ 90 % of its samples. Each block sits under its method with
+/// `Integer#times`'s native frames between (a method written in C keeps its own), on
+/// every sample that has it. A method calling zlib has zlib's deflate under it. A loop
+/// 400 lines into a long method gets its own line, through every part of CRuby's line
+/// index. Two threads are each named with their own method.
+#[test]
+fn ruby_methods_are_named_with_no_change_to_the_program() {
+    let ruby = "ruby";
+    if !Command::new(ruby)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        println!("skipped: the Ruby agent test (no ruby here)");
+        return;
+    }
+    let script = workspace_root().join("tests/agent/burner.rb");
+    let server = TestServer::start();
+    let Some(agent) = start_agent(&server) else {
+        return;
+    };
+    let seconds = "12";
+    let children: Vec<_> = ["plain", "compress", "long", "threads"]
+        .into_iter()
+        .map(|mode| {
+            let child = Command::new(ruby)
+                .arg(&script)
+                .arg(seconds)
+                .arg(mode)
+                .spawn()
+                .expect("ruby runs");
+            (mode, child)
+        })
+        .collect();
+    let mut processes = Vec::new();
+    for (mode, mut child) in children {
+        let pid = child.id();
+        assert!(child.wait().expect("waits").success(), "{mode}");
+        processes.push((mode, pid));
+    }
+    let mut failures = Vec::new();
+    for (mode, pid) in &processes {
+        let paths = wait_for_samples(&server, *pid, 2_500_000_000);
+        let total: i64 = paths.iter().map(|(_, v)| v).sum();
+        let main = share(&paths, "kiln_main");
+        match *mode {
+            "plain" => {
+                let a = share(&paths, "kiln_hot_a");
+                let b = share(&paths, "kiln_hot_b");
+                let split = 100.0 * a / (a + b).max(f64::MIN_POSITIVE);
+                // The block under its method, with native frames between them.
+                let nested: i64 = paths
+                    .iter()
+                    .filter(|(path, _)| {
+                        path.iter()
+                            .position(|f| f == "kiln_hot_a")
+                            .is_some_and(|at| {
+                                path.get(at + 1).is_some_and(|f| f != "block in kiln_hot_a")
+                                    && path[at + 1..].iter().any(|f| f == "block in kiln_hot_a")
+                            })
+                    })
+                    .map(|(_, v)| v)
+                    .sum();
+                let nested = 100.0 * nested as f64 / total.max(1) as f64;
+                // Integer#times, rb_yield and the VM's entry take much of each turn: the
+                // block's own code is a fraction of its method's time, but wherever it is,
+                // it is under its method.
+                let block = share(&paths, "block in kiln_hot_a");
+                println!(
+                    "ruby (pid {pid}): {:.2} s sampled, kiln_hot_a {split:.1} % of the two, kiln_main on {main:.1} % of stacks, block in kiln_hot_a on {block:.1} %, under its method on {nested:.1} %",
+                    total as f64 / 1e9
+                );
+                if (split - 70.0).abs() > 5.0 || main < 90.0 || block < 20.0 || nested != block {
+                    failures.push(format!(
+                        "plain: split {split:.1}, main {main:.1}, nested {nested:.1}: {:#?}",
+                        top(&paths)
+                    ));
+                }
+            }
+            "compress" => {
+                let (_, under) = under(&paths, "kiln_compress", "deflate");
+                let under = 100.0 * under as f64 / total.max(1) as f64;
+                println!(
+                    "ruby (pid {pid}) with zlib: deflate under kiln_compress on {under:.1} %, kiln_main on {main:.1} %"
+                );
+                if under < 80.0 || main < 90.0 {
+                    failures.push(format!(
+                        "zlib: under {under:.1}, main {main:.1}: {:#?}",
+                        top(&paths)
+                    ));
+                }
+            }
+            "long" => {
+                let (status, answer) = post_json(
+                    &server,
+                    "/api/v1/lines",
+                    &serde_json::json!({ "profile_type": "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+                        "selector": format!(r#"{{pid="{pid}"}}"#),
+                        "from": "now-1h", "until": "now", "function": "kiln_long" }),
+                );
+                assert_eq!(status, 200, "{answer}");
+                let lines = answer["lines"].as_array().cloned().unwrap_or_default();
+                let value = |line: i64| -> i64 {
+                    lines
+                        .iter()
+                        .filter(|l| l["line"] == line && l["file"] == "kiln_long.rb")
+                        .map(|l| l["total_value"].as_i64().unwrap_or(0))
+                        .sum()
+                };
+                let all: i64 = lines
+                    .iter()
+                    .map(|l| l["total_value"].as_i64().unwrap_or(0))
+                    .sum();
+                let at_loop = 100.0 * value(402) as f64 / all.max(1) as f64;
+                println!(
+                    "ruby (pid {pid}) long method: {:.1} % of kiln_long at kiln_long.rb:402, of {:.2} s",
+                    at_loop,
+                    all as f64 / 1e9
+                );
+                if at_loop < 90.0 || all < 1_000_000_000 {
+                    failures.push(format!("long: {at_loop:.1} % at line 402: {answer}"));
+                }
+            }
+            _ => {
+                let a = share(&paths, "kiln_hot_a");
+                let b = share(&paths, "kiln_hot_b");
+                println!("ruby (pid {pid}) with two threads: kiln_hot_a on {a:.1} %, kiln_hot_b on {b:.1} %");
+                if a < 20.0 || b < 20.0 || a + b < 90.0 {
+                    failures.push(format!("threads: {a:.1} and {b:.1}: {:#?}", top(&paths)));
+                }
+            }
+        }
+    }
+    let status = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["agent", "--status", "--metrics-listen", &agent.metrics])
+        .output()
+        .expect("kiln runs");
+    stop(agent);
+    let status = String::from_utf8_lossy(&status.stdout);
+    println!("{status}");
+    assert!(
+        status.lines().any(|line| line.starts_with("ruby")
+            && line.contains("named")
+            && line.contains("ruby3")),
+        "{status}"
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
 }
