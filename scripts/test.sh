@@ -55,6 +55,32 @@ command -v openssl >/dev/null 2>&1 || apt_install openssl "TLS"
 # Recording rules are remote-written to, and alerted on by, a real Prometheus.
 [ -x /usr/bin/prometheus ] || apt_install prometheus "recording rules (Prometheus)"
 
+# CPython 3.13 from Debian 13 (trixie), unpacked outside the system and run by its own
+# C library's loader (`python3.13` there): the agent's interpreter tests profile it, and
+# check its layout against its headers. Downloaded with a private package list, not
+# installed: the system's packages stay Debian 12's.
+trixie="${KILN_TEST_TRIXIE:-$HOME/.cache/kiln-test-trixie}"
+if [ ! -x "$trixie/python3.13" ] && command -v apt-get >/dev/null 2>&1; then
+  rm -rf "$trixie" && mkdir -p "$trixie/lists/partial" "$trixie/cache/archives/partial" "$trixie/debs"
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" \
+    > "$trixie/sources.list"
+  apt_private=(-o Dir::Etc::sourcelist="$trixie/sources.list" -o Dir::Etc::sourceparts=/dev/null
+               -o Dir::State::Lists="$trixie/lists" -o Dir::Cache="$trixie/cache" -o Debug::NoLocking=1)
+  if apt-get "${apt_private[@]}" update -q >/dev/null 2>&1 \
+     && (cd "$trixie/debs" && apt-get "${apt_private[@]}" download -q libc6 python3.13-minimal \
+           libpython3.13-minimal libpython3.13-stdlib libpython3.13-dev >/dev/null 2>&1); then
+    for deb in "$trixie"/debs/*.deb; do dpkg-deb -x "$deb" "$trixie/root"; done
+    printf '#!/bin/sh\nPYTHONHOME="%s" exec "%s" --library-path "%s" "%s" "$@"\n' \
+      "$trixie/root/usr" "$trixie/root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" \
+      "$trixie/root/usr/lib/x86_64-linux-gnu" "$trixie/root/usr/bin/python3.13" > "$trixie/python3.13"
+    chmod +x "$trixie/python3.13"
+    rm -rf "$trixie/debs" "$trixie/cache" "$trixie/lists"
+  else
+    echo "warning: CPython 3.13 could not be downloaded from Debian 13; its agent tests will skip"
+  fi
+fi
+export KILN_TEST_TRIXIE="$trixie"
+
 # PyPI tools go into a virtual environment of the suite's own, outside the clone: Debian's
 # python3 has no pip, and Debian 12 forbids installing into the system (PEP 668). Its bin
 # directory goes first on PATH, so the tests' `python3`, `go`, `moto_server` and `py-spy`

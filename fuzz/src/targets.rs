@@ -12,11 +12,17 @@ pub fn agent_records(data: &[u8]) {
     let _ = kiln_agent::perf::parse_record(data);
     let _ = kiln_agent::unwind::function_starts(0x1000, data);
     // The BPF rings' events, and a CPython location table as read from a process's memory.
+    // (Ruby's `succinct_rank` and `exec_core`, and CPython's debug offsets, below.)
     let _ = kiln_agent::interp::Event::parse(data);
     let _ = kiln_agent::offcpu::Event::parse(data);
     for index in [0, 1, 7, u64::MAX] {
         let _ = kiln_agent::interp::python::line_of(data, 1, index);
+        // CRuby's succinct line index, and the code a VM's loop is found in.
+        let _ = kiln_agent::interp::ruby::succinct_rank(data, index % 100_000);
     }
+    let _ = kiln_agent::interp::ruby::exec_core(0x1000, data, vec![0x1000, 0x1100, 0x9000]);
+    // CPython 3.13's debug offsets, as a binary's `_PyRuntime` holds them.
+    let _ = kiln_agent::interp::python::from_debug_offsets(data, (3, 13));
 }
 
 /// Block objects: a corrupt block must be an error, never a panic, whether it is decoded

@@ -3,11 +3,13 @@
 //! The interpreter is found by its `_PyRuntime` symbol, in the program or in the
 //! `libpython` it loaded, and its version by `Py_Version` (3.11 on). The layout of the
 //! structures the BPF program walks (`_PyRuntime` → interpreter → thread states →
-//! frames) depends on the minor version, and is taken from [`LAYOUTS`]: offsets of a
-//! release build on a 64-bit little-endian host, as CPython's headers give them. Adding a
-//! release is one entry there and one test (`a_layout_per_version_matches_its_headers`
-//! in this file's tests checks the entry that can be checked here against the headers of
-//! the interpreter installed).
+//! frames) depends on the minor version. For 3.11 it is taken from [`LAYOUTS`]: offsets
+//! of a release build on a 64-bit little-endian host, as CPython's headers give them
+//! (`a_layout_per_version_matches_its_headers` checks the entry against the headers of
+//! the interpreter installed). From 3.13 on, CPython writes the offsets itself at the
+//! start of `_PyRuntime` (`_Py_DebugOffsets`), and they are read from the binary
+//! ([`from_debug_offsets`]): right for any build of that version, whatever its compiler or
+//! options.
 //!
 //! The BPF program sends each frame as its code object's address and instruction
 //! pointer, with the code object's first line as a fingerprint. Here the code object is
@@ -75,6 +77,7 @@ pub const RUNTIME_PYTHON: u32 = 1;
 /// flag in the frame; 3.12 puts a shim frame owned by the C stack before it (2), and
 /// releases up to 3.10 make one native call per frame (3).
 const ENTRY_IS_ENTRY_BYTE: u16 = 1;
+const ENTRY_CSTACK_OWNER: u16 = 2;
 
 /// One minor version's layout.
 #[derive(Debug, Clone, Copy)]
@@ -128,12 +131,84 @@ pub const LAYOUTS: &[Layout] = &[
     },
 ];
 
-/// Why a CPython process is profiled with native frames only.
-pub fn layout(version: (u8, u8)) -> Result<&'static Layout, String> {
-    LAYOUTS
-        .iter()
-        .find(|layout| layout.version == version)
-        .ok_or_else(|| format!("CPython {}.{} has no known layout", version.0, version.1))
+/// The layout of a CPython `version`, from the table, or from the interpreter's own
+/// `_Py_DebugOffsets` (3.13 on) when `debug` holds them; the error says why the process is
+/// profiled with native frames only.
+pub fn layout(version: (u8, u8), debug: Option<&[u8]>) -> Result<Layout, String> {
+    if let Some(layout) = LAYOUTS.iter().find(|layout| layout.version == version) {
+        return Ok(*layout);
+    }
+    match debug {
+        Some(bytes) if version == (3, 13) => from_debug_offsets(bytes, version),
+        _ => Err(format!(
+            "CPython {}.{} has no known layout",
+            version.0, version.1
+        )),
+    }
+}
+
+/// `_Py_DebugOffsets`' cookie, the first bytes of `_PyRuntime` from 3.13 on.
+const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
+/// The bytes of 3.13's `_Py_DebugOffsets`.
+pub const DEBUG_OFFSETS_BYTES: usize = 584;
+
+/// A layout from 3.13's `_Py_DebugOffsets`: CPython writes the offsets of the structures
+/// a debugger or profiler walks at the start of `_PyRuntime`, for this very use, so a
+/// build whose structures differ (another compiler, options, a patch) is still read
+/// right. The shape of the offsets themselves is 3.13's (`Include/internal/
+/// pycore_runtime.h`); 3.14 changed it, so it is read only for 3.13.
+pub fn from_debug_offsets(bytes: &[u8], version: (u8, u8)) -> Result<Layout, String> {
+    if bytes.get(..8) != Some(&DEBUG_COOKIE[..]) {
+        return Err("_PyRuntime does not begin with its debug offsets".into());
+    }
+    let field = |at: usize| -> Result<u64, String> {
+        bytes
+            .get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_ne_bytes)
+            .ok_or_else(|| "the debug offsets are cut short".to_string())
+    };
+    let offset = |at: usize| -> Result<u16, String> {
+        u16::try_from(field(at)?).map_err(|_| format!("a debug offset (at {at}) is too large"))
+    };
+    let hex = field(8)?;
+    let found = ((hex >> 24) as u8, (hex >> 16) as u8);
+    if found != version {
+        return Err(format!(
+            "the debug offsets are of CPython {}.{}",
+            found.0, found.1
+        ));
+    }
+    if field(16)? != 0 {
+        return Err("a free-threaded build (its frames are laid out otherwise)".into());
+    }
+    let ascii = offset(560)?;
+    Ok(Layout {
+        version,
+        walk: Walk {
+            runtime_interp_head: offset(40)?,
+            interp_threads_head: offset(72)?,
+            tstate_next: offset(168)?,
+            tstate_thread_id: offset(200)?,
+            tstate_cframe: 0xffff,
+            current_frame: offset(184)?,
+            frame_code: offset(240)?,
+            frame_previous: offset(232)?,
+            frame_instr: offset(248)?,
+            frame_entry: offset(264)?,
+            entry_kind: ENTRY_CSTACK_OWNER,
+            code_firstlineno: offset(312)?,
+        },
+        code_filename: offset(280)?,
+        code_name: offset(288)?,
+        code_qualname: offset(296)?,
+        code_linetable: offset(304)?,
+        code_instructions: offset(344)?,
+        ascii_data: ascii,
+        // PyCompactUnicodeObject adds the UTF-8 length and pointer.
+        compact_data: ascii.checked_add(16).ok_or("a debug offset is too large")?,
+        instr_is_next: false,
+    })
 }
 
 /// An interpreter binary: the file that holds `_PyRuntime`.
@@ -145,6 +220,9 @@ pub struct Binary {
     pub code_type: Option<u64>,
     /// `_PyEval_EvalFrameDefault` and its split-off parts (`.cold`).
     pub eval: Vec<Range<u64>>,
+    /// The first bytes of `_PyRuntime` as the file initializes them: 3.13's debug
+    /// offsets, when they are there.
+    pub debug_offsets: Option<Vec<u8>>,
     /// Loadable segments: (file offset, virtual address, executable).
     loads: Vec<(u64, u64, bool)>,
 }
@@ -160,6 +238,7 @@ impl Binary {
             version_symbol: None,
             code_type: None,
             eval: Vec::new(),
+            debug_offsets: None,
             loads: elf
                 .segments()
                 .map(|segment| {
@@ -189,7 +268,16 @@ impl Binary {
                 _ => {}
             }
         }
-        (binary.runtime != 0).then_some(binary)
+        if binary.runtime == 0 {
+            return None;
+        }
+        binary.debug_offsets = elf.segments().find_map(|segment| {
+            let bytes = segment
+                .data_range(binary.runtime, DEBUG_OFFSETS_BYTES as u64)
+                .ok()??;
+            bytes.starts_with(DEBUG_COOKIE).then(|| bytes.to_vec())
+        });
+        Some(binary)
     }
 
     /// What to add to the file's addresses in a process that mapped its code at `start`
@@ -238,7 +326,7 @@ const MAX_TABLE: usize = 1 << 20;
 /// One CPython process: its layout, where its loop runs, and its named code objects.
 #[derive(Debug)]
 pub struct Runtime {
-    pub layout: &'static Layout,
+    pub layout: Layout,
     pub proc: ProcLayout,
     pub eval: Vec<Range<u64>>,
     code_type: Option<u64>,
@@ -268,7 +356,7 @@ impl Runtime {
             }
             None => version_from_name(path).ok_or("the CPython version is unknown")?,
         };
-        let layout = layout(version)?;
+        let layout = layout(version, binary.debug_offsets.as_deref())?;
         let proc = ProcLayout {
             runtime: binary.runtime.wrapping_add(bias),
             kind: RUNTIME_PYTHON,
@@ -306,7 +394,7 @@ impl Runtime {
             self.codes.clear();
         }
         let entry = self.codes.entry((code, fingerprint)).or_insert_with(|| {
-            read_code(&self.memory, self.layout, self.code_type, code).map(Arc::new)
+            read_code(&self.memory, &self.layout, self.code_type, code).map(Arc::new)
         });
         let code = entry.clone()?;
         let unit = 2;
@@ -523,7 +611,7 @@ mod tests {
             eprintln!("skipped: no CPython headers with internal/pycore_frame.h found");
             return;
         };
-        let Ok(layout) = layout(version) else {
+        let Ok(layout) = layout(version, None) else {
             panic!("CPython {version:?} is installed but has no layout");
         };
         let include = format!("-I{}", include.display());
@@ -531,36 +619,133 @@ mod tests {
             eprintln!("skipped: no C compiler");
             return;
         };
+        let from_headers = header_layout(&values, version, ENTRY_IS_ENTRY_BYTE);
+        assert_eq!(format!("{layout:?}"), format!("{from_headers:?}"));
+    }
+
+    /// CPython 3.13 from Debian 13, as scripts/test.sh unpacks it: its binary's debug
+    /// offsets give the layout its headers give (the offsets a C compiler computes from
+    /// them), field by field.
+    #[test]
+    fn the_debug_offsets_of_3_13_give_the_layout_of_its_headers() {
+        let root = std::env::var_os("KILN_TEST_TRIXIE")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                    .join(".cache/kiln-test-trixie")
+            })
+            .join("root");
+        let binary = Binary::read(&root.join("usr/bin/python3.13"));
+        let Some(binary) = binary else {
+            eprintln!("skipped: no CPython 3.13 unpacked at {root:?} (scripts/test.sh does it)");
+            return;
+        };
+        let bytes = binary
+            .debug_offsets
+            .as_deref()
+            .expect("3.13 has debug offsets");
+        let from_binary = layout((3, 13), Some(bytes)).expect("a layout");
+        let include = |dir: &str| format!("-I{}", root.join(dir).display());
+        let Some(values) = super::super::c_values(
+            OFFSETS_C,
+            &[
+                &include("usr/include/python3.13"),
+                &include("usr/include"),
+                &include("usr/include/x86_64-linux-gnu/python3.13"),
+            ],
+        ) else {
+            eprintln!("skipped: no C compiler");
+            return;
+        };
+        let from_headers = header_layout(&values, (3, 13), ENTRY_CSTACK_OWNER);
+        assert_eq!(format!("{from_binary:?}"), format!("{from_headers:?}"));
+        // The shape this reader assumes is 3.13's: its size, and the shim frame's owner.
+        assert_eq!(
+            values.get("debug_offsets_size"),
+            Some(&(DEBUG_OFFSETS_BYTES as u64))
+        );
+        assert_eq!(values.get("owned_by_cstack"), Some(&3));
+        assert_eq!(values.get("runtime_debug_offsets"), Some(&0));
+    }
+
+    /// Debug offsets that are not 3.13's, or not there, or of a build laid out otherwise,
+    /// are refused with the reason, never read.
+    #[test]
+    fn debug_offsets_other_than_3_13s_are_refused() {
+        let mut bytes = vec![0u8; DEBUG_OFFSETS_BYTES];
+        bytes[..8].copy_from_slice(DEBUG_COOKIE);
+        bytes[8..16].copy_from_slice(&0x030d_05f0u64.to_ne_bytes());
+        for (at, value) in [(40, 632u64), (72, 7344), (560, 40)] {
+            bytes[at..at + 8].copy_from_slice(&value.to_ne_bytes());
+        }
+        let layout = from_debug_offsets(&bytes, (3, 13)).expect("3.13's");
+        assert_eq!(layout.walk.interp_threads_head, 7344);
+        assert_eq!((layout.ascii_data, layout.compact_data), (40, 56));
+        assert!(from_debug_offsets(&bytes, (3, 14))
+            .unwrap_err()
+            .contains("3.13"));
+        assert!(super::layout((3, 14), Some(&bytes))
+            .unwrap_err()
+            .contains("no known layout"));
+        assert!(from_debug_offsets(&bytes[..100], (3, 13))
+            .unwrap_err()
+            .contains("cut short"));
+        let mut threaded = bytes.clone();
+        threaded[16] = 1;
+        assert!(from_debug_offsets(&threaded, (3, 13))
+            .unwrap_err()
+            .contains("free-threaded"));
+        let mut huge = bytes.clone();
+        huge[40..48].copy_from_slice(&70_000u64.to_ne_bytes());
+        assert!(from_debug_offsets(&huge, (3, 13))
+            .unwrap_err()
+            .contains("too large"));
+        bytes[0] = b'y';
+        assert!(from_debug_offsets(&bytes, (3, 13))
+            .unwrap_err()
+            .contains("debug offsets"));
+    }
+
+    /// The layout a C compiler computed from a version's headers (OFFSETS_C; 3.13 has
+    /// no `tstate_cframe`).
+    fn header_layout(
+        values: &std::collections::HashMap<String, u64>,
+        version: (u8, u8),
+        entry_kind: u16,
+    ) -> Layout {
         let value = |name: &str| -> u16 {
             values
                 .get(name)
                 .and_then(|v| u16::try_from(*v).ok())
                 .unwrap_or_else(|| panic!("{name} missing from {values:?}"))
         };
-        assert_eq!(
-            layout.walk.runtime_interp_head,
-            value("runtime_interp_head")
-        );
-        assert_eq!(
-            layout.walk.interp_threads_head,
-            value("interp_threads_head")
-        );
-        assert_eq!(layout.walk.tstate_next, value("tstate_next"));
-        assert_eq!(layout.walk.tstate_thread_id, value("tstate_thread_id"));
-        assert_eq!(layout.walk.tstate_cframe, value("tstate_cframe"));
-        assert_eq!(layout.walk.current_frame, value("current_frame"));
-        assert_eq!(layout.walk.frame_code, value("frame_code"));
-        assert_eq!(layout.walk.frame_previous, value("frame_previous"));
-        assert_eq!(layout.walk.frame_instr, value("frame_instr"));
-        assert_eq!(layout.walk.frame_entry, value("frame_entry"));
-        assert_eq!(layout.walk.code_firstlineno, value("code_firstlineno"));
-        assert_eq!(layout.code_filename, value("code_filename"));
-        assert_eq!(layout.code_name, value("code_name"));
-        assert_eq!(layout.code_qualname, value("code_qualname"));
-        assert_eq!(layout.code_linetable, value("code_linetable"));
-        assert_eq!(layout.code_instructions, value("code_instructions"));
-        assert_eq!(layout.ascii_data, value("ascii_data"));
-        assert_eq!(layout.compact_data, value("compact_data"));
+        Layout {
+            version,
+            walk: Walk {
+                runtime_interp_head: value("runtime_interp_head"),
+                interp_threads_head: value("interp_threads_head"),
+                tstate_next: value("tstate_next"),
+                tstate_thread_id: value("tstate_thread_id"),
+                tstate_cframe: values
+                    .get("tstate_cframe")
+                    .map_or(0xffff, |_| value("tstate_cframe")),
+                current_frame: value("current_frame"),
+                frame_code: value("frame_code"),
+                frame_previous: value("frame_previous"),
+                frame_instr: value("frame_instr"),
+                frame_entry: value("frame_entry"),
+                entry_kind,
+                code_firstlineno: value("code_firstlineno"),
+            },
+            code_filename: value("code_filename"),
+            code_name: value("code_name"),
+            code_qualname: value("code_qualname"),
+            code_linetable: value("code_linetable"),
+            code_instructions: value("code_instructions"),
+            ascii_data: value("ascii_data"),
+            compact_data: value("compact_data"),
+            instr_is_next: false,
+        }
     }
 
     /// The include directory of an installed CPython with its internal headers, and its
@@ -581,6 +766,8 @@ mod tests {
             .then_some((include, version))
     }
 
+    /// The offsets of 3.11's and 3.13's structures, by the same names (3.13 keeps the
+    /// current frame in the thread state).
     const OFFSETS_C: &str = r#"
 #define Py_BUILD_CORE 1
 #include <Python.h>
@@ -595,12 +782,22 @@ int main(void) {
     P("interp_threads_head", PyInterpreterState, threads.head);
     P("tstate_next", PyThreadState, next);
     P("tstate_thread_id", PyThreadState, native_thread_id);
+#if PY_VERSION_HEX >= 0x030d0000
+    P("current_frame", PyThreadState, current_frame);
+    P("frame_code", _PyInterpreterFrame, f_executable);
+    P("frame_instr", _PyInterpreterFrame, instr_ptr);
+    P("frame_entry", _PyInterpreterFrame, owner);
+    P("runtime_debug_offsets", _PyRuntimeState, debug_offsets);
+    printf("debug_offsets_size %zu\n", sizeof(_Py_DebugOffsets));
+    printf("owned_by_cstack %d\n", FRAME_OWNED_BY_CSTACK);
+#else
     P("tstate_cframe", PyThreadState, cframe);
     P("current_frame", _PyCFrame, current_frame);
     P("frame_code", _PyInterpreterFrame, f_code);
-    P("frame_previous", _PyInterpreterFrame, previous);
     P("frame_instr", _PyInterpreterFrame, prev_instr);
     P("frame_entry", _PyInterpreterFrame, is_entry);
+#endif
+    P("frame_previous", _PyInterpreterFrame, previous);
     P("code_firstlineno", PyCodeObject, co_firstlineno);
     P("code_filename", PyCodeObject, co_filename);
     P("code_name", PyCodeObject, co_name);

@@ -273,7 +273,9 @@ pub fn exec_core(address: u64, code: &[u8], mut starts: Vec<u64>) -> Option<Rang
             continue;
         }
         let relative = i32::from_le_bytes([code[at + 1], code[at + 2], code[at + 3], code[at + 4]]);
-        let target = (address + at as u64 + 5).wrapping_add_signed(i64::from(relative));
+        let target = address
+            .wrapping_add(at as u64 + 5)
+            .wrapping_add_signed(i64::from(relative));
         if let Some(range) = extent(target) {
             if best
                 .as_ref()
