@@ -55,31 +55,36 @@ command -v openssl >/dev/null 2>&1 || apt_install openssl "TLS"
 # Recording rules are remote-written to, and alerted on by, a real Prometheus.
 [ -x /usr/bin/prometheus ] || apt_install prometheus "recording rules (Prometheus)"
 
-# CPython 3.13 from Debian 13 (trixie), unpacked outside the system and run by its own
-# C library's loader (`python3.13` there): the agent's interpreter tests profile it, and
-# check its layout against its headers. Downloaded with a private package list, not
-# installed: the system's packages stay Debian 12's.
-trixie="${KILN_TEST_TRIXIE:-$HOME/.cache/kiln-test-trixie}"
-if [ ! -x "$trixie/python3.13" ] && command -v apt-get >/dev/null 2>&1; then
-  rm -rf "$trixie" && mkdir -p "$trixie/lists/partial" "$trixie/cache/archives/partial" "$trixie/debs"
-  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" \
-    > "$trixie/sources.list"
-  apt_private=(-o Dir::Etc::sourcelist="$trixie/sources.list" -o Dir::Etc::sourceparts=/dev/null
-               -o Dir::State::Lists="$trixie/lists" -o Dir::Cache="$trixie/cache" -o Debug::NoLocking=1)
+# CPython 3.13 from Debian 13 (trixie) and 3.14 from Debian sid, unpacked outside the
+# system and run by their own C library's loader (`python3.X` in each directory): the
+# agent's interpreter tests profile them, and check their layouts against their headers.
+# Downloaded with a private package list, not installed: the system stays Debian 12.
+debian="${KILN_TEST_DEBIAN:-$HOME/.cache/kiln-test-debian}"
+unpack_python() {
+  local suite="$1" version="$2" dir="$debian/$1"
+  [ -x "$dir/python$version" ] && return
+  command -v apt-get >/dev/null 2>&1 || return
+  rm -rf "$dir" && mkdir -p "$dir/lists/partial" "$dir/cache/archives/partial" "$dir/debs"
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main" \
+    > "$dir/sources.list"
+  local apt_private=(-o Dir::Etc::sourcelist="$dir/sources.list" -o Dir::Etc::sourceparts=/dev/null
+                     -o Dir::State::Lists="$dir/lists" -o Dir::Cache="$dir/cache" -o Debug::NoLocking=1)
   if apt-get "${apt_private[@]}" update -q >/dev/null 2>&1 \
-     && (cd "$trixie/debs" && apt-get "${apt_private[@]}" download -q libc6 python3.13-minimal \
-           libpython3.13-minimal libpython3.13-stdlib libpython3.13-dev >/dev/null 2>&1); then
-    for deb in "$trixie"/debs/*.deb; do dpkg-deb -x "$deb" "$trixie/root"; done
+     && (cd "$dir/debs" && apt-get "${apt_private[@]}" download -q libc6 "python$version-minimal" \
+           "libpython$version-minimal" "libpython$version-stdlib" "libpython$version-dev" >/dev/null 2>&1); then
+    for deb in "$dir"/debs/*.deb; do dpkg-deb -x "$deb" "$dir/root"; done
     printf '#!/bin/sh\nPYTHONHOME="%s" exec "%s" --library-path "%s" "%s" "$@"\n' \
-      "$trixie/root/usr" "$trixie/root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" \
-      "$trixie/root/usr/lib/x86_64-linux-gnu" "$trixie/root/usr/bin/python3.13" > "$trixie/python3.13"
-    chmod +x "$trixie/python3.13"
-    rm -rf "$trixie/debs" "$trixie/cache" "$trixie/lists"
+      "$dir/root/usr" "$dir/root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" \
+      "$dir/root/usr/lib/x86_64-linux-gnu" "$dir/root/usr/bin/python$version" > "$dir/python$version"
+    chmod +x "$dir/python$version"
+    rm -rf "$dir/debs" "$dir/cache" "$dir/lists"
   else
-    echo "warning: CPython 3.13 could not be downloaded from Debian 13; its agent tests will skip"
+    echo "warning: CPython $version could not be downloaded from Debian $suite; its agent tests will skip"
   fi
-fi
-export KILN_TEST_TRIXIE="$trixie"
+}
+unpack_python trixie 3.13
+unpack_python sid 3.14
+export KILN_TEST_DEBIAN="$debian"
 
 # PyPI tools go into a virtual environment of the suite's own, outside the clone: Debian's
 # python3 has no pip, and Debian 12 forbids installing into the system (PEP 668). Its bin

@@ -36,10 +36,9 @@
 
 // How a frame marks the end of one native interpreter call.
 #define ENTRY_IS_ENTRY_BYTE 1 // CPython 3.11: a bool in the frame
-#define ENTRY_CSTACK_OWNER 2  // CPython 3.12+: a shim frame owned by the C stack follows
+#define ENTRY_CSTACK_OWNER 2  // CPython 3.12+: a shim frame (its owner `shim_owner`) follows
 #define ENTRY_EVERY_FRAME 3   // CPython up to 3.10: one native call per frame object
 
-#define OWNED_BY_CSTACK 3
 
 // CPython's offsets (interp/python.rs). A field of 0xffff is absent in that version.
 struct python_walk {
@@ -55,6 +54,8 @@ struct python_walk {
     __u16 frame_entry;          // is_entry or owner
     __u16 entry_kind;           // ENTRY_*
     __u16 code_firstlineno;     // PyCodeObject.co_firstlineno
+    __u16 shim_owner;           // ENTRY_CSTACK_OWNER: the owner of the entry shim frame
+    __u16 code_tag_bits;        // tag bits of f_executable (a _PyStackRef from 3.14)
 };
 
 // Ruby's offsets (interp/ruby.rs).
@@ -176,10 +177,10 @@ static long python_frame(__u64 index, struct walk *walk)
         return 1;
     }
     __u32 count = walk->count;
-    if (proc->py.entry_kind == ENTRY_CSTACK_OWNER && entry == OWNED_BY_CSTACK) {
+    if (proc->py.entry_kind == ENTRY_CSTACK_OWNER && entry >= proc->py.shim_owner) {
         // A shim between two native calls of the loop: the frame before it was the first
-        // of its call.
-        if (count > 0 && count <= INTERP_MAX_FRAMES)
+        // of its call. (Owners above it, 3.14's C-stack frames, run no code: skipped.)
+        if (entry == proc->py.shim_owner && count > 0 && count <= INTERP_MAX_FRAMES)
             event->frames[count - 1].flags |= FRAME_ENTRY;
     } else {
         if (count >= INTERP_MAX_FRAMES) {
@@ -187,7 +188,7 @@ static long python_frame(__u64 index, struct walk *walk)
             return 1;
         }
         struct interp_frame *out = &event->frames[count];
-        out->code = read_u64(frame + proc->py.frame_code);
+        out->code = read_u64(frame + proc->py.frame_code) & ~(__u64)proc->py.code_tag_bits;
         out->instr = read_u64(frame + proc->py.frame_instr);
         __u32 line = 0;
         if (out->code)

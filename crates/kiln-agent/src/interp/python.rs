@@ -9,7 +9,7 @@
 //! the interpreter installed). From 3.13 on, CPython writes the offsets itself at the
 //! start of `_PyRuntime` (`_Py_DebugOffsets`), and they are read from the binary
 //! ([`from_debug_offsets`]): right for any build of that version, whatever its compiler or
-//! options.
+//! options. Only the list's own shape is per version ([`DEBUG_SHAPES`], 3.13 and 3.14).
 //!
 //! The BPF program sends each frame as its code object's address and instruction
 //! pointer, with the code object's first line as a fingerprint. Here the code object is
@@ -50,6 +50,10 @@ pub struct Walk {
     pub frame_entry: u16,
     pub entry_kind: u16,
     pub code_firstlineno: u16,
+    /// The owner of the shim frame that begins a native call of the loop (3.12 on).
+    pub shim_owner: u16,
+    /// Tag bits to clear from `f_executable` (a `_PyStackRef` from 3.14).
+    pub code_tag_bits: u16,
 }
 
 impl Walk {
@@ -68,6 +72,8 @@ impl Walk {
             self.frame_entry,
             self.entry_kind,
             self.code_firstlineno,
+            self.shim_owner,
+            self.code_tag_bits,
         ])
     }
 }
@@ -119,6 +125,8 @@ pub const LAYOUTS: &[Layout] = &[
             frame_entry: 68,
             entry_kind: ENTRY_IS_ENTRY_BYTE,
             code_firstlineno: 72,
+            shim_owner: 0,
+            code_tag_bits: 0,
         },
         code_filename: 112,
         code_name: 120,
@@ -132,14 +140,16 @@ pub const LAYOUTS: &[Layout] = &[
 ];
 
 /// The layout of a CPython `version`, from the table, or from the interpreter's own
-/// `_Py_DebugOffsets` (3.13 on) when `debug` holds them; the error says why the process is
+/// `_Py_DebugOffsets` (3.13 and 3.14) when `debug` holds them; the error says why the process is
 /// profiled with native frames only.
 pub fn layout(version: (u8, u8), debug: Option<&[u8]>) -> Result<Layout, String> {
     if let Some(layout) = LAYOUTS.iter().find(|layout| layout.version == version) {
         return Ok(*layout);
     }
     match debug {
-        Some(bytes) if version == (3, 13) => from_debug_offsets(bytes, version),
+        Some(bytes) if DEBUG_SHAPES.iter().any(|shape| shape.version == version) => {
+            from_debug_offsets(bytes, version)
+        }
         _ => Err(format!(
             "CPython {}.{} has no known layout",
             version.0, version.1
@@ -149,21 +159,112 @@ pub fn layout(version: (u8, u8), debug: Option<&[u8]>) -> Result<Layout, String>
 
 /// `_Py_DebugOffsets`' cookie, the first bytes of `_PyRuntime` from 3.13 on.
 const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
-/// The bytes of 3.13's `_Py_DebugOffsets`.
-pub const DEBUG_OFFSETS_BYTES: usize = 584;
 
-/// A layout from 3.13's `_Py_DebugOffsets`: CPython writes the offsets of the structures
-/// a debugger or profiler walks at the start of `_PyRuntime`, for this very use, so a
-/// build whose structures differ (another compiler, options, a patch) is still read
-/// right. The shape of the offsets themselves is 3.13's (`Include/internal/
-/// pycore_runtime.h`); 3.14 changed it, so it is read only for 3.13.
+/// Where in one version's `_Py_DebugOffsets` each offset the agent needs is, in bytes
+/// (the struct is a list of `uint64_t`, its shape changed from 3.13 to 3.14), and what
+/// the offsets do not say: the owner of the entry shim frame and the tag bits of a
+/// `_PyStackRef`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DebugShape {
+    pub version: (u8, u8),
+    /// `sizeof(_Py_DebugOffsets)`.
+    pub bytes: usize,
+    pub interpreters_head: usize,
+    pub threads_head: usize,
+    pub tstate_next: usize,
+    pub tstate_current_frame: usize,
+    pub tstate_native_thread_id: usize,
+    pub frame_previous: usize,
+    pub frame_executable: usize,
+    pub frame_instr_ptr: usize,
+    pub frame_owner: usize,
+    pub code_filename: usize,
+    pub code_name: usize,
+    pub code_qualname: usize,
+    pub code_linetable: usize,
+    pub code_firstlineno: usize,
+    pub code_adaptive: usize,
+    pub unicode_asciiobject_size: usize,
+    /// `FRAME_OWNED_BY_CSTACK` in 3.13, `FRAME_OWNED_BY_INTERPRETER` in 3.14.
+    pub shim_owner: u16,
+    /// `Py_TAG_BITS` of a release build with the GIL.
+    pub code_tag_bits: u16,
+}
+
+/// The shapes known, from `Include/internal/pycore_runtime.h` (3.13) and
+/// `pycore_debug_offsets.h` (3.14); the tests check them against each version's headers
+/// where they are unpacked.
+pub const DEBUG_SHAPES: &[DebugShape] = &[
+    DebugShape {
+        version: (3, 13),
+        bytes: 584,
+        interpreters_head: 40,
+        threads_head: 72,
+        tstate_next: 168,
+        tstate_current_frame: 184,
+        tstate_native_thread_id: 200,
+        frame_previous: 232,
+        frame_executable: 240,
+        frame_instr_ptr: 248,
+        frame_owner: 264,
+        code_filename: 280,
+        code_name: 288,
+        code_qualname: 296,
+        code_linetable: 304,
+        code_firstlineno: 312,
+        code_adaptive: 344,
+        unicode_asciiobject_size: 560,
+        shim_owner: 3,
+        code_tag_bits: 0,
+    },
+    DebugShape {
+        version: (3, 14),
+        bytes: 760,
+        interpreters_head: 40,
+        threads_head: 72,
+        tstate_next: 192,
+        tstate_current_frame: 208,
+        tstate_native_thread_id: 224,
+        frame_previous: 256,
+        frame_executable: 264,
+        frame_instr_ptr: 272,
+        frame_owner: 288,
+        code_filename: 320,
+        code_name: 328,
+        code_qualname: 336,
+        code_linetable: 344,
+        code_firstlineno: 352,
+        code_adaptive: 384,
+        unicode_asciiobject_size: 640,
+        shim_owner: 3,
+        code_tag_bits: 3,
+    },
+];
+
+/// The most bytes of `_PyRuntime` any shape needs.
+pub const DEBUG_OFFSETS_BYTES: usize = 760;
+
+/// A layout from a version's `_Py_DebugOffsets`: CPython writes the offsets of the
+/// structures a debugger or profiler walks at the start of `_PyRuntime`, for this very
+/// use, so a build whose structures differ (another compiler, options, a patch) is still
+/// read right. The list's own shape is per version ([`DEBUG_SHAPES`]).
 pub fn from_debug_offsets(bytes: &[u8], version: (u8, u8)) -> Result<Layout, String> {
+    let shape = DEBUG_SHAPES
+        .iter()
+        .find(|shape| shape.version == version)
+        .ok_or_else(|| {
+            format!(
+                "CPython {}.{}'s debug offsets are not known",
+                version.0, version.1
+            )
+        })?;
     if bytes.get(..8) != Some(&DEBUG_COOKIE[..]) {
         return Err("_PyRuntime does not begin with its debug offsets".into());
     }
     let field = |at: usize| -> Result<u64, String> {
         bytes
             .get(at..at + 8)
+            .filter(|_| at + 8 <= shape.bytes)
             .and_then(|b| b.try_into().ok())
             .map(u64::from_ne_bytes)
             .ok_or_else(|| "the debug offsets are cut short".to_string())
@@ -182,28 +283,30 @@ pub fn from_debug_offsets(bytes: &[u8], version: (u8, u8)) -> Result<Layout, Str
     if field(16)? != 0 {
         return Err("a free-threaded build (its frames are laid out otherwise)".into());
     }
-    let ascii = offset(560)?;
+    let ascii = offset(shape.unicode_asciiobject_size)?;
     Ok(Layout {
         version,
         walk: Walk {
-            runtime_interp_head: offset(40)?,
-            interp_threads_head: offset(72)?,
-            tstate_next: offset(168)?,
-            tstate_thread_id: offset(200)?,
+            runtime_interp_head: offset(shape.interpreters_head)?,
+            interp_threads_head: offset(shape.threads_head)?,
+            tstate_next: offset(shape.tstate_next)?,
+            tstate_thread_id: offset(shape.tstate_native_thread_id)?,
             tstate_cframe: 0xffff,
-            current_frame: offset(184)?,
-            frame_code: offset(240)?,
-            frame_previous: offset(232)?,
-            frame_instr: offset(248)?,
-            frame_entry: offset(264)?,
+            current_frame: offset(shape.tstate_current_frame)?,
+            frame_code: offset(shape.frame_executable)?,
+            frame_previous: offset(shape.frame_previous)?,
+            frame_instr: offset(shape.frame_instr_ptr)?,
+            frame_entry: offset(shape.frame_owner)?,
             entry_kind: ENTRY_CSTACK_OWNER,
-            code_firstlineno: offset(312)?,
+            code_firstlineno: offset(shape.code_firstlineno)?,
+            shim_owner: shape.shim_owner,
+            code_tag_bits: shape.code_tag_bits,
         },
-        code_filename: offset(280)?,
-        code_name: offset(288)?,
-        code_qualname: offset(296)?,
-        code_linetable: offset(304)?,
-        code_instructions: offset(344)?,
+        code_filename: offset(shape.code_filename)?,
+        code_name: offset(shape.code_name)?,
+        code_qualname: offset(shape.code_qualname)?,
+        code_linetable: offset(shape.code_linetable)?,
+        code_instructions: offset(shape.code_adaptive)?,
         ascii_data: ascii,
         // PyCompactUnicodeObject adds the UTF-8 length and pointer.
         compact_data: ascii.checked_add(16).ok_or("a debug offset is too large")?,
@@ -623,55 +726,84 @@ mod tests {
         assert_eq!(format!("{layout:?}"), format!("{from_headers:?}"));
     }
 
-    /// CPython 3.13 from Debian 13, as scripts/test.sh unpacks it: its binary's debug
-    /// offsets give the layout its headers give (the offsets a C compiler computes from
-    /// them), field by field.
-    #[test]
-    fn the_debug_offsets_of_3_13_give_the_layout_of_its_headers() {
-        let root = std::env::var_os("KILN_TEST_TRIXIE")
+    /// Where scripts/test.sh unpacks a Debian release's CPython (`trixie` has 3.13,
+    /// `sid` 3.14).
+    fn debian_root(suite: &str) -> std::path::PathBuf {
+        std::env::var_os("KILN_TEST_DEBIAN")
             .map(std::path::PathBuf::from)
             .unwrap_or_else(|| {
                 std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                    .join(".cache/kiln-test-trixie")
+                    .join(".cache/kiln-test-debian")
             })
-            .join("root");
-        let binary = Binary::read(&root.join("usr/bin/python3.13"));
-        let Some(binary) = binary else {
-            eprintln!("skipped: no CPython 3.13 unpacked at {root:?} (scripts/test.sh does it)");
-            return;
-        };
-        let bytes = binary
-            .debug_offsets
-            .as_deref()
-            .expect("3.13 has debug offsets");
-        let from_binary = layout((3, 13), Some(bytes)).expect("a layout");
-        let include = |dir: &str| format!("-I{}", root.join(dir).display());
-        let Some(values) = super::super::c_values(
-            OFFSETS_C,
-            &[
-                &include("usr/include/python3.13"),
-                &include("usr/include"),
-                &include("usr/include/x86_64-linux-gnu/python3.13"),
-            ],
-        ) else {
-            eprintln!("skipped: no C compiler");
-            return;
-        };
-        let from_headers = header_layout(&values, (3, 13), ENTRY_CSTACK_OWNER);
-        assert_eq!(format!("{from_binary:?}"), format!("{from_headers:?}"));
-        // The shape this reader assumes is 3.13's: its size, and the shim frame's owner.
-        assert_eq!(
-            values.get("debug_offsets_size"),
-            Some(&(DEBUG_OFFSETS_BYTES as u64))
-        );
-        assert_eq!(values.get("owned_by_cstack"), Some(&3));
-        assert_eq!(values.get("runtime_debug_offsets"), Some(&0));
+            .join(suite)
+            .join("root")
     }
 
-    /// Debug offsets that are not 3.13's, or not there, or of a build laid out otherwise,
-    /// are refused with the reason, never read.
+    /// CPython 3.13 (Debian 13) and 3.14 (Debian sid), as scripts/test.sh unpacks them:
+    /// each binary's debug offsets give the layout its headers give (the offsets a C
+    /// compiler computes from them), field by field, and the shape of the offsets this
+    /// reader assumes ([`DEBUG_SHAPES`]) is the headers' `_Py_DebugOffsets`.
     #[test]
-    fn debug_offsets_other_than_3_13s_are_refused() {
+    fn the_debug_offsets_of_3_13_and_3_14_give_the_layout_of_their_headers() {
+        for (suite, version) in [("trixie", (3u8, 13u8)), ("sid", (3, 14))] {
+            let root = debian_root(suite);
+            let name = format!("python{}.{}", version.0, version.1);
+            let Some(binary) = Binary::read(&root.join("usr/bin").join(&name)) else {
+                eprintln!("skipped: no CPython {version:?} unpacked at {root:?} (scripts/test.sh does it)");
+                continue;
+            };
+            let bytes = binary.debug_offsets.as_deref().expect("debug offsets");
+            let from_binary = layout(version, Some(bytes)).expect("a layout");
+            let include = |dir: &str| format!("-I{}", root.join(dir).display());
+            let includes = [
+                include(&format!("usr/include/{name}")),
+                include("usr/include"),
+                include(&format!("usr/include/x86_64-linux-gnu/{name}")),
+            ];
+            let args: Vec<&str> = includes.iter().map(String::as_str).collect();
+            let Some(values) = super::super::c_values(OFFSETS_C, &args) else {
+                eprintln!("skipped: no C compiler");
+                return;
+            };
+            let from_headers = header_layout(&values, version, ENTRY_CSTACK_OWNER);
+            assert_eq!(format!("{from_binary:?}"), format!("{from_headers:?}"));
+            assert_eq!(values.get("runtime_debug_offsets"), Some(&0));
+            let shape = DEBUG_SHAPES
+                .iter()
+                .find(|shape| shape.version == version)
+                .expect("a shape");
+            let at = |field: &str| values.get(&format!("shape.{field}")).copied();
+            let positions = [
+                ("bytes", shape.bytes),
+                ("interpreters_head", shape.interpreters_head),
+                ("threads_head", shape.threads_head),
+                ("tstate_next", shape.tstate_next),
+                ("tstate_current_frame", shape.tstate_current_frame),
+                ("tstate_native_thread_id", shape.tstate_native_thread_id),
+                ("frame_previous", shape.frame_previous),
+                ("frame_executable", shape.frame_executable),
+                ("frame_instr_ptr", shape.frame_instr_ptr),
+                ("frame_owner", shape.frame_owner),
+                ("code_filename", shape.code_filename),
+                ("code_name", shape.code_name),
+                ("code_qualname", shape.code_qualname),
+                ("code_linetable", shape.code_linetable),
+                ("code_firstlineno", shape.code_firstlineno),
+                ("code_adaptive", shape.code_adaptive),
+                ("unicode_asciiobject_size", shape.unicode_asciiobject_size),
+            ];
+            for (field, position) in positions {
+                assert_eq!(at(field), Some(position as u64), "{version:?} {field}");
+            }
+            assert!(shape.bytes <= DEBUG_OFFSETS_BYTES);
+        }
+    }
+
+    /// Debug offsets of another version than the binary's, or of a shape not known, or
+    /// not there, or of a build laid out otherwise, are refused with the reason, never
+    /// read.
+    #[test]
+    fn debug_offsets_not_as_expected_are_refused() {
         let mut bytes = vec![0u8; DEBUG_OFFSETS_BYTES];
         bytes[..8].copy_from_slice(DEBUG_COOKIE);
         bytes[8..16].copy_from_slice(&0x030d_05f0u64.to_ne_bytes());
@@ -684,9 +816,12 @@ mod tests {
         assert!(from_debug_offsets(&bytes, (3, 14))
             .unwrap_err()
             .contains("3.13"));
-        assert!(super::layout((3, 14), Some(&bytes))
+        assert!(super::layout((3, 15), Some(&bytes))
             .unwrap_err()
             .contains("no known layout"));
+        assert!(from_debug_offsets(&bytes, (3, 15))
+            .unwrap_err()
+            .contains("not known"));
         assert!(from_debug_offsets(&bytes[..100], (3, 13))
             .unwrap_err()
             .contains("cut short"));
@@ -736,6 +871,10 @@ mod tests {
                 frame_entry: value("frame_entry"),
                 entry_kind,
                 code_firstlineno: value("code_firstlineno"),
+                shim_owner: values.get("shim_owner").map_or(0, |_| value("shim_owner")),
+                code_tag_bits: values
+                    .get("code_tag_bits")
+                    .map_or(0, |_| value("code_tag_bits")),
             },
             code_filename: value("code_filename"),
             code_name: value("code_name"),
@@ -766,8 +905,9 @@ mod tests {
             .then_some((include, version))
     }
 
-    /// The offsets of 3.11's and 3.13's structures, by the same names (3.13 keeps the
-    /// current frame in the thread state).
+    /// The offsets of 3.11's, 3.13's and 3.14's structures, by the same names (3.13 on
+    /// keep the current frame in the thread state), and from 3.13 on the positions in
+    /// `_Py_DebugOffsets` (`shape.*`).
     const OFFSETS_C: &str = r#"
 #define Py_BUILD_CORE 1
 #include <Python.h>
@@ -776,7 +916,11 @@ mod tests {
 #include "internal/pycore_frame.h"
 #include "internal/pycore_interp.h"
 #include "internal/pycore_runtime.h"
+#if PY_VERSION_HEX >= 0x030e0000
+#include "internal/pycore_stackref.h"
+#endif
 #define P(name, type, field) printf(name " %zu\n", offsetof(type, field))
+#define D(name, field) printf("shape." name " %zu\n", offsetof(_Py_DebugOffsets, field))
 int main(void) {
     P("runtime_interp_head", _PyRuntimeState, interpreters.head);
     P("interp_threads_head", PyInterpreterState, threads.head);
@@ -788,8 +932,31 @@ int main(void) {
     P("frame_instr", _PyInterpreterFrame, instr_ptr);
     P("frame_entry", _PyInterpreterFrame, owner);
     P("runtime_debug_offsets", _PyRuntimeState, debug_offsets);
-    printf("debug_offsets_size %zu\n", sizeof(_Py_DebugOffsets));
-    printf("owned_by_cstack %d\n", FRAME_OWNED_BY_CSTACK);
+    printf("shape.bytes %zu\n", sizeof(_Py_DebugOffsets));
+    D("interpreters_head", runtime_state.interpreters_head);
+    D("threads_head", interpreter_state.threads_head);
+    D("tstate_next", thread_state.next);
+    D("tstate_current_frame", thread_state.current_frame);
+    D("tstate_native_thread_id", thread_state.native_thread_id);
+    D("frame_previous", interpreter_frame.previous);
+    D("frame_executable", interpreter_frame.executable);
+    D("frame_instr_ptr", interpreter_frame.instr_ptr);
+    D("frame_owner", interpreter_frame.owner);
+    D("code_filename", code_object.filename);
+    D("code_name", code_object.name);
+    D("code_qualname", code_object.qualname);
+    D("code_linetable", code_object.linetable);
+    D("code_firstlineno", code_object.firstlineno);
+    D("code_adaptive", code_object.co_code_adaptive);
+    D("unicode_asciiobject_size", unicode_object.asciiobject_size);
+#if PY_VERSION_HEX >= 0x030e0000
+    /* The entry shim's owner, and the tag bits of f_executable (a _PyStackRef). */
+    printf("shim_owner %d\n", FRAME_OWNED_BY_INTERPRETER);
+    printf("code_tag_bits %lu\n", (unsigned long)Py_TAG_BITS);
+#else
+    printf("shim_owner %d\n", FRAME_OWNED_BY_CSTACK);
+    printf("code_tag_bits 0\n");
+#endif
 #else
     P("tstate_cframe", PyThreadState, cframe);
     P("current_frame", _PyCFrame, current_frame);

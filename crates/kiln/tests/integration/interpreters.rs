@@ -104,16 +104,18 @@ fn wait_for_samples(server: &TestServer, pid: u32, nanos: i64) -> Vec<(Vec<Strin
 }
 
 /// The CPython interpreters here, each once: the one `python3` runs, Debian's, and
-/// Debian 13's 3.13 as scripts/test.sh unpacks it (a script that runs it with its own C
-/// library's loader, so the process's program is the loader, and CPython a file it maps).
+/// Debian 13's 3.13 and sid's 3.14 as scripts/test.sh unpacks them (scripts that run them
+/// with their own C library's loader, so the process's program is the loader, and
+/// CPython a file it maps).
 fn pythons() -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = Vec::new();
-    let trixie = std::env::var_os("KILN_TEST_TRIXIE")
+    let debian = std::env::var_os("KILN_TEST_DEBIAN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| home().join(".cache/kiln-test-trixie"));
+        .unwrap_or_else(|| home().join(".cache/kiln-test-debian"));
     let mut candidates = vec![
         PathBuf::from("/usr/bin/python3.11"),
-        trixie.join("python3.13"),
+        debian.join("trixie/python3.13"),
+        debian.join("sid/python3.14"),
     ];
     if let Ok(output) = Command::new("python3")
         .args(["-c", "import sys; print(sys.executable)"])
@@ -157,14 +159,15 @@ fn python_functions_are_named_with_no_change_to_the_program() {
     };
     // Long enough for about 1,000 samples of each process (at 199 Hz): the split's
     // standard error is then 1.4 points, under a third of the ±5 allowed.
-    let seconds = "16";
+    let seconds = "20";
     let mut children = Vec::new();
     for (index, python) in pythons.iter().enumerate() {
-        // Every mode on Debian's; the C extension's frames again on 3.13, whose native
-        // calls of the loop are marked by shim frames; the split alone on another 3.11.
+        // Every mode on Debian's; the C extension's frames again on 3.13 and 3.14, whose
+        // native calls of the loop are marked by shim frames; the split alone on another
+        // 3.11.
         let modes: &[&str] = if index == 0 {
             &["plain", "compress", "many"]
-        } else if python.ends_with("python3.13") {
+        } else if python.ends_with("python3.13") || python.ends_with("python3.14") {
             &["plain", "compress"]
         } else {
             &["plain"]
@@ -187,7 +190,7 @@ fn python_functions_are_named_with_no_change_to_the_program() {
     }
     let mut failures = Vec::new();
     for (python, mode, pid) in &processes {
-        // Six processes on two cores for 16 s: about 5.3 s of CPU each, less what other
+        // Eight processes on two cores for 20 s: about 5 s of CPU each, less what other
         // tests running meanwhile take.
         let paths = wait_for_samples(&server, *pid, 3_500_000_000);
         let total: i64 = paths.iter().map(|(_, v)| v).sum();
