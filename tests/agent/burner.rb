@@ -52,4 +52,5 @@ def kiln_main(seconds, mode)
   end
 end
 
+sleep 1 # the agent finds the VM at the first samples; the work then has its frames
 kiln_main(Float(ARGV[0]), ARGV[1] || "plain")

@@ -492,3 +492,52 @@ fn ruby_methods_are_named_with_no_change_to_the_program() {
     );
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// An interpreter upgraded in place: a copy of Debian's CPython 3.11, running, is replaced
+/// on disk by another CPython build (renamed over, as a package upgrade does) before the
+/// agent starts. The agent reads the file the process runs, not the one now at its path,
+/// so the functions are named as before the upgrade, none wrongly.
+#[test]
+fn an_interpreter_replaced_on_disk_is_read_from_the_file_it_runs() {
+    let debian = std::env::var_os("KILN_TEST_DEBIAN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home().join(".cache/kiln-test-debian"));
+    let replacement = debian.join("trixie/root/usr/bin/python3.13");
+    let original = PathBuf::from("/usr/bin/python3.11");
+    if !original.exists() || !replacement.exists() {
+        println!("skipped: the in-place upgrade test (needs /usr/bin/python3.11 and Debian 13's python3.13 from scripts/test.sh)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let program = dir.path().join("python3.11");
+    std::fs::copy(&original, &program).unwrap();
+    let mut child = Command::new(&program)
+        .arg(workspace_root().join("tests/agent/burner.py"))
+        .args(["8", "plain"])
+        .spawn()
+        .expect("python runs");
+    let pid = child.id();
+    std::thread::sleep(Duration::from_millis(500));
+    let staged = dir.path().join("python3.11.new");
+    std::fs::copy(&replacement, &staged).unwrap();
+    std::fs::rename(&staged, &program).unwrap();
+    let server = TestServer::start();
+    let agent = start_agent(&server);
+    let Some(agent) = agent else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return;
+    };
+    assert!(child.wait().unwrap().success());
+    let paths = wait_for_samples(&server, pid, 4_000_000_000);
+    stop(agent);
+    let named = share(&paths, "kiln_hot_a") + share(&paths, "kiln_hot_b");
+    let unknown = share(&paths, "[unknown python frame]");
+    println!(
+        "python replaced on disk (pid {pid}): kiln_hot_a or kiln_hot_b on {named:.1} % of stacks, unknown frames on {unknown:.1} %"
+    );
+    // The agent starts while the program runs: its samples before the agent found the
+    // interpreter keep native frames (a few percent). Read from the file now at the path
+    // (3.13's), no frame would be named at all.
+    assert!(named >= 75.0 && unknown == 0.0, "{:#?}", top(&paths));
+}
