@@ -295,7 +295,7 @@ impl prometheus_client::collector::Collector for AgentStats {
         rows.sort();
         let mut family = encoder.encode_descriptor(
             "kiln_agent_interpreter_stacks",
-            "Samples of interpreters (Python), per binary, by outcome: named, or why the stack kept native frames only",
+            "Samples of interpreters (Python, Ruby), per binary, by outcome: named, or why the stack kept native frames only",
             None,
             MetricType::Counter,
         )?;
