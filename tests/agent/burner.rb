@@ -44,9 +44,9 @@ def kiln_main(seconds, mode)
       case mode
       when "compress" then kiln_compress(data)
       when "long" then kiln_long(10_000)
-      else # seven calls and three of the same work: 70/30 whatever a call costs
-        i = 0; while i < 7; kiln_hot_a(1000); i += 1; end
-        i = 0; while i < 3; kiln_hot_b(1000); i += 1; end
+      else # the same work, 70/30 at random: no period for the sampling to fall in step with
+        if rand < 0.7 then kiln_hot_a(1000)
+        else kiln_hot_b(1000) end
       end
     end
   end
