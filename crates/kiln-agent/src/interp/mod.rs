@@ -49,6 +49,32 @@ pub struct ProcLayout {
     pub walk: [u16; 16],
 }
 
+/// An interpreter binary's loadable segments (file offset, virtual address, executable):
+/// where its addresses land in a process that mapped it.
+#[derive(Debug, Clone, Default)]
+pub struct Loads(Vec<(u64, u64, bool)>);
+
+impl Loads {
+    pub fn of<'data, R: object::ReadRef<'data>>(elf: &object::File<'data, R>) -> Loads {
+        use object::{Object, ObjectSegment};
+        Loads(
+            elf.segments()
+                .map(|segment| {
+                    let exec = matches!(segment.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
+                    (segment.file_range().0, segment.address(), exec)
+                })
+                .collect(),
+        )
+    }
+
+    /// What to add to the file's addresses in a process that mapped its code at `start`
+    /// from file offset `pgoff`.
+    pub fn bias(&self, start: u64, pgoff: u64) -> Option<u64> {
+        let vaddr = crate::unwind::code_address(self.0.iter().copied(), pgoff)?;
+        Some(start.wrapping_sub(vaddr))
+    }
+}
+
 /// A runtime's offsets as the `walk` of [`ProcLayout`], zero-filled.
 fn words(fields: &[u16]) -> [u16; 16] {
     let mut words = [0u16; 16];
@@ -325,6 +351,11 @@ enum Binary {
 }
 
 impl Binary {
+    /// Whether a mapped file may hold an interpreter, by its name: only those are read.
+    fn may_be(mapped: &str) -> bool {
+        python::may_be_interpreter(mapped) || ruby::may_be_interpreter(mapped)
+    }
+
     /// The interpreter in a mapped file, judged first by its name.
     fn read(mapped: &str, path: &std::path::Path) -> Option<Binary> {
         if python::may_be_interpreter(mapped) {
@@ -400,10 +431,7 @@ impl Interpreters {
         }
         let mut found = None;
         for mapping in &process.mappings {
-            if !mapping.is_file()
-                || !(python::may_be_interpreter(&mapping.path)
-                    || ruby::may_be_interpreter(&mapping.path))
-            {
+            if !mapping.is_file() || !Binary::may_be(&mapping.path) {
                 continue;
             }
             let Some(path) = process.readable_path(mapping) else {

@@ -326,8 +326,7 @@ pub struct Binary {
     /// The first bytes of `_PyRuntime` as the file initializes them: 3.13's debug
     /// offsets, when they are there.
     pub debug_offsets: Option<Vec<u8>>,
-    /// Loadable segments: (file offset, virtual address, executable).
-    loads: Vec<(u64, u64, bool)>,
+    loads: super::Loads,
 }
 
 impl Binary {
@@ -342,13 +341,7 @@ impl Binary {
             code_type: None,
             eval: Vec::new(),
             debug_offsets: None,
-            loads: elf
-                .segments()
-                .map(|segment| {
-                    let exec = matches!(segment.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
-                    (segment.file_range().0, segment.address(), exec)
-                })
-                .collect(),
+            loads: super::Loads::of(&elf),
         };
         for symbol in elf.dynamic_symbols().chain(elf.symbols()) {
             let Ok(name) = symbol.name() else { continue };
@@ -381,13 +374,6 @@ impl Binary {
             bytes.starts_with(DEBUG_COOKIE).then(|| bytes.to_vec())
         });
         Some(binary)
-    }
-
-    /// What to add to the file's addresses in a process that mapped its code at `start`
-    /// from file offset `pgoff`.
-    pub fn bias(&self, start: u64, pgoff: u64) -> Option<u64> {
-        let vaddr = crate::unwind::code_address(self.loads.iter().copied(), pgoff)?;
-        Some(start.wrapping_sub(vaddr))
     }
 }
 
@@ -447,6 +433,7 @@ impl Runtime {
         pgoff: u64,
     ) -> Result<Runtime, String> {
         let bias = binary
+            .loads
             .bias(start, pgoff)
             .ok_or("the interpreter's code segment is not where it was mapped")?;
         let memory = Memory { pid };

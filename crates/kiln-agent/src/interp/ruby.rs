@@ -169,7 +169,7 @@ pub struct Binary {
     pub version: (u8, u8),
     /// `rb_vm_exec`, and `vm_exec_core` when found.
     pub exec: Vec<Range<u64>>,
-    loads: Vec<(u64, u64, bool)>,
+    loads: super::Loads,
 }
 
 /// The smallest function taken for the VM's instruction loop: it inlines the code of
@@ -179,8 +179,9 @@ const MIN_CORE_BYTES: u64 = 4096;
 impl Binary {
     /// Reads an ELF file's VM symbols; `None` when it has no `ruby_current_vm_ptr`.
     pub fn read(path: &Path) -> Option<Binary> {
-        let data = std::fs::read(path).ok()?;
-        let elf = object::File::parse(&*data).ok()?;
+        let file = std::fs::File::open(path).ok()?;
+        let cache = object::ReadCache::new(file);
+        let elf = object::File::parse(&cache).ok()?;
         let mut vm_ptr = None;
         let mut version_at = None;
         let mut exec = None;
@@ -200,13 +201,8 @@ impl Binary {
         }
         let vm_ptr = vm_ptr?;
         let bytes_at = |address: u64, len: u64| -> Option<&[u8]> {
-            elf.segments().find_map(|segment| {
-                let (offset, size) = segment.file_range();
-                let start = address.checked_sub(segment.address())?;
-                (start.checked_add(len)? <= size).then_some(())?;
-                let from = usize::try_from(offset + start).ok()?;
-                data.get(from..from + usize::try_from(len).ok()?)
-            })
+            elf.segments()
+                .find_map(|segment| segment.data_range(address, len).ok().flatten())
         };
         let version = version_at
             .and_then(|at| bytes_at(at, 8))
@@ -231,21 +227,8 @@ impl Binary {
             vm_ptr,
             version,
             exec: ranges,
-            loads: elf
-                .segments()
-                .map(|segment| {
-                    let exec = matches!(segment.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
-                    (segment.file_range().0, segment.address(), exec)
-                })
-                .collect(),
+            loads: super::Loads::of(&elf),
         })
-    }
-
-    /// What to add to the file's addresses in a process that mapped its code at `start`
-    /// from file offset `pgoff`.
-    pub fn bias(&self, start: u64, pgoff: u64) -> Option<u64> {
-        let vaddr = crate::unwind::code_address(self.loads.iter().copied(), pgoff)?;
-        Some(start.wrapping_sub(vaddr))
     }
 }
 
@@ -327,6 +310,7 @@ impl Runtime {
     /// The process's VM, from its binary mapped at `start` (file offset `pgoff`).
     pub fn new(pid: u32, binary: &Binary, start: u64, pgoff: u64) -> Result<Runtime, String> {
         let bias = binary
+            .loads
             .bias(start, pgoff)
             .ok_or("the VM's code segment is not where it was mapped")?;
         let layout = layout(binary.version)?;

@@ -106,6 +106,35 @@ fn whole(paths: &[(Vec<String>, i64)]) -> (f64, f64) {
     )
 }
 
+/// Runs `program script seconds mode` for each (program, mode), all at once, and waits for
+/// every one to end well: (program, mode, pid) of each.
+fn burn(
+    runs: Vec<(PathBuf, &'static str)>,
+    script: &std::path::Path,
+    seconds: &str,
+) -> Vec<(PathBuf, &'static str, u32)> {
+    let children: Vec<_> = runs
+        .into_iter()
+        .map(|(program, mode)| {
+            let child = Command::new(&program)
+                .arg(script)
+                .arg(seconds)
+                .arg(mode)
+                .spawn()
+                .unwrap_or_else(|err| panic!("{program:?} runs: {err}"));
+            (program, mode, child)
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|(program, mode, mut child)| {
+            let pid = child.id();
+            assert!(child.wait().expect("waits").success(), "{program:?} {mode}");
+            (program, mode, pid)
+        })
+        .collect()
+}
+
 /// The five heaviest stacks, for a failure's message.
 fn top(paths: &[(Vec<String>, i64)]) -> Vec<String> {
     let mut sorted = paths.to_vec();
@@ -189,7 +218,7 @@ fn python_functions_are_named_with_no_change_to_the_program() {
     // standard error is then 1.4 points, under a third of the ±5 allowed (more when the
     // machine is loaded and the samples fewer: `allowed_split`).
     let seconds = "20";
-    let mut children = Vec::new();
+    let mut runs = Vec::new();
     for (index, python) in pythons.iter().enumerate() {
         // Every mode on Debian's; the C extension's frames again on 3.13 and 3.14, whose
         // native calls of the loop are marked by shim frames; the split alone on another
@@ -201,22 +230,9 @@ fn python_functions_are_named_with_no_change_to_the_program() {
         } else {
             &["plain"]
         };
-        for &mode in modes {
-            let child = Command::new(python)
-                .arg(&script)
-                .arg(seconds)
-                .arg(mode)
-                .spawn()
-                .expect("python runs");
-            children.push((python.clone(), mode, child));
-        }
+        runs.extend(modes.iter().map(|mode| (python.clone(), *mode)));
     }
-    let mut processes = Vec::new();
-    for (python, mode, mut child) in children {
-        let pid = child.id();
-        assert!(child.wait().expect("waits").success(), "{python:?} {mode}");
-        processes.push((python, mode, pid));
-    }
+    let processes = burn(runs, &script, seconds);
     let mut failures = Vec::new();
     for (python, mode, pid) in &processes {
         // Eight processes on two cores for 20 s: about 5 s of CPU each, less what other
@@ -420,26 +436,12 @@ fn ruby_methods_are_named_with_no_change_to_the_program() {
         return;
     };
     let seconds = "12";
-    let children: Vec<_> = ["plain", "compress", "long", "threads"]
-        .into_iter()
-        .map(|mode| {
-            let child = Command::new(ruby)
-                .arg(&script)
-                .arg(seconds)
-                .arg(mode)
-                .spawn()
-                .expect("ruby runs");
-            (mode, child)
-        })
-        .collect();
-    let mut processes = Vec::new();
-    for (mode, mut child) in children {
-        let pid = child.id();
-        assert!(child.wait().expect("waits").success(), "{mode}");
-        processes.push((mode, pid));
-    }
+    let runs = ["plain", "compress", "long", "threads"]
+        .map(|mode| (PathBuf::from(ruby), mode))
+        .to_vec();
+    let processes = burn(runs, &script, seconds);
     let mut failures = Vec::new();
-    for (mode, pid) in &processes {
+    for (_, mode, pid) in &processes {
         let paths = wait_for_samples(&server, *pid, 2_500_000_000);
         let total: i64 = paths.iter().map(|(_, v)| v).sum();
         let (named, main) = whole(&paths);
