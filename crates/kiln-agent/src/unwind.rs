@@ -350,6 +350,10 @@ pub struct Walked {
     pub user: Vec<u64>,
     pub truncated: bool,
     pub method: Method,
+    /// The frame pointer of each frame of `user` as the unwinder recovered it, when the
+    /// stack was unwound from its copy (V8 keeps each JavaScript frame's function below
+    /// it: interp/v8.rs); empty for the kernel's chain.
+    pub bases: Vec<u64>,
 }
 
 /// The user registers and stack copy of one sample.
@@ -416,6 +420,7 @@ impl Unwinding {
                 user: chain,
                 truncated: chain_truncated,
                 method: Method::FramePointer,
+                bases: Vec::new(),
             };
         };
         if unwinder.method == Method::FramePointer {
@@ -423,6 +428,7 @@ impl Unwinding {
                 user: chain,
                 truncated: chain_truncated,
                 method: Method::FramePointer,
+                bases: Vec::new(),
             };
         }
         #[cfg(target_arch = "x86_64")]
@@ -435,20 +441,29 @@ impl Unwinding {
                 let bytes = stack.get(at..at.checked_add(8).ok_or(())?).ok_or(())?;
                 Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))
             };
-            let mut frames = unwinder.unwinder.iter_frames(
-                context.ip,
-                framehop::x86_64::UnwindRegsX86_64::new(context.ip, context.sp, context.bp),
-                &mut self.cache,
-                &mut read_stack,
-            );
+            // Frame by frame (not `iter_frames`): each frame's frame pointer is kept.
+            let mut regs =
+                framehop::x86_64::UnwindRegsX86_64::new(context.ip, context.sp, context.bp);
+            let mut address = framehop::FrameAddress::InstructionPointer(context.ip);
             let mut user = Vec::new();
+            let mut bases = Vec::new();
             let truncated = loop {
                 if user.len() >= self.max_frames {
                     break true;
                 }
-                match frames.next() {
-                    Ok(Some(frame)) => user.push(frame.address()),
-                    Ok(None) | Err(framehop::Error::ReturnAddressIsNull) => break false,
+                user.push(address.address());
+                bases.push(regs.bp());
+                match unwinder.unwinder.unwind_frame(
+                    address,
+                    &mut regs,
+                    &mut self.cache,
+                    &mut read_stack,
+                ) {
+                    Ok(Some(next)) => match framehop::FrameAddress::from_return_address(next) {
+                        Some(next) => address = next,
+                        None => break false,
+                    },
+                    Ok(None) => break false,
                     Err(err) => {
                         tracing::trace!(pid = process.pid, frames = user.len(), error = %err, stack = stack.len(), "unwinding stopped");
                         break true;
@@ -459,6 +474,7 @@ impl Unwinding {
                 user,
                 truncated,
                 method: Method::Dwarf,
+                bases,
             }
         }
         #[cfg(not(target_arch = "x86_64"))]

@@ -29,6 +29,72 @@ impl Memory {
         read == out.len() as isize
     }
 
+    /// Reads many ranges with as few system calls as they allow (one, unless a range is
+    /// unmapped): `out` receives them one after another, and each range says whether it
+    /// was read whole.
+    pub fn read_many(&self, ranges: &[(u64, usize)], out: &mut [u8]) -> Vec<bool> {
+        let mut read = vec![false; ranges.len()];
+        let total: usize = ranges.iter().map(|(_, len)| len).sum();
+        if out.len() < total {
+            return read;
+        }
+        let starts: Vec<usize> = ranges
+            .iter()
+            .scan(0, |at, (_, len)| {
+                let start = *at;
+                *at += len;
+                Some(start)
+            })
+            .collect();
+        let mut next = 0;
+        while next < ranges.len() {
+            // The kernel takes at most IOV_MAX (1024) ranges a call.
+            let batch = &ranges[next..ranges.len().min(next + 1024)];
+            let remote: Vec<libc::iovec> = batch
+                .iter()
+                .map(|(address, len)| libc::iovec {
+                    iov_base: *address as *mut libc::c_void,
+                    iov_len: *len,
+                })
+                .collect();
+            let from = starts[next];
+            let len: usize = batch.iter().map(|(_, len)| len).sum();
+            let local = libc::iovec {
+                iov_base: out[from..].as_mut_ptr().cast(),
+                iov_len: len,
+            };
+            // SAFETY: `local` describes `len` writable bytes of `out` (checked above to
+            // hold every range); the remote ranges are only read by the kernel, which
+            // checks them.
+            let got = unsafe {
+                libc::process_vm_readv(
+                    self.pid as libc::pid_t,
+                    &local,
+                    1,
+                    remote.as_ptr(),
+                    remote.len() as libc::c_ulong,
+                    0,
+                )
+            };
+            // The kernel stops at the first range it cannot read: those before it are
+            // whole, that one is not, and the rest are tried again.
+            let mut done = usize::try_from(got).unwrap_or(0);
+            let mut whole = 0;
+            for (_, len) in batch {
+                if done < *len {
+                    break;
+                }
+                done -= len;
+                whole += 1;
+            }
+            for flag in &mut read[next..next + whole] {
+                *flag = true;
+            }
+            next += whole + usize::from(whole < batch.len());
+        }
+        read
+    }
+
     pub fn u64(&self, address: u64) -> Option<u64> {
         let mut bytes = [0u8; 8];
         self.read(address, &mut bytes)
@@ -69,5 +135,24 @@ mod tests {
             Some(&text[..])
         );
         assert_eq!(memory.bytes(text.as_ptr() as u64, 32, 16), None);
+    }
+
+    #[test]
+    fn many_ranges_are_read_at_once_and_an_unmapped_one_fails_alone() {
+        let values: [u64; 3] = [11, 22, 33];
+        let memory = Memory {
+            pid: std::process::id(),
+        };
+        let at = |i: usize| &values[i] as *const u64 as u64;
+        let ranges = [(at(0), 8), (8, 8), (at(2), 8), (at(1), 4)];
+        let mut out = [0u8; 28];
+        assert_eq!(
+            memory.read_many(&ranges, &mut out),
+            vec![true, false, true, true]
+        );
+        assert_eq!(u64::from_ne_bytes(out[0..8].try_into().unwrap()), 11);
+        assert_eq!(u64::from_ne_bytes(out[16..24].try_into().unwrap()), 33);
+        assert_eq!(u32::from_ne_bytes(out[24..28].try_into().unwrap()), 22);
+        assert_eq!(memory.read_many(&ranges, &mut [0u8; 4]), vec![false; 4]);
     }
 }

@@ -1,5 +1,6 @@
-//! Interpreted frames: the functions of a Python or Ruby program, named with no change to
-//! it (python.rs and ruby.rs hold what differs between the two).
+//! Interpreted frames: the functions of a Python, Ruby or Node.js program, named with no
+//! change to it (python.rs and ruby.rs hold what differs between the first two; v8.rs
+//! reads Node.js's from the stack copy instead, see there).
 //!
 //! A profile of an interpreter's process that shows only the interpreter's own C
 //! functions (`_PyEval_EvalFrameDefault` or `vm_exec_core` a thousand times) says nothing
@@ -30,6 +31,7 @@
 pub mod memory;
 pub mod python;
 pub mod ruby;
+pub mod v8;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -283,13 +285,16 @@ pub fn merge(
 enum Runtime {
     Python(python::Runtime),
     Ruby(ruby::Runtime),
+    V8(v8::Runtime),
 }
 
 impl Runtime {
-    fn proc(&self) -> &ProcLayout {
+    /// What the BPF program reads; nothing for V8, whose frames are in the stack copy.
+    fn proc(&self) -> Option<&ProcLayout> {
         match self {
-            Runtime::Python(python) => &python.proc,
-            Runtime::Ruby(ruby) => &ruby.proc,
+            Runtime::Python(python) => Some(&python.proc),
+            Runtime::Ruby(ruby) => Some(&ruby.proc),
+            Runtime::V8(_) => None,
         }
     }
 
@@ -297,6 +302,7 @@ impl Runtime {
         match self {
             Runtime::Python(_) => "python",
             Runtime::Ruby(_) => "ruby",
+            Runtime::V8(_) => "node",
         }
     }
 
@@ -310,6 +316,7 @@ impl Runtime {
                 Some((name, file, line, true)) => Some((name, file, line)),
                 None => None,
             },
+            Runtime::V8(_) => None,
         };
         match named {
             Some((name, file, line)) => Named::Frame(name, file, line),
@@ -321,6 +328,7 @@ impl Runtime {
         match self {
             Runtime::Python(python) => python.in_eval(address),
             Runtime::Ruby(ruby) => ruby.in_loop(address),
+            Runtime::V8(_) => false,
         }
     }
 
@@ -328,6 +336,7 @@ impl Runtime {
         match self {
             Runtime::Python(python) => python.bytes(),
             Runtime::Ruby(ruby) => ruby.bytes(),
+            Runtime::V8(v8) => v8.bytes(),
         }
     }
 }
@@ -348,12 +357,15 @@ enum Named {
 enum Binary {
     Python(python::Binary),
     Ruby(ruby::Binary),
+    V8(v8::Binary),
 }
 
 impl Binary {
     /// Whether a mapped file may hold an interpreter, by its name: only those are read.
     fn may_be(mapped: &str) -> bool {
-        python::may_be_interpreter(mapped) || ruby::may_be_interpreter(mapped)
+        python::may_be_interpreter(mapped)
+            || ruby::may_be_interpreter(mapped)
+            || v8::may_be_interpreter(mapped)
     }
 
     /// The interpreter in a mapped file, judged first by its name.
@@ -363,6 +375,9 @@ impl Binary {
         }
         if ruby::may_be_interpreter(mapped) {
             return ruby::Binary::read(path).map(Binary::Ruby);
+        }
+        if v8::may_be_interpreter(mapped) {
+            return v8::Binary::read(path).map(Binary::V8);
         }
         None
     }
@@ -457,6 +472,10 @@ impl Interpreters {
                     "ruby",
                     ruby::Runtime::new(pid, binary, start, pgoff).map(Runtime::Ruby),
                 )),
+                Some(Binary::V8(binary)) => Some((
+                    "node",
+                    v8::Runtime::new(pid, binary, &mapping.path).map(Runtime::V8),
+                )),
                 None => None,
             };
             if found.is_some() {
@@ -475,10 +494,19 @@ impl Interpreters {
             }
         };
         self.states.insert(instance, state);
-        match self.states.get(&instance) {
-            Some(State::Known(runtime, _)) => Found::Register(runtime.proc()),
-            _ => Found::Nothing,
+        match self.states.get(&instance).and_then(|state| match state {
+            State::Known(runtime, _) => runtime.proc(),
+            _ => None,
+        }) {
+            Some(layout) => Found::Register(layout),
+            None => Found::Nothing,
         }
+    }
+
+    /// Whether the process's samples must be unwound from their stack copies, with each
+    /// frame's frame pointer: V8's are read from there.
+    pub fn wants_copy(&self, instance: Instance) -> bool {
+        matches!(self.states.get(&instance), Some(State::Known(runtime, _)) if matches!(**runtime, Runtime::V8(_)))
     }
 
     /// Keeps an event until its sample arrives. Events are written just after their
@@ -519,7 +547,17 @@ impl Interpreters {
         tid: u32,
         time: u64,
         native: Vec<u64>,
+        copy: Option<v8::Copy<'_>>,
     ) -> (Vec<u64>, Option<(&'static str, &str)>) {
+        if let Some(State::Known(runtime, _)) = self.states.get_mut(&instance) {
+            if let Runtime::V8(v8) = &mut **runtime {
+                let Some(copy) = copy else {
+                    return (native, Some(("node", "no stack copy")));
+                };
+                let (joined, outcome) = v8.join(native, &copy, &mut self.frames);
+                return (joined, Some(("node", outcome)));
+            }
+        }
         let kind = match self.states.get(&instance) {
             Some(State::Known(runtime, since)) if time < *since => {
                 return (

