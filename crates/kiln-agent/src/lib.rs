@@ -68,6 +68,10 @@ pub struct AgentConfig {
     /// Profile time off the CPU, sampling this share of the switches of threads that
     /// block (offcpu.rs); `None`: off. Needs eBPF.
     pub off_cpu: Option<f64>,
+    /// Name interpreted programs' functions from the interpreter's memory (interp/):
+    /// CPython's and Ruby's need eBPF, Node.js's do not. Off: native frames only, and
+    /// JIT code from perf maps.
+    pub interpreters: bool,
 }
 
 /// `--memory-limit`'s default: 128 MiB.
@@ -83,6 +87,7 @@ impl Default for AgentConfig {
             memory_limit: DEFAULT_MEMORY_LIMIT,
             ebpf: true,
             off_cpu: None,
+            interpreters: true,
         }
     }
 }
@@ -125,18 +130,21 @@ fn binary_name(table: &ProcessTable, instance: Instance) -> &str {
 }
 
 /// Looks for an interpreter in a sampled process (interp/), and has the BPF program read
-/// its stacks once one is found.
+/// its stacks once one is found, for runtimes read in the kernel.
 fn examine_interpreter(
+    enabled: bool,
     ebpf: &mut Option<ebpf::Ebpf>,
     interp: &mut interp::Interpreters,
     process: &procs::Process,
 ) {
-    let Some(bpf) = ebpf else {
+    if !enabled {
         return;
-    };
-    if let interp::Found::Register(layout) = interp.examine(process) {
-        if let Err(err) = bpf.interpret(process.pid, process.instance, layout) {
-            tracing::debug!(pid = process.pid, error = %err, "cannot read this interpreter's stacks");
+    }
+    if let interp::Found::Register(layout) = interp.examine(process, ebpf.is_some()) {
+        if let Some(bpf) = ebpf {
+            if let Err(err) = bpf.interpret(process.pid, process.instance, layout) {
+                tracing::debug!(pid = process.pid, error = %err, "cannot read this interpreter's stacks");
+            }
         }
     }
 }
@@ -473,7 +481,12 @@ impl Collector {
                 });
                 let walked = match self.table.instance(instance) {
                     Some(process) => {
-                        examine_interpreter(&mut self.ebpf, &mut self.interp, process);
+                        examine_interpreter(
+                            self.config.interpreters,
+                            &mut self.ebpf,
+                            &mut self.interp,
+                            process,
+                        );
                         match context {
                             // V8's functions are read from the stack copy, at each frame
                             // the unwinder recovers from it.
@@ -589,7 +602,12 @@ impl Collector {
         let Some(process) = self.table.instance(instance) else {
             return;
         };
-        examine_interpreter(&mut self.ebpf, &mut self.interp, process);
+        examine_interpreter(
+            self.config.interpreters,
+            &mut self.ebpf,
+            &mut self.interp,
+            process,
+        );
         let [ip, sp, bp] = left.regs;
         let walked = self.unwinding.walk_copy(
             process,

@@ -121,6 +121,9 @@ pub struct AgentSettings {
     pub off_cpu: bool,
     /// The share of blocking switches sampled (`kiln agent --off-cpu-threshold`), 0 to 1.
     pub off_cpu_threshold: f64,
+    /// Name Python's, Ruby's and Node.js's functions from the interpreter's memory
+    /// (`kiln agent --interpreters`).
+    pub interpreters: bool,
 }
 
 impl Default for AgentSettings {
@@ -136,6 +139,7 @@ impl Default for AgentSettings {
             ebpf: true,
             off_cpu: false,
             off_cpu_threshold: kiln_agent::offcpu::DEFAULT_THRESHOLD,
+            interpreters: true,
         }
     }
 }

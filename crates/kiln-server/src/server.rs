@@ -479,6 +479,7 @@ async fn start_agent(
         memory_limit: settings.memory_limit_bytes,
         ebpf: settings.ebpf,
         off_cpu: settings.off_cpu.then_some(settings.off_cpu_threshold),
+        interpreters: settings.interpreters,
     };
     let stop = Arc::new(AtomicBool::new(false));
     // Reports wait here while a flush is slow; past 64 intervals the newest are dropped.

@@ -66,6 +66,12 @@ pub struct AgentArgs {
     /// that switches often (docs/benchmarks.md).
     #[arg(long, env = "KILN_AGENT_OFF_CPU_THRESHOLD", value_parser = parse_share)]
     off_cpu_threshold: Option<f64>,
+    /// Name the functions of Python, Ruby and Node.js programs from the interpreter's own
+    /// memory, with no change to them (`--interpreters false`: their native frames only,
+    /// and JIT code from perf maps). Python's and Ruby's are read with eBPF; Node.js's
+    /// need no eBPF.
+    #[arg(long, env = "KILN_AGENT_INTERPRETERS", action = clap::ArgAction::Set)]
+    interpreters: Option<bool>,
     /// Print what the agent running on this host is doing (from its /metrics at
     /// --metrics-listen): per binary, how stacks are unwound and how many were cut.
     #[arg(long)]
@@ -422,6 +428,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         ebpf: args.ebpf,
         off_cpu: (args.off_cpu || settings.off_cpu)
             .then(|| args.off_cpu_threshold.unwrap_or(settings.off_cpu_threshold)),
+        interpreters: args.interpreters.unwrap_or(settings.interpreters),
     };
     let target = Target::from_args(&args)?;
     let stop = Arc::new(AtomicBool::new(false));

@@ -434,8 +434,9 @@ pub enum Found<'a> {
 
 impl Interpreters {
     /// Looks at a process's mappings for an interpreter, once per mapping generation until
-    /// one is found.
-    pub fn examine(&mut self, process: &Process) -> Found<'_> {
+    /// one is found. Without eBPF (`kernel` false), the runtimes whose frames are read in
+    /// the kernel are counted as unsupported, with that reason.
+    pub fn examine(&mut self, process: &Process, kernel: bool) -> Found<'_> {
         let instance = process.instance;
         match self.states.get(&instance) {
             Some(State::Native(generation)) if *generation == process.generation => {
@@ -487,6 +488,10 @@ impl Interpreters {
         }
         let state = match found {
             None => State::Native(process.generation),
+            Some((kind, Ok(runtime))) if runtime.proc().is_some() && !kernel => State::Unsupported(
+                kind,
+                "unsupported: its frames are read with eBPF, which is off or unavailable".into(),
+            ),
             Some((_, Ok(runtime))) => State::Known(Box::new(runtime), monotonic_nanos()),
             Some((kind, Err(reason))) => {
                 tracing::info!(pid = process.pid, exe = %process.exe, %reason, "interpreter profiled with native frames only");

@@ -114,7 +114,16 @@ fn functions(
     server: &TestServer,
     service: &str,
 ) -> (std::collections::HashMap<String, (i64, i64)>, i64) {
-    let tree = cpu_tree(server, &format!(r#"{{service_name="{service}"}}"#));
+    functions_of(server, &format!(r#"{{service_name="{service}"}}"#))
+}
+
+/// [`functions`] of a selection: one process's (`{pid="…"}`), where other tests' processes
+/// of the same program (every agent profiles the whole host) would share its service.
+fn functions_of(
+    server: &TestServer,
+    selector: &str,
+) -> (std::collections::HashMap<String, (i64, i64)>, i64) {
+    let tree = cpu_tree(server, selector);
     let functions = tree_functions(&tree);
     // The total is every self value: the flat values of all functions.
     let total = functions.values().map(|(flat, _)| flat).sum();
@@ -670,9 +679,9 @@ fn jitted_frames_are_named_from_perf_maps() {
     )
     .unwrap();
     let server = TestServer::start();
-    // Without eBPF the agent looks for no interpreter, so V8's frames are not named from
-    // its own memory (interpreters.rs tests that): this names them from the perf map.
-    let Some(agent) = start_agent_with(&server, &["--ebpf", "false"]) else {
+    // With --interpreters false V8's frames are not named from its own memory
+    // (interpreters.rs tests that): the perf map names them.
+    let Some(agent) = start_agent_with(&server, &["--interpreters", "false"]) else {
         return;
     };
     // Node writes V8 logs (isolate-*-v8.log) into its working directory: the temp one.
@@ -684,10 +693,14 @@ fn jitted_frames_are_named_from_perf_maps() {
         .unwrap();
     let pid = node.id();
     assert!(node.wait().unwrap().success());
-    wait_for_cpu(&server, "node", 3e9);
+    let selector = format!(r#"{{pid="{pid}"}}"#);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline && (functions_of(&server, &selector).1 as f64) < 3e9 {
+        std::thread::sleep(Duration::from_millis(250));
+    }
     stop(agent);
     let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
-    let (functions, total) = functions(&server, "node");
+    let (functions, total) = functions_of(&server, &selector);
     let hot: i64 = functions
         .iter()
         .filter(|(name, _)| name.contains("kilnHotJs"))

@@ -148,6 +148,25 @@ fn status_then_stop(agent: crate::agent::AgentChild) -> String {
     status
 }
 
+/// A plain burner's flame graph: its two hot functions split 70/30 within chance, ≥ 75 %
+/// of its samples named, and `kiln_main` on ≥ 95 % of those.
+fn assert_plain_split(what: &str, paths: &[(Vec<String>, i64)]) {
+    let total: i64 = paths.iter().map(|(_, v)| v).sum();
+    let (named, main) = whole(paths);
+    let a = share(paths, "kiln_hot_a");
+    let b = share(paths, "kiln_hot_b");
+    let split = 100.0 * a / (a + b).max(f64::MIN_POSITIVE);
+    println!(
+        "{what}: {:.2} s sampled, kiln_hot_a {split:.1} % of the two, named on {named:.1} %, kiln_main on {main:.1} % of those",
+        total as f64 / 1e9
+    );
+    assert!(
+        (split - 70.0).abs() <= allowed_split(total, a + b) && named >= 75.0 && main >= 95.0,
+        "{what}: {:#?}",
+        top(paths)
+    );
+}
+
 /// The five heaviest stacks, for a failure's message.
 fn top(paths: &[(Vec<String>, i64)]) -> Vec<String> {
     let mut sorted = paths.to_vec();
@@ -654,6 +673,42 @@ fn node_functions_are_named_with_no_change_to_the_program() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// Without eBPF (`--ebpf false`, or a kernel that refuses it) Node.js's functions are
+/// named all the same: they come from the stack copies. A Python program beside it is
+/// counted as unsupported, with the reason, since its frames are read with eBPF.
+#[test]
+fn node_functions_are_named_without_ebpf() {
+    let node = PathBuf::from("/usr/bin/node");
+    if !node.exists() {
+        println!("skipped: the Node.js agent test without eBPF (no node here)");
+        return;
+    }
+    let server = TestServer::start();
+    let Some(agent) = crate::agent::start_agent_with(&server, &["--ebpf", "false"]) else {
+        return;
+    };
+    let script = workspace_root().join("tests/agent/burner.js");
+    let pid = burn(vec![(node, "plain")], &script, "6")[0].2;
+    let python = pythons().into_iter().next();
+    let python_run = python.map(|python| {
+        burn(
+            vec![(python, "plain")],
+            &workspace_root().join("tests/agent/burner.py"),
+            "2",
+        )
+    });
+    let paths = wait_for_samples(&server, pid, 2_500_000_000);
+    let status = status_then_stop(agent);
+    assert_plain_split(&format!("node without eBPF (pid {pid})"), &paths);
+    if python_run.is_some() {
+        assert!(
+            status.lines().any(|line| line.starts_with("python")
+                && line.contains("unsupported: its frames are read with eBPF")),
+            "{status}"
+        );
+    }
+}
+
 /// A Node.js service in a container: a mount namespace of its own, where the path it runs
 /// from holds Node.js, while on the host the same path holds another program (`true`).
 /// The agent reads the file the process maps, through `/proc/PID/root`, not the host's, so
@@ -692,20 +747,7 @@ fn an_interpreter_in_another_mount_namespace_is_read_from_its_own_files() {
     assert!(child.wait().unwrap().success());
     let paths = wait_for_samples(&server, pid, 2_500_000_000);
     let status = status_then_stop(agent);
-    let total: i64 = paths.iter().map(|(_, v)| v).sum();
-    let (named, main) = whole(&paths);
-    let a = share(&paths, "kiln_hot_a");
-    let b = share(&paths, "kiln_hot_b");
-    let split = 100.0 * a / (a + b).max(f64::MIN_POSITIVE);
-    println!(
-        "node in a mount namespace (pid {pid}): {:.2} s sampled, kiln_hot_a {split:.1} % of the two, named on {named:.1} %, kiln_main on {main:.1} % of those",
-        total as f64 / 1e9
-    );
-    assert!(
-        (split - 70.0).abs() <= allowed_split(total, a + b) && named >= 75.0 && main >= 95.0,
-        "{:#?}",
-        top(&paths)
-    );
+    assert_plain_split(&format!("node in a mount namespace (pid {pid})"), &paths);
     assert!(
         status
             .lines()
