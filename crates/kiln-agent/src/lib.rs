@@ -509,13 +509,18 @@ impl Collector {
                 if !walked.user.is_empty() {
                     self.count_stacks(instance, walked.method, 1, u64::from(walked.truncated));
                 }
-                let copy = match (self.table.instance(instance), regs) {
-                    (Some(process), Some([_, sp, _])) => Some(interp::v8::Copy {
-                        bases: &walked.bases,
-                        stack: &stack,
-                        sp,
-                        process,
-                    }),
+                // Only a stack walked from its copy has the frame pointers V8's need.
+                let copy = match (walked.bases.is_empty(), regs) {
+                    (false, Some([_, sp, _])) => {
+                        self.table
+                            .instance(instance)
+                            .map(|process| interp::v8::Copy {
+                                bases: &walked.bases,
+                                stack: &stack,
+                                sp,
+                                process,
+                            })
+                    }
                     _ => None,
                 };
                 let (user, outcome) = self.interp.join(instance, tid, time, walked.user, copy);

@@ -66,8 +66,7 @@ pub struct Binary {
     /// Bytes of its symbol table and DWARF, uncompressed: what a symbolizer may hold of
     /// it, at most.
     pub symbol_bytes: u64,
-    /// Loadable segments: (file offset, virtual address, file size, executable).
-    loads: Vec<(u64, u64, u64, bool)>,
+    loads: Loads,
     eh_frame: Option<(Range<u64>, Arc<[u8]>)>,
     eh_frame_hdr: Option<(Range<u64>, Arc<[u8]>)>,
     text: Option<Range<u64>>,
@@ -94,14 +93,7 @@ impl Binary {
             let bytes: Arc<[u8]> = Arc::from(section.data().ok()?);
             Some((range, bytes))
         };
-        let loads = elf
-            .segments()
-            .map(|segment| {
-                let (offset, size) = segment.file_range();
-                let exec = matches!(segment.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
-                (offset, segment.address(), size, exec)
-            })
-            .collect();
+        let loads = Loads::of(&elf);
         let eh_frame = data(".eh_frame");
         let eh_frame_hdr = data(".eh_frame_hdr");
         let symbol_bytes = elf
@@ -159,25 +151,6 @@ impl Binary {
         held(&self.eh_frame) + held(&self.eh_frame_hdr) + std::mem::size_of::<Binary>()
     }
 
-    /// The file offset of a virtual address.
-    fn file_offset(&self, address: u64) -> Option<u64> {
-        self.loads.iter().find_map(|(offset, vaddr, size, _)| {
-            (address >= *vaddr && address < vaddr + size).then(|| address - vaddr + offset)
-        })
-    }
-
-    /// The virtual address of an executable mapping's first byte, from its file offset.
-    /// Segments share pages at their edges, so it is looked up among the code segments,
-    /// by the page-aligned offset the loader mapped them at.
-    fn code_address_of(&self, pgoff: u64) -> Option<u64> {
-        code_address(
-            self.loads
-                .iter()
-                .map(|(offset, vaddr, _, exec)| (*offset, *vaddr, *exec)),
-            pgoff,
-        )
-    }
-
     /// Whether nine in ten of the functions probed set up a frame (see the module doc).
     fn keeps_frame_pointers(&self, file: &File) -> bool {
         let mut starts = self.function_starts();
@@ -188,7 +161,7 @@ impl Binary {
         let step = starts.len().div_ceil(PROLOGUE_PROBES);
         let (mut probed, mut framed) = (0usize, 0usize);
         for start in starts.iter().step_by(step) {
-            let Some(offset) = self.file_offset(*start) else {
+            let Some(offset) = self.loads.file_offset(*start) else {
                 continue;
             };
             let mut code = [0u8; 32];
@@ -331,18 +304,48 @@ pub fn verified_path(
     (binary.build_id.as_ref() == Some(expected)).then_some((mapped, binary.symbol_bytes))
 }
 
-/// The virtual address of an executable mapping's first byte, from its file offset, among
-/// an ELF file's loadable segments (file offset, virtual address, executable). Segments
-/// share pages at their edges, so it is looked up among the code segments, by the
-/// page-aligned offset the loader mapped them at.
-pub(crate) fn code_address(
-    loads: impl Iterator<Item = (u64, u64, bool)>,
-    pgoff: u64,
-) -> Option<u64> {
-    loads
-        .filter(|(offset, _, exec)| *exec && offset & !0xfff <= pgoff)
-        .max_by_key(|(offset, _, _)| *offset)
-        .map(|(offset, vaddr, _)| pgoff.wrapping_add(vaddr).wrapping_sub(offset))
+/// An ELF file's loadable segments (file offset, virtual address, bytes in the file,
+/// executable): where its addresses are in the file, and in a process that mapped it.
+#[derive(Debug, Clone, Default)]
+pub struct Loads(Vec<(u64, u64, u64, bool)>);
+
+impl Loads {
+    pub fn of<'data>(elf: &impl Object<'data>) -> Loads {
+        Loads(
+            elf.segments()
+                .map(|segment| {
+                    let (offset, size) = segment.file_range();
+                    let exec = matches!(segment.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
+                    (offset, segment.address(), size, exec)
+                })
+                .collect(),
+        )
+    }
+
+    /// The file offset of a virtual address; `None` outside what the file holds (`.bss`).
+    pub fn file_offset(&self, address: u64) -> Option<u64> {
+        self.0.iter().find_map(|(offset, vaddr, size, _)| {
+            let inside = address.checked_sub(*vaddr)?;
+            (inside < *size).then(|| offset + inside)
+        })
+    }
+
+    /// The virtual address of an executable mapping's first byte, from its file offset.
+    /// Segments share pages at their edges, so it is looked up among the code segments,
+    /// by the page-aligned offset the loader mapped them at.
+    pub fn code_address(&self, pgoff: u64) -> Option<u64> {
+        self.0
+            .iter()
+            .filter(|(offset, _, _, exec)| *exec && offset & !0xfff <= pgoff)
+            .max_by_key(|(offset, _, _, _)| *offset)
+            .map(|(offset, vaddr, _, _)| pgoff.wrapping_add(*vaddr).wrapping_sub(*offset))
+    }
+
+    /// What to add to the file's addresses in a process that mapped its code at `start`
+    /// from file offset `pgoff`.
+    pub fn bias(&self, start: u64, pgoff: u64) -> Option<u64> {
+        Some(start.wrapping_sub(self.code_address(pgoff)?))
+    }
 }
 
 /// A user stack as walked: addresses innermost first, and whether it was cut short.
@@ -350,10 +353,18 @@ pub struct Walked {
     pub user: Vec<u64>,
     pub truncated: bool,
     pub method: Method,
-    /// The frame pointer of each frame of `user` as the unwinder recovered it, when the
-    /// stack was unwound from its copy (V8 keeps each JavaScript frame's function below
-    /// it: interp/v8.rs); empty for the kernel's chain.
+    /// The frame pointer of each frame of `user` as the unwinder recovered it, from
+    /// [`Unwinding::walk_copy`] (V8 keeps each JavaScript frame's function below it:
+    /// interp/v8.rs); empty otherwise.
     pub bases: Vec<u64>,
+}
+
+/// The 8 bytes at `address` in a copy of the stack taken at `sp`.
+pub fn stack_word(stack: &[u8], sp: u64, address: u64) -> Option<u64> {
+    let at = usize::try_from(address.checked_sub(sp)?).ok()?;
+    Some(u64::from_le_bytes(
+        stack.get(at..at.checked_add(8)?)?.try_into().ok()?,
+    ))
 }
 
 /// The user registers and stack copy of one sample.
@@ -413,6 +424,19 @@ impl Unwinding {
         chain_truncated: bool,
         context: Option<UserContext<'_>>,
     ) -> Walked {
+        self.walk_keeping(process, chain, chain_truncated, context, false)
+    }
+
+    /// [`Unwinding::walk`], keeping each frame's frame pointer when `bases` says so (for
+    /// [`Unwinding::walk_copy`]; other samples need none, and skip the allocation).
+    fn walk_keeping(
+        &mut self,
+        process: &Process,
+        chain: Vec<u64>,
+        chain_truncated: bool,
+        context: Option<UserContext<'_>>,
+        keep_bases: bool,
+    ) -> Walked {
         self.refresh(process);
         let unwinder = self.processes.get(&process.instance);
         let (Some(unwinder), Some(context)) = (unwinder, context) else {
@@ -436,11 +460,7 @@ impl Unwinding {
             use framehop::Unwinder;
             let stack = context.stack;
             let sp = context.sp;
-            let mut read_stack = |address: u64| {
-                let at = usize::try_from(address.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
-                let bytes = stack.get(at..at.checked_add(8).ok_or(())?).ok_or(())?;
-                Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))
-            };
+            let mut read_stack = |address: u64| stack_word(stack, sp, address).ok_or(());
             // Frame by frame (not `iter_frames`): each frame's frame pointer is kept.
             let mut regs =
                 framehop::x86_64::UnwindRegsX86_64::new(context.ip, context.sp, context.bp);
@@ -452,7 +472,9 @@ impl Unwinding {
                     break true;
                 }
                 user.push(address.address());
-                bases.push(regs.bp());
+                if keep_bases {
+                    bases.push(regs.bp());
+                }
                 match unwinder.unwinder.unwind_frame(
                     address,
                     &mut regs,
@@ -509,7 +531,7 @@ impl Unwinding {
             Some(unwinder) => std::mem::replace(&mut unwinder.method, Method::Dwarf),
             None => Method::FramePointer,
         };
-        let walked = self.walk(process, vec![context.ip], false, Some(context));
+        let walked = self.walk_keeping(process, vec![context.ip], false, Some(context), true);
         if let Some(unwinder) = self.processes.get_mut(&process.instance) {
             unwinder.method = method;
         }
@@ -553,7 +575,7 @@ impl Unwinding {
                 let Some(binary) = self.binaries.get(&path) else {
                     continue;
                 };
-                let Some(svma) = binary.code_address_of(mapping.pgoff) else {
+                let Some(svma) = binary.loads.code_address(mapping.pgoff) else {
                     continue;
                 };
                 let base_avma = mapping.start.wrapping_sub(svma);
@@ -632,8 +654,8 @@ mod tests {
         assert!(binary.eh_frame.is_some());
         assert!(binary.bytes() > 1000);
         let text = binary.text.clone().unwrap();
-        let offset = binary.file_offset(text.start).unwrap();
-        let mapped = binary.code_address_of(offset & !0xfff).unwrap();
+        let offset = binary.loads.file_offset(text.start).unwrap();
+        let mapped = binary.loads.code_address(offset & !0xfff).unwrap();
         assert_eq!(mapped + (offset & 0xfff), text.start);
         assert!(!binary.function_starts().is_empty());
     }

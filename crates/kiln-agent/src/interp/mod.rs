@@ -51,31 +51,7 @@ pub struct ProcLayout {
     pub walk: [u16; 16],
 }
 
-/// An interpreter binary's loadable segments (file offset, virtual address, executable):
-/// where its addresses land in a process that mapped it.
-#[derive(Debug, Clone, Default)]
-pub struct Loads(Vec<(u64, u64, bool)>);
-
-impl Loads {
-    pub fn of<'data, R: object::ReadRef<'data>>(elf: &object::File<'data, R>) -> Loads {
-        use object::{Object, ObjectSegment};
-        Loads(
-            elf.segments()
-                .map(|segment| {
-                    let exec = matches!(segment.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
-                    (segment.file_range().0, segment.address(), exec)
-                })
-                .collect(),
-        )
-    }
-
-    /// What to add to the file's addresses in a process that mapped its code at `start`
-    /// from file offset `pgoff`.
-    pub fn bias(&self, start: u64, pgoff: u64) -> Option<u64> {
-        let vaddr = crate::unwind::code_address(self.0.iter().copied(), pgoff)?;
-        Some(start.wrapping_sub(vaddr))
-    }
-}
+pub use crate::unwind::Loads;
 
 /// A runtime's offsets as the `walk` of [`ProcLayout`], zero-filled.
 fn words(fields: &[u16]) -> [u16; 16] {

@@ -180,7 +180,6 @@ impl Binary {
     /// Reads an ELF file's postmortem symbols; `None` when it has none (not V8).
     pub fn read(path: &Path) -> Option<Binary> {
         use object::read::elf::{SectionHeader, Sym};
-        use object::{Object, ObjectSegment};
         let file = std::fs::File::open(path).ok()?;
         // Mapped, not read: Node.js's symbol and string tables are some 17 MB, and read
         // into memory they stayed in the agent's resident set (about 60 MB more, measured)
@@ -194,14 +193,7 @@ impl Binary {
         let elf = object::read::elf::ElfFile64::<object::Endianness, _>::parse(cache).ok()?;
         let endian = elf.endian();
         let sections = elf.elf_section_table();
-        // (virtual address, file offset, bytes in the file) of each loadable segment.
-        let segments: Vec<(u64, u64, u64)> = elf
-            .segments()
-            .map(|segment| {
-                let (offset, size) = segment.file_range();
-                (segment.address(), offset, size)
-            })
-            .collect();
+        let loads = crate::unwind::Loads::of(&elf);
         let mut values = HashMap::new();
         let mut builtins = Vec::new();
         // Node.js has some 180,000 symbols, of which a few thousand are wanted: names are
@@ -233,16 +225,16 @@ impl Binary {
                     }
                     // Each is a C `int` holding its value; those that are 0 are in
                     // `.bss`, which the file does not hold.
-                    let value = elf
-                        .segments()
-                        .find_map(|segment| segment.data_range(address, 4).ok().flatten())
-                        .and_then(|bytes| <[u8; 4]>::try_from(bytes).ok());
+                    let value = loads
+                        .file_offset(address)
+                        .and_then(|at| usize::try_from(at).ok())
+                        .and_then(|at| super::u32_at(cache, at));
                     let in_bss = sections
                         .section(object::SectionIndex(usize::from(symbol.st_shndx(endian))))
                         .is_ok_and(|section| section.sh_type(endian) == object::elf::SHT_NOBITS);
                     match value {
-                        Some(bytes) => {
-                            values.insert(key.to_string(), i64::from(i32::from_le_bytes(bytes)));
+                        Some(value) => {
+                            values.insert(key.to_string(), i64::from(value as i32));
                         }
                         None if in_bss => {
                             values.insert(key.to_string(), 0);
@@ -253,11 +245,7 @@ impl Binary {
                     let interpreted = builtin.starts_with("InterpreterEntryTrampoline")
                         || builtin.starts_with("InterpreterEnterAt")
                         || builtin.ends_with("Handler");
-                    let offset = segments.iter().find_map(|(vaddr, offset, size)| {
-                        let inside = address.checked_sub(*vaddr)?;
-                        (inside < *size).then(|| offset + inside)
-                    });
-                    if let Some(offset) = offset {
+                    if let Some(offset) = loads.file_offset(address) {
                         builtins.push((offset, symbol.st_size(endian), interpreted));
                     }
                 }
@@ -347,10 +335,7 @@ pub struct Copy<'a> {
 
 impl Copy<'_> {
     fn word(&self, address: u64) -> Option<u64> {
-        let at = usize::try_from(address.checked_sub(self.sp)?).ok()?;
-        Some(u64::from_le_bytes(
-            self.stack.get(at..at.checked_add(8)?)?.try_into().ok()?,
-        ))
+        crate::unwind::stack_word(self.stack, self.sp, address)
     }
 }
 
@@ -403,7 +388,12 @@ impl Runtime {
         copy: &Copy<'_>,
         frames: &mut Frames,
     ) -> (Vec<u64>, &'static str) {
-        if self.names.len() > MAX_NAMES || self.scripts.len() > MAX_NAMES {
+        // `last` grows with functions, not their code: closures made anew in a loop
+        // each have one.
+        if [self.names.len(), self.scripts.len(), self.last.len()]
+            .iter()
+            .any(|n| *n > MAX_NAMES)
+        {
             self.names.clear();
             self.scripts.clear();
             self.types.clear();
@@ -491,7 +481,8 @@ impl Runtime {
             .iter()
             .zip(words.chunks_exact(8))
             .map(|(ok, word)| {
-                ok.then(|| u64::from_le_bytes(word.try_into().unwrap_or_default()))
+                ok.then(|| super::u64_at(word, 0))
+                    .flatten()
                     .and_then(tagged)
             })
             .collect();
@@ -529,10 +520,7 @@ impl Runtime {
 
     /// Names a `SharedFunctionInfo` from its header as read.
     fn shared(&mut self, shared: u64, header: &[u8]) -> Option<Name> {
-        let word = |at: u64| -> Option<u64> {
-            let at = usize::try_from(at).ok()?;
-            Some(u64::from_le_bytes(header.get(at..at + 8)?.try_into().ok()?))
-        };
+        let word = |at: u64| super::u64_at(header, usize::try_from(at).ok()?);
         let o = &self.offsets;
         let (map, name, script) = (word(o.map)?, word(o.sfi_name)?, word(o.sfi_script)?);
         match self.sfi_map {
@@ -588,10 +576,7 @@ impl Runtime {
         if !self.memory.read(data, &mut slots) {
             return (None, None);
         }
-        let slot = |i: u64| -> Option<u64> {
-            let at = usize::try_from(i).ok()? * 8;
-            Some(u64::from_le_bytes(slots.get(at..at + 8)?.try_into().ok()?))
-        };
+        let slot = |i: u64| super::u64_at(&slots, usize::try_from(i).ok()?.checked_mul(8)?);
         let locals = slot(self.offsets.scope_context_locals)
             .and_then(smi)
             .and_then(|n| u64::try_from(n).ok())
@@ -660,10 +645,7 @@ impl Runtime {
             .bytes(array + self.offsets.fixed_data, length * 8, 32 << 20)?;
         bytes
             .chunks_exact(8)
-            .map(|word| {
-                let value = u64::from_le_bytes(word.try_into().ok()?);
-                u32::try_from(smi(value)?).ok()
-            })
+            .map(|word| u32::try_from(smi(super::u64_at(word, 0)?)?).ok())
             .collect()
     }
 

