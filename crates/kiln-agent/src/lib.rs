@@ -488,10 +488,11 @@ impl Collector {
                             process,
                         );
                         match context {
-                            // V8's functions are read from the stack copy, at each frame
-                            // the unwinder recovers from it.
+                            // V8's and HotSpot's functions are read from the stack copy,
+                            // at each frame the unwinder recovers from it.
                             Some(context) if self.interp.wants_copy(instance) => {
-                                self.unwinding.walk_copy(process, context)
+                                let jit = self.interp.jit(instance);
+                                self.unwinding.walk_copy(process, context, jit)
                             }
                             _ => {
                                 self.unwinding
@@ -512,14 +513,12 @@ impl Collector {
                 // Only a stack walked from its copy has the frame pointers V8's need.
                 let copy = match (walked.bases.is_empty(), regs) {
                     (false, Some([_, sp, _])) => {
-                        self.table
-                            .instance(instance)
-                            .map(|process| interp::v8::Copy {
-                                bases: &walked.bases,
-                                stack: &stack,
-                                sp,
-                                process,
-                            })
+                        self.table.instance(instance).map(|process| interp::Copy {
+                            bases: &walked.bases,
+                            stack: &stack,
+                            sp,
+                            process,
+                        })
                     }
                     _ => None,
                 };
@@ -614,6 +613,7 @@ impl Collector {
             process,
         );
         let [ip, sp, bp] = left.regs;
+        let jit = self.interp.jit(instance);
         let walked = self.unwinding.walk_copy(
             process,
             unwind::UserContext {
@@ -622,8 +622,9 @@ impl Collector {
                 bp,
                 stack: &left.stack,
             },
+            jit,
         );
-        let copy = interp::v8::Copy {
+        let copy = interp::Copy {
             bases: &walked.bases,
             stack: &left.stack,
             sp,

@@ -367,6 +367,23 @@ pub fn stack_word(stack: &[u8], sp: u64, address: u64) -> Option<u64> {
     ))
 }
 
+/// Code a runtime generated, with no CFI, whose frames the runtime's own rules walk
+/// (interp/hotspot.rs): consulted at each frame before the binaries' CFI.
+pub trait Jit {
+    /// `None` when `pc` is not this runtime's code. Else the caller's (return address,
+    /// stack pointer, frame pointer), or `Some(None)` when the frame cannot be walked.
+    /// `top` is the sample's own frame, which may be mid-prologue; `word` reads the
+    /// stack copy.
+    fn step(
+        &mut self,
+        pc: u64,
+        sp: u64,
+        bp: u64,
+        top: bool,
+        word: &dyn Fn(u64) -> Option<u64>,
+    ) -> Option<Option<(u64, u64, u64)>>;
+}
+
 /// The user registers and stack copy of one sample.
 pub struct UserContext<'a> {
     pub ip: u64,
@@ -424,7 +441,7 @@ impl Unwinding {
         chain_truncated: bool,
         context: Option<UserContext<'_>>,
     ) -> Walked {
-        self.walk_keeping(process, chain, chain_truncated, context, false)
+        self.walk_keeping(process, chain, chain_truncated, context, false, None)
     }
 
     /// [`Unwinding::walk`], keeping each frame's frame pointer when `bases` says so (for
@@ -436,6 +453,7 @@ impl Unwinding {
         chain_truncated: bool,
         context: Option<UserContext<'_>>,
         keep_bases: bool,
+        mut jit: Option<&mut dyn Jit>,
     ) -> Walked {
         self.refresh(process);
         let unwinder = self.processes.get(&process.instance);
@@ -460,7 +478,8 @@ impl Unwinding {
             use framehop::Unwinder;
             let stack = context.stack;
             let sp = context.sp;
-            let mut read_stack = |address: u64| stack_word(stack, sp, address).ok_or(());
+            let word = |address: u64| stack_word(stack, sp, address);
+            let mut read_stack = |address: u64| word(address).ok_or(());
             // Frame by frame (not `iter_frames`): each frame's frame pointer is kept.
             let mut regs =
                 framehop::x86_64::UnwindRegsX86_64::new(context.ip, context.sp, context.bp);
@@ -474,6 +493,25 @@ impl Unwinding {
                 user.push(address.address());
                 if keep_bases {
                     bases.push(regs.bp());
+                }
+                if let Some(jit) = jit.as_deref_mut() {
+                    let top = user.len() == 1;
+                    match jit.step(address.address(), regs.sp(), regs.bp(), top, &word) {
+                        Some(Some((ret, caller_sp, caller_bp))) => {
+                            match framehop::FrameAddress::from_return_address(ret) {
+                                Some(next) => {
+                                    regs.set_sp(caller_sp);
+                                    regs.set_bp(caller_bp);
+                                    regs.set_ip(ret);
+                                    address = next;
+                                    continue;
+                                }
+                                None => break false,
+                            }
+                        }
+                        Some(None) => break true,
+                        None => {}
+                    }
                 }
                 match unwinder.unwinder.unwind_frame(
                     address,
@@ -501,7 +539,7 @@ impl Unwinding {
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = context;
+            let _ = (context, jit, keep_bases);
             Walked {
                 user: chain,
                 truncated: chain_truncated,
@@ -516,7 +554,14 @@ impl Unwinding {
     /// The frames are found by the files' CFI even in a frame-pointer program: a thread
     /// that blocked is in a system call's libc wrapper, which sets up no frame, so a
     /// frame-pointer walk from there would skip its caller.
-    pub fn walk_copy(&mut self, process: &Process, context: UserContext<'_>) -> Walked {
+    ///
+    /// A runtime's generated code (`jit`) is walked by its own rules.
+    pub fn walk_copy(
+        &mut self,
+        process: &Process,
+        context: UserContext<'_>,
+        jit: Option<&mut dyn Jit>,
+    ) -> Walked {
         self.refresh(process);
         let modules = self
             .processes
@@ -531,7 +576,7 @@ impl Unwinding {
             Some(unwinder) => std::mem::replace(&mut unwinder.method, Method::Dwarf),
             None => Method::FramePointer,
         };
-        let walked = self.walk_keeping(process, vec![context.ip], false, Some(context), true);
+        let walked = self.walk_keeping(process, vec![context.ip], false, Some(context), true, jit);
         if let Some(unwinder) = self.processes.get_mut(&process.instance) {
             unwinder.method = method;
         }

@@ -1,6 +1,6 @@
-//! Interpreted frames: the functions of a Python, Ruby or Node.js program, named with no
-//! change to it (python.rs and ruby.rs hold what differs between the first two; v8.rs
-//! reads Node.js's from the stack copy instead, see there).
+//! Interpreted frames: the functions of a Python, Ruby, Node.js or Java program, named
+//! with no change to it (python.rs and ruby.rs hold what differs between the first two;
+//! v8.rs and hotspot.rs read Node.js's and Java's from the stack copy instead, see there).
 //!
 //! A profile of an interpreter's process that shows only the interpreter's own C
 //! functions (`_PyEval_EvalFrameDefault` or `vm_exec_core` a thousand times) says nothing
@@ -28,6 +28,7 @@
 //! (`kiln_agent_interpreter_stacks_total`). So is every sample whose interpreter read
 //! failed or was not found.
 
+pub mod hotspot;
 pub mod memory;
 pub mod python;
 pub mod ruby;
@@ -168,6 +169,41 @@ impl Frames {
     }
 
     /// The frames of a tagged value; `None` for a native address.
+    /// A frame with the frames inlined into it: `names` innermost first.
+    pub fn intern_inlined(&mut self, mut names: Vec<(String, String, i64)>) -> u64 {
+        if names.len() <= 1 {
+            return match names.pop() {
+                Some((name, file, line)) => self.intern(name, file, line),
+                None => self.intern("[unknown frame]".into(), String::new(), 0),
+            };
+        }
+        // Keyed by the whole chain, joined: inlined chains are few and short.
+        let key = (
+            names
+                .iter()
+                .map(|(name, _, _)| name.as_str())
+                .collect::<Vec<_>>()
+                .join("\u{1}"),
+            names
+                .iter()
+                .map(|(_, file, line)| format!("{file}:{line}"))
+                .collect::<Vec<_>>()
+                .join("\u{1}"),
+            -1,
+        );
+        if let Some(id) = self.index.get(&key) {
+            return INTERPRETED | id;
+        }
+        let id = self.frames.len() as u64;
+        self.bytes += names
+            .iter()
+            .map(|(name, file, _)| 2 * (name.len() + file.len()) + 96)
+            .sum::<usize>();
+        self.frames.push(names);
+        self.index.insert(key, id);
+        INTERPRETED | id
+    }
+
     pub fn get(&self, value: u64) -> Option<&[(String, String, i64)]> {
         if value & INTERPRETED == 0 {
             return None;
@@ -256,12 +292,27 @@ pub fn merge(
     out
 }
 
+/// The stack copy of a sample and the frame pointer of each frame unwound from it.
+pub struct Copy<'a> {
+    pub bases: &'a [u64],
+    pub stack: &'a [u8],
+    pub sp: u64,
+    pub process: &'a Process,
+}
+
+impl Copy<'_> {
+    fn word(&self, address: u64) -> Option<u64> {
+        crate::unwind::stack_word(self.stack, self.sp, address)
+    }
+}
+
 /// A process's interpreter, known and read.
 #[derive(Debug)]
 enum Runtime {
     Python(python::Runtime),
     Ruby(ruby::Runtime),
     V8(v8::Runtime),
+    HotSpot(hotspot::Runtime),
 }
 
 impl Runtime {
@@ -270,7 +321,7 @@ impl Runtime {
         match self {
             Runtime::Python(python) => Some(&python.proc),
             Runtime::Ruby(ruby) => Some(&ruby.proc),
-            Runtime::V8(_) => None,
+            Runtime::V8(_) | Runtime::HotSpot(_) => None,
         }
     }
 
@@ -279,6 +330,7 @@ impl Runtime {
             Runtime::Python(_) => "python",
             Runtime::Ruby(_) => "ruby",
             Runtime::V8(_) => "node",
+            Runtime::HotSpot(_) => "java",
         }
     }
 
@@ -292,7 +344,7 @@ impl Runtime {
                 Some((name, file, line, true)) => Some((name, file, line)),
                 None => None,
             },
-            Runtime::V8(_) => None,
+            Runtime::V8(_) | Runtime::HotSpot(_) => None,
         };
         match named {
             Some((name, file, line)) => Named::Frame(name, file, line),
@@ -304,7 +356,7 @@ impl Runtime {
         match self {
             Runtime::Python(python) => python.in_eval(address),
             Runtime::Ruby(ruby) => ruby.in_loop(address),
-            Runtime::V8(_) => false,
+            Runtime::V8(_) | Runtime::HotSpot(_) => false,
         }
     }
 
@@ -313,6 +365,7 @@ impl Runtime {
             Runtime::Python(python) => python.bytes(),
             Runtime::Ruby(ruby) => ruby.bytes(),
             Runtime::V8(v8) => v8.bytes(),
+            Runtime::HotSpot(hotspot) => hotspot.bytes(),
         }
     }
 }
@@ -334,6 +387,7 @@ enum Binary {
     Python(python::Binary),
     Ruby(ruby::Binary),
     V8(v8::Binary),
+    HotSpot(hotspot::Binary),
 }
 
 impl Binary {
@@ -342,6 +396,7 @@ impl Binary {
         python::may_be_interpreter(mapped)
             || ruby::may_be_interpreter(mapped)
             || v8::may_be_interpreter(mapped)
+            || hotspot::may_be_interpreter(mapped)
     }
 
     /// The interpreter in a mapped file, judged first by its name.
@@ -354,6 +409,9 @@ impl Binary {
         }
         if v8::may_be_interpreter(mapped) {
             return v8::Binary::read(path).map(Binary::V8);
+        }
+        if hotspot::may_be_interpreter(mapped) {
+            return hotspot::Binary::read(path).map(Binary::HotSpot);
         }
         None
     }
@@ -453,6 +511,10 @@ impl Interpreters {
                     "node",
                     v8::Runtime::new(pid, binary, &mapping.path).map(Runtime::V8),
                 )),
+                Some(Binary::HotSpot(binary)) => Some((
+                    "java",
+                    hotspot::Runtime::new(pid, binary, start, pgoff).map(Runtime::HotSpot),
+                )),
                 None => None,
             };
             if found.is_some() {
@@ -469,6 +531,10 @@ impl Interpreters {
                 "unsupported: its frames are read with eBPF, which is off or unavailable".into(),
             ),
             Some((_, Ok(runtime))) => State::Known(Box::new(runtime), monotonic_nanos()),
+            // Mapped, not yet relocated: looked at again when its mappings change.
+            Some((_, Err(reason))) if reason.ends_with(hotspot::NOT_READY) => {
+                State::Native(process.generation)
+            }
             Some((kind, Err(reason))) => {
                 tracing::info!(pid = process.pid, exe = %process.exe, %reason, "interpreter profiled with native frames only");
                 State::Unsupported(kind, format!("unsupported: {reason}"))
@@ -485,9 +551,20 @@ impl Interpreters {
     }
 
     /// Whether the process's samples must be unwound from their stack copies, with each
-    /// frame's frame pointer: V8's are read from there.
+    /// frame's frame pointer: V8's and HotSpot's frames are read from there.
     pub fn wants_copy(&self, instance: Instance) -> bool {
-        matches!(self.states.get(&instance), Some(State::Known(runtime, _)) if matches!(**runtime, Runtime::V8(_)))
+        matches!(self.states.get(&instance), Some(State::Known(runtime, _)) if matches!(**runtime, Runtime::V8(_) | Runtime::HotSpot(_)))
+    }
+
+    /// The process's generated code that the unwinder must walk by the runtime's rules.
+    pub fn jit(&mut self, instance: Instance) -> Option<&mut dyn crate::unwind::Jit> {
+        match self.states.get_mut(&instance) {
+            Some(State::Known(runtime, _)) => match &mut **runtime {
+                Runtime::HotSpot(hotspot) => Some(hotspot),
+                _ => None,
+            },
+            _ => None,
+        }
     }
 
     /// Keeps an event until its sample arrives. Events are written just after their
@@ -528,15 +605,25 @@ impl Interpreters {
         tid: u32,
         time: u64,
         native: Vec<u64>,
-        copy: Option<v8::Copy<'_>>,
+        copy: Option<Copy<'_>>,
     ) -> (Vec<u64>, Option<(&'static str, &str)>) {
         if let Some(State::Known(runtime, _)) = self.states.get_mut(&instance) {
-            if let Runtime::V8(v8) = &mut **runtime {
-                let Some(copy) = copy else {
-                    return (native, Some(("node", "no stack copy")));
-                };
-                let (joined, outcome) = v8.join(native, &copy, &mut self.frames);
-                return (joined, Some(("node", outcome)));
+            match &mut **runtime {
+                Runtime::V8(v8) => {
+                    let Some(copy) = copy else {
+                        return (native, Some(("node", "no stack copy")));
+                    };
+                    let (joined, outcome) = v8.join(native, &copy, &mut self.frames);
+                    return (joined, Some(("node", outcome)));
+                }
+                Runtime::HotSpot(hotspot) => {
+                    let Some(copy) = copy else {
+                        return (native, Some(("java", "no stack copy")));
+                    };
+                    let (joined, outcome) = hotspot.join(native, &copy, &mut self.frames);
+                    return (joined, Some(("java", outcome)));
+                }
+                _ => {}
             }
         }
         let kind = match self.states.get(&instance) {

@@ -38,7 +38,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::memory::Memory;
-use super::Frames;
+use super::{Copy, Frames};
 use crate::procs::Process;
 
 /// Whether a mapped file may hold V8: Node.js, its shared library.
@@ -324,20 +324,6 @@ const MAX_NAMES: usize = 50_000;
 const MAX_NAME_BYTES: usize = 4096;
 /// The longest source read to find line ends where V8 has not computed them.
 const MAX_SOURCE_BYTES: usize = 16 << 20;
-
-/// The stack copy of a sample and the frame pointer of each frame unwound from it.
-pub struct Copy<'a> {
-    pub bases: &'a [u64],
-    pub stack: &'a [u8],
-    pub sp: u64,
-    pub process: &'a Process,
-}
-
-impl Copy<'_> {
-    fn word(&self, address: u64) -> Option<u64> {
-        crate::unwind::stack_word(self.stack, self.sp, address)
-    }
-}
 
 fn tagged(value: u64) -> Option<u64> {
     (value & 3 == 1).then(|| value - 1)

