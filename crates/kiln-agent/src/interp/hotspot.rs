@@ -29,9 +29,12 @@
 //! method's name (`Symbol`s), and the source file; the line from the method's compressed
 //! line number table at the frame's bytecode index. Every offset comes from the
 //! `gHotSpotVMStructs` tables that libjvm.so exports for the serviceability agent, read
-//! from the process at start. A JVM whose tables lack a field this module needs (JDK 25
-//! moved `nmethod`'s metadata out of the code heap and has no `_metadata_offset`) keeps
-//! its native frames, counted with the field named.
+//! from the process at start, in both layouts: JDK 11–21 keep an `nmethod`'s debug
+//! information in the code heap after its code, JDK 25 in blocks of their own, with the
+//! metadata table at an offset the tables do not give (found per `nmethod`, see
+//! [`DebugInfo`]). JDK 21 changed the compressed integers to `UNSIGNED5`, by the major
+//! version. A JVM whose tables lack a field this module needs keeps its native frames,
+//! counted with the field named.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -88,6 +91,8 @@ impl Binary {
 #[derive(Debug, Default)]
 struct Tables {
     fields: HashMap<String, u64>,
+    /// Each field's C++ type, as the tables spell it.
+    field_types: HashMap<String, String>,
     types: HashMap<String, u64>,
     ints: HashMap<String, i64>,
 }
@@ -165,7 +170,7 @@ fn entries(
                 let mut short = Vec::new();
                 for offset in 0..NAME_BYTES as u64 {
                     let mut byte = [0u8];
-                    if !memory.read(pointer + offset, &mut byte) || byte[0] == 0 {
+                    if !memory.read(pointer.wrapping_add(offset), &mut byte) || byte[0] == 0 {
                         break;
                     }
                     short.push(byte[0]);
@@ -213,9 +218,10 @@ fn read_tables(
             .and_then(|c| super::u64_at(entry, c))
             .unwrap_or(0)
     };
-    let (type_name, field_name, is_static, offset, address) = (
+    let (type_name, field_name, type_string, is_static, offset, address) = (
         value("VMStructEntryTypeNameOffset")?,
         value("VMStructEntryFieldNameOffset")?,
+        value("VMStructEntryTypeStringOffset")?,
         value("VMStructEntryIsStaticOffset")?,
         value("VMStructEntryOffsetOffset")?,
         value("VMStructEntryAddressOffset")?,
@@ -224,7 +230,7 @@ fn read_tables(
         memory,
         value("VMStructs")?,
         value("VMStructEntryArrayStride")?,
-        &[type_name, field_name],
+        &[type_name, field_name, type_string],
         |entry, name| {
             let (Some(class), Some(field)) =
                 (name(at(entry, type_name)), name(at(entry, field_name)))
@@ -240,7 +246,11 @@ fn read_tables(
             } else {
                 at(entry, offset)
             };
-            tables.fields.insert(format!("{class}::{field}"), value);
+            let key = format!("{class}::{field}");
+            if let Some(cxx) = name(at(entry, type_string)) {
+                tables.field_types.insert(key.clone(), cxx);
+            }
+            tables.fields.insert(key, value);
         },
     )?;
     let (type_name, size) = (
@@ -301,14 +311,13 @@ struct Layout {
     blob_name: u64,
     blob_size: u64,
     blob_frame_complete: u64,
+    /// A 16-bit field from JDK 25 on.
+    blob_frame_complete_short: bool,
     blob_frame_size: u64,
-    blob_code_begin: u64,
+    code_start: CodeStart,
     nm_method: u64,
-    nm_scopes_data: u64,
-    nm_scopes_pcs: u64,
-    nm_dependencies: u64,
-    nm_metadata: u64,
     nm_compile_id: u64,
+    debug: DebugInfo,
     /// Bytes of a blob's header that hold every field above.
     header_bytes: usize,
     method_const: u64,
@@ -327,6 +336,41 @@ struct Layout {
     symbol_body: u64,
 }
 
+/// Where a blob's code begins.
+#[derive(Debug, Clone, Copy)]
+enum CodeStart {
+    /// `CodeBlob::_code_begin`, a pointer (JDK 11–21).
+    Pointer(u64),
+    /// `CodeBlob::_code_offset`, from the blob (JDK 25).
+    Offset(u64),
+}
+
+/// Where an nmethod's debug information is.
+#[derive(Debug, Clone, Copy)]
+enum DebugInfo {
+    /// JDK 11–21: its metadata table, scopes data and `PcDesc`s one after another in the
+    /// blob.
+    Embedded {
+        scopes_data: u64,
+        scopes_pcs: u64,
+        dependencies: u64,
+        metadata: u64,
+    },
+    /// JDK 25: `PcDesc`s then scopes data in a block of its own (`_immutable_data`), and
+    /// the metadata table in the mutable block after the relocations, at an offset the
+    /// tables do not give: found per nmethod as the one where every scope chain's
+    /// outermost method is the nmethod's own.
+    Separate {
+        immutable: u64,
+        immutable_size: u64,
+        scopes_pcs: u64,
+        scopes_data: u64,
+        mutable: u64,
+        mutable_size: u64,
+        relocation_size: u64,
+    },
+}
+
 /// x86-64 interpreter frame slots, in words from the frame pointer (`frame_x86.hpp`).
 const INTERPRETER_SENDER_SP: i64 = -1;
 const INTERPRETER_METHOD: i64 = -3;
@@ -340,16 +384,40 @@ impl Layout {
             Err(_) => (false, f(&["InstanceKlass::_source_file_name_index"])?),
         };
         let nm_method = f(&["CompiledMethod::_method", "nmethod::_method"])?;
-        let nm_scopes_data = f(&["CompiledMethod::_scopes_data_begin"])?;
-        let nm_scopes_pcs = f(&["nmethod::_scopes_pcs_offset"])?;
-        let nm_dependencies = f(&["nmethod::_dependencies_offset"])?;
-        let nm_metadata = f(&["nmethod::_metadata_offset"])?;
+        let embedded = (|| -> Result<DebugInfo, String> {
+            Ok(DebugInfo::Embedded {
+                scopes_data: f(&["CompiledMethod::_scopes_data_begin"])?,
+                scopes_pcs: f(&["nmethod::_scopes_pcs_offset"])?,
+                dependencies: f(&["nmethod::_dependencies_offset"])?,
+                metadata: f(&["nmethod::_metadata_offset"])?,
+            })
+        })();
+        let separate = || -> Result<DebugInfo, String> {
+            Ok(DebugInfo::Separate {
+                immutable: f(&["nmethod::_immutable_data"])?,
+                immutable_size: f(&["nmethod::_immutable_data_size"])?,
+                scopes_pcs: f(&["nmethod::_scopes_pcs_offset"])?,
+                scopes_data: f(&["nmethod::_scopes_data_offset"])?,
+                mutable: f(&["CodeBlob::_mutable_data"])?,
+                mutable_size: f(&["CodeBlob::_mutable_data_size"])?,
+                relocation_size: f(&["CodeBlob::_relocation_size"])?,
+            })
+        };
+        // The older layout's first missing field names the failure of both.
+        let debug = embedded.clone().or_else(|_| separate()).or(embedded)?;
         let nm_compile_id = f(&["nmethod::_compile_id"])?;
         let blob_name = f(&["CodeBlob::_name"])?;
         let blob_size = f(&["CodeBlob::_size"])?;
         let blob_frame_complete = f(&["CodeBlob::_frame_complete_offset"])?;
+        let blob_frame_complete_short = tables
+            .field_types
+            .get("CodeBlob::_frame_complete_offset")
+            .is_some_and(|cxx| cxx.contains("16"));
         let blob_frame_size = f(&["CodeBlob::_frame_size"])?;
-        let blob_code_begin = f(&["CodeBlob::_code_begin"])?;
+        let code_start = match f(&["CodeBlob::_code_begin"]) {
+            Ok(pointer) => CodeStart::Pointer(pointer),
+            Err(_) => CodeStart::Offset(f(&["CodeBlob::_code_offset"])?),
+        };
         // Every field read from a blob's header lies within an nmethod's.
         let header_bytes = tables.size("nmethod")?.max(tables.size("CodeBlob")?);
         if header_bytes > 4096 {
@@ -373,14 +441,12 @@ impl Layout {
             blob_name,
             blob_size,
             blob_frame_complete,
+            blob_frame_complete_short,
             blob_frame_size,
-            blob_code_begin,
+            code_start,
             nm_method,
-            nm_scopes_data,
-            nm_scopes_pcs,
-            nm_dependencies,
-            nm_metadata,
             nm_compile_id,
+            debug,
             header_bytes: header_bytes as usize,
             method_const: f(&["Method::_constMethod"])?,
             const_constants: f(&["ConstMethod::_constants"])?,
@@ -458,7 +524,9 @@ struct MethodInfo {
     file: String,
     /// (bytecode index, line), in bytecode order.
     lines: Vec<(u32, i32)>,
-    code: Option<(u64, u64)>,
+    /// Where its bytecodes are, and how many: an interpreted frame's bytecode pointer is
+    /// made an index with it.
+    code: (u64, u64),
 }
 
 impl MethodInfo {
@@ -493,7 +561,7 @@ const MAX_SYMBOL_BYTES: usize = 4096;
 /// One JVM.
 #[derive(Debug)]
 pub struct Runtime {
-    layout: Layout,
+    layout: Box<Layout>,
     memory: Memory,
     /// `CodeCache::_low_bound` and `_high_bound`, once set.
     bounds: Option<(u64, u64)>,
@@ -522,7 +590,7 @@ impl Runtime {
             .ok_or_else(|| format!("its major version: {NOT_READY}"))?;
         layout.excluded = u8::from(major >= 21);
         Ok(Runtime {
-            layout,
+            layout: Box::new(layout),
             memory,
             bounds: None,
             heaps: Vec::new(),
@@ -567,15 +635,16 @@ impl Runtime {
         let memory = &self.memory;
         let heaps = (|| -> Option<Vec<Heap>> {
             let array = memory.u64(layout.heaps)?;
-            let len = memory.u32(array + layout.array_len)?.min(16);
-            let data = memory.u64(array + layout.array_data)?;
+            let len = memory.u32(array.wrapping_add(layout.array_len))?.min(16);
+            let data = memory.u64(array.wrapping_add(layout.array_data))?;
             let mut heaps = Vec::new();
             for i in 0..u64::from(len) {
-                let heap = memory.u64(data + 8 * i)?;
-                let low = memory.u64(heap + layout.heap_memory + layout.space_low)?;
-                let high = memory.u64(heap + layout.heap_memory + layout.space_high)?;
-                let segmap = memory.u64(heap + layout.heap_segmap + layout.space_low)?;
-                let log2 = memory.u32(heap + layout.heap_log2)?;
+                let heap = memory.u64(data.wrapping_add(8 * i))?;
+                let low = memory.u64(heap.wrapping_add(layout.heap_memory + layout.space_low))?;
+                let high = memory.u64(heap.wrapping_add(layout.heap_memory + layout.space_high))?;
+                let segmap =
+                    memory.u64(heap.wrapping_add(layout.heap_segmap + layout.space_low))?;
+                let log2 = memory.u32(heap.wrapping_add(layout.heap_log2))?;
                 if low < high && (4..=16).contains(&log2) {
                     heaps.push(Heap {
                         low,
@@ -635,7 +704,7 @@ impl Runtime {
         for _ in 0..64 {
             let from = index.saturating_sub(255);
             let mut map = vec![0u8; (index - from + 1) as usize];
-            if !self.memory.read(heap.segmap + from, &mut map) {
+            if !self.memory.read(heap.segmap.wrapping_add(from), &mut map) {
                 return None;
             }
             loop {
@@ -644,7 +713,7 @@ impl Runtime {
                     return None; // a free segment
                 }
                 if hop == 0 {
-                    return Some(heap.low + (index << heap.log2));
+                    return Some(heap.low.wrapping_add(index << heap.log2));
                 }
                 index = index.checked_sub(u64::from(hop))?;
                 if index < from {
@@ -658,10 +727,14 @@ impl Runtime {
     fn read_blob(&self, block: u64, pc: u64) -> Option<Blob> {
         let layout = &self.layout;
         let mut used = [0u8];
-        if !self.memory.read(block + layout.block_used, &mut used) || used[0] == 0 {
+        if !self
+            .memory
+            .read(block.wrapping_add(layout.block_used), &mut used)
+            || used[0] == 0
+        {
             return None;
         }
-        let start = block + layout.block_bytes;
+        let start = block.wrapping_add(layout.block_bytes);
         let mut header = vec![0u8; layout.header_bytes];
         if !self.memory.read(start, &mut header) {
             return None;
@@ -674,21 +747,61 @@ impl Runtime {
             return None;
         }
         let name = self.c_string(word(layout.blob_name)?)?;
-        let code_begin = word(layout.blob_code_begin)?;
+        let code_begin = match layout.code_start {
+            CodeStart::Pointer(at) => word(at)?,
+            CodeStart::Offset(at) => start.checked_add(u64::try_from(int(at)?).ok()?)?,
+        };
         let frame_size = u64::try_from(int(layout.blob_frame_size)?).unwrap_or(0);
-        let frame_complete = u64::try_from(int(layout.blob_frame_complete)?).unwrap_or(0);
+        let frame_complete = if layout.blob_frame_complete_short {
+            let at = usize::try_from(layout.blob_frame_complete).ok()?;
+            i64::from(i16::from_ne_bytes(header.get(at..at + 2)?.try_into().ok()?))
+        } else {
+            i64::from(int(layout.blob_frame_complete)?)
+        };
+        let frame_complete = u64::try_from(frame_complete).unwrap_or(0);
         let kind = match name.as_str() {
             // A native method's wrapper is an nmethod too, named apart.
             "nmethod" | "native nmethod" => {
                 let compile_id = int(layout.nm_compile_id)? as u32;
                 let method = word(layout.nm_method)?;
-                let offset =
-                    |at: u64| -> Option<u64> { start.checked_add(u64::try_from(int(at)?).ok()?) };
-                let metadata = offset(layout.nm_metadata)?;
-                let scopes_data = word(layout.nm_scopes_data)?;
-                let pcs = offset(layout.nm_scopes_pcs)?;
-                let pcs_end = offset(layout.nm_dependencies)?;
-                let scopes = self.read_scopes(metadata, scopes_data, pcs, pcs_end, end)?;
+                let offset = |base: u64, at: u64| -> Option<u64> {
+                    base.checked_add(u64::try_from(int(at)?).ok()?)
+                };
+                let scopes = match layout.debug {
+                    DebugInfo::Embedded {
+                        scopes_data,
+                        scopes_pcs,
+                        dependencies,
+                        metadata,
+                    } => self.embedded_scopes(
+                        offset(start, metadata)?,
+                        word(scopes_data)?,
+                        offset(start, scopes_pcs)?,
+                        offset(start, dependencies)?,
+                        end,
+                    )?,
+                    DebugInfo::Separate {
+                        immutable,
+                        immutable_size,
+                        scopes_pcs,
+                        scopes_data,
+                        mutable,
+                        mutable_size,
+                        relocation_size,
+                    } => {
+                        let immutable = word(immutable)?;
+                        let mutable = word(mutable)?;
+                        self.separate_scopes(
+                            method,
+                            offset(immutable, scopes_pcs)?,
+                            offset(immutable, scopes_data)?,
+                            offset(immutable, immutable_size)?,
+                            offset(mutable, relocation_size)?,
+                            offset(mutable, mutable_size)?,
+                        )
+                        .unwrap_or_default()
+                    }
+                };
                 Kind::Nmethod {
                     compile_id,
                     method,
@@ -719,7 +832,7 @@ impl Runtime {
             while len < 64
                 && self
                     .memory
-                    .read(address + len as u64, &mut bytes[len..len + 1])
+                    .read(address.wrapping_add(len as u64), &mut bytes[len..len + 1])
             {
                 len += 1;
             }
@@ -729,9 +842,9 @@ impl Runtime {
         Some(String::from_utf8_lossy(&bytes[..end]).into_owned())
     }
 
-    /// An nmethod's scopes at each of its `PcDesc`s: metadata table, scopes data and the
-    /// `PcDesc` array lie one after another in the blob (`nmethod.hpp`).
-    fn read_scopes(
+    /// An nmethod's scopes at each of its `PcDesc`s, JDK 11–21: metadata table, scopes data
+    /// and the `PcDesc` array lie one after another in the blob (`nmethod.hpp`).
+    fn embedded_scopes(
         &self,
         metadata: u64,
         scopes_data: u64,
@@ -747,23 +860,51 @@ impl Runtime {
         let bytes = self
             .memory
             .bytes(metadata, (pcs_end - metadata) as usize, MAX_DEBUG_BYTES)?;
-        let metadata_table = &bytes[..(scopes_data - metadata) as usize];
+        let table = &bytes[..(scopes_data - metadata) as usize];
         let data = &bytes[(scopes_data - metadata) as usize..(pcs - metadata) as usize];
         let descs = &bytes[(pcs - metadata) as usize..];
-        let mut out = Vec::with_capacity(descs.len() / 16);
-        for desc in descs.chunks_exact(16) {
-            let pc_offset = super::u32_at(desc, 0)?;
-            let decode = super::u32_at(desc, 4)? as i32;
-            if decode <= 0 {
-                continue; // no scope here (the serialized-null offset)
-            }
-            let chain = decode_chain(data, metadata_table, decode as usize, self.layout.excluded);
-            if !chain.is_empty() {
-                out.push((pc_offset, chain.into_boxed_slice()));
-            }
+        let raw = raw_scopes(descs, data, self.layout.excluded);
+        Some(resolve(&raw, table, 0))
+    }
+
+    /// The same, JDK 25: `PcDesc`s and scopes data in the immutable block, the metadata
+    /// table somewhere after the relocations in the mutable one (see [`DebugInfo`]).
+    /// `None` when no place in it fits every chain.
+    fn separate_scopes(
+        &self,
+        method: u64,
+        pcs: u64,
+        scopes_data: u64,
+        immutable_end: u64,
+        metadata: u64,
+        mutable_end: u64,
+    ) -> Option<Scopes> {
+        if !(pcs <= scopes_data && scopes_data <= immutable_end && metadata <= mutable_end)
+            || immutable_end - pcs > MAX_DEBUG_BYTES as u64
+            || mutable_end - metadata > MAX_DEBUG_BYTES as u64
+        {
+            return None;
         }
-        out.sort_by_key(|(pc, _)| *pc);
-        Some(out)
+        let bytes = self
+            .memory
+            .bytes(pcs, (immutable_end - pcs) as usize, MAX_DEBUG_BYTES)?;
+        let descs = &bytes[..(scopes_data - pcs) as usize];
+        let data = &bytes[(scopes_data - pcs) as usize..];
+        let table =
+            self.memory
+                .bytes(metadata, (mutable_end - metadata) as usize, MAX_DEBUG_BYTES)?;
+        let raw = raw_scopes(descs, data, self.layout.excluded);
+        let roots: Vec<usize> = raw
+            .iter()
+            .filter_map(|(_, chain)| chain.last().map(|(index, _)| *index as usize))
+            .collect();
+        let entry = |at: usize| super::u64_at(&table, at.checked_mul(8)?);
+        let skip = (0..table.len() / 8).find(|skip| {
+            roots
+                .iter()
+                .all(|root| root.checked_sub(1).and_then(|i| entry(skip + i)) == Some(method))
+        })?;
+        Some(resolve(&raw, &table[skip * 8..], 0))
     }
 
     /// The method at an interpreted frame's `Method*`, and its bytecode index there.
@@ -798,20 +939,20 @@ impl Runtime {
         } else {
             let mut index = [0u8; 2];
             memory
-                .read(holder + layout.source_index, &mut index)
+                .read(holder.wrapping_add(layout.source_index), &mut index)
                 .then(|| u64::from(u16::from_ne_bytes(index)))?
         };
-        let entry = |index: u64| memory.u64(pool + layout.pool_bytes + 8 * index);
+        let entry = |index: u64| memory.u64(pool.wrapping_add(layout.pool_bytes + 8 * index));
         let name = self.symbol(entry(name_index)?)?;
-        let class = self.symbol(memory.u64(holder + layout.klass_name)?)?;
+        let class = self.symbol(memory.u64(holder.wrapping_add(layout.klass_name))?)?;
         let source = match source_index {
             0 => None,
             index => entry(index).and_then(|symbol| self.symbol(symbol)),
         };
-        let code = const_method + layout.const_bytes;
+        let code = const_method.wrapping_add(layout.const_bytes);
         // `_has_linenumber_table` is the first flag in every version.
         let lines = if flags & 1 == 1 {
-            self.line_table(code + code_size)
+            self.line_table(code.wrapping_add(code_size))
         } else {
             Vec::new()
         };
@@ -825,7 +966,7 @@ impl Runtime {
             name: format!("{}.{name}", class.replace('/', ".")),
             file,
             lines,
-            code: Some((code, code_size)),
+            code: (code, code_size),
         })
     }
 
@@ -833,14 +974,16 @@ impl Runtime {
         let mut length = [0u8; 2];
         if !self
             .memory
-            .read(symbol + self.layout.symbol_length, &mut length)
+            .read(symbol.wrapping_add(self.layout.symbol_length), &mut length)
         {
             return None;
         }
         let length = usize::from(u16::from_ne_bytes(length)).min(MAX_SYMBOL_BYTES);
-        let body = self
-            .memory
-            .bytes(symbol + self.layout.symbol_body, length, MAX_SYMBOL_BYTES)?;
+        let body = self.memory.bytes(
+            symbol.wrapping_add(self.layout.symbol_body),
+            length,
+            MAX_SYMBOL_BYTES,
+        )?;
         Some(String::from_utf8_lossy(&body).into_owned())
     }
 
@@ -850,7 +993,7 @@ impl Runtime {
         let mut bytes = Vec::new();
         let mut lines = Vec::new();
         for chunk in 0..16u64 {
-            let Some(more) = self.memory.bytes(at + 1024 * chunk, 1024, 1024) else {
+            let Some(more) = self.memory.bytes(at.wrapping_add(1024 * chunk), 1024, 1024) else {
                 break;
             };
             bytes.extend_from_slice(&more);
@@ -916,10 +1059,47 @@ fn decode_lines(bytes: &[u8], excluded: u8, out: &mut Vec<(u32, i32)>) -> bool {
     false
 }
 
+/// Each `PcDesc`'s (pc offset, chain of scopes), as metadata indexes: `PcDesc`s are
+/// four 32-bit fields, the pc offset and the scope's decode offset first.
+fn raw_scopes(descs: &[u8], data: &[u8], excluded: u8) -> Vec<(u32, Vec<(u32, i32)>)> {
+    descs
+        .chunks_exact(16)
+        .filter_map(|desc| {
+            let pc_offset = super::u32_at(desc, 0)?;
+            let decode = super::u32_at(desc, 4)? as i32;
+            // No scope here (the serialized-null offset).
+            let decode = usize::try_from(decode).ok().filter(|d| *d > 0)?;
+            let chain = decode_chain(data, decode, excluded);
+            (!chain.is_empty()).then_some((pc_offset, chain))
+        })
+        .collect()
+}
+
+/// Chains of metadata indexes made chains of `Method*`s, through the metadata table
+/// (index 1 is its first entry); a chain stops at an index outside it.
+fn resolve(raw: &[(u32, Vec<(u32, i32)>)], table: &[u8], skip: usize) -> Scopes {
+    let mut out: Scopes = raw
+        .iter()
+        .filter_map(|(pc, chain)| {
+            let methods: Vec<(u64, i32)> = chain
+                .iter()
+                .map_while(|(index, bci)| {
+                    let at = (*index as usize).checked_sub(1)?.checked_add(skip)?;
+                    let method = super::u64_at(table, at.checked_mul(8)?)?;
+                    (method != 0).then_some((method, *bci))
+                })
+                .collect();
+            (!methods.is_empty()).then(|| (*pc, methods.into_boxed_slice()))
+        })
+        .collect();
+    out.sort_by_key(|(pc, _)| *pc);
+    out
+}
+
 /// The chain of scopes from one `PcDesc`, innermost first: each scope is its sender's
 /// offset, its method's index in the metadata table (1-based), and its bytecode index
 /// (stored one more, so that -1, the method's entry, is 0).
-fn decode_chain(data: &[u8], metadata: &[u8], mut offset: usize, excluded: u8) -> Vec<(u64, i32)> {
+fn decode_chain(data: &[u8], mut offset: usize, excluded: u8) -> Vec<(u32, i32)> {
     let mut chain = Vec::new();
     while chain.len() < MAX_INLINED {
         let mut at = offset;
@@ -930,14 +1110,10 @@ fn decode_chain(data: &[u8], metadata: &[u8], mut offset: usize, excluded: u8) -
         ) else {
             break;
         };
-        let Some(method) = (method as usize)
-            .checked_sub(1)
-            .and_then(|i| super::u64_at(metadata, i.checked_mul(8)?))
-            .filter(|m| *m != 0)
-        else {
+        if method == 0 {
             break;
-        };
-        chain.push((method, bci as i32 - 1));
+        }
+        chain.push((method, (bci as i32).wrapping_sub(1)));
         if sender == 0 || sender as usize == offset {
             break;
         }
@@ -960,7 +1136,7 @@ impl crate::unwind::Jit for Runtime {
         self.walked.push(blob.clone());
         let frame_pointer = |bp: u64| -> Option<(u64, u64, u64)> {
             let ret = word(bp.checked_add(8)?)?;
-            Some((ret, bp + 16, word(bp)?))
+            Some((ret, bp.checked_add(16)?, word(bp)?))
         };
         let step = match &blob.kind {
             Kind::Interpreter => frame_pointer(bp).map(|(ret, caller_sp, caller_bp)| {
@@ -981,13 +1157,17 @@ impl crate::unwind::Jit for Runtime {
                     // the saved frame pointer.
                     let ret = word(sp)?;
                     if self.plausible(ret) {
-                        Some((ret, sp + 8, bp))
+                        Some((ret, sp.checked_add(8)?, bp))
                     } else {
-                        Some((word(sp + 8)?, sp + 16, word(sp)?))
+                        Some((word(sp.checked_add(8)?)?, sp.checked_add(16)?, word(sp)?))
                     }
                 } else {
                     let caller_sp = sp.checked_add(8 * blob.frame_size)?;
-                    Some((word(caller_sp - 8)?, caller_sp, word(caller_sp - 16)?))
+                    Some((
+                        word(caller_sp.checked_sub(8)?)?,
+                        caller_sp,
+                        word(caller_sp.checked_sub(16)?)?,
+                    ))
                 }
             }
             Kind::Stubs(_) if !top => frame_pointer(bp),
@@ -1029,7 +1209,7 @@ impl Runtime {
         for blob in &walked {
             if let Kind::Nmethod { compile_id, .. } = blob.kind {
                 if !expected.iter().any(|(start, _)| *start == blob.start) {
-                    checks.push((blob.start + self.layout.nm_compile_id, 4));
+                    checks.push((blob.start.wrapping_add(self.layout.nm_compile_id), 4));
                     expected.push((blob.start, compile_id));
                 }
             }
@@ -1101,7 +1281,7 @@ impl Runtime {
         methods.dedup();
         let ranges: Vec<(u64, usize)> = methods
             .iter()
-            .map(|m| (m + self.layout.method_const, 8))
+            .map(|m| (m.wrapping_add(self.layout.method_const), 8))
             .collect();
         let mut consts = vec![0u8; 8 * ranges.len()];
         let read = self.memory.read_many(&ranges, &mut consts);
@@ -1124,12 +1304,14 @@ impl Runtime {
                     names.push(("[unknown java frame]".to_string(), String::new(), 0));
                     continue;
                 };
-                let bci = match (at, info.code) {
-                    (At::Bci(bci), _) => bci,
-                    (At::Bcp(bcp), Some((code, size))) if (code..code + size).contains(&bcp) => {
-                        (bcp - code) as i64
+                let bci = match at {
+                    At::Bci(bci) => bci,
+                    At::Bcp(bcp) => {
+                        let (code, size) = info.code;
+                        bcp.checked_sub(code)
+                            .filter(|bci| *bci < size)
+                            .map_or(0, |bci| bci as i64)
                     }
-                    (At::Bcp(_), _) => 0,
                 };
                 named += 1;
                 names.push((info.name.clone(), info.file.clone(), info.line(bci)));
@@ -1155,6 +1337,150 @@ impl Runtime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// JDK 17's tables, as its libjvm.so exports them (offsets of the fields read).
+    fn jdk17() -> Tables {
+        let mut tables = Tables::default();
+        for (name, value) in [
+            ("CodeCache::_heaps", 0x1000),
+            ("CodeCache::_low_bound", 0x1008),
+            ("CodeCache::_high_bound", 0x1010),
+            ("GrowableArrayBase::_len", 0),
+            ("GrowableArray<int>::_data", 8),
+            ("CodeHeap::_memory", 8),
+            ("CodeHeap::_segmap", 120),
+            ("CodeHeap::_log2_segment_size", 256),
+            ("VirtualSpace::_low", 16),
+            ("VirtualSpace::_high", 24),
+            ("HeapBlock::Header::_used", 8),
+            ("CodeBlob::_name", 96),
+            ("CodeBlob::_size", 12),
+            ("CodeBlob::_frame_complete_offset", 20),
+            ("CodeBlob::_frame_size", 28),
+            ("CodeBlob::_code_begin", 32),
+            ("CompiledMethod::_method", 112),
+            ("CompiledMethod::_scopes_data_begin", 120),
+            ("nmethod::_scopes_pcs_offset", 268),
+            ("nmethod::_dependencies_offset", 272),
+            ("nmethod::_metadata_offset", 260),
+            ("nmethod::_compile_id", 304),
+            ("Method::_constMethod", 8),
+            ("ConstMethod::_constants", 8),
+            ("ConstMethod::_flags", 28),
+            ("ConstMethod::_code_size", 32),
+            ("ConstMethod::_name_index", 34),
+            ("ConstantPool::_pool_holder", 24),
+            ("ConstantPool::_source_file_name_index", 54),
+            ("Klass::_name", 24),
+            ("Symbol::_length", 4),
+            ("Symbol::_body", 6),
+        ] {
+            tables.fields.insert(name.to_string(), value);
+        }
+        for (name, size) in [
+            ("HeapBlock", 16),
+            ("CodeBlob", 104),
+            ("nmethod", 352),
+            ("ConstMethod", 48),
+            ("ConstantPool", 72),
+        ] {
+            tables.types.insert(name.to_string(), size);
+        }
+        tables
+    }
+
+    fn runtime_with(blobs: Vec<Blob>) -> Runtime {
+        let layout = Layout::of(&jdk17()).expect("JDK 17's tables are enough");
+        Runtime {
+            layout: Box::new(layout),
+            memory: Memory { pid: 0 },
+            bounds: Some((0x10_0000, 0x20_0000)),
+            heaps: Vec::new(),
+            blobs: blobs
+                .into_iter()
+                .map(|blob| (blob.start, Arc::new(blob)))
+                .collect(),
+            methods: HashMap::new(),
+            walked: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_jvm_whose_tables_lack_a_field_is_refused_with_the_field_named() {
+        let mut tables = jdk17();
+        tables.fields.remove("nmethod::_metadata_offset");
+        let refused = Layout::of(&tables).expect_err("no metadata table");
+        assert_eq!(refused, "its vmStructs have no nmethod::_metadata_offset");
+        let mut tables = jdk17();
+        tables.types.remove("ConstMethod");
+        assert_eq!(
+            Layout::of(&tables).expect_err("no ConstMethod"),
+            "its vmStructs have no type ConstMethod"
+        );
+    }
+
+    #[test]
+    fn the_code_cache_is_walked_by_frame_sizes_and_frame_pointers() {
+        use crate::unwind::Jit;
+        let blob = |start: u64, frame_size: u64, kind: Kind| Blob {
+            start,
+            end: start + 0x1000,
+            code_begin: start + 0x100,
+            frame_size,
+            frame_complete: 0x10,
+            kind,
+        };
+        let nmethod = || Kind::Nmethod {
+            compile_id: 7,
+            method: 0x9000,
+            scopes: Vec::new(),
+        };
+        let mut runtime = runtime_with(vec![
+            blob(0x10_0000, 0, Kind::Interpreter),
+            blob(0x11_0000, 4, nmethod()),
+            blob(0x12_0000, 0, Kind::Stubs("StubRoutines (1)".into())),
+        ]);
+        // A stack: a compiled frame at 0x6f00 (4 words: two locals, then the saved frame
+        // pointer and the return address into the interpreter), then an interpreted
+        // frame whose frame pointer is 0x7020 (above it the call stub's frame pointer
+        // and the return address into it; below it its sender's stack pointer).
+        let stack: HashMap<u64, u64> = [
+            (0x6f10, 0x7020),    // saved frame pointer: the interpreter's
+            (0x6f18, 0x10_0456), // return address: in the interpreter
+            (0x7018, 0x7030),    // the interpreter's sender sp
+            (0x7020, 0x7100),    // the call stub's frame pointer
+            (0x7028, 0x12_0321), // return address: in the call stub
+            (0x7100, 0x7200),    // the C++ caller's frame pointer
+            (0x7108, 0x4_1234),  // return address: libjvm
+        ]
+        .into_iter()
+        .collect();
+        let word = |address: u64| stack.get(&address).copied();
+        // Compiled, past its prologue: by its frame size.
+        assert_eq!(
+            runtime.step(0x11_0200, 0x6f00, 0xdead, true, &word),
+            Some(Some((0x10_0456, 0x6f20, 0x7020)))
+        );
+        // Interpreted, called from the call stub (not compiled): by its frame pointer.
+        assert_eq!(
+            runtime.step(0x10_0456, 0x6f20, 0x7020, false, &word),
+            Some(Some((0x12_0321, 0x7030, 0x7100)))
+        );
+        // The call stub, as a caller: by its frame pointer, back to C++.
+        assert_eq!(
+            runtime.step(0x12_0321, 0x7030, 0x7100, false, &word),
+            Some(Some((0x4_1234, 0x7110, 0x7200)))
+        );
+        // Outside the code cache: not this runtime's to walk.
+        assert_eq!(runtime.step(0x4_1234, 0x7110, 0x7200, false, &word), None);
+        // A frame pointer that leads nowhere stops the walk, it is not followed.
+        assert_eq!(
+            runtime.step(0x10_0456, 0x7020, 0x9999, false, &word),
+            Some(None)
+        );
+        // Every blob walked is kept for the sample's names.
+        assert_eq!(runtime.walked.len(), 4);
+    }
 
     #[test]
     fn compressed_integers_decode_in_both_encodings() {
@@ -1185,7 +1511,7 @@ mod tests {
             name: "A.b".into(),
             file: "A.java".into(),
             lines,
-            code: None,
+            code: (0, 0),
         };
         assert_eq!(
             (info.line(0), info.line(8), info.line(9), info.line(60)),
@@ -1204,12 +1530,15 @@ mod tests {
         let mut metadata = Vec::new();
         metadata.extend_from_slice(&0x1000u64.to_ne_bytes());
         metadata.extend_from_slice(&0x2000u64.to_ne_bytes());
+        assert_eq!(decode_chain(&data, 1, 0), vec![(2, 7), (1, -1)]);
+        let raw = vec![(40, decode_chain(&data, 1, 0))];
         assert_eq!(
-            decode_chain(&data, &metadata, 1, 0),
-            vec![(0x2000, 7), (0x1000, -1)]
+            resolve(&raw, &metadata, 0),
+            vec![(40, vec![(0x2000, 7), (0x1000, -1)].into_boxed_slice())]
         );
         // A method index past the table ends the chain, not the agent.
         let bad = [0u8, 0, 9, 1];
-        assert!(decode_chain(&bad, &metadata, 1, 0).is_empty());
+        let raw = vec![(8, decode_chain(&bad, 1, 0))];
+        assert!(resolve(&raw, &metadata, 0).is_empty());
     }
 }
