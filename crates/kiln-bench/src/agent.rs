@@ -26,8 +26,10 @@ pub struct AgentBenchArgs {
     #[arg(long, default_value_t = 200)]
     churn: u64,
     /// Agent modes measured at each frequency: `perf` (every sample through the ring),
-    /// `ebpf` (frame-pointer programs counted in the kernel), `offcpu=SHARE` (eBPF, and
-    /// off-CPU profiling sampling that share of blocking switches).
+    /// `ebpf` (frame-pointer programs counted in the kernel), `native` (eBPF, but no
+    /// interpreter's functions named: what naming them costs, for runtimes read without
+    /// eBPF), `offcpu=SHARE` (eBPF, and off-CPU profiling sampling that share of blocking
+    /// switches).
     #[arg(long, value_delimiter = ',', default_value = "perf,ebpf")]
     modes: Vec<String>,
     /// Blocking context switches a second made by threads that sleep briefly in a loop
@@ -134,11 +136,12 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("cannot find the kiln binary")?;
     for frequency in &args.frequencies {
         for mode in &args.modes {
-            let (ebpf, off_cpu) = match mode.split_once('=') {
-                _ if mode == "perf" => ("false", None),
-                _ if mode == "ebpf" => ("true", None),
-                Some(("offcpu", share)) => ("true", Some(share)),
-                _ => anyhow::bail!("unknown mode {mode:?}: perf, ebpf or offcpu=SHARE"),
+            let (ebpf, off_cpu, interpreters) = match mode.split_once('=') {
+                _ if mode == "perf" => ("false", None, "true"),
+                _ if mode == "ebpf" => ("true", None, "true"),
+                _ if mode == "native" => ("true", None, "false"),
+                Some(("offcpu", share)) => ("true", Some(share), "true"),
+                _ => anyhow::bail!("unknown mode {mode:?}: perf, ebpf, native or offcpu=SHARE"),
             };
             let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
                 .local_addr()?
@@ -153,7 +156,7 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
                 ])
                 .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
                 .args(["--memory-limit", &args.memory_limit])
-                .args(["--ebpf", ebpf])
+                .args(["--ebpf", ebpf, "--interpreters", interpreters])
                 .args(
                     off_cpu
                         .map(|share| vec!["--off-cpu", "--off-cpu-threshold", share])
