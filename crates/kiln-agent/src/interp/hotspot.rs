@@ -1133,6 +1133,10 @@ impl crate::unwind::Jit for Runtime {
     ) -> Option<Option<(u64, u64, u64)>> {
         let lookup = if top { pc } else { pc.saturating_sub(1) };
         let blob = self.blob(lookup)?;
+        // One walk's frames at most: a walk never joined (a bug) cannot grow it.
+        if self.walked.len() >= 4096 {
+            self.walked.clear();
+        }
         self.walked.push(blob.clone());
         let frame_pointer = |bp: u64| -> Option<(u64, u64, u64)> {
             let ret = word(bp.checked_add(8)?)?;
@@ -1190,6 +1194,11 @@ impl Runtime {
     /// Whether a word may be a return address into the code cache.
     fn plausible(&mut self, address: u64) -> bool {
         self.in_code_cache(address) && self.blob(address.saturating_sub(1)).is_some()
+    }
+
+    /// Drops what the last walk went through, for a sample that is not joined.
+    pub fn forget_walk(&mut self) {
+        self.walked.clear();
     }
 
     /// The sample's user stack with its Java methods in place, and the outcome to count.

@@ -618,6 +618,7 @@ impl Interpreters {
                 }
                 Runtime::HotSpot(hotspot) => {
                     let Some(copy) = copy else {
+                        hotspot.forget_walk();
                         return (native, Some(("java", "no stack copy")));
                     };
                     let (joined, outcome) = hotspot.join(native, &copy, &mut self.frames);
