@@ -164,24 +164,17 @@ fn entries(
         let mut strings = HashMap::new();
         for (i, ((pointer, _), ok)) in ranges.iter().zip(read).enumerate() {
             let text = if ok {
-                names[i * NAME_BYTES..(i + 1) * NAME_BYTES].to_vec()
+                let text = &names[i * NAME_BYTES..(i + 1) * NAME_BYTES];
+                text.iter()
+                    .position(|b| *b == 0)
+                    .and_then(|end| std::str::from_utf8(&text[..end]).ok())
+                    .map(str::to_string)
             } else {
-                // A name at the very end of its mapping: read byte by byte, short.
-                let mut short = Vec::new();
-                for offset in 0..NAME_BYTES as u64 {
-                    let mut byte = [0u8];
-                    if !memory.read(pointer.wrapping_add(offset), &mut byte) || byte[0] == 0 {
-                        break;
-                    }
-                    short.push(byte[0]);
-                }
-                short.push(0);
-                short
+                // A name at the very end of its mapping.
+                memory.c_string(*pointer, NAME_BYTES)
             };
-            if let Some(end) = text.iter().position(|b| *b == 0) {
-                if let Ok(name) = std::str::from_utf8(&text[..end]) {
-                    strings.insert(*pointer, name.to_string());
-                }
+            if let Some(text) = text {
+                strings.insert(*pointer, text);
             }
         }
         let name = |pointer: u64| strings.get(&pointer).cloned();
@@ -377,7 +370,7 @@ const INTERPRETER_METHOD: i64 = -3;
 const INTERPRETER_BCP: i64 = -8;
 
 impl Layout {
-    fn of(tables: &Tables) -> Result<Layout, String> {
+    fn of(tables: &Tables, major: u32) -> Result<Layout, String> {
         let f = |names: &[&str]| tables.field(names);
         let (source_in_pool, source_index) = match f(&["ConstantPool::_source_file_name_index"]) {
             Ok(offset) => (true, offset),
@@ -424,8 +417,7 @@ impl Layout {
             return Err("its nmethod header is implausibly large".into());
         }
         Ok(Layout {
-            // Set from the version, a static the caller reads.
-            excluded: 0,
+            excluded: u8::from(major >= 21),
             heaps: f(&["CodeCache::_heaps"])?,
             low_bound: f(&["CodeCache::_low_bound"])?,
             high_bound: f(&["CodeCache::_high_bound"])?,
@@ -582,13 +574,12 @@ impl Runtime {
             .ok_or("libjvm.so's code segment is not where it was mapped")?;
         let memory = Memory { pid };
         let tables = read_tables(&memory, &binary.symbols, bias)?;
-        let mut layout = Layout::of(&tables)?;
         let major = tables
             .fields
             .get("Abstract_VM_Version::_vm_major_version")
             .and_then(|address| memory.u32(*address))
             .ok_or_else(|| format!("its major version: {NOT_READY}"))?;
-        layout.excluded = u8::from(major >= 21);
+        let layout = Layout::of(&tables, major)?;
         Ok(Runtime {
             layout: Box::new(layout),
             memory,
@@ -746,7 +737,7 @@ impl Runtime {
         if pc >= end {
             return None;
         }
-        let name = self.c_string(word(layout.blob_name)?)?;
+        let name = self.memory.c_string(word(layout.blob_name)?, 64)?;
         let code_begin = match layout.code_start {
             CodeStart::Pointer(at) => word(at)?,
             CodeStart::Offset(at) => start.checked_add(u64::try_from(int(at)?).ok()?)?,
@@ -820,26 +811,6 @@ impl Runtime {
             frame_complete,
             kind,
         })
-    }
-
-    fn c_string(&self, address: u64) -> Option<String> {
-        let mut bytes = [0u8; 64];
-        let len = if self.memory.read(address, &mut bytes) {
-            64
-        } else {
-            // At the end of its mapping: one byte at a time.
-            let mut len = 0;
-            while len < 64
-                && self
-                    .memory
-                    .read(address.wrapping_add(len as u64), &mut bytes[len..len + 1])
-            {
-                len += 1;
-            }
-            len
-        };
-        let end = bytes[..len].iter().position(|b| *b == 0)?;
-        Some(String::from_utf8_lossy(&bytes[..end]).into_owned())
     }
 
     /// An nmethod's scopes at each of its `PcDesc`s, JDK 11–21: metadata table, scopes data
@@ -1193,7 +1164,7 @@ impl crate::unwind::Jit for Runtime {
 impl Runtime {
     /// Whether a word may be a return address into the code cache.
     fn plausible(&mut self, address: u64) -> bool {
-        self.in_code_cache(address) && self.blob(address.saturating_sub(1)).is_some()
+        self.blob(address.saturating_sub(1)).is_some()
     }
 
     /// Drops what the last walk went through, for a sample that is not joined.
@@ -1399,7 +1370,7 @@ mod tests {
     }
 
     fn runtime_with(blobs: Vec<Blob>) -> Runtime {
-        let layout = Layout::of(&jdk17()).expect("JDK 17's tables are enough");
+        let layout = Layout::of(&jdk17(), 17).expect("JDK 17's tables are enough");
         Runtime {
             layout: Box::new(layout),
             memory: Memory { pid: 0 },
@@ -1418,12 +1389,12 @@ mod tests {
     fn a_jvm_whose_tables_lack_a_field_is_refused_with_the_field_named() {
         let mut tables = jdk17();
         tables.fields.remove("nmethod::_metadata_offset");
-        let refused = Layout::of(&tables).expect_err("no metadata table");
+        let refused = Layout::of(&tables, 17).expect_err("no metadata table");
         assert_eq!(refused, "its vmStructs have no nmethod::_metadata_offset");
         let mut tables = jdk17();
         tables.types.remove("ConstMethod");
         assert_eq!(
-            Layout::of(&tables).expect_err("no ConstMethod"),
+            Layout::of(&tables, 17).expect_err("no ConstMethod"),
             "its vmStructs have no type ConstMethod"
         );
     }

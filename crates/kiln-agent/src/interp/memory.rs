@@ -107,6 +107,31 @@ impl Memory {
             .then(|| u32::from_ne_bytes(bytes))
     }
 
+    /// A NUL-terminated string of at most `max` bytes; `None` without its NUL. One read,
+    /// or, for a string at the very end of its mapping, a byte at a time.
+    pub fn c_string(&self, address: u64, max: usize) -> Option<String> {
+        let mut bytes = vec![0u8; max];
+        let len = if self.read(address, &mut bytes) {
+            max
+        } else {
+            let mut len = 0;
+            while len < max
+                && self.read(address.wrapping_add(len as u64), &mut bytes[len..len + 1])
+                && bytes[len] != 0
+            {
+                len += 1;
+            }
+            // Stopped at its NUL (kept), or at unreadable memory (none).
+            if len < max && bytes[len] == 0 {
+                len + 1
+            } else {
+                len
+            }
+        };
+        let end = bytes[..len].iter().position(|b| *b == 0)?;
+        Some(String::from_utf8_lossy(&bytes[..end]).into_owned())
+    }
+
     /// `len` bytes, at most `limit`.
     pub fn bytes(&self, address: u64, len: usize, limit: usize) -> Option<Vec<u8>> {
         if len > limit {
@@ -135,6 +160,13 @@ mod tests {
             Some(&text[..])
         );
         assert_eq!(memory.bytes(text.as_ptr() as u64, 32, 16), None);
+        let c = b"kiln\0rest";
+        assert_eq!(
+            memory.c_string(c.as_ptr() as u64, 8).as_deref(),
+            Some("kiln")
+        );
+        // No NUL within `max`: not a string.
+        assert_eq!(memory.c_string(c.as_ptr() as u64, 3), None);
     }
 
     #[test]
