@@ -82,7 +82,7 @@ pub fn config_parse(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    if let Ok(config) = yaml_serde::from_str::<kiln_server::ServerConfig>(text) {
+    if let Ok(config) = yaml_serde::from_str::<kiln_node::ServerConfig>(text) {
         let _ = kiln_auth::Authenticator::from_config(&config.auth);
         for tenant in config.auth.tenants.keys() {
             let _ = kiln_server::tenant::validate(tenant);

@@ -100,7 +100,7 @@ pub struct IngestArgs {
 
 /// The `--ingest-nodes` processes, and the PostgreSQL they share (stopped on drop).
 struct IngestCluster {
-    _postgres: kiln_testkit::postgres::PostgresServer,
+    _postgres: crate::services::OwnPostgres,
     servers: Vec<(std::process::Child, String)>,
     /// With `--compaction true`: one `--target compact` process over the same stores,
     /// whose CPU counts as the servers'.
@@ -109,8 +109,7 @@ struct IngestCluster {
 
 impl IngestCluster {
     fn start(args: &IngestArgs, temp: &std::path::Path) -> anyhow::Result<IngestCluster> {
-        let postgres = kiln_testkit::postgres::start_own().map_err(anyhow::Error::msg)?;
-        let metastore = postgres.fresh_database();
+        let (postgres, metastore) = crate::services::own_postgres()?;
         std::fs::create_dir_all(temp)?;
         let config = temp.join("kiln.yaml");
         std::fs::write(

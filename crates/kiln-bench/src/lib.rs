@@ -17,6 +17,7 @@
 //! measures the binary users run.
 
 pub mod agent;
+#[cfg(feature = "services")]
 pub mod chaos;
 pub mod common;
 pub mod goodput;
@@ -25,6 +26,7 @@ pub mod insight;
 pub mod query;
 pub mod rules;
 pub mod scrape;
+pub mod services;
 pub mod storage;
 pub mod stream;
 
@@ -53,7 +55,7 @@ pub enum BenchCommand {
     Insight(insight::InsightBenchArgs),
     /// Ingest, query and compact processes over PostgreSQL and S3 under kills and a
     /// PostgreSQL restart: every acknowledged write present exactly once.
-    Chaos(chaos::ChaosArgs),
+    Chaos(services::ChaosArgs),
     /// Profiles stored per second with 200 writers of 1 MB profiles against 20.
     Goodput(goodput::GoodputArgs),
 }
@@ -70,7 +72,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Rules(args) => rules::run(args),
         BenchCommand::Insight(args) => insight::run(args).await,
         // Threads and child processes of its own, and a runtime for the metastore.
-        BenchCommand::Chaos(args) => tokio::task::spawn_blocking(move || chaos::run(args))
+        BenchCommand::Chaos(args) => tokio::task::spawn_blocking(move || services::chaos(args))
             .await
             .context("the chaos bench's thread failed")?,
         BenchCommand::Goodput(args) => tokio::task::spawn_blocking(move || goodput::run(args))

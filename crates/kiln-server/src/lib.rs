@@ -1,4 +1,7 @@
-//! The HTTP (and gRPC, on the same port) edge of Kiln: transport only.
+//! The HTTP (and gRPC, on the same port) edge of Kiln: routes, extractors, wire
+//! encodings and errors. The node that owns what the handlers call (the writer,
+//! queries, rules, membership) is assembled outside it, in `kiln-node`, and handed in
+//! as [`state::AppState`] to [`serve`].
 //!
 //! [`auth`] lets a request in only with credentials for its tenant and scope.
 //! A handler translates: it takes the tenant ([`tenant::Tenant`]) and the request, hands
@@ -31,11 +34,22 @@ pub mod role_guard;
 pub mod routes;
 pub mod rpc;
 pub mod rules;
-pub mod server;
 pub mod state;
 pub mod tenant;
 pub mod tls;
 pub mod ui;
 
-pub use config::ServerConfig;
-pub use server::{RunningServer, Server};
+pub use config::HttpConfig;
+
+/// Serves the API on `listener` until `stop` resolves, then finishes the requests in
+/// flight: the edge of a node whose parts are in `state`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: state::SharedState,
+    http: HttpConfig,
+    tls: Option<std::sync::Arc<tls::Tls>>,
+    stop: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let metrics = state.metrics.clone();
+    listener::serve(listener, routes::router(state), http, metrics, tls, stop).await
+}

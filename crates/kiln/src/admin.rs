@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use kiln_metastore::{DatasetQuery, Metastore};
-use kiln_server::ServerConfig;
+use kiln_node::ServerConfig;
 use kiln_storage::format::{decode_dataset, Projection};
 use kiln_storage::ObjectStorage;
 

@@ -334,15 +334,18 @@ fn parse_share(text: &str) -> Result<f64, String> {
 /// `kiln agent --status`: the running agent's per-binary unwinding, from its /metrics.
 fn print_status(metrics_listen: &str) -> anyhow::Result<()> {
     let url = format!("http://{metrics_listen}/metrics");
-    let text = ureq::get(&url)
+    let text = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(5))
-        .call()
+        .build()?
+        .get(&url)
+        .send()
+        .and_then(reqwest::blocking::Response::error_for_status)
+        .and_then(reqwest::blocking::Response::text)
         .with_context(|| {
             format!(
                 "no agent answers at {url} (is `kiln agent` running with this --metrics-listen?)"
             )
-        })?
-        .into_string()?;
+        })?;
     let mut rows: std::collections::BTreeMap<String, (String, f64, f64)> = Default::default();
     let mut totals = Vec::new();
     let mut interpreted: Vec<(String, String, String, f64)> = Vec::new();
@@ -413,11 +416,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     // One file format for the server and the agent: the agent reads its section.
     let settings = match &args.config {
         Some(path) => {
-            kiln_server::ServerConfig::from_yaml_file(path)
+            kiln_node::ServerConfig::from_yaml_file(path)
                 .map_err(anyhow::Error::msg)?
                 .agent
         }
-        None => kiln_server::config::AgentSettings::default(),
+        None => kiln_node::config::AgentSettings::default(),
     };
     let config = AgentConfig {
         frequency: args.frequency,

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use kiln_server::{Server, ServerConfig};
+use kiln_node::{Server, ServerConfig};
 
 #[derive(Parser)]
 #[command(
@@ -302,9 +302,7 @@ async fn run_server(config: ServerConfig) -> anyhow::Result<()> {
         _ = shutdown_signal() => {}
     }
     tracing::info!("shutting down: finishing requests and flushing writes");
-    if let Some(stop) = stop {
-        let _ = stop.send(());
-    }
+    stop.cancel();
     server
         .wait()
         .await

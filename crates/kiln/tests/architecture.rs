@@ -23,7 +23,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("kiln-cluster", 3),
     ("kiln-server", 4),
     ("kiln-bench", 4),
-    ("kiln", 5),
+    ("kiln-node", 5),
+    ("kiln", 6),
 ];
 
 #[test]
@@ -234,16 +235,15 @@ fn no_crate_has_files_that_import_each_other_in_a_cycle() {
         .expect("leaf")
         .push("root".to_string());
     assert!(import_cycle(&planted).is_some(), "{planted:?}");
-    // The router is the top: nothing but the server's start-up refers to it.
+    // The router is the top: only the edge's entry point (`kiln_server::serve`, in
+    // lib.rs) refers to it.
     let server = module_graph("kiln-server");
     assert!(
         server.contains_key("routes") && server.contains_key("rpc"),
         "{server:?}"
     );
     for (module, uses) in &server {
-        if module != "server" {
-            assert!(!uses.iter().any(|u| u == "routes"), "{module} uses routes");
-        }
+        assert!(!uses.iter().any(|u| u == "routes"), "{module} uses routes");
     }
 }
 
@@ -269,4 +269,43 @@ fn no_exposition_is_written_by_hand() {
         found.is_empty(),
         "Prometheus text written by hand in {found:#?}"
     );
+}
+
+/// The release binary holds no test code: the test kit (its PostgreSQL and S3
+/// launchers) reaches `kiln` only as a dev-dependency, or through the `bench-services`
+/// feature that release builds leave off.
+#[test]
+fn the_release_binary_has_no_test_kit() {
+    let tree = |features: &[&str]| -> String {
+        let output = Command::new(env!("CARGO"))
+            .args([
+                "tree",
+                "--offline",
+                "-e",
+                "normal",
+                "--prefix",
+                "none",
+                "-p",
+                "kiln",
+            ])
+            .args(features)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("cargo tree runs");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let has_testkit = |tree: &str| tree.lines().any(|line| line.starts_with("kiln-testkit "));
+    let release = tree(&[]);
+    assert!(
+        release.lines().any(|line| line.starts_with("kiln-bench ")),
+        "{release}"
+    );
+    assert!(!has_testkit(&release), "{release}");
+    // The check sees the kit where it is linked in.
+    assert!(has_testkit(&tree(&["--features", "bench-services"])));
 }

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kiln_server::{RunningServer, Server, ServerConfig};
+use kiln_node::{RunningServer, Server, ServerConfig};
 
 /// Where a test server keeps its data: the embedded defaults (a local directory and
 /// SQLite), or the scaled-out pair (a real S3-compatible server and PostgreSQL).

@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use kiln_node::ServerConfig;
 use kiln_query::api;
-use kiln_server::ServerConfig;
 use prost::Message;
 
 use crate::common::*;

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kiln_server::ServerConfig;
+use kiln_node::ServerConfig;
 
 use crate::common::*;
 

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
+use kiln_node::ServerConfig;
 use kiln_rules::rule::RuleSpec;
-use kiln_server::ServerConfig;
 
 use crate::common::*;
 

@@ -110,13 +110,13 @@ fn roles_split_the_work_and_every_node_lists_the_others(backend: Backend) {
 
 #[test]
 fn an_unknown_role_is_refused_at_start_with_the_roles_there_are() {
-    let config = kiln_server::ServerConfig {
+    let config = kiln_node::ServerConfig {
         target: "ingest,writer".to_string(),
-        ..kiln_server::ServerConfig::default()
+        ..kiln_node::ServerConfig::default()
     };
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let err = runtime
-        .block_on(kiln_server::server::Server::start(config))
+        .block_on(kiln_node::node::Server::start(config))
         .err()
         .expect("refused")
         .to_string();

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kiln_node::ServerConfig;
 use kiln_query::api;
-use kiln_server::ServerConfig;
 use prost::Message;
 
 use crate::common::*;

@@ -398,12 +398,12 @@ fn partial_endpoints_need_the_node_credential_and_errors_name_no_server_path() {
     // Split roles with auth on and no node credential: refused at start, saying why.
     let err = tokio::runtime::Runtime::new()
         .unwrap()
-        .block_on(kiln_server::Server::start(kiln_server::ServerConfig {
+        .block_on(kiln_node::Server::start(kiln_node::ServerConfig {
             listen: "127.0.0.1:0".into(),
             data_dir: dir.path().join("q"),
             target: "query".into(),
             auth: crate::auth::auth_config(1000),
-            ..kiln_server::ServerConfig::default()
+            ..kiln_node::ServerConfig::default()
         }))
         .err()
         .expect("refused");

@@ -1,4 +1,7 @@
-//! Starting and stopping the server: storage, metastore, writer, router, listener.
+//! Assembling a node from its roles: storage and metastore opened from their URLs, the
+//! writer, queries, rules, compaction, scraping and the agent started where the roles
+//! ask, the edge ([`kiln_server`]) served with them, and all of it stopped in the order
+//! [`crate::shutdown`] gives.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,14 +14,14 @@ use kiln_ingest::{Ingester, IngesterConfig, TenantLimits};
 use kiln_metastore::Metastore;
 use kiln_query::Querier;
 use kiln_scrape::ScrapeManager;
+use kiln_server::metrics::ServerMetrics;
+use kiln_server::state::AppState;
 use kiln_storage::ObjectStorage;
 use prometheus_client::registry::Registry;
 use thiserror::Error;
-use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
-use crate::metrics::ServerMetrics;
-use crate::routes::router;
-use crate::state::AppState;
+use crate::shutdown::{Stage, Stages};
 use crate::ServerConfig;
 
 #[derive(Debug, Error)]
@@ -47,7 +50,7 @@ pub enum ServerError {
     #[error("{0}")]
     Auth(#[from] kiln_auth::ConfigError),
     #[error("{0}")]
-    Tls(#[from] crate::tls::TlsError),
+    Tls(#[from] kiln_server::tls::TlsError),
     #[error("{0}")]
     Target(String),
     #[error("reaching the other nodes: {0}")]
@@ -55,24 +58,23 @@ pub enum ServerError {
     #[error("auth: tenant id {tenant:?}: {source}")]
     AuthTenant {
         tenant: String,
-        source: crate::error::TenantError,
+        source: kiln_server::error::TenantError,
     },
 }
 
 pub struct Server;
 
-/// A started server; `shutdown` stops accepting, finishes requests and flushes writes.
+/// A started node; `shutdown` stops it in the order of [`crate::shutdown`]: it stops
+/// accepting, finishes requests, flushes writes, then stops the background work.
 pub struct RunningServer {
     pub local_addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
+    stop: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), ServerError>>,
 }
 
 impl RunningServer {
     pub async fn shutdown(mut self) -> Result<(), ServerError> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        self.stop.cancel();
         self.wait().await
     }
 
@@ -84,8 +86,9 @@ impl RunningServer {
         }
     }
 
-    pub fn stop_signal(&mut self) -> Option<oneshot::Sender<()>> {
-        self.stop.take()
+    /// Cancelling it shuts the node down; [`RunningServer::wait`] then returns.
+    pub fn stop_signal(&self) -> CancellationToken {
+        self.stop.clone()
     }
 }
 
@@ -98,14 +101,13 @@ impl Server {
         let metastore = Metastore::open(&config.metastore_url()).await?;
         tracing::info!(object_store = %config.object_store_url(), metastore = %kiln_metastore::redact_url(&config.metastore_url()), "storage opened");
 
-        // One process owning its store and metastore: a node of a cluster, even one
-        // sharing a SQLite file on one host, answers reads of writes another node
-        // acknowledged, which only a registered segment makes visible to it.
+        let stages = Stages::new();
         let wal = if config.wal
-            && roles == kiln_cluster::Roles::all()
-            && storage.is_local()
-            && metastore.is_embedded()
-        {
+            && kiln_ingest::writer::logs_writes(
+                &storage,
+                &metastore,
+                roles == kiln_cluster::Roles::all(),
+            ) {
             Some(kiln_ingest::wal::Wal::open(config.data_dir.join("wal"))?)
         } else {
             None
@@ -140,7 +142,7 @@ impl Server {
             auth.register(&mut registry);
         }
         let tls = if config.tls.enabled() {
-            let tls = Arc::new(crate::tls::Tls::load(&config.tls)?);
+            let tls = Arc::new(kiln_server::tls::Tls::load(&config.tls)?);
             tls.register(&mut registry);
             Some(tls)
         } else {
@@ -166,24 +168,22 @@ impl Server {
                 recording_rules: config.recording_rules.clone(),
                 remote_write: config.remote_write.clone(),
                 settings: config.rule_export.clone(),
-                default_tenant: crate::tenant::DEFAULT_TENANT.to_string(),
+                default_tenant: kiln_server::tenant::DEFAULT_TENANT.to_string(),
                 node: node_name(&config.listen),
             },
         )?;
         rules.sync_file_rules().await?;
         rules.register(&mut registry);
-        let (stop_rules, rules_stopped) = tokio::sync::watch::channel(false);
         // Rules and the regression watcher evaluate on nodes with the rules role; their
         // definitions and findings are served by any node.
-        let mut rule_tasks = if roles.has("rules") {
-            rules.spawn(rules_stopped.clone())?
-        } else {
-            Vec::new()
-        };
+        if roles.has("rules") {
+            for task in rules.spawn(stages.stop_signal(Stage::Rules))? {
+                stages.track(Stage::Rules, task);
+            }
+        }
         let insight = kiln_insight::Insight::new(querier.clone(), config.regressions.clone())?;
         insight.register(&mut registry);
-        let (stop_compactor, compactor_stopped) = tokio::sync::watch::channel(false);
-        let compactor_task = if config.compaction.enabled && roles.has("compact") {
+        if config.compaction.enabled && roles.has("compact") {
             let mut compaction = config.compaction.clone();
             compaction.retention_days = config.limits.retention_days;
             compaction.tenant_retention_days = config
@@ -194,10 +194,11 @@ impl Server {
             let compactor = Compactor::new(metastore.clone(), storage.clone(), compaction)
                 .with_rules(rules.hook());
             compactor.metrics().register(&mut registry);
-            Some(compactor.spawn(compactor_stopped))
-        } else {
-            None
-        };
+            stages.track(
+                Stage::Compaction,
+                compactor.spawn(stages.stop_signal(Stage::Compaction)),
+            );
+        }
         let listener = tokio::net::TcpListener::bind(&config.listen)
             .await
             .map_err(|source| ServerError::Bind {
@@ -217,8 +218,12 @@ impl Server {
         if let Err(err) = membership.beat().await {
             tracing::warn!(error = %err, "first heartbeat not written; retrying in the background");
         }
-        let (stop_membership, membership_stopped) = tokio::sync::watch::channel(false);
-        let membership_task = membership.clone().spawn(membership_stopped);
+        stages.track(
+            Stage::Membership,
+            membership
+                .clone()
+                .spawn(stages.stop_signal(Stage::Membership)),
+        );
         tracing::info!(node = membership.id(), target = %roles, "node roles");
         if roles.has("rules") {
             // Rules nodes share the watched services as scrape nodes share targets.
@@ -231,9 +236,11 @@ impl Server {
                         &kiln_cluster::forward::placement_key(tenant, service),
                     )
                 }));
-            rule_tasks.push(insight.spawn(rules_stopped));
+            stages.track(
+                Stage::Rules,
+                insight.spawn(stages.stop_signal(Stage::Rules)),
+            );
         }
-        let (stop_scrape, scrape_stopped) = tokio::sync::watch::channel(false);
         kiln_ingest::cpu::set_max_wait(Duration::from_millis(config.http.max_parse_wait_ms));
         let limits = TenantLimits::new(
             config.limits,
@@ -241,8 +248,8 @@ impl Server {
             config.http.max_inflight_bytes,
         );
         limits.register(&mut registry);
-        let (targets, scrape_task) = if config.scrape_configs.is_empty() || !roles.has("scrape") {
-            (None, None)
+        let targets = if config.scrape_configs.is_empty() || !roles.has("scrape") {
+            None
         } else {
             let sink = scrape_sink(
                 ingester.clone(),
@@ -258,7 +265,11 @@ impl Server {
             let manager = ScrapeManager::new(config.scrape_configs.clone(), sink)?
                 .with_owner(Arc::new(move |key: &str| owner_of.owns("scrape", key)));
             let targets = manager.targets();
-            (Some(targets), Some(manager.spawn(scrape_stopped)?))
+            stages.track(
+                Stage::Collectors,
+                manager.spawn(stages.stop_signal(Stage::Collectors))?,
+            );
+            Some(targets)
         };
         if let Some(targets) = &targets {
             // Per-target health, read from the live targets at each scrape.
@@ -267,11 +278,11 @@ impl Server {
         if config.agent.enabled && !roles.has("ingest") {
             tracing::warn!(target = %roles, "agent: enabled, but this node does not ingest; not started");
         }
-        let agent = if config.agent.enabled && roles.has("ingest") {
-            Some(start_agent(&config.agent, ingester.clone(), limits_for_agent(&config)).await?)
-        } else {
-            None
-        };
+        if config.agent.enabled && roles.has("ingest") {
+            let agent =
+                start_agent(&config.agent, ingester.clone(), limits_for_agent(&config)).await?;
+            stages.on_stop(Stage::Collectors, agent.stop());
+        }
         let tls_roots = match (&tls, &config.tls.cert_file) {
             (Some(_), Some(path)) => Some(std::fs::read(path)?),
             _ => None,
@@ -333,59 +344,45 @@ impl Server {
             body_idle_timeout: Duration::from_millis(config.http.body_idle_timeout_ms.max(1)),
         });
 
-        let app = router(state.clone());
         state.ready.store(true, Ordering::SeqCst);
         metrics.ready.set(1);
-        let reloader = match &tls {
-            Some(tls) => Some(tls.clone().reload_on_sighup()?),
-            None => None,
-        };
+        if let Some(tls) = &tls {
+            let reloader = tls.clone().reload_on_sighup()?;
+            stages.on_stop(Stage::Edge, async move { reloader.abort() });
+        }
         tracing::info!(%local_addr, tls = tls.is_some(), "kiln server listening");
 
-        let (stop, stopped) = oneshot::channel::<()>();
+        let stop = CancellationToken::new();
+        let stopping = stop.clone();
         let task = tokio::spawn(async move {
-            let served = crate::listener::serve(
+            let served = kiln_server::serve(
                 listener,
-                app,
+                state.clone(),
                 config.http,
-                metrics.clone(),
                 tls,
-                async move {
-                    let _ = stopped.await;
-                },
+                stopping.cancelled_owned(),
             )
             .await;
-            if let Some(reloader) = reloader {
-                reloader.abort();
-            }
             state.ready.store(false, Ordering::SeqCst);
-            // The scrapers and the agent hold ingester handles too: stop them first.
-            let _ = stop_scrape.send(true);
-            if let Some(task) = scrape_task {
-                let _ = task.await;
-            }
-            if let Some(agent) = agent {
-                agent.stop().await;
-            }
+            stages.stop(Stage::Edge).await;
+            // The scrapers and the agent hold ingester handles too: stopped first.
+            stages.stop(Stage::Collectors).await;
             // Dropping the last handle lets the writer flush what is queued and stop.
             drop(state);
-            let _ = writer_task.await;
-            let _ = stop_compactor.send(true);
-            if let Some(task) = compactor_task {
-                let _ = task.await;
+            stages.track(Stage::Writer, writer_task);
+            for stage in [
+                Stage::Writer,
+                Stage::Compaction,
+                Stage::Rules,
+                Stage::Membership,
+            ] {
+                stages.stop(stage).await;
             }
-            let _ = stop_rules.send(true);
-            for task in rule_tasks {
-                let _ = task.await;
-            }
-            // Last: the node leaves the membership once it has nothing in flight.
-            let _ = stop_membership.send(true);
-            let _ = membership_task.await;
             served.map_err(ServerError::Io)
         });
         Ok(RunningServer {
             local_addr,
-            stop: Some(stop),
+            stop,
             task,
         })
     }
@@ -395,7 +392,7 @@ impl Server {
 /// is reachable from elsewhere.
 fn authenticator(config: &ServerConfig) -> Result<Option<kiln_auth::Authenticator>, ServerError> {
     for tenant in config.auth.tenants.keys() {
-        crate::tenant::validate(tenant).map_err(|source| ServerError::AuthTenant {
+        kiln_server::tenant::validate(tenant).map_err(|source| ServerError::AuthTenant {
             tenant: tenant.clone(),
             source,
         })?;
@@ -540,7 +537,7 @@ fn scrape_sink(ingester: Ingester, limits: Arc<TenantLimits>) -> kiln_scrape::Si
         Box::pin(async move {
             let tenant = scraped
                 .tenant
-                .unwrap_or_else(|| crate::tenant::DEFAULT_TENANT.to_string());
+                .unwrap_or_else(|| kiln_server::tenant::DEFAULT_TENANT.to_string());
             let tenant_limits = limits.for_tenant(&tenant);
             let labels: Vec<(String, String)> = scraped.labels.into_iter().collect();
             let context = ProfileContext {

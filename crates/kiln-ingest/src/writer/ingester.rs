@@ -1,0 +1,509 @@
+//! The handle requests write through: admission ([`Ingester::check_room`]), staging
+//! into the open batch (logged first where a write-ahead log acknowledges it), and the
+//! wait for the flush that makes it durable.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use kiln_metastore::Metastore;
+use kiln_storage::ObjectStorage;
+use tokio::sync::{mpsc, watch, Semaphore};
+
+use super::flusher::Flusher;
+use super::metrics::WriterMetrics;
+use super::recovery::Recovery;
+use super::sink::SegmentSink;
+use super::staging::{Arrivals, Generation, Job, Staged, Staging};
+use super::warm::WarmBuilders;
+use super::IngesterConfig;
+use crate::backoff::Backoff;
+use crate::dedup::{Dedup, Idempotence, Resolver};
+use crate::error::StoreError;
+use crate::wal::Wal;
+use crate::{IngestError, ParsedProfile};
+
+/// The handle requests write through. Cloning is cheap; the flusher stops when every
+/// handle is dropped, after flushing what is staged.
+#[derive(Clone)]
+pub struct Ingester {
+    sender: mpsc::Sender<Job>,
+    pending_bytes: Arc<AtomicUsize>,
+    arrivals: Arc<Arrivals>,
+    staging: Arc<Staging>,
+    backoff: Arc<Backoff>,
+    config: IngesterConfig,
+    metrics: WriterMetrics,
+    /// For a write that flushes itself ([`Flusher::flush_alone`]).
+    flusher: Arc<Flusher>,
+    /// Identities of recent writes, so a retry is not stored twice.
+    dedup: Arc<Dedup>,
+}
+
+impl Ingester {
+    pub fn start(
+        storage: ObjectStorage,
+        metastore: Metastore,
+        config: IngesterConfig,
+    ) -> (Ingester, tokio::task::JoinHandle<()>) {
+        Self::start_with_wal(storage, metastore, config, None)
+    }
+
+    /// [`Ingester::start`], acknowledging writes from the write-ahead log in `wal`
+    /// ([`crate::wal`]) when given. Log files left there are recovered first.
+    pub fn start_with_wal(
+        storage: ObjectStorage,
+        metastore: Metastore,
+        config: IngesterConfig,
+        wal: Option<Wal>,
+    ) -> (Ingester, tokio::task::JoinHandle<()>) {
+        let (sender, receiver) = mpsc::channel(4096);
+        // Listed before any write can open a log file of this run.
+        let leftovers = match &wal {
+            Some(wal) => wal.leftovers().unwrap_or_else(|err| {
+                tracing::error!(dir = %wal.dir().display(), error = %err, "cannot list the write-ahead log");
+                Vec::new()
+            }),
+            None => Vec::new(),
+        };
+        let pending_bytes = Arc::new(AtomicUsize::new(0));
+        let backoff = Arc::new(Backoff::default());
+        let arrivals = Arc::new(Arrivals::default());
+        let metrics = WriterMetrics::new();
+        let dedup = Arc::new(Dedup::default());
+        let staging = Arc::new(Staging {
+            open: RwLock::new(Arc::new(Generation::new(0))),
+            next_id: AtomicU64::new(1),
+            warm: Arc::new(WarmBuilders::new(
+                config.max_pending_bytes,
+                metrics.warm_bytes.clone(),
+            )),
+            wal,
+            closed: Mutex::default(),
+        });
+        let sink = Arc::new(SegmentSink::new(
+            storage,
+            metastore.clone(),
+            arrivals.clone(),
+            staging.warm.clone(),
+            metrics.clone(),
+        ));
+        let recovery = Arc::new(Recovery {
+            metastore: metastore.clone(),
+            sink: sink.clone(),
+            dedup: dedup.clone(),
+            metrics: metrics.clone(),
+            max_stack_depth: config.max_stack_depth,
+            retry_every: config.segment_interval,
+        });
+        let flusher = Flusher {
+            alone: config.adaptive && staging.wal.is_none() && sink.lands_on_any_thread(),
+            sink,
+            recovery,
+            config,
+            pending_bytes: pending_bytes.clone(),
+            arrivals: arrivals.clone(),
+            staging: staging.clone(),
+            flushing: AtomicUsize::new(0),
+            permits: Arc::new(Semaphore::new(config.max_concurrent_flushes.max(1))),
+            last_started: Mutex::new(None),
+            last_flush_micros: AtomicU64::new(5_000),
+            backoff: backoff.clone(),
+            metrics: metrics.clone(),
+            recovered: watch::channel(false).0,
+        };
+        if let Some(bound) = config.max_compaction_wait {
+            let weak = sender.downgrade();
+            crate::backoff::spawn(
+                metastore,
+                flusher.backoff.clone(),
+                metrics.backoff.clone(),
+                bound,
+                config.flush_interval,
+                move || weak.upgrade().is_some(),
+            );
+        }
+        let flusher = Arc::new(flusher);
+        let handle = tokio::spawn(flusher.clone().run(receiver, leftovers));
+        (
+            Ingester {
+                sender,
+                pending_bytes,
+                arrivals,
+                staging,
+                backoff,
+                config,
+                metrics,
+                flusher,
+                dedup,
+            },
+            handle,
+        )
+    }
+
+    pub fn metrics(&self) -> &WriterMetrics {
+        &self.metrics
+    }
+
+    /// The spacing between flushes asked now because compaction lags ([`crate::backoff`]).
+    pub fn flush_backoff(&self) -> Duration {
+        self.backoff.gap()
+    }
+
+    fn full(&self, pending: usize) -> IngestError {
+        IngestError::Overloaded(format!(
+            "server busy: {pending} bytes of profiles are waiting to be written, at the limit of {} (max_pending_bytes); retry shortly",
+            self.config.max_pending_bytes
+        ))
+    }
+
+    /// Refuses at once while the write queue is full: checked before a request's body is
+    /// read and parsed, so that an overloaded server spends nothing on what it would
+    /// refuse after parsing. The [`Arrival`] it returns tells the flusher a write is on
+    /// its way until it is handed to [`Ingester::parse_and_write`] or dropped.
+    pub fn check_room(&self) -> Result<Arrival, IngestError> {
+        self.has_room()?;
+        self.arrivals.count.fetch_add(1, Ordering::SeqCst);
+        Ok(Arrival {
+            arrivals: self.arrivals.clone(),
+        })
+    }
+
+    /// [`Self::check_room`] without announcing a write: for a request whose body has not
+    /// arrived yet. A client that declares a body and then stalls must not hold the
+    /// flusher waiting for it.
+    pub fn has_room(&self) -> Result<(), IngestError> {
+        let pending = self.pending_bytes.load(Ordering::Relaxed);
+        if pending >= self.config.max_pending_bytes {
+            return Err(self.full(pending));
+        }
+        Ok(())
+    }
+
+    /// Stages the profiles and waits until they are durable and registered.
+    pub async fn write(
+        &self,
+        tenant: &str,
+        profiles: Vec<ParsedProfile>,
+    ) -> Result<(), IngestError> {
+        self.queue(tenant, profiles).await
+    }
+
+    /// Parses a request on the write path's threads ([`crate::cpu::run_parser`]), stages
+    /// its profiles there right after, and waits until they are durable. Parsing and then
+    /// staging as two tasks handed each request to those threads and back twice; with
+    /// many services at a low rate each such round trip wakes parked threads: taking it
+    /// out was worth 1.06-1.08× at 500 services (docs/benchmarks.md, session 32). `parse` returns the profiles and
+    /// whatever else the caller answers with. The request's `arrival`
+    /// ([`Ingester::check_room`]) ends once its profiles are staged, so the flusher need
+    /// not wait for it.
+    ///
+    /// Profiles whose identity was stored within `idempotence.window_ms` are not staged
+    /// again ([`crate::dedup`]); when their first copy is still on its way, the answer
+    /// waits for it.
+    pub async fn parse_and_write<T: Send + 'static>(
+        &self,
+        tenant: &str,
+        parse: impl FnOnce() -> Result<(Vec<ParsedProfile>, T), IngestError> + Send + 'static,
+        arrival: Arrival,
+        idempotence: Idempotence,
+    ) -> Result<(T, Written), IngestError> {
+        self.dedup.ready().await;
+        let (ingester, tenant) = (self.clone(), tenant.to_string());
+        let (staged, answer, written, waits) = crate::cpu::run_parser(move || {
+            let (profiles, answer) = parse()?;
+            let mut written = Written::of(&profiles);
+            let claim =
+                ingester
+                    .dedup
+                    .claim(&tenant, profiles, &idempotence, kiln_model::time::now_ms());
+            written.profiles = claim.kept.len();
+            written.bytes = claim.kept.iter().map(|p| p.received_bytes).sum();
+            written.duplicates = claim.duplicates;
+            written.ids = claim.ids;
+            let staged = match claim.kept.is_empty() {
+                true => None,
+                false => Some(ingester.stage(&tenant, claim.kept, claim.resolver)?),
+            };
+            if let Some(staged) = &staged {
+                ingester.flusher.flush_alone(staged);
+            }
+            Ok((staged, answer, written, claim.waits))
+        })
+        .await?;
+        match staged {
+            Some(staged) => self.commit(staged, Some(arrival)).await?,
+            None => drop(arrival),
+        }
+        if !crate::dedup::earlier_copies_stored(waits).await {
+            return Err(IngestError::EarlierCopyLost);
+        }
+        Ok((answer, written))
+    }
+
+    async fn queue(&self, tenant: &str, profiles: Vec<ParsedProfile>) -> Result<(), IngestError> {
+        if profiles.is_empty() {
+            return Ok(());
+        }
+        let (ingester, tenant) = (self.clone(), tenant.to_string());
+        // On the write path's threads, with no permit: their queue is first come, first
+        // served, so a parsed profile (holding its decoded memory until it is staged) waits
+        // behind at most the parses already admitted, never behind the requests still to
+        // parse.
+        let staged = crate::cpu::spawn(move || ingester.stage(&tenant, profiles, None)).await??;
+        self.commit(staged, None).await
+    }
+
+    /// Interns a request's profiles into the open batch, whole, and drops their decoded
+    /// form. CPU work, run on the write path's threads ([`crate::cpu::spawn`]).
+    /// `resolver`, when the profiles were claimed ([`crate::dedup`]), is resolved with
+    /// their outcome: once logged, or with their batch's flush.
+    fn stage(
+        &self,
+        tenant: &str,
+        profiles: Vec<ParsedProfile>,
+        resolver: Option<Resolver>,
+    ) -> Result<Staged, IngestError> {
+        let pending = self.pending_bytes.load(Ordering::Relaxed);
+        if pending >= self.config.max_pending_bytes {
+            return Err(self.full(pending));
+        }
+        let received_bytes = profiles.iter().map(|p| p.received_bytes.max(1)).sum();
+        let mut by_service: Vec<&ParsedProfile> = profiles.iter().collect();
+        by_service.sort_by(|a, b| a.service().cmp(b.service()));
+        let store = |err| IngestError::Store(Arc::new(StoreError::Wal(err)));
+        // Logged only when no other write is on its way (its own arrival aside): such a
+        // write would be alone in its segment, and the log spares it a segment's fixed
+        // costs. Writes that arrive together share a segment's flush anyway (group
+        // commit), and logging them too would only add an append and an `fdatasync` on
+        // the write path's threads (docs/benchmarks.md, session 34). But a write that
+        // joins a batch logged already is logged too: unlogged, it would wait for a
+        // segment, and so flush the batch long before its `segment_interval`. At 500
+        // services that cut batches to a few seconds of one-profile datasets (session 36).
+        let log = self.staging.wal.is_some()
+            && (self.arrivals.count.load(Ordering::SeqCst) <= 1 || self.staging.open_is_logged());
+        let record = match log {
+            true => Some(crate::wal::encode(tenant, &profiles).map_err(store)?),
+            false => None,
+        };
+        let open = self
+            .staging
+            .open
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Logged in the file of the generation it is staged in, under the same lock, so a
+        // generation's file holds exactly its requests; a request that cannot be logged
+        // is not staged.
+        let logged = match (&self.staging.wal, record) {
+            (Some(wal), Some(record)) => {
+                let file = open.wal_file(wal).map_err(store)?;
+                let end = file.append(&record).map_err(store)?;
+                self.metrics.wal_records.inc();
+                Some((file, end))
+            }
+            _ => None,
+        };
+        let mut grown = 0;
+        for group in by_service.chunk_by(|a, b| a.service() == b.service()) {
+            let builder = open.builder(tenant, group[0].service(), &self.staging.warm);
+            let mut builder = builder.lock().unwrap_or_else(PoisonError::into_inner);
+            let before = builder.heap_bytes();
+            for profile in group {
+                builder.add_pprof(&profile.input(self.config.max_stack_depth));
+            }
+            grown += builder.heap_bytes().saturating_sub(before);
+        }
+        open.bytes.fetch_add(grown, Ordering::SeqCst);
+        open.identities
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(profiles.iter().filter_map(|p| p.identity.clone()));
+        if let Some(resolver) = &resolver {
+            open.resolvers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(resolver.clone());
+        }
+        let pending = self.pending_bytes.fetch_add(grown, Ordering::SeqCst) + grown;
+        self.metrics.pending_bytes.set(pending as i64);
+        open.requests.fetch_add(1, Ordering::Relaxed);
+        open.profiles.fetch_add(profiles.len(), Ordering::Relaxed);
+        let staged = Staged {
+            generation: open.id,
+            done: open.done.subscribe(),
+            received_bytes,
+            logged: logged.is_some(),
+        };
+        drop(open);
+        if let Some((file, end)) = logged {
+            // Out of the lock, so that a flush's swap does not wait for it, and writes
+            // appended meanwhile share it. Fails the request; its profiles, staged, may
+            // still reach a segment, as a write whose answer was lost may.
+            let synced = file.sync_to(end).map_err(store)?;
+            if synced {
+                self.metrics.wal_syncs.inc();
+            }
+            // Durable in the log: a retry is a duplicate from now on.
+            if let Some(resolver) = &resolver {
+                resolver.resolve(true);
+            }
+        }
+        Ok(staged)
+    }
+
+    /// See [`Syncer::sync`].
+    pub async fn sync(&self) {
+        self.syncer().sync().await
+    }
+
+    /// A handle for reads to call [`Syncer::sync`] with, which does not keep the flusher
+    /// running as an [`Ingester`] does.
+    pub fn syncer(&self) -> Syncer {
+        Syncer {
+            sender: self.sender.downgrade(),
+            staging: self.staging.clone(),
+            flusher: self.flusher.clone(),
+        }
+    }
+}
+
+/// See [`Ingester::syncer`].
+#[derive(Clone)]
+pub struct Syncer {
+    sender: mpsc::WeakSender<Job>,
+    staging: Arc<Staging>,
+    flusher: Arc<Flusher>,
+}
+
+impl Syncer {
+    /// Returns once every write acknowledged before it is visible to readers: with the
+    /// write-ahead log, the open batch is flushed and the flushes in progress awaited;
+    /// without, an acknowledged write is registered already. Queries call it first. A
+    /// batch whose flush fails stays in the log and is retried; it is not waited for.
+    pub async fn sync(&self) {
+        if self.staging.wal.is_none() {
+            return;
+        }
+        let mut recovered = self.flusher.recovered.subscribe();
+        let _ = recovered.wait_for(|done| *done).await;
+        let (open, waiting) = {
+            let open = self
+                .staging
+                .open
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            let closed = self
+                .staging
+                .closed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let waiting: Vec<_> = closed.values().map(|g| g.done.subscribe()).collect();
+            let open = (open.requests.load(Ordering::SeqCst) > 0)
+                .then(|| (open.id, open.done.subscribe()));
+            (open, waiting)
+        };
+        let mut waiting = waiting;
+        if let Some((generation, done)) = open {
+            let job = Job {
+                generation,
+                bytes: 0,
+                sync: true,
+                logged: true,
+            };
+            let Some(sender) = self.sender.upgrade() else {
+                return;
+            };
+            if sender.send(job).await.is_err() {
+                return;
+            }
+            waiting.push(done);
+        }
+        for mut done in waiting {
+            let _ = done.wait_for(Option::is_some).await;
+        }
+    }
+}
+
+impl Ingester {
+    /// Waits until the staged profiles are durable and registered.
+    async fn commit(&self, staged: Staged, arrival: Option<Arrival>) -> Result<(), IngestError> {
+        let job = Job {
+            generation: staged.generation,
+            bytes: staged.received_bytes,
+            sync: false,
+            logged: staged.logged,
+        };
+        // A write that flushed itself has its result already; the flusher need not wake.
+        let flushed = staged.done.borrow().is_some();
+        if !flushed && self.sender.send(job).await.is_err() {
+            return Err(IngestError::ShuttingDown);
+        }
+        // Sent before the arrival ends, so a flusher that sees no arrivals left finds
+        // this job in the channel.
+        drop(arrival);
+        if staged.logged {
+            return Ok(());
+        }
+        let mut done = staged.done;
+        let result = match done.wait_for(Option::is_some).await {
+            Ok(result) => result.clone(),
+            Err(_) => None,
+        };
+        match result {
+            Some(Ok(())) => Ok(()),
+            Some(Err(err)) => Err(IngestError::Store(err)),
+            None => Err(IngestError::ShuttingDown),
+        }
+    }
+}
+
+/// What a request wrote: for the caller's counters, and the warnings its client should
+/// see, each once.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Written {
+    pub bytes: usize,
+    pub profiles: usize,
+    pub warnings: Vec<String>,
+    /// What the shape limits cut from the profiles.
+    pub cuts: crate::parse::Cuts,
+    /// Profiles not stored because a copy was ([`crate::dedup`]).
+    pub duplicates: usize,
+    /// Every profile's id, in the request's order, duplicates included.
+    pub ids: Vec<String>,
+}
+
+impl Written {
+    fn of(profiles: &[ParsedProfile]) -> Self {
+        let mut warnings: Vec<String> = Vec::new();
+        for warning in profiles.iter().flat_map(|p| &p.warnings) {
+            if !warnings.contains(warning) {
+                warnings.push(warning.clone());
+            }
+        }
+        let mut cuts = crate::parse::Cuts::default();
+        for profile in profiles {
+            cuts.add(&profile.cuts);
+        }
+        Written {
+            bytes: profiles.iter().map(|p| p.received_bytes).sum(),
+            profiles: profiles.len(),
+            warnings,
+            cuts,
+            duplicates: 0,
+            // Filled by the dedup claim, which may give the profiles their ids.
+            ids: Vec::new(),
+        }
+    }
+}
+
+/// A write on its way to the flusher (being read or parsed); see [`Ingester::check_room`].
+pub struct Arrival {
+    arrivals: Arc<Arrivals>,
+}
+
+impl Drop for Arrival {
+    fn drop(&mut self) {
+        self.arrivals.count.fetch_sub(1, Ordering::SeqCst);
+        self.arrivals.changed.notify_one();
+    }
+}
