@@ -111,6 +111,16 @@ impl Stages {
     }
 }
 
+/// A node whose start failed part way drops its stages unstopped: whatever was started
+/// is told to stop rather than left running.
+impl Drop for Stages {
+    fn drop(&mut self) {
+        for (_, token, _) in &self.stages {
+            token.cancel();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,5 +151,20 @@ mod tests {
             *log.lock().unwrap(),
             vec![Stage::Collectors, Stage::Compaction, Stage::Rules]
         );
+    }
+
+    /// Stages dropped unstopped (a start that failed) stop what they hold.
+    #[tokio::test]
+    async fn stages_dropped_unstopped_stop_their_work() {
+        let stages = Stages::new();
+        let mut stopped = stages.stop_signal(Stage::Compaction);
+        drop(stages);
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            stopped.wait_for(|stop| *stop),
+        )
+        .await
+        .expect("told to stop")
+        .expect("the signal's sender is kept until it is sent");
     }
 }
