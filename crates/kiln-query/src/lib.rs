@@ -46,6 +46,7 @@ pub mod metrics;
 pub mod overview;
 pub mod pprof_export;
 pub mod profiles;
+pub mod render;
 pub mod request;
 pub mod root;
 pub mod select;

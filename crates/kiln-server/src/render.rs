@@ -4,25 +4,20 @@
 //! Queries are `TYPE{matchers}`, where TYPE is a profile type id or a legacy
 //! `app.suffix` name; times are `now-1h`, RFC 3339 or epoch seconds/ms/µs/ns.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use kiln_model::selector::Selector;
 use kiln_model::time::now_nanos;
-use kiln_query::api::Series;
 use kiln_query::diff::flame_graph_diff;
 use kiln_query::flamebearer::{
-    auto_step_seconds, flamebearer, metadata_for, timeline, Flamebearer, RenderDiffResponse,
-    RenderResponse, Timeline,
+    flamebearer, metadata_for, Flamebearer, RenderDiffResponse, RenderResponse,
 };
 use kiln_query::labels::{self as label_queries, SeriesQuery};
-use kiln_query::merge::{cut, DEFAULT_MAX_NODES};
-use kiln_query::request::{legacy_series_selectors, ordered, render_query, time_or};
-use kiln_query::select::{SelectRequest, TypeFilter};
-use kiln_query::series::{SeriesBuilder, SeriesOptions};
-use kiln_query::tree::FlameTree;
+use kiln_query::merge::cut;
+use kiln_query::render::{fold, RenderParams, RenderSelection, Rendered};
+use kiln_query::request::{legacy_series_selectors, time_or};
 use kiln_query::QueryError;
 
 use crate::error::ApiError;
@@ -31,135 +26,47 @@ use crate::tenant::Tenant;
 
 type Params = HashMap<String, String>;
 
-/// One selection of a legacy request.
-struct Selection {
-    type_id: String,
-    selector: Selector,
-    from_nanos: i64,
-    to_nanos: i64,
-}
-
 /// Parameter `name`, or `{prefix}Name` for render-diff's "left"/"right" sides.
-fn param<'a>(params: &'a Params, prefix: &str, name: &str) -> Option<&'a String> {
+fn param<'a>(params: &'a Params, prefix: &str, name: &str) -> Option<&'a str> {
     if prefix.is_empty() {
-        return params.get(name);
+        return params.get(name).map(String::as_str);
     }
     let mut capitalized = name.to_string();
     if let Some(first) = capitalized.get_mut(..1) {
         first.make_ascii_uppercase();
     }
-    params.get(&format!("{prefix}{capitalized}"))
+    params
+        .get(&format!("{prefix}{capitalized}"))
+        .map(String::as_str)
 }
 
-fn selection(params: &Params, prefix: &str) -> Result<Selection, QueryError> {
-    let query = param(params, prefix, "query").ok_or_else(|| {
-        let name = if prefix.is_empty() {
-            "query".to_string()
-        } else {
-            format!("{prefix}Query")
-        };
-        QueryError::BadRequest(format!("the {name} parameter is required"))
-    })?;
-    let (type_id, selector) = render_query(query)?;
-    let now = now_nanos();
-    let time = |name: &str, default: &str| {
-        time_or(
-            &format!("{prefix}{name}"),
-            param(params, prefix, name).map(String::as_str),
-            default,
-            now,
-        )
+/// The selection of one side (`prefix` "left" or "right") or of the whole request ("").
+fn selection(params: &Params, prefix: &str) -> Result<RenderSelection, QueryError> {
+    let query_name = match prefix {
+        "" => "query".to_string(),
+        _ => format!("{prefix}Query"),
     };
-    let (from_nanos, to_nanos) = ordered(
-        time("from", "now-1h")?,
-        time("until", "now")?,
-        "from",
-        "until",
-    )?;
-    Ok(Selection {
-        type_id,
-        selector,
-        from_nanos,
-        to_nanos,
-    })
-}
-
-impl Selection {
-    fn request(&self, tenant: &str) -> SelectRequest {
-        SelectRequest {
-            tenant: tenant.to_string(),
-            types: TypeFilter::Exact(self.type_id.clone()),
-            selector: self.selector.clone(),
-            from_nanos: self.from_nanos,
-            to_nanos: self.to_nanos,
-            ..Default::default()
-        }
-    }
-
-    fn step_seconds(&self) -> i64 {
-        auto_step_seconds(self.from_nanos, self.to_nanos)
-    }
+    let (from_name, until_name) = (format!("{prefix}from"), format!("{prefix}until"));
+    RenderSelection::parse(
+        &RenderParams {
+            query: param(params, prefix, "query"),
+            query_name: &query_name,
+            from: param(params, prefix, "from"),
+            from_name: &from_name,
+            until: param(params, prefix, "until"),
+            until_name: &until_name,
+        },
+        now_nanos(),
+    )
 }
 
 fn max_nodes(params: &Params) -> Result<usize, QueryError> {
-    match params.get("max-nodes").or(params.get("maxNodes")) {
-        Some(value) => value
-            .parse::<usize>()
-            .map_err(|_| QueryError::BadRequest(format!("invalid max-nodes {value:?}"))),
-        None => Ok(DEFAULT_MAX_NODES),
-    }
-}
-
-/// Timelines of the selection's totals, one per value of each series' `group_by` labels
-/// (one with no labels when `group_by` is empty).
-fn timelines(series: Vec<Series>, selection: &Selection) -> BTreeMap<String, Timeline> {
-    let step = selection.step_seconds();
-    series
-        .into_iter()
-        .map(|series| {
-            let key = series
-                .labels
-                .iter()
-                .map(|label| label.value.as_str())
-                .collect::<Vec<_>>()
-                .join(",");
-            let points: Vec<(i64, i64)> = series
-                .points
-                .iter()
-                .map(|point| (point.timestamp * 1_000_000, point.value as i64))
-                .collect();
-            (
-                key,
-                timeline(&points, selection.from_nanos, selection.to_nanos, step),
-            )
-        })
-        .collect()
-}
-
-/// The selection's total over time: the one ungrouped timeline, or an empty one.
-fn total_timeline(series: Vec<Series>, selection: &Selection) -> Timeline {
-    timelines(series, selection)
-        .into_values()
-        .next()
-        .unwrap_or_else(|| {
-            timeline(
-                &[],
-                selection.from_nanos,
-                selection.to_nanos,
-                selection.step_seconds(),
-            )
-        })
-}
-
-impl Selection {
-    /// Series options of this selection's timelines, grouped by `group_by`.
-    fn series_options(&self, group_by: Vec<String>) -> SeriesOptions {
-        SeriesOptions {
-            step_ms: self.step_seconds() * 1000,
-            group_by,
-            ..Default::default()
-        }
-    }
+    kiln_query::render::max_nodes(
+        params
+            .get("max-nodes")
+            .or(params.get("maxNodes"))
+            .map(String::as_str),
+    )
 }
 
 /// `GET /pyroscope/render?query=…&from=…&until=…&max-nodes=…&groupBy=…`; with
@@ -188,8 +95,15 @@ pub async fn render(
             .into_response());
     }
     let max_nodes = max_nodes(&params)?;
-    let group_by = params.get("groupBy").filter(|label| !label.is_empty());
-    let (tree, timeline, groups) = fold(&state, &selection, &tenant, group_by).await?;
+    let group_by = params
+        .get("groupBy")
+        .map(String::as_str)
+        .filter(|label| !label.is_empty());
+    let Rendered {
+        tree,
+        timeline,
+        groups,
+    } = fold(&state.querier, &selection, &tenant, group_by).await?;
     let tree = cut(tree, max_nodes);
     Ok(Json(RenderResponse {
         version: 1,
@@ -201,57 +115,25 @@ pub async fn render(
     .into_response())
 }
 
-/// The selection's flame tree (uncut), its timeline and, with `group_by`, one timeline
-/// per value of that label: one selection feeds them all, each dataset folded into every
-/// one as it comes and then dropped.
-async fn fold(
-    state: &SharedState,
-    selection: &Selection,
-    tenant: &str,
-    group_by: Option<&String>,
-) -> Result<(FlameTree, Timeline, Option<BTreeMap<String, Timeline>>), QueryError> {
-    let total_options = selection.series_options(Vec::new());
-    let group_options = group_by.map(|label| selection.series_options(vec![label.clone()]));
-    let mut tree = FlameTree::default();
-    let mut total = SeriesBuilder::new(&total_options)?;
-    let mut groups = group_options.as_ref().map(SeriesBuilder::new).transpose()?;
-    state
-        .querier
-        .select_each(&selection.request(tenant), |selected| {
-            tree.add_selection(&selected, &selection.type_id);
-            total.add(&selected);
-            if let Some(groups) = &mut groups {
-                groups.add(&selected);
-            }
-        })
-        .await?;
-    tree.compute_totals();
-    Ok((
-        tree,
-        total_timeline(total.finish(), selection),
-        groups.map(|groups| timelines(groups.finish(), selection)),
-    ))
-}
-
 /// `GET /pyroscope/render-diff?leftQuery=…&leftFrom=…&leftUntil=…&rightQuery=…&…`.
 pub async fn render_diff(
     State(state): State<SharedState>,
     tenant: Tenant,
     Query(params): Query<Params>,
 ) -> Result<Json<RenderDiffResponse>, ApiError> {
-    let left = selection(&params, "left")?;
-    let right = selection(&params, "right")?;
-    if left.type_id != right.type_id {
+    let left_selection = selection(&params, "left")?;
+    let right_selection = selection(&params, "right")?;
+    if left_selection.type_id != right_selection.type_id {
         return Err(QueryError::BadRequest(format!(
             "left and right query different profile types ({} and {})",
-            left.type_id, right.type_id
+            left_selection.type_id, right_selection.type_id
         ))
         .into());
     }
-    let (left_tree, left_timeline, _) = fold(&state, &left, &tenant, None).await?;
-    let (right_tree, right_timeline, _) = fold(&state, &right, &tenant, None).await?;
-    let diff = flame_graph_diff(&left_tree, &right_tree, max_nodes(&params)?);
-    let mut metadata = metadata_for(&left.type_id);
+    let left = fold(&state.querier, &left_selection, &tenant, None).await?;
+    let right = fold(&state.querier, &right_selection, &tenant, None).await?;
+    let diff = flame_graph_diff(&left.tree, &right.tree, max_nodes(&params)?);
+    let mut metadata = metadata_for(&left_selection.type_id);
     metadata.format = "double";
     Ok(Json(RenderDiffResponse {
         version: 1,
@@ -264,8 +146,8 @@ pub async fn render_diff(
         metadata,
         left_ticks: diff.left_ticks,
         right_ticks: diff.right_ticks,
-        left_timeline,
-        right_timeline,
+        left_timeline: left.timeline,
+        right_timeline: right.timeline,
     }))
 }
 
