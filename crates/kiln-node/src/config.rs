@@ -184,10 +184,63 @@ impl Default for ServerConfig {
 impl ServerConfig {
     /// Reads a YAML config file; unknown keys are an error so typos do not pass silently.
     pub fn from_yaml_file(path: &std::path::Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|err| format!("cannot read config {}: {err}", path.display()))?;
-        yaml_serde::from_str(&text)
-            .map_err(|err| format!("invalid config {}: {err}", path.display()))
+        Self::layered(Some(path), yaml_serde::Mapping::new())
+    }
+
+    /// The defaults, overridden by the YAML file at `path` (when given), overridden by
+    /// `overrides`: settings by dotted key (`limits.max_body_bytes`), as the binary's
+    /// flags and environment variables give them (clap puts a flag over its variable).
+    /// A key that names no setting is an error, as an unknown key in the file is.
+    pub fn layered(
+        path: Option<&std::path::Path>,
+        overrides: yaml_serde::Mapping,
+    ) -> Result<Self, String> {
+        let (text, source) = match path {
+            Some(path) => (
+                std::fs::read_to_string(path)
+                    .map_err(|err| format!("cannot read config {}: {err}", path.display()))?,
+                path.display().to_string(),
+            ),
+            None => (String::new(), "defaults".to_string()),
+        };
+        // Read as written first, so that a mistake in the file is told with its line.
+        let from_file: ServerConfig = match text.trim() {
+            "" => ServerConfig::default(),
+            _ => yaml_serde::from_str(&text)
+                .map_err(|err| format!("invalid config {source}: {err}"))?,
+        };
+        if overrides.is_empty() {
+            return Ok(from_file);
+        }
+        let mut layered = match yaml_serde::from_str::<yaml_serde::Value>(&text) {
+            Ok(yaml_serde::Value::Mapping(mapping)) => mapping,
+            _ => yaml_serde::Mapping::new(),
+        };
+        for (key, value) in overrides {
+            let key = key.as_str().unwrap_or_default().to_string();
+            let mut path = key.split('.').peekable();
+            let mut at = &mut layered;
+            while let Some(name) = path.next() {
+                let name = yaml_serde::Value::String(name.to_string());
+                if path.peek().is_none() {
+                    at.insert(name, value);
+                    break;
+                }
+                let next = at
+                    .entry(name)
+                    .or_insert_with(|| yaml_serde::Value::Mapping(Default::default()));
+                if !next.is_mapping() {
+                    *next = yaml_serde::Value::Mapping(Default::default());
+                }
+                let yaml_serde::Value::Mapping(next) = next else {
+                    break;
+                };
+                at = next;
+            }
+        }
+        yaml_serde::from_value(yaml_serde::Value::Mapping(layered)).map_err(|err| {
+            format!("invalid setting from flags or environment over {source}: {err}")
+        })
     }
 
     pub fn object_store_url(&self) -> String {

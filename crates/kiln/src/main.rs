@@ -94,157 +94,136 @@ fn new_token(tenant: &str, scopes: &[kiln_auth::Scope], name: &str) -> anyhow::R
     Ok(())
 }
 
-/// Flags override environment variables, which override the config file.
-#[derive(Args)]
+/// Flags override environment variables, which override the config file. Each is
+/// serialized under the dotted key of the setting it overrides, and laid over the file
+/// by `ServerConfig::layered`; one left unset is skipped.
+#[derive(Args, serde::Serialize)]
 struct ServerArgs {
     /// YAML config file.
     #[arg(long, env = "KILN_CONFIG")]
+    #[serde(skip)]
     config: Option<PathBuf>,
     /// What this process runs: all, or a comma-separated list of ingest, query, compact,
     /// scrape, rules [default: all].
     #[arg(long, env = "KILN_TARGET")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     target: Option<String>,
     /// Listen address (HTTP/1.1 and h2c gRPC, or HTTPS with --tls-cert-file) [default:
     /// 0.0.0.0:4040].
     #[arg(long, env = "KILN_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     listen: Option<String>,
     /// Data directory for the embedded object store and metastore [default: ./kiln-data].
     #[arg(long, env = "KILN_DATA_DIR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     data_dir: Option<PathBuf>,
     /// Object store URL [default: file://<data-dir>/blocks].
     #[arg(long, env = "KILN_OBJECT_STORE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     object_store: Option<String>,
     /// Metastore URL [default: sqlite://<data-dir>/metastore.db].
     #[arg(long, env = "KILN_METASTORE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     metastore: Option<String>,
     /// Longest a write waits for its segment flush, in milliseconds [default: 500].
     #[arg(long, env = "KILN_FLUSH_INTERVAL_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     flush_interval_ms: Option<u64>,
     /// Flush as soon as no other write is on its way, instead of always waiting the
     /// interval [default: true].
     #[arg(long, env = "KILN_FLUSH_ADAPTIVE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     flush_adaptive: Option<bool>,
     /// Shortest time between the starts of two adaptive flushes, in milliseconds
     /// [default: 0].
     #[arg(long, env = "KILN_FLUSH_MIN_GAP_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     flush_min_gap_ms: Option<u64>,
     /// Acknowledge writes from a write-ahead log (local store and SQLite only)
     /// [default: true].
     #[arg(long, env = "KILN_WAL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     wal: Option<bool>,
     /// With the write-ahead log, the longest a write waits for its segment, in
     /// milliseconds [default: 10000].
     #[arg(long, env = "KILN_WAL_SEGMENT_INTERVAL_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     wal_segment_interval_ms: Option<u64>,
     /// Largest request body, compressed, in bytes [default: 16777216].
     #[arg(long, env = "KILN_MAX_BODY_BYTES")]
+    #[serde(
+        rename = "limits.max_body_bytes",
+        skip_serializing_if = "Option::is_none"
+    )]
     max_body_bytes: Option<usize>,
     /// Largest body after decompression, in bytes [default: 67108864].
     #[arg(long, env = "KILN_MAX_DECOMPRESSED_BYTES")]
+    #[serde(
+        rename = "limits.max_decompressed_bytes",
+        skip_serializing_if = "Option::is_none"
+    )]
     max_decompressed_bytes: Option<usize>,
     /// Days of profiles kept; 0 keeps everything [default: 31]. Per tenant in the config
     /// file (`tenant_limits.<tenant>.retention_days`).
     #[arg(long, env = "KILN_RETENTION_DAYS")]
+    #[serde(
+        rename = "limits.retention_days",
+        skip_serializing_if = "Option::is_none"
+    )]
     retention_days: Option<u32>,
     /// How far ahead of the server's clock a profile may be stamped, in milliseconds; 0
     /// means no bound [default: 3600000].
     #[arg(long, env = "KILN_MAX_FUTURE_SKEW_MS")]
+    #[serde(
+        rename = "limits.max_future_skew_ms",
+        skip_serializing_if = "Option::is_none"
+    )]
     max_future_skew_ms: Option<u64>,
     /// Client connections open at once; more are answered 429 [default: 4096].
     #[arg(long, env = "KILN_MAX_CONNECTIONS")]
+    #[serde(
+        rename = "http.max_connections",
+        skip_serializing_if = "Option::is_none"
+    )]
     max_connections: Option<usize>,
     /// Profile this host's processes in-process, as `kiln agent` does [default: false].
     #[arg(long, env = "KILN_AGENT")]
+    #[serde(rename = "agent.enabled", skip_serializing_if = "std::ops::Not::not")]
     agent: bool,
     /// Run compaction and retention in this process [default: true].
     #[arg(long, env = "KILN_COMPACTION")]
+    #[serde(rename = "compaction.enabled", skip_serializing_if = "Option::is_none")]
     compaction: Option<bool>,
     /// Serve HTTPS (and h2 over TLS, for gRPC) with this PEM certificate chain; SIGHUP
     /// re-reads it and the key.
     #[arg(long, env = "KILN_TLS_CERT_FILE", requires = "tls_key_file")]
+    #[serde(rename = "tls.cert_file", skip_serializing_if = "Option::is_none")]
     tls_cert_file: Option<PathBuf>,
     /// The certificate's PEM private key.
     #[arg(long, env = "KILN_TLS_KEY_FILE", requires = "tls_cert_file")]
+    #[serde(rename = "tls.key_file", skip_serializing_if = "Option::is_none")]
     tls_key_file: Option<PathBuf>,
     /// A directory of source checkouts, for a function's lines in the UI (`source.root`).
     #[arg(long, env = "KILN_SOURCE_ROOT")]
+    #[serde(rename = "source.root", skip_serializing_if = "Option::is_none")]
     source_root: Option<PathBuf>,
     /// A URL per source file, fetched by the server: `{path}` and `{service}` filled in
     /// (`source.url_template`).
     #[arg(long, env = "KILN_SOURCE_URL_TEMPLATE")]
+    #[serde(
+        rename = "source.url_template",
+        skip_serializing_if = "Option::is_none"
+    )]
     source_url_template: Option<String>,
 }
 
 impl ServerArgs {
     fn into_config(self) -> anyhow::Result<ServerConfig> {
-        let mut config = match &self.config {
-            Some(path) => ServerConfig::from_yaml_file(path).map_err(anyhow::Error::msg)?,
-            None => ServerConfig::default(),
+        let overrides = match yaml_serde::to_value(&self)? {
+            yaml_serde::Value::Mapping(overrides) => overrides,
+            _ => yaml_serde::Mapping::new(),
         };
-        if let Some(target) = self.target {
-            config.target = target;
-        }
-        if let Some(listen) = self.listen {
-            config.listen = listen;
-        }
-        if let Some(data_dir) = self.data_dir {
-            config.data_dir = data_dir;
-        }
-        if let Some(url) = self.object_store {
-            config.object_store = url;
-        }
-        if let Some(url) = self.metastore {
-            config.metastore = url;
-        }
-        if let Some(ms) = self.flush_interval_ms {
-            config.flush_interval_ms = ms;
-        }
-        if let Some(adaptive) = self.flush_adaptive {
-            config.flush_adaptive = adaptive;
-        }
-        if let Some(ms) = self.flush_min_gap_ms {
-            config.flush_min_gap_ms = ms;
-        }
-        if let Some(wal) = self.wal {
-            config.wal = wal;
-        }
-        if let Some(ms) = self.wal_segment_interval_ms {
-            config.wal_segment_interval_ms = ms;
-        }
-        if let Some(root) = self.source_root {
-            config.source.root = Some(root);
-        }
-        if let Some(template) = self.source_url_template {
-            config.source.url_template = template;
-        }
-        if let Some(bytes) = self.max_body_bytes {
-            config.limits.max_body_bytes = bytes;
-        }
-        if let Some(bytes) = self.max_decompressed_bytes {
-            config.limits.max_decompressed_bytes = bytes;
-        }
-        if let Some(days) = self.retention_days {
-            config.limits.retention_days = days;
-        }
-        if let Some(ms) = self.max_future_skew_ms {
-            config.limits.max_future_skew_ms = ms;
-        }
-        if let Some(connections) = self.max_connections {
-            config.http.max_connections = connections;
-        }
-        if let Some(path) = self.tls_cert_file {
-            config.tls.cert_file = Some(path);
-        }
-        if let Some(path) = self.tls_key_file {
-            config.tls.key_file = Some(path);
-        }
-        if self.agent {
-            config.agent.enabled = true;
-        }
-        if let Some(enabled) = self.compaction {
-            config.compaction.enabled = enabled;
-        }
-        Ok(config)
+        ServerConfig::layered(self.config.as_deref(), overrides).map_err(anyhow::Error::msg)
     }
 }
 
@@ -367,6 +346,104 @@ mod tests {
         );
         assert_eq!(config.tenant_limits["small"].ingestion_rate_bytes, 1000);
         assert_eq!(config.metastore_url(), "sqlite:///from/flag/metastore.db");
+    }
+
+    /// Every flag lands on the setting it names (a key that named none would be refused
+    /// as an unknown one), over the file and over its environment variable.
+    #[test]
+    fn every_flag_overrides_its_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("kiln.yaml");
+        std::fs::write(
+            &file,
+            "limits:\n  retention_days: 9\n  max_labels_per_series: 7\n",
+        )
+        .unwrap();
+        let cert = dir.path().join("cert.pem");
+        let cli = Cli::parse_from([
+            "kiln",
+            "server",
+            "--config",
+            file.to_str().unwrap(),
+            "--target",
+            "ingest,query",
+            "--listen",
+            "127.0.0.1:5001",
+            "--data-dir",
+            "/d",
+            "--object-store",
+            "s3://b/p",
+            "--metastore",
+            "postgres://h/db",
+            "--flush-interval-ms",
+            "11",
+            "--flush-adaptive",
+            "false",
+            "--flush-min-gap-ms",
+            "12",
+            "--wal",
+            "false",
+            "--wal-segment-interval-ms",
+            "13",
+            "--max-body-bytes",
+            "14",
+            "--max-decompressed-bytes",
+            "15",
+            "--retention-days",
+            "16",
+            "--max-future-skew-ms",
+            "17",
+            "--max-connections",
+            "18",
+            "--agent",
+            "--compaction",
+            "false",
+            "--tls-cert-file",
+            cert.to_str().unwrap(),
+            "--tls-key-file",
+            "/k.pem",
+            "--source-root",
+            "/src",
+            "--source-url-template",
+            "http://127.0.0.1/{path}",
+        ]);
+        let Command::Server(args) = cli.command else {
+            panic!("expected the server command");
+        };
+        let config = args.into_config().unwrap();
+        assert_eq!(config.target, "ingest,query");
+        assert_eq!(config.listen, "127.0.0.1:5001");
+        assert_eq!(config.data_dir, PathBuf::from("/d"));
+        assert_eq!(config.object_store, "s3://b/p");
+        assert_eq!(config.metastore, "postgres://h/db");
+        assert_eq!(config.flush_interval_ms, 11);
+        assert!(!config.flush_adaptive);
+        assert_eq!(config.flush_min_gap_ms, 12);
+        assert!(!config.wal);
+        assert_eq!(config.wal_segment_interval_ms, 13);
+        assert_eq!(config.limits.max_body_bytes, 14);
+        assert_eq!(config.limits.max_decompressed_bytes, 15);
+        assert_eq!(config.limits.retention_days, 16, "the flag over the file");
+        assert_eq!(
+            config.limits.max_labels_per_series, 7,
+            "the file's other limits kept"
+        );
+        assert_eq!(config.limits.max_future_skew_ms, 17);
+        assert_eq!(config.http.max_connections, 18);
+        assert!(config.agent.enabled);
+        assert!(!config.compaction.enabled);
+        assert_eq!(config.tls.cert_file, Some(cert));
+        assert_eq!(config.tls.key_file, Some(PathBuf::from("/k.pem")));
+        assert_eq!(config.source.root, Some(PathBuf::from("/src")));
+        assert_eq!(config.source.url_template, "http://127.0.0.1/{path}");
+        // Unset flags override nothing.
+        let cli = Cli::parse_from(["kiln", "server", "--config", file.to_str().unwrap()]);
+        let Command::Server(args) = cli.command else {
+            panic!("expected the server command");
+        };
+        let config = args.into_config().unwrap();
+        assert_eq!(config.limits.retention_days, 9);
+        assert_eq!(config.listen, ServerConfig::default().listen);
     }
 
     /// The README's example configuration is a valid one, with the defaults it shows.
