@@ -12,9 +12,8 @@ use std::path::PathBuf;
 use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 use blazesym::MaybeDefault;
-use kiln_model::pprof::{
-    Function, Line, Location, Mapping as PprofMapping, Profile, StringInterner, ValueType,
-};
+use kiln_model::build::PprofBuilder;
+use kiln_model::pprof::{Mapping as PprofMapping, Profile, ValueType};
 
 use crate::procs::{Instance, Mapping, Process};
 
@@ -368,7 +367,6 @@ impl<'a> ProfileWriter<'a> {
         duration_nanos: i64,
     ) -> Profile {
         let mut out = Out::default();
-        out.string("");
         let samples = (out.string("samples"), out.string("count"));
         let kind = if self.off_cpu { "off_cpu" } else { "cpu" };
         let time = (out.string(kind), out.string("nanoseconds"));
@@ -376,7 +374,8 @@ impl<'a> ProfileWriter<'a> {
             r#type: time.0,
             unit: time.1,
         };
-        out.profile.sample_type = if self.off_cpu {
+        let profile = out.pprof.profile_mut();
+        profile.sample_type = if self.off_cpu {
             vec![time_type]
         } else {
             vec![
@@ -387,14 +386,14 @@ impl<'a> ProfileWriter<'a> {
                 time_type,
             ]
         };
-        out.profile.period_type = Some(time_type);
-        out.profile.period = if self.off_cpu { 1 } else { self.period_nanos };
-        out.profile.time_nanos = time_nanos;
-        out.profile.duration_nanos = duration_nanos;
+        profile.period_type = Some(time_type);
+        profile.period = if self.off_cpu { 1 } else { self.period_nanos };
+        profile.time_nanos = time_nanos;
+        profile.duration_nanos = duration_nanos;
         for (process, counts) in processes {
             self.write_process(&mut out, process, counts, binaries);
         }
-        out.profile
+        out.pprof.finish()
     }
 
     fn write_process(
@@ -481,12 +480,12 @@ impl<'a> ProfileWriter<'a> {
             }
             let count = i64::try_from(*count).unwrap_or(i64::MAX);
             if self.off_cpu {
-                out.profile.sample.push(&ids, &[count], &[]);
+                out.pprof.add_sample(ids, &[count], Vec::new());
             } else {
-                out.profile.sample.push(
-                    &ids,
+                out.pprof.add_sample(
+                    ids,
                     &[count, count.saturating_mul(self.period_nanos)],
-                    &[],
+                    Vec::new(),
                 );
             }
         }
@@ -499,52 +498,28 @@ fn mapping_index(process: &Process, address: u64) -> Option<usize> {
     (address < process.mappings[index].end).then_some(index)
 }
 
+/// A report under construction: the one pprof builder, and this report's memo of the
+/// location at each (mapping, address), whose frames were resolved once.
 #[derive(Default)]
 struct Out {
-    profile: Profile,
-    strings: StringInterner,
-    /// By (start, end, file name): processes of one report map files at other places.
-    mappings: HashMap<(u64, u64, i64), u64>,
-    functions: HashMap<(i64, i64), u64>,
+    pprof: PprofBuilder,
     locations: HashMap<(u64, u64), u32>,
     kernel_mapping: u64,
 }
 
 impl Out {
     fn string(&mut self, value: &str) -> i64 {
-        self.strings.intern(&mut self.profile.string_table, value)
-    }
-
-    fn function(&mut self, name: &str, file: &str) -> u64 {
-        let key = (self.string(name), self.string(file));
-        if let Some(id) = self.functions.get(&key) {
-            return *id;
-        }
-        let id = self.profile.function.len() as u64 + 1;
-        self.profile.function.push(Function {
-            id,
-            name: key.0,
-            system_name: key.0,
-            filename: key.1,
-            start_line: 0,
-        });
-        self.functions.insert(key, id);
-        id
+        self.pprof.string(value)
     }
 
     fn mapping(&mut self, mapping: &Mapping, symbolized: bool) -> u64 {
         let filename = self.string(&mapping.path);
-        let key = (mapping.start, mapping.end, filename);
-        if let Some(id) = self.mappings.get(&key) {
-            return *id;
-        }
-        let id = self.profile.mapping.len() as u64 + 1;
         let build_id = match &mapping.build_id {
             Some(bytes) => self.string(&hex(bytes)),
             None => 0,
         };
-        self.profile.mapping.push(PprofMapping {
-            id,
+        self.pprof.mapping(PprofMapping {
+            id: 0,
             memory_start: mapping.start,
             memory_limit: mapping.end,
             file_offset: mapping.pgoff,
@@ -554,9 +529,7 @@ impl Out {
             has_filenames: symbolized,
             has_line_numbers: symbolized,
             has_inline_frames: symbolized,
-        });
-        self.mappings.insert(key, id);
-        id
+        })
     }
 
     fn location(&mut self, address: u64, mapping_id: u64, frames: &[(String, String, i64)]) -> u32 {
@@ -579,20 +552,14 @@ impl Out {
         if let Some(id) = self.locations.get(&key) {
             return *id;
         }
-        let lines = frames
+        let lines: Vec<(u64, i64)> = frames
             .iter()
-            .map(|(name, file, line)| Line {
-                function_id: self.function(name, file),
-                line: *line,
-                column: 0,
+            .map(|(name, file, line)| {
+                let (name, file) = (self.string(name), self.string(file));
+                (self.pprof.function(name, name, file, 0), *line)
             })
             .collect();
-        let id = self.profile.push_location(Location {
-            mapping_id,
-            address,
-            line: lines,
-            ..Default::default()
-        });
+        let id = self.pprof.location(mapping_id, address, &lines);
         self.locations.insert(key, id);
         id
     }

@@ -1,110 +1,13 @@
 //! Merged pprof output: every selected stack as one sample, symbols re-interned into one
 //! profile, identical stacks merged. Never truncated.
 
-use std::collections::hash_map::Entry;
-
 use foldhash::HashMap;
 
-use kiln_model::pprof::{Function, Line, Location, Mapping, Profile, StringInterner, ValueType};
+use kiln_model::build::PprofBuilder;
+use kiln_model::pprof::{Mapping, Profile, ValueType};
 use kiln_model::ProfileType;
 
 use crate::selection::DatasetSelection;
-
-/// (mapping id, address, (function id, line) per line): identical locations merge.
-type LocationKey = (u64, u64, Vec<(u64, i64)>);
-
-#[derive(Default)]
-struct Writer {
-    profile: Profile,
-    strings: StringInterner,
-    mappings: HashMap<(u64, u64, u64, i64, i64), u64>,
-    functions: HashMap<(i64, i64, i64, i64), u64>,
-    locations: HashMap<LocationKey, u32>,
-    samples: HashMap<Vec<u32>, usize>,
-}
-
-impl Writer {
-    fn string(&mut self, value: &str) -> i64 {
-        self.strings.intern(&mut self.profile.string_table, value)
-    }
-
-    /// The id of this mapping (strings already interned here), added if new.
-    fn mapping(&mut self, mapping: Mapping) -> u64 {
-        let key = (
-            mapping.memory_start,
-            mapping.memory_limit,
-            mapping.file_offset,
-            mapping.filename,
-            mapping.build_id,
-        );
-        let next = self.profile.mapping.len() as u64 + 1;
-        let id = *self.mappings.entry(key).or_insert(next);
-        if id == next {
-            self.profile.mapping.push(Mapping { id, ..mapping });
-        }
-        id
-    }
-
-    /// The id of this function (strings already interned here), added if new.
-    fn function(&mut self, name: i64, system_name: i64, filename: i64, start_line: i64) -> u64 {
-        let key = (name, system_name, filename, start_line);
-        let next = self.profile.function.len() as u64 + 1;
-        let id = *self.functions.entry(key).or_insert(next);
-        if id == next {
-            self.profile.function.push(Function {
-                id,
-                name,
-                system_name,
-                filename,
-                start_line,
-            });
-        }
-        id
-    }
-
-    /// The id of the location of these (function id, line) pairs, added if new.
-    fn location(&mut self, mapping_id: u64, address: u64, lines: Vec<(u64, i64)>) -> u32 {
-        match self.locations.entry((mapping_id, address, lines)) {
-            Entry::Occupied(known) => *known.get(),
-            Entry::Vacant(new) => {
-                let line = new
-                    .key()
-                    .2
-                    .iter()
-                    .map(|(function_id, line)| Line {
-                        function_id: *function_id,
-                        line: *line,
-                        column: 0,
-                    })
-                    .collect();
-                let id = self.profile.push_location(Location {
-                    mapping_id,
-                    address,
-                    line,
-                    ..Default::default()
-                });
-                *new.insert(id)
-            }
-        }
-    }
-
-    /// Adds `values` to the sample of this stack (location ids, leaf first).
-    fn add_sample(&mut self, stack: Vec<u32>, values: &[i64]) {
-        match self.samples.get(&stack) {
-            Some(index) => {
-                if let Some(slots) = self.profile.sample.values_mut(*index) {
-                    for (slot, value) in slots.iter_mut().zip(values) {
-                        *slot = slot.saturating_add(*value);
-                    }
-                }
-            }
-            None => {
-                self.profile.sample.push(&stack, values, &[]);
-                self.samples.insert(stack, self.profile.sample.len() - 1);
-            }
-        }
-    }
-}
 
 /// The sample type a reader should show first, as the sources had it: pprof's default is
 /// the last sample type (Go's `cpu` after `samples`, `inuse_space` after the others), so a
@@ -141,7 +44,7 @@ pub fn merged_pprof(selections: &[DatasetSelection], type_ids: &[String]) -> Pro
 
 /// [`merged_pprof`] one selection at a time, so that each can be dropped once added.
 pub struct PprofMerge {
-    writer: Writer,
+    writer: PprofBuilder,
     type_ids: Vec<String>,
     latest: Vec<Option<u32>>,
     /// Earliest start and latest end of the merged profiles.
@@ -150,8 +53,7 @@ pub struct PprofMerge {
 
 impl PprofMerge {
     pub fn new(type_ids: &[String]) -> Self {
-        let mut writer = Writer::default();
-        writer.string("");
+        let mut writer = PprofBuilder::default();
         let mut period_type = None;
         for type_id in type_ids {
             let Ok(profile_type) = ProfileType::parse(type_id) else {
@@ -161,7 +63,7 @@ impl PprofMerge {
                 r#type: writer.string(&profile_type.sample_type),
                 unit: writer.string(&profile_type.sample_unit),
             };
-            writer.profile.sample_type.push(sample_type);
+            writer.profile_mut().sample_type.push(sample_type);
             if period_type.is_none() {
                 period_type = Some(ValueType {
                     r#type: writer.string(&profile_type.period_type),
@@ -169,7 +71,7 @@ impl PprofMerge {
                 });
             }
         }
-        writer.profile.period_type = period_type;
+        writer.profile_mut().period_type = period_type;
         PprofMerge {
             writer,
             type_ids: type_ids.to_vec(),
@@ -210,9 +112,9 @@ impl PprofMerge {
         if local.iter().all(Option::is_none) {
             return;
         }
-        if writer.profile.period == 0 {
+        if writer.profile_mut().period == 0 {
             if let Some(first) = selection.profiles.first() {
-                writer.profile.period = dataset.profiles[first.row].period;
+                writer.profile_mut().period = dataset.profiles[first.row].period;
             }
         }
         let line_offsets = dataset.location_line_offsets();
@@ -244,7 +146,7 @@ impl PprofMerge {
                 stack.push(location_ids[location]);
                 current = dataset.stack_parent[current] as usize;
             }
-            writer.add_sample(stack, &values);
+            writer.add_sample(stack, &values, Vec::new());
         }
     }
 
@@ -277,8 +179,8 @@ impl PprofMerge {
         if local.iter().all(Option::is_none) {
             return;
         }
-        if writer.profile.period == 0 {
-            writer.profile.period = profile.period;
+        if writer.profile_mut().period == 0 {
+            writer.profile_mut().period = profile.period;
         }
         let mut mapping_ids: HashMap<u64, u64> = HashMap::default();
         for m in &profile.mapping {
@@ -310,7 +212,7 @@ impl PprofMerge {
                     (function, line.line)
                 })
                 .collect();
-            let id = writer.location(mapping_id, location.address, lines);
+            let id = writer.location(mapping_id, location.address, &lines);
             location_ids.insert(location.id, id);
         }
         for sample in profile.sample.iter() {
@@ -334,25 +236,25 @@ impl PprofMerge {
             else {
                 continue;
             };
-            writer.add_sample(stack, &values);
+            writer.add_sample(stack, &values, Vec::new());
         }
     }
 
     pub fn finish(mut self) -> Profile {
         if let Some(default) = default_type(&self.type_ids, &self.latest)
-            .and_then(|default| self.writer.profile.sample_type.get(default))
+            .and_then(|default| self.writer.profile_mut().sample_type.get(default))
         {
-            self.writer.profile.default_sample_type = default.r#type;
+            self.writer.profile_mut().default_sample_type = default.r#type;
         }
         let (start, end) = self.span.unwrap_or((0, 0));
-        self.writer.profile.time_nanos = start;
-        self.writer.profile.duration_nanos = end.saturating_sub(start).max(0);
-        self.writer.profile
+        self.writer.profile_mut().time_nanos = start;
+        self.writer.profile_mut().duration_nanos = end.saturating_sub(start).max(0);
+        self.writer.finish()
     }
 }
 
 fn export_location(
-    writer: &mut Writer,
+    writer: &mut PprofBuilder,
     dataset: &kiln_storage::Dataset,
     location: usize,
     line_offsets: &[u32],
@@ -399,12 +301,13 @@ fn export_location(
         ));
     }
     let address = dataset.location_address[location];
-    writer.location(mapping_id, address, lines)
+    writer.location(mapping_id, address, &lines)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_model::pprof::{Function, Line, Location, StringInterner};
 
     const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 
