@@ -54,6 +54,11 @@ impl PprofBuilder {
         self.strings.intern(&mut self.profile.string_table, value)
     }
 
+    /// The profile so far.
+    pub fn profile(&self) -> &Profile {
+        &self.profile
+    }
+
     /// The profile's header fields (sample types, period, times), to set directly.
     pub fn profile_mut(&mut self) -> &mut Profile {
         &mut self.profile

@@ -22,10 +22,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// A stage of the shutdown, in its order.
+/// A stage of the shutdown, in its order (its discriminant is its index in [`ORDER`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Stage {
-    Edge,
+    Edge = 0,
     Collectors,
     Writer,
     Compaction,
@@ -42,28 +42,25 @@ const ORDER: [Stage; 6] = [
     Stage::Membership,
 ];
 
-/// Every stage's token and tasks.
+/// Every stage's token and tasks, by [`Stage`].
 pub(crate) struct Stages {
-    stages: Vec<(Stage, CancellationToken, TaskTracker)>,
+    stages: [(CancellationToken, TaskTracker); ORDER.len()],
 }
 
 impl Stages {
     pub(crate) fn new() -> Self {
         Stages {
-            stages: ORDER
-                .iter()
-                .map(|stage| (*stage, CancellationToken::new(), TaskTracker::new()))
-                .collect(),
+            stages: ORDER.map(|_| (CancellationToken::new(), TaskTracker::new())),
         }
     }
 
-    fn get(&self, stage: Stage) -> &(Stage, CancellationToken, TaskTracker) {
-        &self.stages[ORDER.iter().position(|s| *s == stage).unwrap_or_default()]
+    fn get(&self, stage: Stage) -> &(CancellationToken, TaskTracker) {
+        &self.stages[stage as usize]
     }
 
     /// The token cancelled when `stage` is told to stop.
     pub(crate) fn token(&self, stage: Stage) -> CancellationToken {
-        self.get(stage).1.clone()
+        self.get(stage).0.clone()
     }
 
     /// A stop signal for a component that takes a `watch::Receiver<bool>`: set when
@@ -71,7 +68,7 @@ impl Stages {
     pub(crate) fn stop_signal(&self, stage: Stage) -> watch::Receiver<bool> {
         let (stop, stopped) = watch::channel(false);
         let token = self.token(stage);
-        self.get(stage).2.spawn(async move {
+        self.get(stage).1.spawn(async move {
             tokio::select! {
                 () = token.cancelled() => {
                     let _ = stop.send(true);
@@ -85,7 +82,7 @@ impl Stages {
 
     /// Awaits `task` when `stage` stops.
     pub(crate) fn track(&self, stage: Stage, task: JoinHandle<()>) {
-        self.get(stage).2.spawn(async move {
+        self.get(stage).1.spawn(async move {
             let _ = task.await;
         });
     }
@@ -96,7 +93,7 @@ impl Stages {
         F: std::future::Future<Output = ()> + Send + 'static,
     {
         let token = self.token(stage);
-        self.get(stage).2.spawn(async move {
+        self.get(stage).1.spawn(async move {
             token.cancelled().await;
             stop.await;
         });
@@ -104,7 +101,7 @@ impl Stages {
 
     /// Tells `stage` to stop and waits for its tasks.
     pub(crate) async fn stop(&self, stage: Stage) {
-        let (_, token, tracker) = self.get(stage);
+        let (token, tracker) = self.get(stage);
         token.cancel();
         tracker.close();
         tracker.wait().await;
@@ -115,7 +112,7 @@ impl Stages {
 /// is told to stop rather than left running.
 impl Drop for Stages {
     fn drop(&mut self) {
-        for (_, token, _) in &self.stages {
+        for (token, _) in &self.stages {
             token.cancel();
         }
     }
@@ -131,20 +128,26 @@ mod tests {
     async fn stages_stop_in_order_each_awaited() {
         let stages = Stages::new();
         let log = Arc::new(Mutex::new(Vec::new()));
-        for stage in [Stage::Rules, Stage::Compaction, Stage::Collectors] {
+        // An earlier stage's task takes longer to end than a later one's: were a stage
+        // not awaited before the next is told, the later ones would log first.
+        for (stage, millis) in [
+            (Stage::Rules, 10),
+            (Stage::Compaction, 80),
+            (Stage::Collectors, 160),
+        ] {
             let mut stopped = stages.stop_signal(stage);
             let log = log.clone();
             stages.track(
                 stage,
                 tokio::spawn(async move {
                     let _ = stopped.wait_for(|stop| *stop).await;
-                    // Slower than the stages after it would be, were they not waited for.
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    tokio::time::sleep(std::time::Duration::from_millis(millis)).await;
                     log.lock().unwrap().push(stage);
                 }),
             );
         }
-        for stage in ORDER {
+        for (index, stage) in ORDER.into_iter().enumerate() {
+            assert_eq!(stage as usize, index, "{stage:?} indexes its own stage");
             stages.stop(stage).await;
         }
         assert_eq!(

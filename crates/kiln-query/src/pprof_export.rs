@@ -112,7 +112,7 @@ impl PprofMerge {
         if local.iter().all(Option::is_none) {
             return;
         }
-        if writer.profile_mut().period == 0 {
+        if writer.profile().period == 0 {
             if let Some(first) = selection.profiles.first() {
                 writer.profile_mut().period = dataset.profiles[first.row].period;
             }
@@ -179,7 +179,7 @@ impl PprofMerge {
         if local.iter().all(Option::is_none) {
             return;
         }
-        if writer.profile_mut().period == 0 {
+        if writer.profile().period == 0 {
             writer.profile_mut().period = profile.period;
         }
         let mut mapping_ids: HashMap<u64, u64> = HashMap::default();
@@ -242,7 +242,7 @@ impl PprofMerge {
 
     pub fn finish(mut self) -> Profile {
         if let Some(default) = default_type(&self.type_ids, &self.latest)
-            .and_then(|default| self.writer.profile_mut().sample_type.get(default))
+            .and_then(|default| self.writer.profile().sample_type.get(default))
         {
             self.writer.profile_mut().default_sample_type = default.r#type;
         }

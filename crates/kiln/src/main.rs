@@ -315,6 +315,14 @@ async fn shutdown_signal() {
 mod tests {
     use super::*;
 
+    /// The config `kiln ARGS` would start a server with.
+    fn config_of(args: &[&str]) -> ServerConfig {
+        let Command::Server(args) = Cli::parse_from(args).command else {
+            panic!("expected the server command");
+        };
+        args.into_config().unwrap()
+    }
+
     #[test]
     fn flags_override_the_config_file() {
         let dir = tempfile::tempdir().unwrap();
@@ -324,7 +332,7 @@ mod tests {
             "listen: 127.0.0.1:5000\ndata_dir: /from/file\nflush_interval_ms: 250\nlimits:\n  max_labels_per_series: 7\ntenant_limits:\n  small:\n    ingestion_rate_bytes: 1000\n",
         )
         .unwrap();
-        let cli = Cli::parse_from([
+        let config = config_of(&[
             "kiln",
             "server",
             "--config",
@@ -332,10 +340,6 @@ mod tests {
             "--data-dir",
             "/from/flag",
         ]);
-        let Command::Server(args) = cli.command else {
-            panic!("expected the server command");
-        };
-        let config = args.into_config().unwrap();
         assert_eq!(config.listen, "127.0.0.1:5000");
         assert_eq!(config.data_dir, PathBuf::from("/from/flag"));
         assert_eq!(config.flush_interval_ms, 250);
@@ -360,7 +364,9 @@ mod tests {
         )
         .unwrap();
         let cert = dir.path().join("cert.pem");
-        let cli = Cli::parse_from([
+        // A variable under its flag, and one with no flag given (no other test reads it).
+        std::env::set_var("KILN_FLUSH_MIN_GAP_MS", "99");
+        let config = config_of(&[
             "kiln",
             "server",
             "--config",
@@ -407,10 +413,6 @@ mod tests {
             "--source-url-template",
             "http://127.0.0.1/{path}",
         ]);
-        let Command::Server(args) = cli.command else {
-            panic!("expected the server command");
-        };
-        let config = args.into_config().unwrap();
         assert_eq!(config.target, "ingest,query");
         assert_eq!(config.listen, "127.0.0.1:5001");
         assert_eq!(config.data_dir, PathBuf::from("/d"));
@@ -418,7 +420,7 @@ mod tests {
         assert_eq!(config.metastore, "postgres://h/db");
         assert_eq!(config.flush_interval_ms, 11);
         assert!(!config.flush_adaptive);
-        assert_eq!(config.flush_min_gap_ms, 12);
+        assert_eq!(config.flush_min_gap_ms, 12, "the flag over its variable");
         assert!(!config.wal);
         assert_eq!(config.wal_segment_interval_ms, 13);
         assert_eq!(config.limits.max_body_bytes, 14);
@@ -437,12 +439,13 @@ mod tests {
         assert_eq!(config.source.root, Some(PathBuf::from("/src")));
         assert_eq!(config.source.url_template, "http://127.0.0.1/{path}");
         // Unset flags override nothing.
-        let cli = Cli::parse_from(["kiln", "server", "--config", file.to_str().unwrap()]);
-        let Command::Server(args) = cli.command else {
-            panic!("expected the server command");
-        };
-        let config = args.into_config().unwrap();
+        let config = config_of(&["kiln", "server", "--config", file.to_str().unwrap()]);
+        std::env::remove_var("KILN_FLUSH_MIN_GAP_MS");
         assert_eq!(config.limits.retention_days, 9);
+        assert_eq!(
+            config.flush_min_gap_ms, 99,
+            "the variable over the file's default"
+        );
         assert_eq!(config.listen, ServerConfig::default().listen);
     }
 
