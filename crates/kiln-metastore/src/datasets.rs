@@ -1,0 +1,393 @@
+//! Blocks and the datasets inside them: registration (with the identities of the writes
+//! a segment holds), the time-overlap lookup that plans every query, retention, and the
+//! tombstones compaction leaves for deletion.
+
+use crate::sql::{args, texts, Dialect, Row, Sql};
+use crate::{
+    now_ms, BlockMeta, DatasetMeta, DatasetQuery, Metastore, MetastoreError, WriteIdentity,
+};
+
+/// Columns of [`dataset_from_row`], from `datasets d JOIN blocks b`.
+macro_rules! dataset_columns {
+    () => {
+        "d.block_id, b.object_key, d.tenant, d.service, d.row_group, \
+         d.min_time_nanos, d.max_time_nanos, d.profile_types, d.profile_count"
+    };
+}
+pub(crate) use dataset_columns;
+
+impl Metastore {
+    /// Registers a block and its datasets in one transaction.
+    pub async fn register_block(
+        &self,
+        block: BlockMeta,
+        datasets: Vec<DatasetMeta>,
+    ) -> Result<(), MetastoreError> {
+        self.register_segment(block, datasets, Vec::new()).await
+    }
+
+    /// Registers a block and its datasets, and the identities of the writes it holds, in
+    /// one transaction: a write is known as stored exactly when its profiles are
+    /// visible. Expired identities are deleted in the same transaction.
+    pub async fn register_segment(
+        &self,
+        block: BlockMeta,
+        datasets: Vec<DatasetMeta>,
+        identities: Vec<WriteIdentity>,
+    ) -> Result<(), MetastoreError> {
+        run!(self, write, |sql| register(
+            sql,
+            &block,
+            &datasets,
+            &identities
+        ))
+    }
+
+    /// [`Metastore::register_segment`] from a thread outside the runtime, blocked until
+    /// it commits: SQLite commits on that thread, with no hand-off to a blocking thread
+    /// and back; PostgreSQL is driven on `runtime`.
+    pub fn register_block_blocking(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        block: BlockMeta,
+        datasets: Vec<DatasetMeta>,
+        identities: Vec<WriteIdentity>,
+    ) -> Result<(), MetastoreError> {
+        match &self.backend {
+            crate::Backend::Sqlite(db) => db.write_blocking(|sql| {
+                crate::sql::complete(register(sql, &block, &datasets, &identities))
+            }),
+            crate::Backend::Postgres(_) => {
+                runtime.block_on(self.register_segment(block, datasets, identities))
+            }
+        }
+    }
+
+    /// Identities of stored writes that expire at or after `now_ms`.
+    pub async fn write_identities(
+        &self,
+        now_ms: i64,
+    ) -> Result<Vec<WriteIdentity>, MetastoreError> {
+        run!(self, read, |sql| async move {
+            sql.query(
+                "SELECT identity, expires_at_ms FROM write_identities WHERE expires_at_ms >= $1",
+                args![now_ms],
+            )
+            .await?
+            .into_iter()
+            .map(|mut row| {
+                Ok(WriteIdentity {
+                    identity: row.text(0)?,
+                    expires_at_ms: row.int(1)?,
+                })
+            })
+            .collect()
+        })
+    }
+
+    /// Datasets of one tenant (and service) overlapping a time range, oldest first.
+    pub async fn list_datasets(
+        &self,
+        query: DatasetQuery,
+    ) -> Result<Vec<DatasetMeta>, MetastoreError> {
+        run!(self, read, |sql| async move {
+            sql.query(
+                concat!(
+                    "SELECT ",
+                    dataset_columns!(),
+                    " FROM datasets d JOIN blocks b ON b.id = d.block_id
+                     WHERE d.tenant = $1 AND (CAST($2 AS TEXT) IS NULL OR d.service = $2)
+                       AND d.max_time_nanos >= $3 AND d.min_time_nanos <= $4
+                     ORDER BY d.min_time_nanos, d.block_id, d.row_group"
+                ),
+                args![
+                    &query.tenant,
+                    &query.service,
+                    query.from_nanos,
+                    query.to_nanos
+                ],
+            )
+            .await?
+            .into_iter()
+            .map(dataset_from_row)
+            .collect()
+        })
+    }
+
+    pub async fn list_blocks(&self) -> Result<Vec<BlockMeta>, MetastoreError> {
+        run!(self, read, |sql| async move {
+            sql.query(
+                "SELECT id, object_key, level, size_bytes, created_at_ms, deleted_at_ms FROM blocks ORDER BY id",
+                &[],
+            )
+            .await?
+            .into_iter()
+            .map(block_from_row)
+            .collect()
+        })
+    }
+
+    /// Blocks tombstoned at or before `before_ms`, whose objects are due for deletion.
+    /// Compaction asks every pass; listing every block instead read the whole table, which
+    /// grows with retention, each time (docs/benchmarks.md, session 33).
+    pub async fn tombstoned_blocks(
+        &self,
+        before_ms: i64,
+    ) -> Result<Vec<BlockMeta>, MetastoreError> {
+        run!(self, read, |sql| async move {
+            sql.query(
+                "SELECT id, object_key, level, size_bytes, created_at_ms, deleted_at_ms FROM blocks
+                 WHERE deleted_at_ms IS NOT NULL AND deleted_at_ms <= $1 ORDER BY id",
+                args![before_ms],
+            )
+            .await?
+            .into_iter()
+            .map(block_from_row)
+            .collect()
+        })
+    }
+
+    /// Removes the tenant's datasets whose newest profile is older than `before_nanos`;
+    /// returns how many. Blocks left empty are tombstoned.
+    pub async fn expire_datasets(
+        &self,
+        tenant: &str,
+        before_nanos: i64,
+    ) -> Result<usize, MetastoreError> {
+        let tenant = tenant.to_string();
+        run!(self, write, |sql| async move {
+            let mut blocks = texts(
+                sql.query(
+                    "DELETE FROM datasets WHERE tenant = $1 AND max_time_nanos < $2 RETURNING block_id",
+                    args![&tenant, before_nanos],
+                )
+                .await?,
+            )?;
+            let expired = blocks.len();
+            blocks.sort_unstable();
+            blocks.dedup();
+            tombstone_empty(sql, &blocks).await?;
+            Ok(expired)
+        })
+    }
+
+    /// Every tenant with at least one dataset.
+    pub async fn tenants(&self) -> Result<Vec<String>, MetastoreError> {
+        run!(self, read, |sql| async move {
+            texts(
+                sql.query("SELECT DISTINCT tenant FROM datasets ORDER BY tenant", &[])
+                    .await?,
+            )
+        })
+    }
+
+    /// Forgets a tombstoned block, once its object is deleted.
+    pub async fn delete_block(&self, id: &str) -> Result<(), MetastoreError> {
+        let id = id.to_string();
+        run!(self, read, |sql| async move {
+            sql.execute(
+                "DELETE FROM blocks WHERE id = $1 AND deleted_at_ms IS NOT NULL",
+                args![&id],
+            )
+            .await?;
+            Ok(())
+        })
+    }
+
+    /// Services of a tenant with data overlapping `[from, to]`.
+    pub async fn services(
+        &self,
+        tenant: &str,
+        from_nanos: i64,
+        to_nanos: i64,
+    ) -> Result<Vec<String>, MetastoreError> {
+        let tenant = tenant.to_string();
+        run!(self, read, |sql| async move {
+            texts(
+                sql.query(
+                    "SELECT DISTINCT service FROM datasets
+                     WHERE tenant = $1 AND max_time_nanos >= $2 AND min_time_nanos <= $3 ORDER BY service",
+                    args![&tenant, from_nanos, to_nanos],
+                )
+                .await?,
+            )
+        })
+    }
+
+    pub async fn schema_version(&self) -> Result<i64, MetastoreError> {
+        run!(self, read, |sql| async move {
+            match sql
+                .query(
+                    "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+                    &[],
+                )
+                .await?
+                .first()
+            {
+                Some(row) => row.int(0),
+                None => Ok(0),
+            }
+        })
+    }
+}
+
+/// A block, its datasets and the identities of the writes it holds.
+async fn register(
+    sql: &mut impl Sql,
+    block: &BlockMeta,
+    datasets: &[DatasetMeta],
+    identities: &[WriteIdentity],
+) -> Result<(), MetastoreError> {
+    insert_block(sql, block, datasets).await?;
+    if identities.is_empty() {
+        return Ok(());
+    }
+    match sql.dialect() {
+        Dialect::Postgres => {
+            // One statement for all of them: a round trip per identity would cost a
+            // flush of many profiles as many round trips to the server.
+            let (keys, expiries): (Vec<&str>, Vec<i64>) = identities
+                .iter()
+                .map(|identity| (identity.identity.as_str(), identity.expires_at_ms))
+                .unzip();
+            sql.execute(
+                "INSERT INTO write_identities (identity, expires_at_ms)
+                 SELECT identity, MAX(expires_at_ms) FROM UNNEST($1::TEXT[], $2::BIGINT[])
+                     AS given(identity, expires_at_ms)
+                 GROUP BY identity
+                 ON CONFLICT (identity) DO UPDATE SET expires_at_ms = excluded.expires_at_ms",
+                &[
+                    crate::sql::Arg::Texts(keys),
+                    crate::sql::Arg::Ints(expiries),
+                ],
+            )
+            .await?;
+        }
+        Dialect::Sqlite => {
+            // Local statements: one per identity costs no round trip.
+            for identity in identities {
+                sql.execute(
+                    "INSERT INTO write_identities (identity, expires_at_ms) VALUES ($1, $2)
+                     ON CONFLICT (identity) DO UPDATE SET expires_at_ms = excluded.expires_at_ms",
+                    args![&identity.identity, identity.expires_at_ms],
+                )
+                .await?;
+            }
+        }
+    }
+    sql.execute(
+        "DELETE FROM write_identities WHERE expires_at_ms < $1",
+        args![block.created_at_ms],
+    )
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn insert_block(
+    sql: &mut impl Sql,
+    block: &BlockMeta,
+    datasets: &[DatasetMeta],
+) -> Result<(), MetastoreError> {
+    sql.execute(
+        "INSERT INTO blocks (id, object_key, level, size_bytes, created_at_ms) VALUES ($1, $2, $3, $4, $5)",
+        args![
+            &block.id,
+            &block.object_key,
+            block.level,
+            count(block.size_bytes)?,
+            block.created_at_ms
+        ],
+    )
+    .await?;
+    for dataset in datasets {
+        let types = dataset.profile_types.join("\n");
+        sql.execute(
+            "INSERT INTO datasets (block_id, tenant, service, row_group, min_time_nanos, max_time_nanos, profile_types, profile_count)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            args![
+                &block.id,
+                &dataset.tenant,
+                &dataset.service,
+                dataset.row_group,
+                dataset.min_time_nanos,
+                dataset.max_time_nanos,
+                &types,
+                count(dataset.profile_count)?
+            ],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// A size or a count as the `BIGINT` that stores it.
+fn count(value: u64) -> Result<i64, MetastoreError> {
+    i64::try_from(value).map_err(|_| MetastoreError::OutOfRange(value))
+}
+
+/// Tombstones those of `blocks` that have no dataset left.
+pub(crate) async fn tombstone_empty(
+    sql: &mut impl Sql,
+    blocks: &[String],
+) -> Result<(), MetastoreError> {
+    if blocks.is_empty() {
+        return Ok(());
+    }
+    let now = now_ms();
+    match sql.dialect() {
+        Dialect::Postgres => {
+            let ids = blocks.iter().map(String::as_str).collect();
+            sql.execute(
+                "UPDATE blocks SET deleted_at_ms = $2
+                 WHERE id = ANY($1) AND deleted_at_ms IS NULL
+                   AND NOT EXISTS (SELECT 1 FROM datasets WHERE block_id = blocks.id)",
+                &[crate::sql::Arg::Texts(ids), now.into()],
+            )
+            .await?;
+        }
+        Dialect::Sqlite => {
+            for block in blocks {
+                sql.execute(
+                    "UPDATE blocks SET deleted_at_ms = $2
+                     WHERE id = $1 AND deleted_at_ms IS NULL
+                       AND NOT EXISTS (SELECT 1 FROM datasets WHERE block_id = $1)",
+                    args![block, now],
+                )
+                .await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Columns: [`dataset_columns`].
+pub(crate) fn dataset_from_row(mut row: Row) -> Result<DatasetMeta, MetastoreError> {
+    let types = row.text(7)?;
+    Ok(DatasetMeta {
+        block_id: row.text(0)?,
+        object_key: row.text(1)?,
+        tenant: row.text(2)?,
+        service: row.text(3)?,
+        row_group: row.unsigned(4)?,
+        min_time_nanos: row.int(5)?,
+        max_time_nanos: row.int(6)?,
+        profile_types: types
+            .split('\n')
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .collect(),
+        profile_count: row.unsigned(8)?,
+    })
+}
+
+/// Columns: id, object_key, level, size, created, deleted.
+fn block_from_row(mut row: Row) -> Result<BlockMeta, MetastoreError> {
+    Ok(BlockMeta {
+        id: row.text(0)?,
+        object_key: row.text(1)?,
+        level: row.unsigned(2)?,
+        size_bytes: row.unsigned(3)?,
+        created_at_ms: row.int(4)?,
+        deleted_at_ms: row.opt_int(5)?,
+    })
+}
