@@ -202,10 +202,10 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
                 })
                 .collect();
             drop(stats_on);
-            let metrics = ureq::get(&format!("http://127.0.0.1:{metrics_port}/metrics"))
+            let metrics = crate::http::get(&format!("http://127.0.0.1:{metrics_port}/metrics"))
                 .call()
                 .ok()
-                .and_then(|response| response.into_string().ok())
+                .map(|response| response.text())
                 .unwrap_or_default();
             let metric = |name: &str| {
                 metrics

@@ -148,21 +148,16 @@ fn week(url: &str, now_ms: i64) -> Result<HashMap<String, i64>, (Option<u16>, St
         format: kiln_query::api::PROFILE_FORMAT_TREE,
         ..Default::default()
     };
-    let response = ureq::post(&format!(
-        "{url}/querier.v1.QuerierService/SelectMergeStacktraces"
-    ))
-    .timeout(Duration::from_secs(60))
-    .set("Content-Type", "application/proto")
-    .send_bytes(&request.encode_to_vec());
+    let response = crate::http::Http::new(Duration::from_secs(60))
+        .post(&format!(
+            "{url}/querier.v1.QuerierService/SelectMergeStacktraces"
+        ))
+        .header("Content-Type", "application/proto")
+        .send_bytes(&request.encode_to_vec());
     let body = match response {
-        Ok(response) => {
-            let mut body = Vec::new();
-            std::io::Read::read_to_end(&mut response.into_reader(), &mut body)
-                .map_err(|err| (None, err.to_string()))?;
-            body
-        }
-        Err(ureq::Error::Status(status, response)) => {
-            return Err((Some(status), response.into_string().unwrap_or_default()))
+        Ok(response) => response.bytes().to_vec(),
+        Err(crate::http::Error::Status(status, response)) => {
+            return Err((Some(status), response.text()))
         }
         Err(err) => return Err((None, err.to_string())),
     };
@@ -283,12 +278,11 @@ fn run_in(args: ChaosArgs, temp: &std::path::Path) -> anyhow::Result<()> {
                         from + 10
                     );
                     let body = format!("main;handle;w{seq} {value}\n");
-                    let outcome = ureq::post(&path)
-                        .timeout(Duration::from_secs(30))
+                    let outcome = crate::http::Http::new(Duration::from_secs(30)).post(&path)
                         .send_string(&body);
                     let acked = match outcome {
                         Ok(_) => true,
-                        Err(ureq::Error::Status(status, _)) => {
+                        Err(crate::http::Error::Status(status, _)) => {
                             *refused.lock().expect("refused").entry(status.to_string()).or_default() += 1;
                             false
                         }

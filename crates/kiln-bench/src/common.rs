@@ -96,9 +96,7 @@ pub fn start_server_pinned(
 
 /// Waits up to a minute for a started server's `/ready`.
 pub fn wait_ready(url: &str) -> anyhow::Result<()> {
-    let agent = ureq::AgentBuilder::new()
-        .timeout(Duration::from_secs(1))
-        .build();
+    let agent = crate::http::Http::new(Duration::from_secs(1));
     let deadline = Instant::now() + Duration::from_secs(60);
     while agent.get(&format!("{url}/ready")).call().is_err() {
         if Instant::now() > deadline {
@@ -140,7 +138,7 @@ pub fn stop(server: &mut std::process::Child) {
 
 /// One counter's value from the server's `/metrics`.
 pub fn metric(url: &str, name: &str) -> anyhow::Result<f64> {
-    let text = ureq::get(&format!("{url}/metrics")).call()?.into_string()?;
+    let text = crate::http::get(&format!("{url}/metrics")).call()?.text();
     Ok(text
         .lines()
         .filter(|line| line.starts_with(name))

@@ -117,9 +117,7 @@ fn run_phase(
             let (url, body) = (url.clone(), body.clone());
             let (latencies, counts) = (latencies.clone(), counts.clone());
             std::thread::spawn(move || {
-                let agent = ureq::AgentBuilder::new()
-                    .timeout(Duration::from_secs(60))
-                    .build();
+                let agent = crate::http::Http::new(Duration::from_secs(60));
                 // A service per writer, and each of its profiles a second after the
                 // last: no write is a copy of another (a retry, which is stored once).
                 let base = kiln_model::time::now_ms() / 1000 - 86_400;
@@ -140,7 +138,7 @@ fn run_phase(
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .push(took),
-                        Err(ureq::Error::Status(429 | 503 | 408, response)) => {
+                        Err(crate::http::Error::Status(429 | 503 | 408, response)) => {
                             counts.lock().unwrap_or_else(|p| p.into_inner()).0 += 1;
                             // As an SDK that honours Retry-After: the next profile then.
                             let wait = response
@@ -152,7 +150,7 @@ fn run_phase(
                         // Refused while its body was still being sent: the server
                         // read a little of it and closed the connection, which the
                         // client sees as an error, not as the 429 it was sent.
-                        Err(ureq::Error::Transport(err)) => {
+                        Err(crate::http::Error::Transport(err)) => {
                             let mut counts = counts.lock().unwrap_or_else(|p| p.into_inner());
                             if counts.1 == 0 {
                                 eprintln!("goodput: a write's connection was closed: {err}");

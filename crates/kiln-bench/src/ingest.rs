@@ -159,10 +159,10 @@ impl IngestCluster {
         let deadline = Instant::now() + Duration::from_secs(30);
         for (_, url) in &cluster.servers {
             loop {
-                let listed = ureq::get(&format!("{url}/api/v1/nodes"))
+                let listed = crate::http::get(&format!("{url}/api/v1/nodes"))
                     .call()
                     .ok()
-                    .and_then(|response| response.into_string().ok())
+                    .map(|response| response.text())
                     .unwrap_or_default();
                 if listed.matches("\"live\"").count() >= args.ingest_nodes {
                     break;
@@ -428,7 +428,7 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
         let sent_otlp_bytes = sent_otlp_bytes.clone();
         let first_transport_error = first_transport_error.clone();
         threads.push(std::thread::spawn(move || {
-            let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(60)).build();
+            let agent = crate::http::Http::new(Duration::from_secs(60));
             let mut local = Vec::new();
             let mut index = client;
             let mut sent_count = 0u64;
@@ -475,8 +475,8 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
                         let (body, proto_bytes) = &file.otlp[service_index];
                         let sent = agent
                             .post(&format!("{url}/v1development/profiles"))
-                            .set("Content-Type", "application/x-protobuf")
-                            .set("Content-Encoding", "gzip")
+                            .header("Content-Type", "application/x-protobuf")
+                            .header("Content-Encoding", "gzip")
                             .send_bytes(body);
                         (sent, body.len(), *proto_bytes)
                     }
@@ -494,13 +494,14 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
                         // it, 1,000 clients retrying at once spend the cores they share
                         // with the server on refusals, and the run measures that storm.
                         let (status, retry_after) = match &err {
-                            ureq::Error::Status(status, response) => (
+                            crate::http::Error::Status(status, response) => (
                                 *status,
                                 response
                                     .header("Retry-After")
                                     .and_then(|seconds| seconds.trim().parse::<f64>().ok()),
                             ),
-                            ureq::Error::Transport(transport) => {
+                            crate::http::Error::Transport(transport)
+                            | crate::http::Error::Body(transport) => {
                                 if let Ok(mut first) = first_transport_error.lock() {
                                     first.get_or_insert_with(|| transport.to_string());
                                 }
@@ -535,7 +536,7 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
     // nothing (the log serves a node running every role).
     if cluster.is_none() {
         // Blocking, as the metric reads below: the load has ended.
-        if let Err(err) = ureq::get(&format!("{url}/api/0/services")).call() {
+        if let Err(err) = crate::http::get(&format!("{url}/api/0/services")).call() {
             eprintln!("kiln bench ingest: the read that writes logged profiles failed: {err}");
         }
     }
@@ -667,10 +668,10 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
     if let Some(cluster) = &cluster {
         let mut outcomes = std::collections::BTreeMap::<String, f64>::new();
         for (_, url) in &cluster.servers {
-            let Some(text) = ureq::get(&format!("{url}/metrics"))
+            let Some(text) = crate::http::get(&format!("{url}/metrics"))
                 .call()
                 .ok()
-                .and_then(|response| response.into_string().ok())
+                .map(|response| response.text())
             else {
                 continue;
             };

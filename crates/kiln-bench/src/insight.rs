@@ -504,9 +504,7 @@ async fn speed_in(
         "right": {"selector": format!("{{service_name=\"{SERVICE}\"}}"), "from": end_ms - side_ms, "until": end_ms},
         "limit": 20
     });
-    let agent = ureq::AgentBuilder::new()
-        .timeout(Duration::from_secs(600))
-        .build();
+    let agent = crate::http::Http::new(Duration::from_secs(600));
     let mut timings = Vec::new();
     let mut answer = serde_json::Value::Null;
     let outcome = (|| -> anyhow::Result<()> {
@@ -514,10 +512,10 @@ async fn speed_in(
             let started = Instant::now();
             let response = agent
                 .post(&format!("{url}/api/v1/compare"))
-                .set("Content-Type", "application/json")
+                .header("Content-Type", "application/json")
                 .send_string(&body.to_string())
                 .context("POST /api/v1/compare")?;
-            answer = serde_json::from_reader(response.into_reader())?;
+            answer = response.json()?;
             timings.push(started.elapsed().as_secs_f64());
         }
         Ok(())

@@ -21,6 +21,7 @@ pub mod agent;
 pub mod chaos;
 pub mod common;
 pub mod goodput;
+pub mod http;
 pub mod ingest;
 pub mod insight;
 pub mod query;

@@ -230,16 +230,12 @@ impl Server {
         method: &str,
         request: &impl Message,
     ) -> anyhow::Result<T> {
-        let response = ureq::AgentBuilder::new()
-            .timeout(Duration::from_secs(600))
-            .build()
+        let response = crate::http::Http::new(Duration::from_secs(600))
             .post(&format!("{}/querier.v1.QuerierService/{method}", self.url))
-            .set("Content-Type", "application/proto")
+            .header("Content-Type", "application/proto")
             .send_bytes(&request.encode_to_vec())
             .map_err(|err| anyhow::anyhow!("{method} failed: {err}"))?;
-        let mut body = Vec::new();
-        std::io::Read::read_to_end(&mut response.into_reader(), &mut body)?;
-        Ok(T::decode(body.as_slice())?)
+        Ok(T::decode(response.bytes())?)
     }
 }
 
@@ -326,12 +322,13 @@ fn query_nodes_table(args: &QueryBenchArgs, data_dir: &Path, end_ms: i64) -> any
             .collect();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let listed: serde_json::Value = ureq::get(&format!("{}/api/v1/nodes", servers[0].url))
-                .call()
-                .ok()
-                .and_then(|response| response.into_string().ok())
-                .and_then(|text| serde_json::from_str(&text).ok())
-                .unwrap_or_default();
+            let listed: serde_json::Value =
+                crate::http::get(&format!("{}/api/v1/nodes", servers[0].url))
+                    .call()
+                    .ok()
+                    .map(|response| response.text())
+                    .and_then(|text| serde_json::from_str(&text).ok())
+                    .unwrap_or_default();
             let live: std::collections::BTreeSet<String> = listed["nodes"]
                 .as_array()
                 .into_iter()

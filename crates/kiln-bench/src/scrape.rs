@@ -85,9 +85,9 @@ pub async fn run(args: ScrapeBenchArgs) -> anyhow::Result<()> {
     let elapsed = started.elapsed().as_secs_f64();
     let scrapes = (served.load(Ordering::Relaxed) - served_before) as f64;
     let targets: serde_json::Value = serde_json::from_str(
-        &ureq::get(&format!("{url}/api/v1/targets"))
+        &crate::http::get(&format!("{url}/api/v1/targets"))
             .call()?
-            .into_string()?,
+            .text(),
     )?;
     let down = targets["data"]["activeTargets"]
         .as_array()

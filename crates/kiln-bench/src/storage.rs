@@ -216,9 +216,7 @@ async fn run_in(
         let services = args.services.max(1);
         let interval = args.interval;
         threads.push(std::thread::spawn(move || {
-            let agent = ureq::AgentBuilder::new()
-                .timeout(Duration::from_secs(120))
-                .build();
+            let agent = crate::http::Http::new(Duration::from_secs(120));
             let mut random = Random(0x9e37_79b9_7f4a_7c15 ^ (client as u64 + 1));
             loop {
                 let job = next.fetch_add(1, Ordering::Relaxed);
@@ -441,9 +439,7 @@ pub async fn run_delay(args: DelayBenchArgs) -> anyhow::Result<()> {
         let (templates, url) = (templates.clone(), url.clone());
         let (seconds, interval) = (args.seconds, args.interval);
         threads.push(std::thread::spawn(move || {
-            let agent = ureq::AgentBuilder::new()
-                .timeout(Duration::from_secs(60))
-                .build();
+            let agent = crate::http::Http::new(Duration::from_secs(60));
             let mut random = Random(0x9e37_79b9_7f4a_7c15 ^ (instance as u64 + 1));
             // Instances start spread over one interval, as real ones do.
             let offset = Duration::from_millis(interval * 1000 * instance as u64 / 10);
@@ -526,18 +522,14 @@ fn query_total(url: &str, stream: Stream, start: i64, end: i64) -> anyhow::Resul
         max_nodes: Some(1),
         ..Default::default()
     };
-    let response = ureq::AgentBuilder::new()
-        .timeout(Duration::from_secs(600))
-        .build()
+    let response = crate::http::Http::new(Duration::from_secs(600))
         .post(&format!(
             "{url}/querier.v1.QuerierService/SelectMergeStacktraces"
         ))
-        .set("Content-Type", "application/proto")
+        .header("Content-Type", "application/proto")
         .send_bytes(&request.encode_to_vec())
         .context("query failed")?;
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut response.into_reader(), &mut bytes)?;
-    let response = api::SelectMergeStacktracesResponse::decode(bytes.as_slice())?;
+    let response = api::SelectMergeStacktracesResponse::decode(response.bytes())?;
     Ok(response.flamegraph.map_or(0, |graph| graph.total))
 }
 

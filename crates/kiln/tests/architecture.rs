@@ -308,4 +308,13 @@ fn the_release_binary_has_no_test_kit() {
     assert!(!has_testkit(&release), "{release}");
     // The check sees the kit where it is linked in.
     assert!(has_testkit(&tree(&["--features", "bench-services"])));
+    // One HTTP client in what users run: reqwest. ureq is the tests' blocking client (a
+    // dev-dependency, and the test kit's), seen here only where the kit is linked in.
+    let has = |tree: &str, name: &str| {
+        tree.lines()
+            .any(|line| line.starts_with(&format!("{name} ")))
+    };
+    assert!(has(&release, "reqwest"), "{release}");
+    assert!(!has(&release, "ureq"), "{release}");
+    assert!(has(&tree(&["--features", "bench-services"]), "ureq"));
 }
