@@ -33,6 +33,12 @@ fn main() {
         }
         Err(err) => {
             println!("cargo:warning=no clang ({err}): the agent is built without eBPF (apt install clang)");
+            // A path that never exists is always out of date: every build looks for clang
+            // again, so installing it later is enough to get eBPF back.
+            println!(
+                "cargo:rerun-if-changed={}",
+                out.join("clang-missing").display()
+            );
             let _ = std::fs::write(&object, b"");
         }
     }

@@ -343,9 +343,11 @@ impl ProcessTable {
             .map(|(instance, process)| (*instance, process))
     }
 
-    /// Forgets exited and replaced processes; call after their samples were reported.
-    pub fn forget_exited(&mut self) {
-        self.instances.retain(|_, process| !process.exited);
+    /// Forgets exited and replaced processes, but those `keep` names: call after their
+    /// samples were reported, and keep those sampled since.
+    pub fn forget_exited_except(&mut self, keep: impl Fn(Instance) -> bool) {
+        self.instances
+            .retain(|instance, process| !process.exited || keep(*instance));
         self.open_files.retain(|_, file| file.strong_count() > 0);
         let instances = &self.instances;
         self.by_pid
@@ -493,7 +495,7 @@ mod tests {
             "/bin/second"
         );
         assert_eq!(table.instance(second).unwrap().comm, "second");
-        table.forget_exited();
+        table.forget_exited_except(|_| false);
         assert!(table.instance(first).is_none());
         assert!(table.instance(second).is_some());
     }

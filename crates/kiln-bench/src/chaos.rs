@@ -124,6 +124,9 @@ impl Drop for Node {
 struct Write {
     value: i64,
     acked: bool,
+    /// The ingest node it was sent to, and when it was answered.
+    node: usize,
+    at: Instant,
 }
 
 #[derive(Default)]
@@ -257,16 +260,15 @@ fn run_in(args: ChaosArgs, temp: &std::path::Path) -> anyhow::Result<()> {
             std::thread::spawn(move || {
                 let mut rng = rand::rng();
                 while Instant::now() < deadline {
-                    let up: Vec<&String> = ingest_urls
-                        .iter()
-                        .filter(|(_, up)| up.load(Ordering::SeqCst))
-                        .map(|(url, _)| url)
+                    let up: Vec<usize> = (0..ingest_urls.len())
+                        .filter(|&node| ingest_urls[node].1.load(Ordering::SeqCst))
                         .collect();
                     if up.is_empty() {
                         std::thread::sleep(Duration::from_millis(20));
                         continue;
                     }
-                    let url = up[rng.random_range(0..up.len())];
+                    let node = up[rng.random_range(0..up.len())];
+                    let url = &ingest_urls[node].0;
                     let seq = next.fetch_add(1, Ordering::SeqCst);
                     let value = 1 + (seq % 7) as i64;
                     // Times spread over the past six days, so the week's query spans
@@ -293,9 +295,9 @@ fn run_in(args: ChaosArgs, temp: &std::path::Path) -> anyhow::Result<()> {
                     };
                     let mut writes = writes.lock().expect("writes");
                     if writes.len() <= seq as usize {
-                        writes.resize(seq as usize + 1, Write { value: 0, acked: false });
+                        writes.resize(seq as usize + 1, Write { value: 0, acked: false, node, at: Instant::now() });
                     }
-                    writes[seq as usize] = Write { value, acked };
+                    writes[seq as usize] = Write { value, acked, node, at: Instant::now() };
                     if acked {
                         acked_total.fetch_add(value, Ordering::SeqCst);
                     }
@@ -321,6 +323,8 @@ fn run_in(args: ChaosArgs, temp: &std::path::Path) -> anyhow::Result<()> {
 
     // The faults, from this thread.
     let mut kills = 0;
+    // Each ingest node restarted, and when it was up again.
+    let mut restarts: Vec<(usize, Instant)> = Vec::new();
     let mut postgres_restarted = false;
     let mut query_node_killed = false;
     let mut next_kill = Instant::now() + Duration::from_secs(args.kill_every.max(1));
@@ -372,6 +376,8 @@ fn run_in(args: ChaosArgs, temp: &std::path::Path) -> anyhow::Result<()> {
             kills += 1;
             std::thread::sleep(Duration::from_secs(1));
             cluster.start(&mut nodes[index])?;
+            let position = ingest.iter().position(|i| *i == index).unwrap_or(0);
+            restarts.push((position, Instant::now()));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -416,6 +422,27 @@ fn run_in(args: ChaosArgs, temp: &std::path::Path) -> anyhow::Result<()> {
             breaches.push(format!("w{seq} unacknowledged, stored {stored}"));
         }
     }
+    // A node killed and started again takes writes again: every restart but one too close
+    // to the end to be sent any is followed by a write it acknowledged.
+    let judged: Vec<&(usize, Instant)> = restarts
+        .iter()
+        .filter(|(_, at)| deadline.saturating_duration_since(*at) >= Duration::from_secs(2))
+        .collect();
+    let recovered = judged
+        .iter()
+        .filter(|(node, up)| {
+            writes
+                .iter()
+                .any(|write| write.acked && write.node == *node && write.at > *up)
+        })
+        .count();
+    if recovered < judged.len() {
+        breaches.push(format!(
+            "{} of {} restarted ingest nodes acknowledged no write after their restart",
+            judged.len() - recovered,
+            judged.len()
+        ));
+    }
     let outcomes = outcomes.lock().expect("outcomes");
     let refused = refused.lock().expect("refused");
     println!();
@@ -433,6 +460,10 @@ fn run_in(args: ChaosArgs, temp: &std::path::Path) -> anyhow::Result<()> {
     println!("| not acknowledged: present / absent | {unacked_present} / {unacked_absent} |");
     println!("| refused writes by status | {:?} |", sorted(&refused));
     println!("| ingest kills (SIGKILL + restart) | {kills} |");
+    println!(
+        "| restarted ingest nodes acknowledging writes again | {recovered} / {} |",
+        judged.len()
+    );
     println!("| PostgreSQL restarts | {} |", u8::from(postgres_restarted));
     println!(
         "| query node killed during a week's query | {} |",

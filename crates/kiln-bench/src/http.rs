@@ -7,6 +7,7 @@
 //! `block_in_place`. One client, one connection pool, shared by every thread that clones
 //! it, so `kiln` links one HTTP client and not two.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -41,26 +42,50 @@ fn block<F: Future>(future: F) -> F::Output {
 }
 
 /// A client with one timeout for every request (connect, send and the whole body).
+///
+/// Clients are made once per timeout and shared: making one loads the TLS roots, which
+/// costs milliseconds, and a bench that asked for a client per request measured that.
+/// One that cannot be made (no TLS backend) fails each of its requests, with why.
 #[derive(Clone)]
 pub struct Http {
-    client: reqwest::Client,
+    client: Result<reqwest::Client, String>,
 }
 
 impl Http {
     pub fn new(timeout: Duration) -> Http {
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .build()
-            .unwrap_or_else(|_| reqwest::Client::new());
+        static CLIENTS: OnceLock<std::sync::Mutex<HashMap<Duration, reqwest::Client>>> =
+            OnceLock::new();
+        let mut clients = match CLIENTS.get_or_init(Default::default).lock() {
+            Ok(clients) => clients,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let client = match clients.get(&timeout) {
+            Some(client) => Ok(client.clone()),
+            None => reqwest::Client::builder()
+                .timeout(timeout)
+                .build()
+                .map(|client| clients.entry(timeout).or_insert(client).clone())
+                .map_err(|err| format!("cannot make an HTTP client: {}", describe(&err))),
+        };
         Http { client }
     }
 
     pub fn get(&self, url: &str) -> Request {
-        Request(self.client.get(url))
+        Request(
+            self.client
+                .as_ref()
+                .map(|c| c.get(url))
+                .map_err(Clone::clone),
+        )
     }
 
     pub fn post(&self, url: &str) -> Request {
-        Request(self.client.post(url))
+        Request(
+            self.client
+                .as_ref()
+                .map(|c| c.post(url))
+                .map_err(Clone::clone),
+        )
     }
 }
 
@@ -69,19 +94,20 @@ pub fn get(url: &str) -> Request {
     Http::new(Duration::from_secs(60)).get(url)
 }
 
-pub struct Request(reqwest::RequestBuilder);
+pub struct Request(Result<reqwest::RequestBuilder, String>);
 
 impl Request {
     pub fn header(self, name: &str, value: &str) -> Request {
-        Request(self.0.header(name, value))
+        Request(self.0.map(|r| r.header(name, value)))
     }
 
     pub fn call(self) -> Result<Response, Error> {
-        block(async move { Response::read(self.0.send().await).await })
+        let request = self.0.map_err(Error::Transport)?;
+        block(async move { Response::read(request.send().await).await })
     }
 
     pub fn send_bytes(self, body: &[u8]) -> Result<Response, Error> {
-        Request(self.0.body(Bytes::copy_from_slice(body))).call()
+        Request(self.0.map(|r| r.body(Bytes::copy_from_slice(body)))).call()
     }
 
     pub fn send_string(self, body: &str) -> Result<Response, Error> {

@@ -43,8 +43,9 @@ use std::sync::Arc;
 use super::memory::Memory;
 use super::{Copy, Frames};
 
-/// Ends the reason of a JVM read before the loader relocated libjvm.so (its tables'
-/// pointers are still zero): the process is looked at again when its mappings change.
+/// Ends the reason of a JVM read before the loader placed and relocated libjvm.so (its
+/// tables' pointers still zero, or its data not mapped where the tables say yet, so
+/// they read as garbage): the process is looked at again when its mappings change.
 pub const NOT_READY: &str = "not initialized yet";
 
 /// Whether a mapped file may hold HotSpot.
@@ -129,7 +130,9 @@ fn entries(
     let stride = usize::try_from(stride)
         .ok()
         .filter(|s| (16..=256).contains(s))
-        .ok_or("its vmStructs entry size is implausible")?;
+        .ok_or_else(|| {
+            format!("its vmStructs entry size ({stride}) is implausible: {NOT_READY}")
+        })?;
     const CHUNK: usize = 128;
     let mut at = array;
     for _ in 0..MAX_ENTRIES / CHUNK {
@@ -140,7 +143,7 @@ fn entries(
             count /= 2;
         }
         if count == 0 {
-            return Err("its vmStructs are unreadable".into());
+            return Err(format!("its vmStructs are unreadable: {NOT_READY}"));
         }
         // Every name of the chunk at once.
         let pointers: Vec<u64> = (0..count)
@@ -187,7 +190,7 @@ fn entries(
         }
         at += (stride * count) as u64;
     }
-    Err("its vmStructs do not end".into())
+    Err(format!("its vmStructs do not end: {NOT_READY}"))
 }
 
 fn read_tables(

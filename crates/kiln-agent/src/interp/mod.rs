@@ -445,6 +445,8 @@ pub struct Interpreters {
     /// Events of each thread not joined yet, oldest first.
     pending: HashMap<u32, std::collections::VecDeque<Event>>,
     binaries: HashMap<String, Option<Binary>>,
+    /// Per process, how many times its runtime was found not initialized yet.
+    not_ready: HashMap<Instance, u32>,
     pub frames: Frames,
     /// Events whose sample never came (the ring dropped it, or the sample was lost).
     pub unjoined: AtomicU64,
@@ -455,6 +457,11 @@ pub struct Interpreters {
 /// sample; a thread is sampled at most every millisecond, so the window tells samples
 /// apart.
 const JOIN_WINDOW_NANOS: u64 = 500_000;
+
+/// Times a runtime found not initialized is looked at again (each time its mappings
+/// change) before it counts as unsupported, with the reason. A JVM maps some dozens of
+/// regions as it starts.
+const MAX_NOT_READY: u32 = 64;
 
 /// Events kept per thread while their samples are awaited.
 const MAX_PENDING: usize = 256;
@@ -531,8 +538,17 @@ impl Interpreters {
                 "unsupported: its frames are read with eBPF, which is off or unavailable".into(),
             ),
             Some((_, Ok(runtime))) => State::Known(Box::new(runtime), monotonic_nanos()),
-            // Mapped, not yet relocated: looked at again when its mappings change.
-            Some((_, Err(reason))) if reason.ends_with(hotspot::NOT_READY) => {
+            // Mapped, not yet loaded whole or relocated: looked at again when its
+            // mappings change, for as long as a runtime takes to start.
+            Some((_, Err(reason)))
+                if reason.ends_with(hotspot::NOT_READY)
+                    && *self
+                        .not_ready
+                        .entry(instance)
+                        .and_modify(|n| *n += 1)
+                        .or_insert(1)
+                        <= MAX_NOT_READY =>
+            {
                 State::Native(process.generation)
             }
             Some((kind, Err(reason))) => {
@@ -693,9 +709,11 @@ impl Interpreters {
         (merged, Some((kind, outcome)))
     }
 
-    /// Forgets processes that are gone, and the frames of the interval just reported.
-    pub fn retain(&mut self, live: impl Fn(Instance) -> bool, frame_budget: usize) {
+    /// Forgets processes that are gone. (The frames are started anew, when over their
+    /// budget, as an interval ends: see the collector's `begin_report`.)
+    pub fn retain(&mut self, live: impl Fn(Instance) -> bool) {
         self.states.retain(|instance, _| live(*instance));
+        self.not_ready.retain(|instance, _| live(*instance));
         // An event read just before a report may have its sample in the next batch: only
         // events a second old, whose samples never came, are dropped.
         let stale = monotonic_nanos().saturating_sub(1_000_000_000);
@@ -703,9 +721,6 @@ impl Interpreters {
             queue.retain(|event| event.time >= stale);
             !queue.is_empty()
         });
-        if self.frames.bytes() > frame_budget {
-            self.frames = Frames::default();
-        }
     }
 
     /// Bytes held by named code objects and interned frames.

@@ -830,7 +830,9 @@ fn a_cluster_under_kills_and_a_postgres_restart_keeps_every_acknowledged_write_o
             .and_then(|cell| cell.trim().parse().ok())
             .unwrap_or_else(|| panic!("no {name} row in {output}"))
     };
-    assert!(row("acknowledged") > 1_000, "{output}");
+    // Not a rate (that is the bench's to report, and a loaded machine's to lower): enough
+    // writes for loss to show, and a cluster that takes them again after every fault.
+    assert!(row("acknowledged") >= 100, "{output}");
     assert_eq!(
         row("acknowledged, present exactly once"),
         row("acknowledged")
@@ -838,6 +840,16 @@ fn a_cluster_under_kills_and_a_postgres_restart_keeps_every_acknowledged_write_o
     assert_eq!(row("acknowledged, lost"), 0);
     assert_eq!(row("acknowledged, stored twice or wrong"), 0);
     assert!(row("ingest kills (SIGKILL + restart)") >= 3, "{output}");
+    let again = output
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("| restarted ingest nodes acknowledging writes again | ")
+        })
+        .and_then(|rest| rest.trim_end_matches(" |").split_once(" / "))
+        .map(|(got, of)| (got.to_string(), of.to_string()))
+        .unwrap_or_else(|| panic!("no restart row in {output}"));
+    assert_eq!(again.0, again.1, "{output}");
+    assert!(again.1.parse::<u32>().is_ok_and(|n| n >= 2), "{output}");
     assert_eq!(row("PostgreSQL restarts"), 1);
     assert_eq!(row("query node killed during a week's query"), 1);
     assert!(output.contains("every acknowledged write present exactly once"));
