@@ -143,9 +143,7 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
                 Some(("offcpu", share)) => ("true", Some(share), "true"),
                 _ => anyhow::bail!("unknown mode {mode:?}: perf, ebpf, native or offcpu=SHARE"),
             };
-            let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
-                .local_addr()?
-                .port();
+            let metrics_port = kiln_child::free_port();
             let mut agent = std::process::Command::new(&exe)
                 .args([
                     "agent",

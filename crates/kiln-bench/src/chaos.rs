@@ -17,7 +17,6 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -61,7 +60,7 @@ struct Node {
     target: &'static str,
     port: u16,
     data_dir: PathBuf,
-    child: Option<Child>,
+    child: Option<crate::common::KilnChild>,
     up: Arc<AtomicBool>,
 }
 
@@ -77,28 +76,18 @@ impl Cluster {
     fn start(&self, node: &mut Node) -> anyhow::Result<()> {
         // Each node's errors (expected ones among them: writes cut by a kill) in its log.
         std::fs::create_dir_all(&node.data_dir)?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(node.data_dir.join("kiln.log"))?;
-        let child = Command::new(&self.binary)
-            .args(["server", "--target", node.target])
-            .args(["--listen", &format!("127.0.0.1:{}", node.port)])
-            .arg("--data-dir")
-            .arg(&node.data_dir)
+        let child = crate::common::KilnCommand::server(&self.binary, &node.data_dir)
+            .port(node.port)
+            .args(["--target", node.target])
             .arg("--config")
             .arg(&self.config)
             .args(["--metastore", &self.metastore])
             .args(["--object-store", &self.object_store])
             .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("KILN_LOG_LEVEL", "warn")
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("cannot start kiln server")?;
-        node.child = Some(child);
-        crate::common::wait_ready(&format!("http://127.0.0.1:{}", node.port))
+            .log(crate::common::Log::File(node.data_dir.join("kiln.log")))
+            .start()
             .with_context(|| format!("{} node", node.target))?;
+        node.child = Some(child);
         node.up.store(true, Ordering::SeqCst);
         Ok(())
     }
@@ -108,7 +97,6 @@ impl Cluster {
         node.up.store(false, Ordering::SeqCst);
         if let Some(mut child) = node.child.take() {
             let _ = child.kill();
-            let _ = child.wait();
         }
     }
 }
@@ -216,7 +204,7 @@ fn run_in(args: ChaosArgs, temp: &std::path::Path) -> anyhow::Result<()> {
         for index in 0..count {
             nodes.push(Node {
                 target,
-                port: kiln_testkit::free_port(),
+                port: kiln_child::free_port(),
                 data_dir: temp.join(format!("{target}-{index}")),
                 child: None,
                 up: Arc::new(AtomicBool::new(false)),

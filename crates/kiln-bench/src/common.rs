@@ -2,9 +2,9 @@
 //! bench measures, their CPU time and metrics, and the corpus read as pprof.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
+pub use kiln_child::{KilnChild, KilnCommand, Log};
 
 /// The files of a corpus directory, in name order, of at most `max_bytes`, that decode as
 /// pprof: (file name, bytes as stored, decoded profile).
@@ -43,7 +43,7 @@ pub fn corpus_pprofs(
 /// `kiln` binary to start instead, so that two builds are compared under the same load
 /// generator. Compaction is off: it is measured on its own, and here it would compete for
 /// the cores.
-pub fn start_server(data_dir: &std::path::Path) -> anyhow::Result<(std::process::Child, String)> {
+pub fn start_server(data_dir: &std::path::Path) -> anyhow::Result<(KilnChild, String)> {
     start_server_with(data_dir, &["--compaction".into(), "false".into()])
 }
 
@@ -51,7 +51,7 @@ pub fn start_server(data_dir: &std::path::Path) -> anyhow::Result<(std::process:
 pub fn start_server_with(
     data_dir: &std::path::Path,
     flags: &[std::ffi::OsString],
-) -> anyhow::Result<(std::process::Child, String)> {
+) -> anyhow::Result<(KilnChild, String)> {
     start_server_pinned(data_dir, flags, &[])
 }
 
@@ -61,50 +61,21 @@ pub fn start_server_pinned(
     data_dir: &std::path::Path,
     flags: &[std::ffi::OsString],
     cpus: &[usize],
-) -> anyhow::Result<(std::process::Child, String)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let binary = match std::env::var_os("KILN_BENCH_SERVER") {
-        Some(binary) => std::path::PathBuf::from(binary),
-        None => std::env::current_exe()?,
-    };
-    let mut command = match cpus.is_empty() {
-        true => std::process::Command::new(&binary),
-        false => {
-            let list: Vec<String> = cpus.iter().map(usize::to_string).collect();
-            let mut command = std::process::Command::new("taskset");
-            command.args(["-c", &list.join(",")]).arg(&binary);
-            command
-        }
-    };
-    let mut child = command
-        .args(["server", "--listen", &format!("127.0.0.1:{port}")])
+) -> anyhow::Result<(KilnChild, String)> {
+    let child = KilnCommand::server(this_kiln()?, data_dir)
         .args(flags)
-        .arg("--data-dir")
-        .arg(data_dir)
-        .env("KILN_LOG_LEVEL", "warn")
-        .spawn()
-        .with_context(|| format!("cannot start the server {}", binary.display()))?;
-    let url = format!("http://127.0.0.1:{port}");
-    if let Err(err) = wait_ready(&url) {
-        let _ = child.kill();
-        return Err(err);
-    }
+        .cpus(cpus)
+        .start()?;
+    let url = child.url();
     Ok((child, url))
 }
 
-/// Waits up to a minute for a started server's `/ready`.
-pub fn wait_ready(url: &str) -> anyhow::Result<()> {
-    let agent = crate::http::Http::new(Duration::from_secs(1));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while agent.get(&format!("{url}/ready")).call().is_err() {
-        if Instant::now() > deadline {
-            bail!("the server at {url} did not become ready");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
+/// The `kiln` a bench starts its servers from: `KILN_BENCH_SERVER`, else this one.
+pub fn this_kiln() -> anyhow::Result<std::path::PathBuf> {
+    Ok(match std::env::var_os("KILN_BENCH_SERVER") {
+        Some(binary) => std::path::PathBuf::from(binary),
+        None => std::env::current_exe().context("cannot find the kiln binary")?,
+    })
 }
 
 /// User plus system CPU seconds of a process, from `/proc/PID/stat` (Linux; clock ticks are
@@ -120,20 +91,8 @@ pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 /// Stops the server the way an operator would (SIGTERM), so the metastore is checkpointed.
-pub fn stop(server: &mut std::process::Child) {
-    // SAFETY: a plain syscall on our own child's pid.
-    unsafe {
-        libc::kill(server.id() as i32, libc::SIGTERM);
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = server.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = server.kill();
-    let _ = server.wait();
+pub fn stop(server: &mut KilnChild) {
+    server.stop();
 }
 
 /// One counter's value from the server's `/metrics`.

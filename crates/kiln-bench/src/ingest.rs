@@ -101,10 +101,10 @@ pub struct IngestArgs {
 /// The `--ingest-nodes` processes, and the PostgreSQL they share (stopped on drop).
 struct IngestCluster {
     _postgres: crate::services::OwnPostgres,
-    servers: Vec<(std::process::Child, String)>,
+    servers: Vec<(crate::common::KilnChild, String)>,
     /// With `--compaction true`: one `--target compact` process over the same stores,
     /// whose CPU counts as the servers'.
-    compactor: Option<(std::process::Child, String)>,
+    compactor: Option<(crate::common::KilnChild, String)>,
 }
 
 impl IngestCluster {

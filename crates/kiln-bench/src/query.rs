@@ -202,7 +202,7 @@ fn query_while_ingesting(
 }
 
 struct Server {
-    child: std::process::Child,
+    child: crate::common::KilnChild,
     url: String,
 }
 
@@ -243,17 +243,7 @@ impl Drop for Server {
     /// SIGTERM first: a clean shutdown leaves the membership, so query nodes started on
     /// the same metastore next do not count this one as live.
     fn drop(&mut self) {
-        #[cfg(target_os = "linux")]
-        {
-            // SAFETY: a signal to a child this process started and has not reaped.
-            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.stop();
     }
 }
 

@@ -34,10 +34,7 @@ async fn open(dir: &tempfile::TempDir) -> (ObjectStorage, Metastore) {
     (storage, metastore)
 }
 
-fn fixture(name: &str) -> Vec<u8> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
-    std::fs::read(path.join(name)).unwrap()
-}
+use kiln_testkit::fixture;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_land_whole_once_and_release_their_memory() {

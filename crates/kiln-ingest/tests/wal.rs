@@ -19,10 +19,7 @@ const REQUESTS: usize = 4;
 /// The time of the first profile, the same for every run of a test.
 static BASE: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
 
-fn fixture(name: &str) -> Vec<u8> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
-    std::fs::read(path.join(name)).unwrap()
-}
+use kiln_testkit::fixture;
 
 /// Request `request`: one profile of each of two services, with fixed ids and times so
 /// that two runs write the same datasets.

@@ -1,6 +1,7 @@
 //! Real backing services for Kiln's tests: a PostgreSQL server (Debian's binaries) and an
 //! S3-compatible server (`moto[server]` from PyPI), each started once per test process on
-//! 127.0.0.1 and stopped when the process exits.
+//! 127.0.0.1 and stopped when the process exits; and the helpers every test binary shares
+//! (`kiln` children from kiln-child, fixtures, polling).
 //!
 //! Each test takes a fresh database or bucket from the shared server, so tests stay
 //! independent while paying the server start-up once. A server is stopped by an `atexit`
@@ -16,13 +17,28 @@ mod process;
 pub mod s3;
 pub mod tls;
 
-/// A free TCP port on loopback (the listener is closed before it is used; good enough
-/// for tests that start their own servers).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .expect("a free loopback port")
+/// `kiln` child processes, as the benches start them too.
+pub use kiln_child::{free_port, KilnChild, KilnCommand, Log};
+
+/// A file of the workspace's `testdata/`.
+pub fn fixture(name: &str) -> Vec<u8> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata")
+        .join(name);
+    std::fs::read(&path).unwrap_or_else(|err| panic!("fixture {}: {err}", path.display()))
+}
+
+/// Polls `done` every 50 ms until it holds; fails the test after `timeout`, naming `what`
+/// was awaited.
+pub fn wait_until(what: &str, timeout: std::time::Duration, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 pub use postgres::postgres;

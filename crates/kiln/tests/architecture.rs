@@ -9,7 +9,8 @@ use std::process::Command;
 const LAYERS: &[(&str, u32)] = &[
     ("kiln-model", 0),
     ("kiln-runtime", 0),
-    ("kiln-testkit", 0),
+    ("kiln-child", 0),
+    ("kiln-testkit", 1),
     ("kiln-storage", 1),
     ("kiln-metastore", 1),
     ("kiln-auth", 1),

@@ -3,54 +3,32 @@
 //! rounds; afterwards every acknowledged profile must be readable, whole.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
-}
+use kiln_testkit::{free_port, KilnChild, KilnCommand, Log};
 
-fn start(data_dir: &Path, port: u16) -> Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+/// `kiln server` on `data_dir` and `port`, with the data directory's `kiln.yaml`.
+fn kiln_server(data_dir: &Path, port: u16) -> KilnCommand {
+    KilnCommand::server(env!("CARGO_BIN_EXE_kiln"), data_dir)
+        .port(port)
+        // The fixture's own time is years old: keep it.
         .args([
-            "server",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
             "--flush-interval-ms",
             "50",
-            // The fixture's own time is years old: keep it.
             "--retention-days",
             "0",
             "--config",
         ])
         .arg(data_dir.join("kiln.yaml"))
-        .arg("--data-dir")
-        .arg(data_dir)
-        .env("KILN_LOG_LEVEL", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("kiln server starts");
-    let agent = ureq::AgentBuilder::new()
-        .timeout(Duration::from_secs(2))
-        .build();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if agent
-            .get(&format!("http://127.0.0.1:{port}/ready"))
-            .call()
-            .is_ok()
-        {
-            return child;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("server did not become ready");
+        .ready_within(Duration::from_secs(30))
+}
+
+fn start(data_dir: &Path, port: u16) -> KilnChild {
+    kiln_server(data_dir, port)
+        .start()
+        .expect("kiln server starts")
 }
 
 /// A small xorshift generator seeded from the clock: random kill moments, no dependency.
@@ -123,8 +101,7 @@ fn acknowledged_profiles_survive_sigkill() {
     for round in 0..rounds {
         std::thread::sleep(Duration::from_millis(300 + random.next_below(900)));
         let before = acked.lock().unwrap().len();
-        server.kill().expect("SIGKILL"); // Child::kill sends SIGKILL on Unix
-        server.wait().expect("reaped");
+        server.kill().expect("SIGKILL");
         eprintln!("round {round}: killed with {before} profiles acknowledged so far");
         server = start(data_dir.path(), port);
     }
@@ -310,35 +287,14 @@ fn compaction_killed_at_every_step_loses_and_duplicates_nothing() {
 
         // With compaction on and the crash point armed, the server kills itself.
         write_config(data_dir.path(), true);
-        let mut crashing = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args(["server", "--listen", &format!("127.0.0.1:{port}")])
-            .args([
-                "--flush-interval-ms",
-                "50",
-                "--retention-days",
-                "0",
-                "--config",
-            ])
-            .arg(data_dir.path().join("kiln.yaml"))
-            .arg("--data-dir")
-            .arg(data_dir.path())
-            .env("KILN_LOG_LEVEL", "warn")
+        let mut crashing = kiln_server(data_dir.path(), port)
             .env("KILN_TEST_CRASH_AT", point)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .log(Log::Discard)
             .spawn()
             .expect("kiln server starts");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let status = loop {
-            if let Some(status) = crashing.try_wait().unwrap() {
-                break status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{point}: the crash point was never reached"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = crashing
+            .wait_exit(Duration::from_secs(60))
+            .unwrap_or_else(|err| panic!("{point}: the crash point was never reached: {err}"));
         assert_eq!(status.signal(), Some(9), "{point}: {status:?}");
 
         // Restarted, compaction completes from whatever the crash left.

@@ -21,21 +21,14 @@ const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 const RSS_BOUND: u64 = 1 << 30;
 const READY_BOUND: Duration = Duration::from_millis(100);
 
-fn start(dir: &Path, port: u16) -> ServerChild {
+fn start(dir: &Path, port: u16) -> KilnChild {
     // A short commit interval, so that the clients measuring capacity are not held back
     // by the interval instead of the server's work.
-    let args: Vec<&std::ffi::OsStr> = vec![
-        "--retention-days".as_ref(),
-        "0".as_ref(),
-        "--flush-interval-ms".as_ref(),
-        "50".as_ref(),
-    ];
-    ServerChild::start(dir, port, &args, || {
-        TestServer::agent()
-            .get(&format!("http://127.0.0.1:{port}/ready"))
-            .call()
-            .is_ok()
-    })
+    kiln_server(dir)
+        .port(port)
+        .args(["--retention-days", "0", "--flush-interval-ms", "50"])
+        .start()
+        .expect("kiln server starts")
 }
 
 fn url_escape(text: &str) -> String {
@@ -173,7 +166,7 @@ fn four_times_capacity_for_a_minute_gets_200_or_429_and_loses_nothing() {
     let stop = Arc::new(AtomicBool::new(false));
     let slowest_ready = Arc::new(AtomicU64::new(0));
     let watcher = {
-        let (stop, slowest_ready, pid) = (stop.clone(), slowest_ready.clone(), server.0.id());
+        let (stop, slowest_ready, pid) = (stop.clone(), slowest_ready.clone(), server.id());
         let ready = format!("{base}/ready");
         std::thread::spawn(move || {
             let agent = TestServer::agent();

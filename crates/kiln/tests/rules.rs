@@ -9,17 +9,14 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use kiln_testkit::{fixture, free_port, wait_until, KilnChild, KilnCommand};
 
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 /// In the checkout profile (profefe's collector): 3.70 s of its 9.64 s per `go tool pprof`.
 const FUNCTION: &str = "database/sql.(*Stmt).ExecContext";
 const STEP_MS: i64 = 2_000;
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
-}
 
 fn now_ms() -> i64 {
     kiln_model::time::now_ms()
@@ -29,23 +26,6 @@ fn agent() -> ureq::Agent {
     ureq::AgentBuilder::new()
         .timeout(Duration::from_secs(30))
         .build()
-}
-
-fn fixture(name: &str) -> Vec<u8> {
-    std::fs::read(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../testdata")
-            .join(name),
-    )
-    .expect("fixture")
-}
-
-fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 struct Prometheus {
@@ -172,33 +152,23 @@ impl Drop for Prometheus {
 struct Kiln {
     dir: PathBuf,
     port: u16,
-    child: Option<Child>,
+    child: KilnChild,
 }
 
 impl Kiln {
     fn start(dir: &Path, port: u16, crash_at: Option<&str>) -> Kiln {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_kiln"));
-        command
-            .args(["server", "--listen", &format!("127.0.0.1:{port}")])
+        let mut command = KilnCommand::server(env!("CARGO_BIN_EXE_kiln"), dir)
+            .port(port)
             .args(["--flush-interval-ms", "50", "--config"])
             .arg(dir.join("kiln.yaml"))
-            .arg("--data-dir")
-            .arg(dir)
-            .env("KILN_LOG_LEVEL", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+            .ready_within(Duration::from_secs(30));
         if let Some(point) = crash_at {
-            command.env("KILN_TEST_CRASH_AT", point);
+            command = command.env("KILN_TEST_CRASH_AT", point);
         }
-        let child = command.spawn().expect("kiln starts");
-        let url = format!("http://127.0.0.1:{port}/ready");
-        wait_until("kiln to be ready", Duration::from_secs(30), || {
-            agent().get(&url).call().is_ok()
-        });
         Kiln {
             dir: dir.to_path_buf(),
             port,
-            child: Some(child),
+            child: command.start().expect("kiln starts"),
         }
     }
 
@@ -293,39 +263,22 @@ impl Kiln {
     }
 
     fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        let _ = self.child.kill();
     }
 
     /// Waits for a SIGKILL from a crash point.
     fn wait_for_crash(&mut self) {
-        let mut child = self.child.take().expect("running");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                use std::os::unix::process::ExitStatusExt;
-                assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "kiln never reached its crash point"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        use std::os::unix::process::ExitStatusExt;
+        let status = self
+            .child
+            .wait_exit(Duration::from_secs(60))
+            .expect("kiln reaches its crash point");
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
     }
 
     fn restart(&mut self, crash_at: Option<&str>) {
         self.kill();
         *self = Kiln::start(&self.dir.clone(), self.port, crash_at);
-    }
-}
-
-impl Drop for Kiln {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 

@@ -549,13 +549,7 @@ fn spawn_server(port: u16, data_dir: &Path, args: &[&str]) -> Child {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use kiln_testkit::free_port;
 
 /// Named frames of a service's stacks, as a share of its samples.
 fn named_share(

@@ -362,10 +362,7 @@ pub fn post_json(
 }
 
 /// A committed fixture from `testdata/`.
-pub fn fixture(name: &str) -> Vec<u8> {
-    std::fs::read(workspace_root().join("testdata").join(name))
-        .unwrap_or_else(|err| panic!("fixture {name}: {err}"))
-}
+pub use kiln_testkit::fixture;
 
 /// `../shared/corpus`, when it exists.
 pub fn corpus_dir() -> Option<PathBuf> {
@@ -666,46 +663,12 @@ pub fn tree_functions(bytes: &[u8]) -> std::collections::HashMap<String, (i64, i
     functions
 }
 
-/// A `kiln server` child process (for tests that signal it or measure its memory),
-/// killed when dropped.
-pub struct ServerChild(pub std::process::Child);
+pub use kiln_testkit::{KilnChild, KilnCommand};
 
-impl Drop for ServerChild {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl ServerChild {
-    /// `kiln server --listen 127.0.0.1:<port> --data-dir <dir> <args>`, once `ready`
-    /// says it answers (within 30 s).
-    pub fn start(
-        dir: &Path,
-        port: u16,
-        args: &[&std::ffi::OsStr],
-        ready: impl Fn() -> bool,
-    ) -> ServerChild {
-        let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args(["server", "--listen", &format!("127.0.0.1:{port}")])
-            .arg("--data-dir")
-            .arg(dir)
-            .args(args)
-            .env("KILN_LOG_LEVEL", "warn")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .expect("kiln server starts");
-        let child = ServerChild(child);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while std::time::Instant::now() < deadline {
-            if ready() {
-                return child;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        panic!("the server did not become ready");
-    }
+/// `kiln server` as a child process (for tests that signal it, kill it or measure its
+/// memory) on `data_dir`, from the binary under test.
+pub fn kiln_server(data_dir: &Path) -> KilnCommand {
+    KilnCommand::server(env!("CARGO_BIN_EXE_kiln"), data_dir)
 }
 
 /// The value of the unlabelled sample `name` in a Prometheus text exposition.

@@ -2,7 +2,7 @@
 //! compaction, segments are merged into per-service blocks and their objects deleted, and
 //! retention removes exactly what is older than the window.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kiln_node::ServerConfig;
 use kiln_query::api;
@@ -471,12 +471,9 @@ fn post_pprof(server: &TestServer, name: &str, from: i64, pprof: &[u8]) {
     assert_eq!(status, 200, "{text}");
 }
 
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// [`kiln_testkit::wait_until`] for up to a minute.
+fn wait_until(what: &str, done: impl FnMut() -> bool) {
+    kiln_testkit::wait_until(what, Duration::from_secs(60), done);
 }
 
 fn compaction_changes_no_answer_and_leaves_one_block_per_service(backend: Backend) {

@@ -914,23 +914,13 @@ fn the_systemd_example_starts_a_working_cluster() {
         );
         env.retain(|key, _| !key.starts_with("AWS_"));
         env.insert("KILN_LOG_LEVEL".into(), "warn".into());
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        // Told where to listen by KILN_LISTEN, as systemd tells it.
+        let child = KilnCommand::new(env!("CARGO_BIN_EXE_kiln"), port)
             .args(&args)
             .envs(&env)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("kiln starts");
-        let child = ServerChild(child);
+            .start()
+            .unwrap_or_else(|err| panic!("{instance}: {err}"));
         let server = TestServer::at(&url);
-        crate::scrape::wait_until(
-            &format!("{instance} ready"),
-            std::time::Duration::from_secs(60),
-            || {
-                ureq::get(&format!("{url}/ready"))
-                    .call()
-                    .is_ok_and(|r| r.status() == 200)
-            },
-        );
         nodes.push((instance, child, server));
     }
     let (ingest, query) = (&nodes[0].2, &nodes[1].2);

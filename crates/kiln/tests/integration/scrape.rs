@@ -7,7 +7,7 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kiln_node::ServerConfig;
 use kiln_query::api;
@@ -29,13 +29,7 @@ pub(crate) fn scrape_configs(yaml: &str) -> Vec<kiln_scrape::ScrapeConfig> {
     yaml_serde::from_str(yaml).expect("scrape config parses")
 }
 
-pub(crate) fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
+pub(crate) use kiln_testkit::wait_until;
 
 /// Self value per function of one service's profiles of `profile_type`.
 fn self_by_function(server: &TestServer, profile_type: &str, service: &str) -> Vec<(String, i64)> {

@@ -559,20 +559,10 @@ fn retries_are_acknowledged_and_stored_once() {
 fn a_retry_after_kill_9_between_write_and_acknowledgement_is_stored_once() {
     use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let url = format!("http://127.0.0.1:{port}");
-    let ready = || {
-        TestServer::agent()
-            .get(&format!("{url}/ready"))
-            .call()
-            .is_ok()
-    };
-    let args: [&std::ffi::OsStr; 2] = ["--retention-days".as_ref(), "0".as_ref()];
-    let server = ServerChild::start(dir.path(), port, &args, ready);
+    let command = kiln_server(dir.path()).args(["--retention-days", "0"]);
+    let port = command.port_number();
+    let url = command.url();
+    let mut server = command.start().expect("kiln server starts");
     let client = TestServer::at(&url);
     let path = |service: &str| {
         format!("/ingest?name={service}.cpu&format=folded&sampleRate=100&from=1700000000&until=1700000010")
@@ -617,14 +607,12 @@ fn a_retry_after_kill_9_between_write_and_acknowledgement_is_stored_once() {
         );
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    let mut server = server;
-    server.0.kill().expect("SIGKILL");
-    server.0.wait().unwrap();
+    server.kill().expect("SIGKILL");
     let mut unread = Vec::new();
     let _ = stream.read_to_end(&mut unread);
     drop(stream);
 
-    let _server = ServerChild::start(dir.path(), port, &args, ready);
+    server.restart().expect("kiln server starts again");
     for (service, body) in [
         ("crash-flushed", flushed_body),
         ("crash-logged", logged_body),

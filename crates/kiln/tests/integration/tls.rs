@@ -23,25 +23,25 @@ fn client(ca: Option<&Path>) -> reqwest::blocking::Client {
     builder.build().unwrap()
 }
 
-fn start(dir: &Path, port: u16, certs: &Certificates) -> ServerChild {
+fn start(dir: &Path, port: u16, certs: &Certificates) -> KilnChild {
     let probe = client(Some(&certs.ca));
-    let args: Vec<&std::ffi::OsStr> = vec![
-        "--tls-cert-file".as_ref(),
-        certs.cert.as_os_str(),
-        "--tls-key-file".as_ref(),
-        certs.key.as_os_str(),
-        "--flush-interval-ms".as_ref(),
-        "50".as_ref(),
+    kiln_server(&dir.join("data"))
+        .port(port)
+        .arg("--tls-cert-file")
+        .arg(&certs.cert)
+        .arg("--tls-key-file")
+        .arg(&certs.key)
+        .args(["--flush-interval-ms", "50"])
         // The fixture's own time is years old: keep it.
-        "--retention-days".as_ref(),
-        "0".as_ref(),
-    ];
-    ServerChild::start(&dir.join("data"), port, &args, || {
-        probe
-            .get(format!("https://localhost:{port}/ready"))
-            .send()
-            .is_ok_and(|r| r.status() == 200)
-    })
+        .args(["--retention-days", "0"])
+        .ready_when(move |port| {
+            probe
+                .get(format!("https://localhost:{port}/ready"))
+                .send()
+                .is_ok_and(|r| r.status() == 200)
+        })
+        .start()
+        .expect("kiln server starts")
 }
 
 fn metric(client: &reqwest::blocking::Client, base: &str, line: &str) -> Option<f64> {
@@ -214,7 +214,7 @@ fn https_and_grpc_over_tls_on_one_port_with_the_certificate_reloaded_on_sighup()
     std::fs::copy(&second.key, &served.key).unwrap();
     // SAFETY: kill(2) with a child's pid and SIGHUP touches no memory.
     unsafe {
-        libc::kill(server.0.id() as i32, libc::SIGHUP);
+        libc::kill(server.id() as i32, libc::SIGHUP);
     }
     let reloaded = "kiln_tls_reloads_total{outcome=\"success\"} ";
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -253,7 +253,7 @@ fn https_and_grpc_over_tls_on_one_port_with_the_certificate_reloaded_on_sighup()
     std::fs::write(&served.cert, "not a certificate").unwrap();
     // SAFETY: as above.
     unsafe {
-        libc::kill(server.0.id() as i32, libc::SIGHUP);
+        libc::kill(server.id() as i32, libc::SIGHUP);
     }
     let failed = "kiln_tls_reloads_total{outcome=\"failure\"} ";
     while metric(&renewed, &base, failed) != Some(1.0) {
