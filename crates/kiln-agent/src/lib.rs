@@ -371,9 +371,13 @@ pub struct Collector {
     max_stack: usize,
 }
 
-/// A series of a report not written yet: which stacks (on or off the CPU), its labels,
-/// its processes.
+/// A series of a report not written yet: which stacks ([`ON_CPU`] or [`OFF_CPU`]), its
+/// labels, its processes.
 type SeriesToWrite = (usize, Vec<(String, String)>, Vec<Instance>);
+
+/// Indexes of [`PendingReport`]'s stacks and kernel names.
+const ON_CPU: usize = 0;
+const OFF_CPU: usize = 1;
 
 /// An interval's reports, written one series at a time ([`Collector::begin_report`]).
 struct PendingReport {
@@ -744,7 +748,7 @@ impl Collector {
         let kernel = report::resolve_kernel(&self.symbols, &stacks);
         let off_kernel = report::resolve_kernel(&self.symbols, &off);
         let mut queue = VecDeque::new();
-        for (kind, name, counts) in [(0, "process_cpu", &stacks), (1, "off_cpu", &off)] {
+        for (kind, name, counts) in [(ON_CPU, "process_cpu", &stacks), (OFF_CPU, "off_cpu", &off)] {
             for (labels, processes) in series(&self.table, &self.host, &self.config, name, counts) {
                 let instances = processes.iter().map(|(p, _)| p.instance).collect();
                 queue.push_back((kind, labels, instances));
@@ -776,7 +780,7 @@ impl Collector {
             1_000_000_000 / i64::try_from(self.config.frequency.clamp(1, 1000)).unwrap_or(19);
         let frames = pending.frames.as_ref().unwrap_or(&self.interp.frames);
         let mut writer = ProfileWriter::new(&self.symbols, &pending.kernel[kind], frames, period);
-        if kind == 1 {
+        if kind == OFF_CPU {
             writer = writer.off_cpu();
         }
         let processes: Vec<ProcessStacks<'_>> = instances
@@ -802,6 +806,9 @@ impl Collector {
     /// were sampled again while the report was written, and caches kept to their budgets.
     fn finish_report(&mut self, pending: PendingReport) -> Vec<Report> {
         let reports = pending.reports;
+        // What the kernel counted while the report was written belongs to the next
+        // interval, and keeps its processes known as much as the samples read here do.
+        self.drain_ebpf();
         let sampled: HashSet<Instance> = self
             .stacks
             .keys()

@@ -90,11 +90,6 @@ pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) / 100.0)
 }
 
-/// Stops the server the way an operator would (SIGTERM), so the metastore is checkpointed.
-pub fn stop(server: &mut KilnChild) {
-    server.stop();
-}
-
 /// One counter's value from the server's `/metrics`.
 pub fn metric(url: &str, name: &str) -> anyhow::Result<f64> {
     let text = crate::http::get(&format!("{url}/metrics")).call()?.text();

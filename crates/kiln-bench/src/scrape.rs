@@ -93,7 +93,7 @@ pub async fn run(args: ScrapeBenchArgs) -> anyhow::Result<()> {
         .as_array()
         .map(|all| all.iter().filter(|t| t["health"] != "up").count())
         .unwrap_or(0);
-    crate::common::stop(&mut server);
+    server.stop();
     let _ = std::fs::remove_dir_all(&data_dir);
     if scrapes == 0.0 {
         bail!("no scrape happened");

@@ -270,7 +270,7 @@ async fn run_in(
     let expected_total = sent.value_total.load(Ordering::Relaxed) as i64;
     let (query_start, query_end) = ((start - 60) * 1000, (now + 60) * 1000);
     let total_before = query_total(&url, args.stream, query_start, query_end)?;
-    crate::common::stop(&mut server);
+    server.stop();
     let objects_before = directory_bytes(&data_dir.join("blocks"));
     let metastore_before = metastore_bytes(data_dir);
     println!(
@@ -332,7 +332,7 @@ async fn run_in(
             break (compaction_started.elapsed().as_secs_f64() - 1.5, cpu);
         }
         if Instant::now() > deadline {
-            crate::common::stop(&mut server);
+            server.stop();
             bail!("compaction did not settle within an hour");
         }
     };
@@ -345,7 +345,7 @@ async fn run_in(
         .collect();
     let total_after = query_total(&url, args.stream, query_start, query_end)?;
     drop(metastore);
-    crate::common::stop(&mut server);
+    server.stop();
     let objects_after = directory_bytes(&data_dir.join("blocks"));
     let metastore_after = metastore_bytes(data_dir);
     let stored = objects_after + metastore_after;
@@ -484,7 +484,7 @@ pub async fn run_delay(args: DelayBenchArgs) -> anyhow::Result<()> {
         }
     }
     drop(metastore);
-    crate::common::stop(&mut server);
+    server.stop();
     let _ = std::fs::remove_dir_all(&data_dir);
     if compacted.is_empty() {
         bail!("no segment was compacted");

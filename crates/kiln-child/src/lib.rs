@@ -266,11 +266,6 @@ impl KilnChild {
         self.child.as_ref().map_or(0, Child::id)
     }
 
-    /// The command it was started with, to start a changed one on the same port.
-    pub fn command(&self) -> &KilnCommand {
-        &self.command
-    }
-
     /// Waits until the child answers, as [`KilnCommand::start`] does.
     pub fn wait_ready(&mut self) -> Result<(), Error> {
         let deadline = Instant::now() + self.command.ready_within;
@@ -316,7 +311,8 @@ impl KilnChild {
         }
     }
 
-    /// SIGTERM, as an operator stops a node, and up to 30 s for it to exit; SIGKILL after.
+    /// SIGTERM, as an operator stops a node (the metastore checkpointed, the membership
+    /// left), and up to 30 s for it to exit; SIGKILL after.
     pub fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
             return;
@@ -341,14 +337,8 @@ impl KilnChild {
     /// Kills the child if it runs, and starts the same command again: same port, same
     /// data directory.
     pub fn restart(&mut self) -> Result<(), Error> {
-        let command = self.command.clone();
-        self.restart_as(command)
-    }
-
-    /// Kills the child if it runs, and starts `command` in its place.
-    pub fn restart_as(&mut self, command: KilnCommand) -> Result<(), Error> {
         let _ = self.kill();
-        *self = command.start()?;
+        *self = self.command.start()?;
         Ok(())
     }
 

@@ -541,13 +541,7 @@ impl Interpreters {
             // Mapped, not yet loaded whole or relocated: looked at again when its
             // mappings change, for as long as a runtime takes to start.
             Some((_, Err(reason)))
-                if reason.ends_with(hotspot::NOT_READY)
-                    && *self
-                        .not_ready
-                        .entry(instance)
-                        .and_modify(|n| *n += 1)
-                        .or_insert(1)
-                        <= MAX_NOT_READY =>
+                if reason.ends_with(hotspot::NOT_READY) && self.not_ready_again(instance) =>
             {
                 State::Native(process.generation)
             }
@@ -564,6 +558,14 @@ impl Interpreters {
             Some(layout) => Found::Register(layout),
             None => Found::Nothing,
         }
+    }
+
+    /// Counts one more look at a runtime not initialized yet; `false` past
+    /// [`MAX_NOT_READY`], when it is to count as unsupported.
+    fn not_ready_again(&mut self, instance: Instance) -> bool {
+        let looks = self.not_ready.entry(instance).or_insert(0);
+        *looks += 1;
+        *looks <= MAX_NOT_READY
     }
 
     /// Whether the process's samples must be unwound from their stack copies, with each
@@ -806,6 +808,26 @@ pub(crate) fn c_values(source: &str, args: &[&str]) -> Option<HashMap<String, u6
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A runtime found not initialized is looked at again a bounded number of times, per
+    /// process, and the count goes with the process.
+    #[test]
+    fn a_runtime_not_ready_is_retried_a_bounded_number_of_times() {
+        let mut interpreters = Interpreters::default();
+        for _ in 0..MAX_NOT_READY {
+            assert!(interpreters.not_ready_again(7));
+        }
+        assert!(!interpreters.not_ready_again(7), "retried past the bound");
+        assert!(
+            interpreters.not_ready_again(8),
+            "another process has its own count"
+        );
+        interpreters.retain(|instance| instance != 7);
+        assert!(
+            interpreters.not_ready_again(7),
+            "the count went with the process"
+        );
+    }
 
     #[test]
     fn interpreted_frames_replace_the_loop_with_each_native_call_its_own() {
