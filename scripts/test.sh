@@ -55,35 +55,70 @@ command -v openssl >/dev/null 2>&1 || apt_install openssl "TLS"
 # Recording rules are remote-written to, and alerted on by, a real Prometheus.
 [ -x /usr/bin/prometheus ] || apt_install prometheus "recording rules (Prometheus)"
 
-# CPython 3.13 from Debian 13 (trixie) and 3.14 from Debian sid, unpacked outside the
-# system and run by their own C library's loader (`python3.X` in each directory): the
-# agent's interpreter tests profile them, and check their layouts against their headers.
-# Downloaded with a private package list, not installed: the system stays Debian 12.
+# CPython 3.9 from Debian 11 (bullseye), 3.13 from Debian 13 (trixie) and 3.14 from
+# Debian sid, unpacked outside the system (`python3.X` in each directory): the agent's
+# interpreter tests profile them, and check their layouts against their headers. 3.13 and
+# 3.14 run by their own C library's loader, 3.9 on this system's (newer) one. Downloaded
+# with a private package list, not installed: the system stays Debian 12.
 debian="${KILN_TEST_DEBIAN:-$HOME/.cache/kiln-test-debian}"
-unpack_python() {
-  local suite="$1" version="$2" dir="$debian/$1"
-  [ -x "$dir/python$version" ] && return
-  command -v apt-get >/dev/null 2>&1 || return
+# Downloads Debian `suite`'s packages with a private package list and unpacks them into
+# `dir`/root; fails when any cannot be had.
+debian_unpack() {
+  local suite="$1" dir="$2"
+  shift 2
   rm -rf "$dir" && mkdir -p "$dir/lists/partial" "$dir/cache/archives/partial" "$dir/debs"
   echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main" \
     > "$dir/sources.list"
   local apt_private=(-o Dir::Etc::sourcelist="$dir/sources.list" -o Dir::Etc::sourceparts=/dev/null
                      -o Dir::State::Lists="$dir/lists" -o Dir::Cache="$dir/cache" -o Debug::NoLocking=1)
-  if apt-get "${apt_private[@]}" update -q >/dev/null 2>&1 \
-     && (cd "$dir/debs" && apt-get "${apt_private[@]}" download -q libc6 "python$version-minimal" \
-           "libpython$version-minimal" "libpython$version-stdlib" "libpython$version-dev" >/dev/null 2>&1); then
-    for deb in "$dir"/debs/*.deb; do dpkg-deb -x "$deb" "$dir/root"; done
-    printf '#!/bin/sh\nPYTHONHOME="%s" exec "%s" --library-path "%s" "%s" "$@"\n' \
-      "$dir/root/usr" "$dir/root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" \
-      "$dir/root/usr/lib/x86_64-linux-gnu" "$dir/root/usr/bin/python$version" > "$dir/python$version"
+  apt-get "${apt_private[@]}" update -q >/dev/null 2>&1 \
+    && (cd "$dir/debs" && apt-get "${apt_private[@]}" download -q "$@" >/dev/null 2>&1) \
+    || return 1
+  for deb in "$dir"/debs/*.deb; do dpkg-deb -x "$deb" "$dir/root"; done
+  rm -rf "$dir/debs" "$dir/cache" "$dir/lists"
+}
+unpack_python() {
+  local suite="$1" version="$2" libc="${3:-own}" dir="$debian/$1"
+  [ -x "$dir/python$version" ] && return
+  command -v apt-get >/dev/null 2>&1 || return
+  local packages=("python$version-minimal" "libpython$version-minimal" "libpython$version-stdlib"
+                  "libpython$version-dev")
+  [ "$libc" = own ] && packages+=(libc6)
+  if debian_unpack "$suite" "$dir" "${packages[@]}"; then
+    if [ "$libc" = own ]; then
+      printf '#!/bin/sh\nPYTHONHOME="%s" exec "%s" --library-path "%s" "%s" "$@"\n' \
+        "$dir/root/usr" "$dir/root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" \
+        "$dir/root/usr/lib/x86_64-linux-gnu" "$dir/root/usr/bin/python$version" > "$dir/python$version"
+    else
+      printf '#!/bin/sh\nPYTHONHOME="%s" exec "%s" "$@"\n' \
+        "$dir/root/usr" "$dir/root/usr/bin/python$version" > "$dir/python$version"
+    fi
     chmod +x "$dir/python$version"
-    rm -rf "$dir/debs" "$dir/cache" "$dir/lists"
   else
     echo "warning: CPython $version could not be downloaded from Debian $suite; its agent tests will skip"
   fi
 }
+unpack_python bullseye 3.9 system
 unpack_python trixie 3.13
 unpack_python sid 3.14
+# Ruby 3.3 from Debian 13, the same way (`ruby-trixie/ruby3.3`): its own loader, its own
+# library path, and without RubyGems, which would load this system's Ruby's.
+unpack_ruby() {
+  local suite="$1" version="$2" dir="$debian/ruby-$1"
+  [ -x "$dir/ruby$version" ] && return
+  command -v apt-get >/dev/null 2>&1 || return
+  if debian_unpack "$suite" "$dir" libc6 "ruby$version" "libruby$version" zlib1g libyaml-0-2 \
+       libgmp10 libffi8 libcrypt1; then
+    local lib="$dir/root/usr/lib/x86_64-linux-gnu"
+    printf '#!/bin/sh\nRUBYLIB="%s:%s" exec "%s" --library-path "%s" "%s" --disable-gems "$@"\n' \
+      "$dir/root/usr/lib/ruby/$version.0" "$lib/ruby/$version.0" "$lib/ld-linux-x86-64.so.2" \
+      "$lib" "$dir/root/usr/bin/ruby$version" > "$dir/ruby$version"
+    chmod +x "$dir/ruby$version"
+  else
+    echo "warning: Ruby $version could not be downloaded from Debian $suite; its agent test will skip"
+  fi
+}
+unpack_ruby trixie 3.3
 export KILN_TEST_DEBIAN="$debian"
 
 # PyPI tools go into a virtual environment of the suite's own, outside the clone: Debian's

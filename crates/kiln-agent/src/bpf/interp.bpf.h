@@ -56,14 +56,40 @@ struct python_walk {
     __u16 code_firstlineno;     // PyCodeObject.co_firstlineno
     __u16 shim_owner;           // ENTRY_CSTACK_OWNER: the owner of the entry shim frame
     __u16 code_tag_bits;        // tag bits of f_executable (a _PyStackRef from 3.14)
+    __u16 thread_key;           // THREAD_KEY_*: what tstate_thread_id holds
 };
+
+// What identifies a thread state's thread: the kernel's thread id (`native_thread_id`,
+// 3.11 on), or `pthread_self()` (`thread_id`, up to 3.10), which on x86-64 glibc is the
+// thread's TLS base, the FS base register the kernel keeps in its task.
+#define THREAD_KEY_TID 0
+#define THREAD_KEY_PTHREAD 1
+
+// The two task fields read, relocated by the loader to where the running kernel has them
+// (CO-RE: the kernel's BTF gives the offsets, so no kernel headers are needed here).
+struct thread_struct {
+    unsigned long fsbase;
+} __attribute__((preserve_access_index));
+struct task_struct {
+    struct thread_struct thread;
+} __attribute__((preserve_access_index));
+
+// The current thread's TLS base; 0 when unreadable.
+static __u64 current_fsbase(void)
+{
+    struct task_struct *task = bpf_get_current_task_btf();
+    __u64 fsbase = 0;
+    if (bpf_probe_read_kernel(&fsbase, sizeof(fsbase), &task->thread.fsbase) != 0)
+        return 0;
+    return fsbase;
+}
 
 // Ruby's offsets (interp/ruby.rs).
 struct ruby_walk {
     __u16 vm_main_ractor;    // rb_vm_t.ractor.main_ractor
     __u16 ractor_threads;    // rb_ractor_t.threads.set, a list of rb_thread_t
     __u16 thread_lt_node;    // rb_thread_t.lt_node, its place in that list
-    __u16 thread_tid;        // rb_thread_t.tid, the kernel's thread id
+    __u16 thread_tid;        // the thread's id, in rb_thread_t or its native thread
     __u16 thread_ec;         // rb_thread_t.ec, its running fiber's context
     __u16 ec_vm_stack;       // rb_execution_context_t.vm_stack
     __u16 ec_vm_stack_size;  // .vm_stack_size, in VALUEs
@@ -73,6 +99,8 @@ struct ruby_walk {
     __u16 cfp_iseq;
     __u16 cfp_ep;
     __u16 iseq_body;         // rb_iseq_t.body
+    __u16 thread_nt;         // rb_thread_t.nt (3.2 on: the id is there), or 0xffff
+    __u16 thread_key;        // THREAD_KEY_*: tid (an int, 3.1 on) or thread_id (3.0)
 };
 
 // The layout of one process's interpreter, filled by the agent (interp/mod.rs).
@@ -136,15 +164,21 @@ static __u64 read_u64(__u64 address)
 // The interpreter state of thread `tid`, or 0 when it has none.
 static __u64 python_thread_state(const struct interp_proc *proc, __u32 tid)
 {
+    __u64 key = tid;
+    if (proc->py.thread_key == THREAD_KEY_PTHREAD) {
+        key = current_fsbase();
+        if (!key)
+            return 0;
+    }
     __u64 *cached = bpf_map_lookup_elem(&interp_threads, &tid);
-    if (cached && *cached && read_u64(*cached + proc->py.tstate_thread_id) == tid)
+    if (cached && *cached && read_u64(*cached + proc->py.tstate_thread_id) == key)
         return *cached;
     __u64 interp = read_u64(proc->runtime + proc->py.runtime_interp_head);
     if (!interp)
         return 0;
     __u64 state = read_u64(interp + proc->py.interp_threads_head);
     for (int i = 0; i < INTERP_MAX_THREADS && state; i++) {
-        if (read_u64(state + proc->py.tstate_thread_id) == tid) {
+        if (read_u64(state + proc->py.tstate_thread_id) == key) {
             bpf_map_update_elem(&interp_threads, &tid, &state, BPF_ANY);
             return state;
         }
@@ -236,15 +270,36 @@ static void python_walk(const struct interp_proc *proc, struct interp_event *eve
 #define RUBY_FRAME_MAGIC_CFUNC 0x55550001
 #define RUBY_FRAME_FLAG_FINISH 0x20
 
+// The id of a Ruby thread's native thread, as `thread_key` says: its kernel thread id (an
+// int in the thread, or from 3.2 in its native thread `nt`), or its `pthread_t` (3.0).
+static __u64 ruby_thread_id(const struct interp_proc *proc, __u64 thread)
+{
+    __u64 holder = thread;
+    if (proc->rb.thread_nt != 0xffff) {
+        holder = read_u64(thread + proc->rb.thread_nt);
+        if (!holder)
+            return 0;
+    }
+    if (proc->rb.thread_key == THREAD_KEY_PTHREAD)
+        return read_u64(holder + proc->rb.thread_tid);
+    __u32 id = 0;
+    if (bpf_probe_read_user(&id, 4, (const void *)(holder + proc->rb.thread_tid)) != 0)
+        return 0;
+    return id;
+}
+
 // The Ruby thread whose kernel thread id is `tid`, or 0. Threads of the main ractor only:
 // others (an experimental feature) keep their native stacks.
 static __u64 ruby_thread(const struct interp_proc *proc, __u32 tid)
 {
+    __u64 key = tid;
+    if (proc->rb.thread_key == THREAD_KEY_PTHREAD) {
+        key = current_fsbase();
+        if (!key)
+            return 0;
+    }
     __u64 *cached = bpf_map_lookup_elem(&interp_threads, &tid);
-    __u32 found_tid = 0;
-    if (cached && *cached &&
-        bpf_probe_read_user(&found_tid, 4, (const void *)(*cached + proc->rb.thread_tid)) == 0 &&
-        found_tid == tid)
+    if (cached && *cached && ruby_thread_id(proc, *cached) == key)
         return *cached;
     __u64 vm = read_u64(proc->runtime);
     if (!vm)
@@ -256,8 +311,7 @@ static __u64 ruby_thread(const struct interp_proc *proc, __u32 tid)
     __u64 node = read_u64(head);
     for (int i = 0; i < INTERP_MAX_THREADS && node && node != head; i++) {
         __u64 thread = node - proc->rb.thread_lt_node;
-        if (bpf_probe_read_user(&found_tid, 4, (const void *)(thread + proc->rb.thread_tid)) == 0 &&
-            found_tid == tid) {
+        if (ruby_thread_id(proc, thread) == key) {
             bpf_map_update_elem(&interp_threads, &tid, &thread, BPF_ANY);
             return thread;
         }

@@ -1,22 +1,32 @@
 //! CPython: where its state lives, and how its frames are named.
 //!
 //! The interpreter is found by its `_PyRuntime` symbol, in the program or in the
-//! `libpython` it loaded, and its version by `Py_Version` (3.11 on). The layout of the
-//! structures the BPF program walks (`_PyRuntime` → interpreter → thread states →
-//! frames) depends on the minor version. For 3.11 it is taken from [`LAYOUTS`]: offsets
-//! of a release build on a 64-bit little-endian host, as CPython's headers give them
-//! (`a_layout_per_version_matches_its_headers` checks the entry against the headers of
-//! the interpreter installed). From 3.13 on, CPython writes the offsets itself at the
+//! `libpython` it loaded, and its version by `Py_Version` (3.11 on) or the file's name
+//! (`python3.9`, `libpython3.8.so.1.0`). The layout of the structures the BPF program
+//! walks (`_PyRuntime` → interpreter → thread states → frames) depends on the minor
+//! version. For 3.8 to 3.12 it is taken from [`LAYOUTS`]: offsets of a release build on a
+//! 64-bit little-endian host, as CPython's headers give them
+//! (`a_layout_per_version_matches_its_headers` checks an entry against the headers of
+//! each interpreter unpacked here). From 3.13 on, CPython writes the offsets itself at the
 //! start of `_PyRuntime` (`_Py_DebugOffsets`), and they are read from the binary
 //! ([`from_debug_offsets`]): right for any build of that version, whatever its compiler or
 //! options. Only the list's own shape is per version ([`DEBUG_SHAPES`], 3.13 and 3.14).
 //!
+//! Three shapes of frame chain are walked:
+//! - up to 3.10, `PyFrameObject`s from `tstate->frame` by `f_back`, each evaluated by its
+//!   own native call of `_PyEval_EvalFrameDefault`, its position `f_lasti` (an offset in
+//!   bytes, in code units from 3.10), its lines in `co_lnotab` (3.10: `co_linetable`, a
+//!   format of its own);
+//! - 3.11 and 3.12, `_PyInterpreterFrame`s from `tstate->cframe->current_frame`;
+//! - 3.13 on, the same frames from `tstate->current_frame`.
+//!
 //! The BPF program sends each frame as its code object's address and instruction
-//! pointer, with the code object's first line as a fingerprint. Here the code object is
-//! read once (its type checked against `PyCode_Type`, so an address reused by another
-//! object is never named as code), and the instruction's line comes from its location
-//! table. A thread is matched to its state by `native_thread_id` (3.11 on), which is the
-//! kernel's thread id.
+//! pointer (or `f_lasti`), with the code object's first line as a fingerprint. Here the
+//! code object is read once (its type checked against `PyCode_Type`, so an address reused
+//! by another object is never named as code), and the instruction's line comes from its
+//! line table. A thread is matched to its state by `native_thread_id` (3.11 on), which is
+//! the kernel's thread id, and before 3.11 by `thread_id`, which is `pthread_self()`: the
+//! thread's TLS base, which the BPF program reads from the kernel's task.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -54,6 +64,8 @@ pub struct Walk {
     pub shim_owner: u16,
     /// Tag bits to clear from `f_executable` (a `_PyStackRef` from 3.14).
     pub code_tag_bits: u16,
+    /// What `tstate_thread_id` holds: [`THREAD_KEY_TID`] or [`THREAD_KEY_PTHREAD`].
+    pub thread_key: u16,
 }
 
 impl Walk {
@@ -74,6 +86,7 @@ impl Walk {
             self.code_firstlineno,
             self.shim_owner,
             self.code_tag_bits,
+            self.thread_key,
         ])
     }
 }
@@ -84,6 +97,27 @@ pub const RUNTIME_PYTHON: u32 = 1;
 /// releases up to 3.10 make one native call per frame (3).
 const ENTRY_IS_ENTRY_BYTE: u16 = 1;
 const ENTRY_CSTACK_OWNER: u16 = 2;
+const ENTRY_EVERY_FRAME: u16 = 3;
+/// A thread state's thread is the kernel's thread id (`native_thread_id`, 3.11 on), or
+/// `pthread_self()` (`thread_id`, up to 3.10): the TLS base on x86-64 glibc.
+pub const THREAD_KEY_TID: u16 = 0;
+pub const THREAD_KEY_PTHREAD: u16 = 1;
+/// A field this version does not have (`co_qualname` before 3.11).
+const ABSENT: u16 = 0xffff;
+
+/// How a version keeps its lines, and what the frame's position is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lines {
+    /// 3.8 and 3.9: `co_lnotab`, (bytes, line) increments; the position is `f_lasti`,
+    /// the byte offset of the instruction running.
+    Lnotab,
+    /// 3.10: `co_linetable`, (bytes, line) increments with -128 for no line; `f_lasti`
+    /// counts code units.
+    Linetable310,
+    /// 3.11 on: the location table (`Objects/locations.md`); the position is a pointer
+    /// into the code's instructions.
+    Locations,
+}
 
 /// One minor version's layout.
 #[derive(Debug, Clone, Copy)]
@@ -94,7 +128,8 @@ pub struct Layout {
     pub code_name: u16,
     pub code_qualname: u16,
     pub code_linetable: u16,
-    /// `co_code_adaptive`: where the instructions start, in the code object.
+    pub lines: Lines,
+    /// `co_code_adaptive`: where the instructions start, in the code object (3.11 on).
     pub code_instructions: u16,
     /// `sizeof(PyASCIIObject)` and `sizeof(PyCompactUnicodeObject)`: where a compact
     /// string's characters start.
@@ -108,36 +143,101 @@ pub struct Layout {
 /// (`Include/internal/pycore_frame.h`, `pycore_interp.h`, `pycore_runtime.h`,
 /// `Include/cpython/code.h`, `pystate.h`, `unicodeobject.h`), release builds, x86-64.
 pub const LAYOUTS: &[Layout] = &[
-    // 3.11: frames in `_PyInterpreterFrame`, reached through `tstate->cframe`; a frame
-    // says itself whether it is the first of its native call (`is_entry`).
+    // 3.8 and 3.9: `PyFrameObject`s from `tstate->frame`, each its own native call of the
+    // loop; the thread is `pthread_self()`. (3.9 is checked against Debian 11's headers.)
+    pre_311((3, 8), 104, Lines::Lnotab),
+    pre_311((3, 9), 104, Lines::Lnotab),
+    // 3.10: `f_lasti` moved up (`f_stacktop` became an int), and the line table changed.
+    pre_311((3, 10), 96, Lines::Linetable310),
+    LAYOUT_3_11,
+    // 3.12: as 3.11, but a native call of the loop begins with a shim frame owned by the
+    // C stack (`FRAME_OWNED_BY_CSTACK`), and the frame's fields moved.
     Layout {
-        version: (3, 11),
+        version: (3, 12),
         walk: Walk {
-            runtime_interp_head: 40,
-            interp_threads_head: 16,
+            interp_threads_head: 72,
+            tstate_thread_id: 144,
+            current_frame: 0,
+            frame_code: 0,
+            frame_previous: 8,
+            frame_entry: 70,
+            entry_kind: ENTRY_CSTACK_OWNER,
+            code_firstlineno: 68,
+            shim_owner: 3,
+            ..LAYOUT_3_11.walk
+        },
+        code_instructions: 192,
+        // `wstr` is gone from `PyASCIIObject`.
+        ascii_data: 40,
+        compact_data: 56,
+        ..LAYOUT_3_11
+    },
+];
+
+/// 3.11: frames in `_PyInterpreterFrame`, reached through `tstate->cframe`; a frame says
+/// itself whether it is the first of its native call (`is_entry`).
+const LAYOUT_3_11: Layout = Layout {
+    version: (3, 11),
+    walk: Walk {
+        runtime_interp_head: 40,
+        interp_threads_head: 16,
+        tstate_next: 8,
+        tstate_thread_id: 160,
+        tstate_cframe: 56,
+        current_frame: 8,
+        frame_code: 32,
+        frame_previous: 48,
+        frame_instr: 56,
+        frame_entry: 68,
+        entry_kind: ENTRY_IS_ENTRY_BYTE,
+        code_firstlineno: 72,
+        shim_owner: 0,
+        code_tag_bits: 0,
+        thread_key: THREAD_KEY_TID,
+    },
+    code_filename: 112,
+    code_name: 120,
+    code_qualname: 128,
+    code_linetable: 136,
+    lines: Lines::Locations,
+    code_instructions: 184,
+    ascii_data: 48,
+    compact_data: 72,
+    instr_is_next: false,
+};
+
+/// 3.8 to 3.10, which differ only in where `f_lasti` is and how lines are kept.
+const fn pre_311(version: (u8, u8), frame_lasti: u16, lines: Lines) -> Layout {
+    Layout {
+        version,
+        walk: Walk {
+            runtime_interp_head: 32,
+            interp_threads_head: 8,
             tstate_next: 8,
-            tstate_thread_id: 160,
-            tstate_cframe: 56,
-            current_frame: 8,
+            tstate_thread_id: 176,
+            tstate_cframe: ABSENT,
+            current_frame: 24,
             frame_code: 32,
-            frame_previous: 48,
-            frame_instr: 56,
-            frame_entry: 68,
-            entry_kind: ENTRY_IS_ENTRY_BYTE,
-            code_firstlineno: 72,
+            frame_previous: 24,
+            frame_instr: frame_lasti,
+            frame_entry: 0,
+            entry_kind: ENTRY_EVERY_FRAME,
+            code_firstlineno: 40,
             shim_owner: 0,
             code_tag_bits: 0,
+            thread_key: THREAD_KEY_PTHREAD,
         },
-        code_filename: 112,
-        code_name: 120,
-        code_qualname: 128,
-        code_linetable: 136,
-        code_instructions: 184,
+        code_filename: 104,
+        code_name: 112,
+        code_qualname: ABSENT,
+        code_linetable: 120,
+        lines,
+        code_instructions: 0,
         ascii_data: 48,
         compact_data: 72,
         instr_is_next: false,
-    },
-];
+    }
+}
 
 /// The layout of a CPython `version`, from the table, or from the interpreter's own
 /// `_Py_DebugOffsets` (3.13 and 3.14) when `debug` holds them; the error says why the process is
@@ -291,7 +391,7 @@ pub fn from_debug_offsets(bytes: &[u8], version: (u8, u8)) -> Result<Layout, Str
             interp_threads_head: offset(shape.threads_head)?,
             tstate_next: offset(shape.tstate_next)?,
             tstate_thread_id: offset(shape.tstate_native_thread_id)?,
-            tstate_cframe: 0xffff,
+            tstate_cframe: ABSENT,
             current_frame: offset(shape.tstate_current_frame)?,
             frame_code: offset(shape.frame_executable)?,
             frame_previous: offset(shape.frame_previous)?,
@@ -301,11 +401,13 @@ pub fn from_debug_offsets(bytes: &[u8], version: (u8, u8)) -> Result<Layout, Str
             code_firstlineno: offset(shape.code_firstlineno)?,
             shim_owner: shape.shim_owner,
             code_tag_bits: shape.code_tag_bits,
+            thread_key: THREAD_KEY_TID,
         },
         code_filename: offset(shape.code_filename)?,
         code_name: offset(shape.code_name)?,
         code_qualname: offset(shape.code_qualname)?,
         code_linetable: offset(shape.code_linetable)?,
+        lines: Lines::Locations,
         code_instructions: offset(shape.code_adaptive)?,
         ascii_data: ascii,
         // PyCompactUnicodeObject adds the UTF-8 length and pointer.
@@ -487,14 +589,25 @@ impl Runtime {
             read_code(&self.memory, &self.layout, self.code_type, code).map(Arc::new)
         });
         let code = entry.clone()?;
-        let unit = 2;
-        let mut index = instr.checked_sub(code.instructions).map(|b| b / unit);
-        if self.layout.instr_is_next {
-            index = index.and_then(|i| i.checked_sub(1));
+        // The BPF program read 8 bytes at `f_lasti`, an int: the low 4 are it.
+        let lasti = instr as u32 as i32;
+        let line = match self.layout.lines {
+            Lines::Locations => {
+                let mut index = instr.checked_sub(code.instructions).map(|b| b / 2);
+                if self.layout.instr_is_next {
+                    index = index.and_then(|i| i.checked_sub(1));
+                }
+                index.and_then(|index| line_of(&code.lines, code.first_line, index))
+            }
+            // -1 before the first instruction: the function's own line.
+            Lines::Lnotab => u64::try_from(lasti)
+                .ok()
+                .map(|offset| line_of_lnotab(&code.lines, code.first_line, offset)),
+            Lines::Linetable310 => u64::try_from(lasti)
+                .ok()
+                .and_then(|units| line_of_310(&code.lines, code.first_line, units * 2)),
         }
-        let line = index
-            .and_then(|index| line_of(&code.lines, code.first_line, index))
-            .unwrap_or(code.first_line);
+        .unwrap_or(code.first_line);
         Some((code.name.clone(), code.file.clone(), line))
     }
 
@@ -516,8 +629,10 @@ fn read_code(memory: &Memory, layout: &Layout, code_type: Option<u64>, code: u64
         }
     }
     let field = |offset: u16| memory.u64(code + u64::from(offset));
-    let name = read_unicode(memory, layout, field(layout.code_qualname)?)
-        .or_else(|| read_unicode(memory, layout, field(layout.code_name)?))?;
+    let qualname = (layout.code_qualname != ABSENT)
+        .then(|| read_unicode(memory, layout, field(layout.code_qualname)?))
+        .flatten();
+    let name = qualname.or_else(|| read_unicode(memory, layout, field(layout.code_name)?))?;
     let file = read_unicode(memory, layout, field(layout.code_filename)?).unwrap_or_default();
     let first_line = i64::from(memory.u32(code + u64::from(layout.walk.code_firstlineno))? as i32);
     let lines = read_bytes(memory, field(layout.code_linetable)?).unwrap_or_default();
@@ -638,6 +753,44 @@ pub fn line_of(table: &[u8], first_line: i64, index: u64) -> Option<i64> {
     }
 }
 
+/// The line of the instruction at byte `offset`, from a 3.8/3.9 `co_lnotab`: pairs of
+/// (bytes, line) increments, the line's signed, each pair's line reached once its bytes
+/// are passed (`PyCode_Addr2Line`).
+pub fn line_of_lnotab(table: &[u8], first_line: i64, offset: u64) -> i64 {
+    let mut line = first_line;
+    let mut address = 0u64;
+    for pair in table.chunks_exact(2) {
+        address += u64::from(pair[0]);
+        if address > offset {
+            break;
+        }
+        line += i64::from(pair[1] as i8);
+    }
+    line
+}
+
+/// The line of the instruction at byte `offset`, from a 3.10 `co_linetable`: pairs of
+/// (bytes, signed line increment) that each cover a range of bytes, -128 for a range
+/// with no line (`Objects/lnotab_notes.txt` in 3.10). `None` for such a range, or past
+/// the table.
+pub fn line_of_310(table: &[u8], first_line: i64, offset: u64) -> Option<i64> {
+    let mut line = first_line;
+    let mut start = 0u64;
+    for pair in table.chunks_exact(2) {
+        let end = start + u64::from(pair[0]);
+        let delta = pair[1] as i8;
+        let current = (delta != -128).then(|| {
+            line += i64::from(delta);
+            line
+        });
+        if (start..end).contains(&offset) {
+            return current;
+        }
+        start = end;
+    }
+    None
+}
+
 fn signed(value: u64) -> i64 {
     if value & 1 == 1 {
         -((value >> 1) as i64)
@@ -693,24 +846,80 @@ mod tests {
         assert_eq!(line_of(&[], 10, 0), None);
     }
 
-    /// The 3.11 entry against the headers of the interpreter installed here, when they
-    /// are: the offsets a C compiler computes from `Py_BUILD_CORE` headers.
+    /// The table's entries against the headers of the interpreters here: the one
+    /// installed (3.11), and Debian 11's 3.9 as scripts/test.sh unpacks it. The offsets
+    /// a C compiler computes from their `Py_BUILD_CORE` headers give the entry, field by
+    /// field.
     #[test]
     fn a_layout_per_version_matches_its_headers() {
-        let Some((include, version)) = installed_headers() else {
-            eprintln!("skipped: no CPython headers with internal/pycore_frame.h found");
-            return;
-        };
-        let Ok(layout) = layout(version, None) else {
-            panic!("CPython {version:?} is installed but has no layout");
-        };
-        let include = format!("-I{}", include.display());
-        let Some(values) = super::super::c_values(OFFSETS_C, &[&include]) else {
-            eprintln!("skipped: no C compiler");
-            return;
-        };
-        let from_headers = header_layout(&values, version, ENTRY_IS_ENTRY_BYTE);
-        assert_eq!(format!("{layout:?}"), format!("{from_headers:?}"));
+        let mut checked = Vec::new();
+        let mut headers = Vec::new();
+        if let Some((include, version)) = installed_headers() {
+            headers.push((vec![format!("-I{}", include.display())], version));
+        }
+        let root = debian_root("bullseye");
+        if root.join("usr/include/python3.9/Python.h").exists() {
+            let include = |dir: &str| format!("-I{}", root.join(dir).display());
+            headers.push((
+                vec![
+                    include("usr/include/python3.9"),
+                    include("usr/include"),
+                    include("usr/include/x86_64-linux-gnu/python3.9"),
+                ],
+                (3, 9),
+            ));
+        }
+        for (includes, version) in headers {
+            let Ok(layout) = layout(version, None) else {
+                panic!("CPython {version:?} is here but has no layout");
+            };
+            let args: Vec<&str> = includes.iter().map(String::as_str).collect();
+            let Some(values) = super::super::c_values(OFFSETS_C, &args) else {
+                eprintln!("skipped: no C compiler");
+                return;
+            };
+            let from_headers = header_layout(&values, version, layout.walk.entry_kind);
+            assert_eq!(format!("{layout:?}"), format!("{from_headers:?}"));
+            checked.push(version);
+        }
+        if checked.is_empty() {
+            eprintln!("skipped: no CPython headers with their internal headers found");
+        } else {
+            println!("CPython layouts checked against headers: {checked:?}");
+        }
+    }
+
+    /// Lines from a 3.8/3.9 `co_lnotab` and a 3.10 `co_linetable`, as CPython writes
+    /// them for a function on line 10 whose bytes 0-5 are on line 10, 6-9 on 12, and
+    /// 10-15 back on 11.
+    #[test]
+    fn lines_come_from_the_tables_before_3_11() {
+        let lnotab = [6, 2, 4, 0xff];
+        let lines: Vec<i64> = [0, 5, 6, 9, 10, 15, 40]
+            .iter()
+            .map(|&offset| line_of_lnotab(&lnotab, 10, offset))
+            .collect();
+        assert_eq!(lines, [10, 10, 12, 12, 11, 11, 11]);
+        // 3.10: each pair covers its bytes; the last range has no line.
+        let table = [6, 0, 4, 2, 6, 0xff, 2, 0x80];
+        let lines: Vec<Option<i64>> = [0, 5, 6, 9, 10, 15, 16, 17, 18]
+            .iter()
+            .map(|&offset| line_of_310(&table, 10, offset))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                Some(10),
+                Some(10),
+                Some(12),
+                Some(12),
+                Some(11),
+                Some(11),
+                None,
+                None,
+                None
+            ]
+        );
     }
 
     /// Where scripts/test.sh unpacks a Debian release's CPython (`trixie` has 3.13,
@@ -855,19 +1064,33 @@ mod tests {
                 frame_code: value("frame_code"),
                 frame_previous: value("frame_previous"),
                 frame_instr: value("frame_instr"),
-                frame_entry: value("frame_entry"),
+                frame_entry: values
+                    .get("frame_entry")
+                    .map_or(0, |_| value("frame_entry")),
                 entry_kind,
                 code_firstlineno: value("code_firstlineno"),
                 shim_owner: values.get("shim_owner").map_or(0, |_| value("shim_owner")),
                 code_tag_bits: values
                     .get("code_tag_bits")
                     .map_or(0, |_| value("code_tag_bits")),
+                thread_key: values
+                    .get("thread_key")
+                    .map_or(THREAD_KEY_TID, |_| value("thread_key")),
             },
             code_filename: value("code_filename"),
             code_name: value("code_name"),
-            code_qualname: value("code_qualname"),
+            code_qualname: values
+                .get("code_qualname")
+                .map_or(ABSENT, |_| value("code_qualname")),
             code_linetable: value("code_linetable"),
-            code_instructions: value("code_instructions"),
+            lines: match version {
+                (3, 8) | (3, 9) => Lines::Lnotab,
+                (3, 10) => Lines::Linetable310,
+                _ => Lines::Locations,
+            },
+            code_instructions: values
+                .get("code_instructions")
+                .map_or(0, |_| value("code_instructions")),
             ascii_data: value("ascii_data"),
             compact_data: value("compact_data"),
             instr_is_next: false,
@@ -892,15 +1115,19 @@ mod tests {
             .then_some((include, version))
     }
 
-    /// The offsets of 3.11's, 3.13's and 3.14's structures, by the same names (3.13 on
-    /// keep the current frame in the thread state), and from 3.13 on the positions in
-    /// `_Py_DebugOffsets` (`shape.*`).
+    /// The offsets of 3.9's, 3.11's, 3.13's and 3.14's structures, by the same names
+    /// (3.13 on keep the current frame in the thread state; up to 3.10 it is a
+    /// `PyFrameObject`), and from 3.13 on the positions in `_Py_DebugOffsets` (`shape.*`).
     const OFFSETS_C: &str = r#"
 #define Py_BUILD_CORE 1
 #include <Python.h>
 #include <stddef.h>
 #include <stdio.h>
+#if PY_VERSION_HEX < 0x030b0000
+#include <frameobject.h>
+#else
 #include "internal/pycore_frame.h"
+#endif
 #include "internal/pycore_interp.h"
 #include "internal/pycore_runtime.h"
 #if PY_VERSION_HEX >= 0x030e0000
@@ -910,6 +1137,25 @@ mod tests {
 #define D(name, field) printf("shape." name " %zu\n", offsetof(_Py_DebugOffsets, field))
 int main(void) {
     P("runtime_interp_head", _PyRuntimeState, interpreters.head);
+#if PY_VERSION_HEX < 0x030b0000
+    P("interp_threads_head", PyInterpreterState, tstate_head);
+    P("tstate_next", PyThreadState, next);
+    P("tstate_thread_id", PyThreadState, thread_id);
+    printf("thread_key 1\n");
+    printf("tstate_cframe %d\n", 0xffff);
+    P("current_frame", PyThreadState, frame);
+    P("frame_code", PyFrameObject, f_code);
+    P("frame_previous", PyFrameObject, f_back);
+    P("frame_instr", PyFrameObject, f_lasti);
+    P("code_firstlineno", PyCodeObject, co_firstlineno);
+    P("code_filename", PyCodeObject, co_filename);
+    P("code_name", PyCodeObject, co_name);
+#if PY_VERSION_HEX < 0x030a0000
+    P("code_linetable", PyCodeObject, co_lnotab);
+#else
+    P("code_linetable", PyCodeObject, co_linetable);
+#endif
+#else
     P("interp_threads_head", PyInterpreterState, threads.head);
     P("tstate_next", PyThreadState, next);
     P("tstate_thread_id", PyThreadState, native_thread_id);
@@ -949,7 +1195,12 @@ int main(void) {
     P("current_frame", _PyCFrame, current_frame);
     P("frame_code", _PyInterpreterFrame, f_code);
     P("frame_instr", _PyInterpreterFrame, prev_instr);
+#if PY_VERSION_HEX >= 0x030c0000
+    P("frame_entry", _PyInterpreterFrame, owner);
+    printf("shim_owner %d\n", FRAME_OWNED_BY_CSTACK);
+#else
     P("frame_entry", _PyInterpreterFrame, is_entry);
+#endif
 #endif
     P("frame_previous", _PyInterpreterFrame, previous);
     P("code_firstlineno", PyCodeObject, co_firstlineno);
@@ -958,6 +1209,7 @@ int main(void) {
     P("code_qualname", PyCodeObject, co_qualname);
     P("code_linetable", PyCodeObject, co_linetable);
     P("code_instructions", PyCodeObject, co_code_adaptive);
+#endif
     printf("ascii_data %zu\n", sizeof(PyASCIIObject));
     printf("compact_data %zu\n", sizeof(PyCompactUnicodeObject));
     return 0;

@@ -2,8 +2,11 @@
 //!
 //! The VM is found by its `ruby_current_vm_ptr` symbol, in `libruby` or in a statically
 //! linked `ruby`, and its version by the `ruby_version` string. The BPF program walks
-//! `ruby_current_vm_ptr` → the main ractor → its threads (matched by `tid`, the kernel's
-//! thread id) → the thread's execution context → its control frames, innermost first.
+//! `ruby_current_vm_ptr` → the main ractor → its threads (matched by the kernel's thread
+//! id, kept in the thread, or from 3.2 in its native thread `nt`; 3.0 keeps only the
+//! `pthread_t`, matched against the thread's TLS base) → the thread's execution context →
+//! its control frames, innermost first. Ruby 3.3 hides `ruby_current_vm_ptr` from the
+//! dynamic symbols, so a stripped 3.3 is counted unsupported, with that reason.
 //! Each frame running Ruby code goes out as its instruction sequence (`rb_iseq_t`) and
 //! program counter, with the low half of the sequence's body address as a fingerprint;
 //! frames of methods written in C keep their native frames, and the frame that began a
@@ -20,7 +23,8 @@
 //! `<main>`), its path, and the line of the program counter, from the sequence's
 //! instruction info, indexed by the succinct bit vector CRuby keeps for it
 //! ([`succinct_rank`]). Layouts are per minor version ([`LAYOUTS`]), from CRuby's headers,
-//! and checked against the installed Ruby's by this file's tests.
+//! and checked against the installed Ruby's by this file's tests. A new version is one
+//! entry there (its differences from the one before) and its line in those tests.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -50,7 +54,15 @@ pub struct Walk {
     pub cfp_iseq: u16,
     pub cfp_ep: u16,
     pub iseq_body: u16,
+    /// `rb_thread_t.nt`, where the id is from 3.2 on, or [`ABSENT`]: in the thread.
+    pub thread_nt: u16,
+    /// What `thread_tid` holds: the kernel's thread id, an int (3.1 on), or the
+    /// `pthread_t` (3.0's `thread_id`), which is the thread's TLS base.
+    pub thread_key: u16,
 }
+
+/// A field this version does not have.
+pub const ABSENT: u16 = 0xffff;
 
 impl Walk {
     /// As `struct ruby_walk` lays them out.
@@ -69,6 +81,8 @@ impl Walk {
             self.cfp_iseq,
             self.cfp_ep,
             self.iseq_body,
+            self.thread_nt,
+            self.thread_key,
         ])
     }
 }
@@ -92,8 +106,9 @@ pub struct Layout {
     pub body_insns_succ: u16,
     /// `sizeof(struct iseq_insn_info_entry)`; its `line_no` comes first.
     pub insn_info_size: u16,
-    /// `RString`: the no-embed flag, the embedded length's mask and shift in the flags,
-    /// and where the heap length, heap pointer and embedded bytes are.
+    /// `RString`: the no-embed flag, the embedded length's mask and shift in the flags
+    /// (a mask of 0: from 3.2 an embedded string's length is in `len` too), and where
+    /// the heap length, heap pointer and embedded bytes are.
     pub string_noembed: u64,
     pub string_embed_len_mask: u64,
     pub string_embed_len_shift: u32,
@@ -107,25 +122,67 @@ pub struct Layout {
 }
 
 /// The layouts known, by version: release builds for x86-64, from each release's
-/// `vm_core.h`, `iseq.h` and `include/ruby/internal/core/rstring.h`/`rarray.h` (the
-/// `rb_mjit_min_header` a Ruby installs gathers them).
-pub const LAYOUTS: &[Layout] = &[Layout {
-    version: (3, 1),
-    walk: Walk {
-        vm_main_ractor: 32,
-        ractor_threads: 304,
-        thread_lt_node: 0,
-        thread_tid: 88,
-        thread_ec: 40,
-        ec_vm_stack: 0,
-        ec_vm_stack_size: 8,
-        ec_cfp: 16,
-        cfp_size: 64,
-        cfp_pc: 0,
-        cfp_iseq: 16,
-        cfp_ep: 32,
-        iseq_body: 16,
+/// `vm_core.h`, `iseq.h` and `include/ruby/internal/core/rstring.h`/`rarray.h`. 3.1's is
+/// checked against the `rb_mjit_min_header` Debian's Ruby installs, which gathers them;
+/// 3.3's by profiling Debian 13's Ruby (3.3 ships no such header); 3.0's and 3.2's are
+/// from their headers only.
+pub const LAYOUTS: &[Layout] = &[
+    // 3.0: the thread is known by its `pthread_t` (`thread_id`), and a control frame has
+    // no `__bp__`.
+    Layout {
+        version: (3, 0),
+        walk: Walk {
+            thread_tid: 80,
+            thread_key: super::python::THREAD_KEY_PTHREAD,
+            cfp_size: 56,
+            ..WALK_3_1
+        },
+        insn_info_size: 8,
+        ..LAYOUT_3_1
     },
+    LAYOUT_3_1,
+    // 3.2: the kernel's thread id moved to the native thread (`nt`), and an embedded
+    // string's length to `len`, before its bytes.
+    Layout {
+        version: (3, 2),
+        walk: WALK_3_2,
+        ..LAYOUT_3_2
+    },
+    // 3.3: the ractor's thread list and the native thread's id moved; control frames
+    // lost `__bp__`.
+    Layout {
+        version: (3, 3),
+        walk: Walk {
+            ractor_threads: 256,
+            thread_tid: 24,
+            cfp_size: 56,
+            ..WALK_3_2
+        },
+        ..LAYOUT_3_2
+    },
+];
+
+const WALK_3_1: Walk = Walk {
+    vm_main_ractor: 32,
+    ractor_threads: 304,
+    thread_lt_node: 0,
+    thread_tid: 88,
+    thread_ec: 40,
+    ec_vm_stack: 0,
+    ec_vm_stack_size: 8,
+    ec_cfp: 16,
+    cfp_size: 64,
+    cfp_pc: 0,
+    cfp_iseq: 16,
+    cfp_ep: 32,
+    iseq_body: 16,
+    thread_nt: ABSENT,
+    thread_key: super::python::THREAD_KEY_TID,
+};
+
+const LAYOUT_3_1: Layout = Layout {
+    version: (3, 1),
+    walk: WALK_3_1,
     body_iseq_size: 4,
     body_iseq_encoded: 8,
     body_location: 64,
@@ -145,7 +202,26 @@ pub const LAYOUTS: &[Layout] = &[Layout {
     array_embed_flag: 1 << 13,
     array_heap_ptr: 32,
     array_embed: 16,
-}];
+};
+
+const WALK_3_2: Walk = Walk {
+    thread_nt: 40,
+    thread_tid: 16,
+    thread_ec: 48,
+    ..WALK_3_1
+};
+
+const LAYOUT_3_2: Layout = Layout {
+    version: (3, 2),
+    walk: WALK_3_2,
+    body_insns_body: 112,
+    body_insns_size: 128,
+    body_insns_succ: 136,
+    string_embed_len_mask: 0,
+    string_embed_len_shift: 0,
+    string_embed: 24,
+    ..LAYOUT_3_1
+};
 
 /// Why a Ruby process is profiled with native frames only.
 pub fn layout(version: (u8, u8)) -> Result<&'static Layout, String> {
@@ -165,7 +241,10 @@ pub fn may_be_interpreter(path: &str) -> bool {
 #[derive(Debug, Clone)]
 pub struct Binary {
     /// Virtual addresses in the file.
-    pub vm_ptr: u64,
+    /// `None` when the file does not name it: Ruby 3.3 hides the symbol from the
+    /// dynamic table, and Debian strips the rest, so its `libruby` is profiled natively,
+    /// with that reason.
+    pub vm_ptr: Option<u64>,
     pub version: (u8, u8),
     /// `rb_vm_exec`, and `vm_exec_core` when found.
     pub exec: Vec<Range<u64>>,
@@ -177,7 +256,8 @@ pub struct Binary {
 const MIN_CORE_BYTES: u64 = 4096;
 
 impl Binary {
-    /// Reads an ELF file's VM symbols; `None` when it has no `ruby_current_vm_ptr`.
+    /// Reads an ELF file's VM symbols; `None` when it is not a VM (no
+    /// `ruby_current_vm_ptr`, and no `ruby_version` either).
     pub fn read(path: &Path) -> Option<Binary> {
         let file = std::fs::File::open(path).ok()?;
         let cache = object::ReadCache::new(file);
@@ -199,7 +279,9 @@ impl Binary {
                 _ => {}
             }
         }
-        let vm_ptr = vm_ptr?;
+        if vm_ptr.is_none() && version_at.is_none() {
+            return None;
+        }
         let bytes_at = |address: u64, len: u64| -> Option<&[u8]> {
             elf.segments()
                 .find_map(|segment| segment.data_range(address, len).ok().flatten())
@@ -313,6 +395,9 @@ impl Runtime {
             .loads
             .bias(start, pgoff)
             .ok_or("the VM's code segment is not where it was mapped")?;
+        let vm_ptr = binary
+            .vm_ptr
+            .ok_or("ruby_current_vm_ptr is not in its symbols (stripped)")?;
         let layout = layout(binary.version)?;
         if binary.exec.is_empty() {
             return Err("rb_vm_exec is not in its symbols".into());
@@ -320,7 +405,7 @@ impl Runtime {
         Ok(Runtime {
             layout,
             proc: ProcLayout {
-                runtime: binary.vm_ptr.wrapping_add(bias),
+                runtime: vm_ptr.wrapping_add(bias),
                 kind: RUNTIME_RUBY,
                 version: u32::from(binary.version.0) << 8 | u32::from(binary.version.1),
                 walk: layout.walk.words(),
@@ -463,7 +548,11 @@ fn read_string(memory: &Memory, layout: &Layout, object: u64) -> Option<String> 
         let ptr = memory.u64(object + u64::from(layout.string_heap_ptr))?;
         memory.bytes(ptr, len, MAX_STRING)?
     } else {
-        let len = (flags & layout.string_embed_len_mask) >> layout.string_embed_len_shift;
+        let len = if layout.string_embed_len_mask == 0 {
+            memory.u64(object + u64::from(layout.string_heap_len))?
+        } else {
+            (flags & layout.string_embed_len_mask) >> layout.string_embed_len_shift
+        };
         memory.bytes(
             object + u64::from(layout.string_embed),
             len as usize,
@@ -584,9 +673,12 @@ mod tests {
         assert!(!may_be_interpreter("/usr/bin/python3"));
         // A version without a layout is refused with a reason, never read with another's.
         assert_eq!(
-            layout((3, 2)).map(|l| l.version),
-            Err("Ruby 3.2 has no known layout".to_string())
+            layout((3, 4)).map(|l| l.version),
+            Err("Ruby 3.4 has no known layout".to_string())
         );
+        for version in [(3, 0), (3, 1), (3, 2), (3, 3)] {
+            assert_eq!(layout(version).map(|l| l.version), Ok(version));
+        }
     }
 
     #[test]
