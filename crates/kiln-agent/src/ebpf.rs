@@ -79,14 +79,146 @@ pub struct Ebpf {
     offcpu_events: Option<RingBuf<MapData>>,
 }
 
+/// How large the program's maps are made. The kernel allocates a hash map's entries and
+/// a ring whole when they are created, and pins that memory whether it is used or not, so
+/// it counts against the agent's memory budget as its own heap does: the maps get a
+/// share of `--memory-limit` ([`MapSizes::within`]), and what the kernel charges for
+/// them is measured once they are made ([`map_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapSizes {
+    /// Entries of each of the two stack maps (per epoch: distinct stacks counted in the
+    /// kernel; past it a sample goes to the ring, as without eBPF).
+    pub stacks: u32,
+    /// Entries of each of the two count maps.
+    pub counts: u32,
+    /// Entries of each map with one entry per thread (`interp_threads`, `offcpu_starts`,
+    /// least recently used first out).
+    pub threads: u32,
+    /// Bytes of the rings of interpreter stacks and off-CPU switches.
+    pub interp_ring: u32,
+    pub offcpu_ring: u32,
+}
+
+impl MapSizes {
+    /// The sizes the program declares: what a large budget gets.
+    pub const FULL: MapSizes = MapSizes {
+        stacks: MAX_STACKS,
+        counts: 16384,
+        threads: 65536,
+        interp_ring: 4 << 20,
+        offcpu_ring: 8 << 20,
+    };
+    /// Below these a map is not made smaller.
+    const FLOOR: MapSizes = MapSizes {
+        stacks: 256,
+        counts: 1024,
+        threads: 4096,
+        interp_ring: 256 << 10,
+        offcpu_ring: 256 << 10,
+    };
+
+    /// What the kernel charges for maps of these sizes, as Linux 6.1 reports them
+    /// (`memlock` in each map's fdinfo): per entry, the value and key with the kernel's
+    /// element header; a ring, its pages and a few more; the maps of fixed size (the
+    /// processes tracked and read, 1.8 MB) besides.
+    pub fn bytes(&self) -> usize {
+        let stacks = 2 * self.stacks as usize * (8 * MAX_DEPTH + 24);
+        let counts = 2 * self.counts as usize * 88;
+        let threads = self.threads as usize * (80 + 88);
+        let rings = (self.interp_ring as usize + self.offcpu_ring as usize) * 1006 / 1000;
+        stacks + counts + threads + rings + FIXED_MAP_BYTES
+    }
+
+    /// The largest sizes whose [`MapSizes::bytes`] fit `budget`: from [`MapSizes::FULL`],
+    /// the map that takes most is halved until they fit, or all are at their floors.
+    /// Rings weigh half: a ring too small loses events under a burst, where a smaller
+    /// map only sends more samples the slow way.
+    pub fn within(budget: usize) -> MapSizes {
+        let mut sizes = MapSizes::FULL;
+        while sizes.bytes() > budget {
+            let weights = [
+                (2 * sizes.stacks as usize * (8 * MAX_DEPTH + 24), 0),
+                (2 * sizes.counts as usize * 88, 1),
+                (sizes.threads as usize * (80 + 88), 2),
+                (sizes.interp_ring as usize / 2, 3),
+                (sizes.offcpu_ring as usize / 2, 4),
+            ];
+            let floors = [
+                Self::FLOOR.stacks,
+                Self::FLOOR.counts,
+                Self::FLOOR.threads,
+                Self::FLOOR.interp_ring,
+                Self::FLOOR.offcpu_ring,
+            ];
+            let fields = [
+                &mut sizes.stacks,
+                &mut sizes.counts,
+                &mut sizes.threads,
+                &mut sizes.interp_ring,
+                &mut sizes.offcpu_ring,
+            ];
+            let Some((_, largest)) = weights
+                .iter()
+                .filter(|(_, field)| *fields[*field] > floors[*field])
+                .max_by_key(|(weight, _)| *weight)
+            else {
+                break;
+            };
+            *fields[*largest] /= 2;
+        }
+        sizes
+    }
+}
+
+/// Stacks per stack map, as agent.bpf.c declares them.
+const MAX_STACKS: u32 = 4096;
+/// `fp_processes` and `interp_procs`, and the one-entry arrays.
+const FIXED_MAP_BYTES: usize = 1_806_000;
+
+/// What the kernel charges for this process's BPF maps, in bytes: the sum of `memlock`
+/// over the maps it holds open (`/proc/self/fdinfo`), which is what they pin.
+pub fn map_bytes() -> u64 {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return 0;
+    };
+    fds.flatten()
+        .filter(|fd| {
+            std::fs::read_link(fd.path())
+                .is_ok_and(|target| target.as_os_str() == "anon_inode:bpf-map")
+        })
+        .filter_map(|fd| {
+            let info = std::fs::read_to_string(
+                std::path::Path::new("/proc/self/fdinfo").join(fd.file_name()),
+            )
+            .ok()?;
+            info.lines()
+                .find_map(|line| line.strip_prefix("memlock:"))
+                .and_then(|value| value.trim().parse::<u64>().ok())
+        })
+        .sum()
+}
+
 impl Ebpf {
-    /// Loads the program and attaches its tracepoints; perf events are attached with
-    /// [`Ebpf::attach`].
-    pub fn load() -> Result<Ebpf, EbpfError> {
+    /// Loads the program with maps of these sizes and attaches its tracepoints; perf
+    /// events are attached with [`Ebpf::attach`].
+    pub fn load(sizes: MapSizes) -> Result<Ebpf, EbpfError> {
         if OBJECT.is_empty() {
             return Err(EbpfError::NotBuilt);
         }
-        let mut bpf = aya::Ebpf::load(OBJECT)?;
+        let mut loader = aya::EbpfLoader::new();
+        for (map, entries) in [
+            ("stacks_0", sizes.stacks),
+            ("stacks_1", sizes.stacks),
+            ("counts_0", sizes.counts),
+            ("counts_1", sizes.counts),
+            ("interp_threads", sizes.threads),
+            ("offcpu_starts", sizes.threads),
+            ("interp_events", sizes.interp_ring),
+            ("offcpu_events", sizes.offcpu_ring),
+        ] {
+            loader.set_max_entries(map, entries);
+        }
+        let mut bpf = loader.load(OBJECT)?;
         let sample: &mut PerfEvent = bpf
             .program_mut("kiln_sample")
             .ok_or(EbpfError::Missing("kiln_sample"))?
@@ -343,4 +475,41 @@ pub fn program_stats() -> HashMap<String, (u64, std::time::Duration)> {
         entry.1 += info.run_time();
     }
     stats
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The maps fit the share of the budget they are given, shrink no further than they
+    /// must, and stop at their floors when it is too small for anything.
+    #[test]
+    fn maps_are_sized_within_their_share_of_the_budget() {
+        assert_eq!(MapSizes::within(usize::MAX), MapSizes::FULL);
+        assert!(MapSizes::FULL.bytes() > 36_000_000 && MapSizes::FULL.bytes() < 38_000_000);
+        let mut previous = 0;
+        for budget_mib in [4usize, 8, 16, 24, 32, 48, 64] {
+            let budget = budget_mib << 20;
+            let sizes = MapSizes::within(budget);
+            let bytes = sizes.bytes();
+            assert!(
+                bytes <= budget || sizes == MapSizes::FLOOR,
+                "{budget_mib} MiB: {sizes:?}"
+            );
+            // Halving any one map more would have been needless: they took over half
+            // the budget.
+            assert!(
+                bytes > budget / 2 || sizes == MapSizes::FULL,
+                "{budget_mib}: {sizes:?}"
+            );
+            assert!(bytes >= previous, "{budget_mib}: {sizes:?}");
+            previous = bytes;
+        }
+        // The default budget's eighth (16 MiB): the rings kept larger than the maps that
+        // only send samples the slow way when full.
+        let default = MapSizes::within(16 << 20);
+        assert!(default.offcpu_ring >= 4 << 20, "{default:?}");
+        assert!(default.threads < MapSizes::FULL.threads, "{default:?}");
+        assert_eq!(MapSizes::within(0), MapSizes::FLOOR);
+    }
 }

@@ -24,10 +24,11 @@
 //! (unwind.rs).
 //!
 //! Memory is bounded by one budget ([`AgentConfig::memory_limit`]): unwind tables get an
-//! eighth, blazesym's parsed files half (it is started anew past that, and a file whose
-//! DWARF alone passes an eighth is symbolized from its symbol table: names, no lines; see
-//! [`report::Symbols`]), and `kiln agent` gives a quarter to reports waiting for the
-//! server.
+//! eighth, blazesym's parsed files three eighths (it is started anew past that, and a
+//! file whose DWARF alone passes an eighth is symbolized from its symbol table: names, no
+//! lines; see [`report::Symbols`]), interpreted frames' names a sixteenth, the BPF maps,
+//! which pin kernel memory whether used or not, an eighth ([`ebpf::MapSizes`]), and
+//! `kiln agent` gives a quarter to reports waiting for the server.
 
 pub mod ebpf;
 pub mod interp;
@@ -202,6 +203,8 @@ pub struct AgentStats {
     pub ebpf_active: AtomicU64,
     /// Bytes held by the unwind-table and symbolizer caches.
     pub cache_bytes: AtomicU64,
+    /// Bytes of kernel memory the BPF program's maps pin (their `memlock`).
+    pub bpf_map_bytes: AtomicU64,
     /// Times a cache was emptied to stay within the memory budget.
     pub cache_evictions: AtomicU64,
     /// Per binary: how its user stacks were walked, stacks sampled and stacks cut short.
@@ -264,6 +267,11 @@ impl prometheus_client::collector::Collector for AgentStats {
                 "kiln_agent_cache_bytes",
                 "Bytes held by the unwind-table and symbol caches",
                 load(&self.cache_bytes),
+            ),
+            (
+                "kiln_agent_bpf_map_bytes",
+                "Bytes of kernel memory the BPF maps pin, within an eighth of --memory-limit",
+                load(&self.bpf_map_bytes),
             ),
         ] {
             encode_value(&mut encoder, name, help, MetricType::Gauge, value)?;
@@ -401,16 +409,18 @@ impl Collector {
         let mut events = PerfEvents::open(config.frequency.clamp(1, 1000))?;
         raise_open_files_limit();
         let ebpf = if config.ebpf {
-            match ebpf::Ebpf::load().and_then(|bpf| {
-                let program = bpf
-                    .program()
-                    .try_clone_to_owned()
-                    .map_err(ebpf::EbpfError::Attach)?;
-                events
-                    .attach_bpf(program)
-                    .map_err(ebpf::EbpfError::Attach)?;
-                Ok(bpf)
-            }) {
+            match ebpf::Ebpf::load(ebpf::MapSizes::within(config.memory_limit / 8)).and_then(
+                |bpf| {
+                    let program = bpf
+                        .program()
+                        .try_clone_to_owned()
+                        .map_err(ebpf::EbpfError::Attach)?;
+                    events
+                        .attach_bpf(program)
+                        .map_err(ebpf::EbpfError::Attach)?;
+                    Ok(bpf)
+                },
+            ) {
                 Ok(bpf) => Some(bpf),
                 Err(err) => {
                     tracing::warn!(error = %err, "eBPF unavailable; sampling without it, with the same output");
@@ -455,6 +465,8 @@ impl Collector {
             host: HostInfo::read(),
             stats: Arc::new(AgentStats {
                 ebpf_active: AtomicU64::new(u64::from(ebpf_loaded)),
+                // Made whole at load: measured once.
+                bpf_map_bytes: AtomicU64::new(if ebpf_loaded { ebpf::map_bytes() } else { 0 }),
                 ..Default::default()
             }),
             interval_start: now_nanos(),
@@ -842,11 +854,11 @@ impl Collector {
         reports
     }
 
-    /// Starts blazesym anew once the files it parsed pass half the memory budget (see
-    /// [`report::Symbols`]), and publishes what the caches hold.
+    /// Starts blazesym anew once the files it parsed pass three eighths of the memory
+    /// budget (see [`report::Symbols`]), and publishes what the caches hold.
     fn keep_within_budget(&mut self) {
         let held = self.symbols.held_bytes();
-        if held > (self.config.memory_limit / 2) as u64 {
+        if held > (self.config.memory_limit / 8 * 3) as u64 {
             tracing::debug!(held, "symbol cache over its budget; starting it anew");
             self.symbols.clear_files();
             self.stats.cache_evictions.fetch_add(1, Ordering::Relaxed);

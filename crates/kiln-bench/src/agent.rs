@@ -41,6 +41,11 @@ pub struct AgentBenchArgs {
     /// in the kernel). One copy per core.
     #[arg(long, num_args = 1.., allow_hyphen_values = true)]
     busy_command: Vec<String>,
+    /// One more busy process, a shell command line run once (repeatable): e.g. two
+    /// Python, two Java, two Node.js and two Ruby programs, for what naming their
+    /// functions costs. With any, the bench's own spinning threads stay off.
+    #[arg(long = "busy")]
+    busy: Vec<String>,
     /// The agent's --memory-limit.
     #[arg(long, default_value = "128MiB")]
     memory_limit: String,
@@ -101,6 +106,14 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
             );
         }
     }
+    for line in &args.busy {
+        busy_children.push(
+            std::process::Command::new("sh")
+                .args(["-c", &format!("exec {line}")])
+                .spawn()
+                .with_context(|| format!("cannot start {line}"))?,
+        );
+    }
     let spinning = if busy_children.is_empty() { cores } else { 0 };
     let spinners: Vec<_> = (0..spinning)
         .map(|_| {
@@ -130,8 +143,10 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
         })
         .collect();
     println!(
-        "kiln bench agent: {cores} cores kept busy, {} short-lived processes a minute, {} s per frequency",
-        args.churn, args.seconds
+        "kiln bench agent: {cores} cores kept busy ({} busy processes), {} short-lived processes a minute, {} s per frequency",
+        busy_children.len(),
+        args.churn,
+        args.seconds
     );
     let exe = std::env::current_exe().context("cannot find the kiln binary")?;
     for frequency in &args.frequencies {
@@ -241,6 +256,36 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
         );
             if !programs.is_empty() {
                 println!("      in the kernel: {}", programs.join("; "));
+            }
+            // Per runtime, the interpreter stacks named of those wanted.
+            let mut runtimes: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+            for line in metrics
+                .lines()
+                .filter(|line| line.starts_with("kiln_agent_interpreter_stacks_total{"))
+            {
+                let label = |name: &str| {
+                    let at = line.find(&format!("{name}=\""))? + name.len() + 2;
+                    line[at..].split('"').next()
+                };
+                let (Some(runtime), Some(outcome), Some(count)) = (
+                    label("runtime"),
+                    label("outcome"),
+                    line.rsplit(' ').next().and_then(|v| v.parse::<u64>().ok()),
+                ) else {
+                    continue;
+                };
+                let entry = runtimes.entry(runtime.to_string()).or_default();
+                entry.1 += count;
+                if outcome == "named" {
+                    entry.0 += count;
+                }
+            }
+            if !runtimes.is_empty() {
+                let named: Vec<String> = runtimes
+                    .iter()
+                    .map(|(runtime, (named, all))| format!("{runtime} {named} of {all}"))
+                    .collect();
+                println!("      interpreter stacks named: {}", named.join(", "));
             }
             // SAFETY: kill(2) with a child's pid and SIGINT touches no memory.
             unsafe {

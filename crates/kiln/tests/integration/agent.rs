@@ -159,13 +159,18 @@ fn wait_for_cpu(server: &TestServer, service: &str, nanos: f64) {
     }
 }
 
-/// The agent's /metrics, from the address it was started with.
+/// The agent's /metrics, from the address it was started with (served once its perf
+/// events and BPF program are set up: waited for, up to 10 s).
 pub(crate) fn agent_metrics(agent: &AgentChild) -> String {
-    ureq::get(&format!("http://{}/metrics", agent.metrics))
-        .call()
-        .expect("the agent serves /metrics")
-        .into_string()
-        .unwrap()
+    let url = format!("http://{}/metrics", agent.metrics);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match ureq::get(&url).call() {
+            Ok(response) => return response.into_string().unwrap(),
+            Err(err) if Instant::now() > deadline => panic!("the agent serves /metrics: {err}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
 }
 
 /// An agent child and where it serves its metrics.
@@ -359,7 +364,8 @@ fn programs_without_frame_pointers_are_unwound_through_dwarf() {
 
 /// `--ebpf true`: a frame-pointer program's samples are counted in the kernel by the BPF
 /// program, with the same flame graph; a program without frame pointers beside it still
-/// goes through the ring and DWARF.
+/// goes through the ring and DWARF. The kernel memory the maps pin, as the kernel counts
+/// it, is within an eighth of a `--memory-limit` of 64 MiB.
 #[test]
 fn ebpf_counts_frame_pointer_programs_in_the_kernel() {
     let dir = tempfile::tempdir().unwrap();
@@ -369,14 +375,19 @@ fn ebpf_counts_frame_pointer_programs_in_the_kernel() {
     };
     let nofp = burner_with(dir.path(), "kiln_ebpf_nofp_burner", "-fomit-frame-pointer").unwrap();
     let server = TestServer::start();
-    let Some(agent) = start_agent_with(&server, &["--ebpf", "true"]) else {
+    let Some(agent) = start_agent_with(&server, &["--ebpf", "true", "--memory-limit", "64MiB"])
+    else {
         return;
     };
-    if metric_value(&agent_metrics(&agent), "kiln_agent_ebpf_active") == 0.0 {
+    let metrics = agent_metrics(&agent);
+    if metric_value(&metrics, "kiln_agent_ebpf_active") == 0.0 {
         stop(agent);
         println!("skipped: the agent's eBPF test (the BPF program did not load here; see the agent's warning)");
         return;
     }
+    let pinned = metric_value(&metrics, "kiln_agent_bpf_map_bytes");
+    println!("BPF maps pin {pinned} bytes (within 8 MiB)");
+    assert!(pinned > 1e6 && pinned <= (8 << 20) as f64, "{metrics}");
     let children = [
         Command::new(&fp).arg("4").spawn().unwrap(),
         Command::new(&nofp).arg("4").spawn().unwrap(),
