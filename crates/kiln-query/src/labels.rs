@@ -146,6 +146,13 @@ pub async fn profile_types(
     for meta in querier.datasets(&request).await? {
         ids.extend(meta.profile_types);
     }
+    // Where both on- and off-CPU time were profiled, their sum is offered too.
+    if crate::select::WALL_PARTS
+        .iter()
+        .all(|part| ids.contains(*part))
+    {
+        ids.insert(crate::select::WALL_TYPE.to_string());
+    }
     Ok(ids.into_iter().map(|id| profile_type(&id)).collect())
 }
 

@@ -25,12 +25,33 @@ pub enum TypeFilter {
     Any,
 }
 
+/// Wall time per thread: the agent's on-CPU and off-CPU time of a process summed. Not a
+/// stored type: a query for it selects both of [`WALL_PARTS`], whose samples are in the
+/// same unit, so every query type (flame graph, diff, series, rules) sums them as it
+/// sums profiles of one type.
+pub const WALL_TYPE: &str = "process_wall:wall:nanoseconds:wall:nanoseconds";
+pub const WALL_PARTS: [&str; 2] = [
+    "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+    "off_cpu:off_cpu:nanoseconds:off_cpu:nanoseconds",
+];
+
 impl TypeFilter {
     pub fn matches(&self, type_id: &str) -> bool {
         match self {
-            TypeFilter::Exact(id) => id == type_id,
+            TypeFilter::Exact(id) => {
+                id == type_id || (id == WALL_TYPE && WALL_PARTS.contains(&type_id))
+            }
             TypeFilter::Name(name) => type_id.split(':').next() == Some(name.as_str()),
             TypeFilter::Any => true,
+        }
+    }
+
+    /// The type a stored type's samples count as in a selection: wall time's parts as
+    /// [`WALL_TYPE`], so that every query type finds their sum under the id it asked for.
+    pub fn selected_as<'a>(&self, type_id: &'a str) -> &'a str {
+        match self {
+            TypeFilter::Exact(id) if id == WALL_TYPE && WALL_PARTS.contains(&type_id) => WALL_TYPE,
+            _ => type_id,
         }
     }
 }
@@ -610,7 +631,9 @@ pub fn aggregate(dataset: Arc<Dataset>, request: &SelectRequest) -> Option<Datas
         }
     }
     for (series, matched) in dataset.series.iter().zip(matched) {
-        let type_id = dataset.string(series.profile_type);
+        let type_id = request
+            .types
+            .selected_as(dataset.string(series.profile_type));
         if !matched {
             series_type.push(None);
             continue;
@@ -806,6 +829,22 @@ fn span_mask(dataset: &Dataset, span_ids: Option<&[String]>) -> Option<Vec<bool>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Wall time selects the agent's on- and off-CPU types and nothing else; the parts
+    /// still select only themselves.
+    #[test]
+    fn wall_time_selects_on_and_off_cpu() {
+        let wall = TypeFilter::Exact(WALL_TYPE.to_string());
+        for part in WALL_PARTS {
+            assert!(wall.matches(part));
+        }
+        let [on, off] = WALL_PARTS;
+        assert!(!TypeFilter::Exact(on.to_string()).matches(off));
+        assert!(!TypeFilter::Exact(off.to_string()).matches(on));
+        assert!(wall.matches(WALL_TYPE));
+        assert!(!wall.matches("wall:wall:nanoseconds:wall:nanoseconds"));
+        assert!(!wall.matches("memory:alloc_space:bytes:space:bytes"));
+    }
 
     /// A dataset of about `bytes` bytes on the heap.
     fn dataset_of(bytes: usize) -> Arc<Dataset> {

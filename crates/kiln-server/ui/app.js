@@ -106,8 +106,10 @@ async function loadPickers() {
   if (state.service && !serviceNames.includes(state.service)) serviceSelect.append(new Option(state.service, state.service));
   serviceSelect.value = state.service;
   const typeSelect = $('type');
+  // process_wall is the server's sum of on- and off-CPU time (both profiled by the agent).
   typeSelect.replaceChildren(...profileTypes.map((type) => new Option(
-    `${type.name} ${type.sampleType} (${type.sampleUnit})`, type.ID)));
+    type.name === 'process_wall' ? `wall: on + off CPU (${type.sampleUnit})`
+      : `${type.name} ${type.sampleType} (${type.sampleUnit})`, type.ID)));
   const ids = profileTypes.map((type) => type.ID);
   if (!state.type || !ids.includes(state.type)) {
     state.type = ids.find((id) => id.startsWith('process_cpu:cpu:')) || ids[0] || '';

@@ -353,11 +353,14 @@ fn python_functions_are_named_with_no_change_to_the_program() {
 }
 
 const OFF_CPU: &str = "off_cpu:off_cpu:nanoseconds:off_cpu:nanoseconds";
+const WALL: &str = kiln_query::select::WALL_TYPE;
+const CPU: &str = kiln_query::select::WALL_PARTS[0];
 
 /// `--off-cpu`: a thread that sleeps 70 ms and then blocks 30 ms on a pipe read, in turn,
 /// shows both in its process's `off_cpu` profile, 70/30 within ±5 points, each with the
 /// kernel's sleep or pipe read under the function that blocked. A Python program's own
-/// function is named off the CPU as on it.
+/// function is named off the CPU as on it. The wall time the UI offers
+/// (`process_wall`, listed once both were profiled) is the two summed, to the nanosecond.
 #[test]
 fn off_cpu_time_goes_to_where_threads_block() {
     let dir = tempfile::tempdir().unwrap();
@@ -415,6 +418,37 @@ fn off_cpu_time_goes_to_where_threads_block() {
         )
     });
     stop(agent);
+    let types: kiln_query::api::ProfileTypesResponse = crate::common::call(
+        &server,
+        "ProfileTypes",
+        &kiln_query::api::ProfileTypesRequest {
+            start: 0,
+            end: i64::MAX / 2,
+        },
+        None,
+    );
+    assert!(
+        types.profile_types.iter().any(|t| t.id == WALL),
+        "{:?}",
+        types.profile_types
+    );
+    let total_of = |profile_type: &str, pid: u32| -> i64 {
+        let tree = crate::agent::tree_of(&server, profile_type, &format!(r#"{{pid="{pid}"}}"#));
+        let paths = kiln_query::merge::read_tree_bytes(&tree).expect("tree");
+        paths.iter().map(|(_, v)| v).sum()
+    };
+    for pid in std::iter::once(pid).chain(python) {
+        let (on, off, wall) = (
+            total_of(CPU, pid),
+            total_of(OFF_CPU, pid),
+            total_of(WALL, pid),
+        );
+        println!("wall time of pid {pid}: {wall} ns = {on} on + {off} off the CPU");
+        assert!(
+            on > 0 && off > 0 && wall == on + off,
+            "{wall} = {on} + {off}"
+        );
+    }
     if let Some((pid, paths)) = python_paths {
         let sleepy = share(&paths, "kiln_sleepy");
         let total: i64 = paths.iter().map(|(_, v)| v).sum();
