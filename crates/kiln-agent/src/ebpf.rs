@@ -285,6 +285,15 @@ impl Ebpf {
         }
     }
 
+    /// Sends this process's samples to the ring again, with their stack copies: it
+    /// mapped what may be an interpreter (a JVM's `libjvm.so` is loaded after its
+    /// launcher has run, and sampled, for a while), which only a sample can examine.
+    pub fn count_in_ring(&mut self, pid: u32) {
+        if self.tracked.remove(&pid).is_some() {
+            let _ = self.fp_processes.remove(&pid);
+        }
+    }
+
     /// Stops counting a process that is gone from the agent's table.
     pub fn untrack(&mut self, pid: u32, instance: Instance) {
         if self.tracked.get(&pid) == Some(&instance) {

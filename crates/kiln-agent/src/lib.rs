@@ -568,7 +568,10 @@ impl Collector {
                     interp::count(&self.stats.interpreters, binary, runtime, outcome);
                 }
                 // Only user-mode samples: a kernel thread has no user stack to count.
-                if walked.method == unwind::Method::FramePointer && regs.is_some() {
+                if walked.method == unwind::Method::FramePointer
+                    && regs.is_some()
+                    && self.interp.may_count_in_kernel(instance)
+                {
                     if let Some(bpf) = &mut self.ebpf {
                         bpf.track(pid, instance);
                     }
@@ -594,6 +597,11 @@ impl Collector {
             } => {
                 if pid == u32::MAX {
                     return; // kernel modules
+                }
+                if interp::may_be_interpreter(&path) {
+                    if let Some(bpf) = &mut self.ebpf {
+                        bpf.count_in_ring(pid);
+                    }
                 }
                 self.table.mmap(
                     pid,

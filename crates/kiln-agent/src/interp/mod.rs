@@ -417,6 +417,12 @@ impl Binary {
     }
 }
 
+/// Whether a mapped file may hold an interpreter, by its name: a process that maps one
+/// is looked at again.
+pub fn may_be_interpreter(path: &str) -> bool {
+    Binary::may_be(path)
+}
+
 /// What became of a process's interpreter.
 #[derive(Debug)]
 enum State {
@@ -566,6 +572,16 @@ impl Interpreters {
         let looks = self.not_ready.entry(instance).or_insert(0);
         *looks += 1;
         *looks <= MAX_NOT_READY
+    }
+
+    /// Whether the process's samples may be counted in the kernel, out of the agent's
+    /// sight: not while its runtime is looked at again for not being initialized yet
+    /// (each of its samples is what looks), nor once it is a runtime read from the stack
+    /// copies the kernel would no longer send.
+    pub fn may_count_in_kernel(&self, instance: Instance) -> bool {
+        let retrying = matches!(self.states.get(&instance), Some(State::Native(_)))
+            && self.not_ready.contains_key(&instance);
+        !retrying && !self.wants_copy(instance)
     }
 
     /// Whether the process's samples must be unwound from their stack copies, with each
@@ -827,6 +843,30 @@ mod tests {
             interpreters.not_ready_again(7),
             "the count went with the process"
         );
+    }
+
+    /// A runtime looked at again for not being ready is never counted in the kernel
+    /// meanwhile: its samples would stop reaching the agent, and it would never be
+    /// looked at again (a JVM read as native for good, as CI once showed).
+    #[test]
+    fn a_runtime_not_ready_keeps_its_samples_in_sight() {
+        let mut interpreters = Interpreters::default();
+        interpreters.states.insert(7, State::Native(1));
+        assert!(interpreters.may_count_in_kernel(7), "a native program");
+        assert!(interpreters.not_ready_again(7));
+        assert!(
+            !interpreters.may_count_in_kernel(7),
+            "a runtime not ready yet"
+        );
+        interpreters.states.insert(
+            7,
+            State::Unsupported("java", "unsupported: not initialized".into()),
+        );
+        assert!(interpreters.may_count_in_kernel(7), "given up on: native");
+        assert!(may_be_interpreter(
+            "/usr/lib/jvm/java-17/lib/server/libjvm.so"
+        ));
+        assert!(!may_be_interpreter("/usr/lib/x86_64-linux-gnu/libc.so.6"));
     }
 
     #[test]

@@ -123,9 +123,11 @@ pub struct Layout {
 
 /// The layouts known, by version: release builds for x86-64, from each release's
 /// `vm_core.h`, `iseq.h` and `include/ruby/internal/core/rstring.h`/`rarray.h`. 3.1's is
-/// checked against the `rb_mjit_min_header` Debian's Ruby installs, which gathers them;
-/// 3.3's by profiling Debian 13's Ruby (3.3 ships no such header); 3.0's and 3.2's are
-/// from their headers only.
+/// checked against the `rb_mjit_min_header` Debian's Ruby installs, which gathers them.
+/// 3.0's, 3.2's and 3.3's are the offsets of those headers as bindgen gives them (the
+/// rbspy-ruby-structs crate publishes its output for every release; its 3.1 agrees with
+/// 3.1's entry field by field), not checked against a running VM: no registry here has a
+/// Ruby of those versions that keeps its VM's symbols (Debian 13's 3.3 hides them).
 pub const LAYOUTS: &[Layout] = &[
     // 3.0: the thread is known by its `pthread_t` (`thread_id`), and a control frame has
     // no `__bp__`.
@@ -141,13 +143,7 @@ pub const LAYOUTS: &[Layout] = &[
         ..LAYOUT_3_1
     },
     LAYOUT_3_1,
-    // 3.2: the kernel's thread id moved to the native thread (`nt`), and an embedded
-    // string's length to `len`, before its bytes.
-    Layout {
-        version: (3, 2),
-        walk: WALK_3_2,
-        ..LAYOUT_3_2
-    },
+    LAYOUT_3_2,
     // 3.3: the ractor's thread list and the native thread's id moved; control frames
     // lost `__bp__`.
     Layout {
@@ -211,6 +207,8 @@ const WALK_3_2: Walk = Walk {
     ..WALK_3_1
 };
 
+/// 3.2: the kernel's thread id moved to the native thread (`nt`), and an embedded
+/// string's length to `len`, before its bytes.
 const LAYOUT_3_2: Layout = Layout {
     version: (3, 2),
     walk: WALK_3_2,

@@ -351,8 +351,11 @@ fn programs_without_frame_pointers_are_unwound_through_dwarf() {
             "{metrics}"
         );
         let (share_a, root_share) = split_and_root(&server, service, a, b, root);
+        // 5 s at 199 Hz, ~1,000 samples, fewer on a loaded machine: the split's standard
+        // error is 1.5 points or more, so ±3 failed one run in twenty (74.4 % in CI);
+        // ±5 is over three, and a swapped or lost function (30 % or 50 %) still fails.
         assert!(
-            (share_a - 70.0).abs() <= 3.0,
+            (share_a - 70.0).abs() <= 5.0,
             "{service}: split {share_a:.1}"
         );
         assert!(
