@@ -117,16 +117,49 @@ impl MapSizes {
         offcpu_ring: 256 << 10,
     };
 
-    /// What the kernel charges for maps of these sizes, as Linux 6.1 reports them
-    /// (`memlock` in each map's fdinfo): per entry, the value and key with the kernel's
-    /// element header; a ring, its pages and a few more; the maps of fixed size (the
-    /// processes tracked and read, 1.8 MB) besides.
+    /// The sizes in the order of [`MapSizes::UNIT_BYTES`].
+    fn parts(&self) -> [u32; 5] {
+        [
+            self.stacks,
+            self.counts,
+            self.threads,
+            self.interp_ring,
+            self.offcpu_ring,
+        ]
+    }
+
+    fn from_parts([stacks, counts, threads, interp_ring, offcpu_ring]: [u32; 5]) -> MapSizes {
+        MapSizes {
+            stacks,
+            counts,
+            threads,
+            interp_ring,
+            offcpu_ring,
+        }
+    }
+
+    /// What the kernel charges per unit of each part, in thousandths of a byte, as Linux
+    /// 6.1 reports it (`memlock` in each map's fdinfo): per entry the value and key with
+    /// the kernel's element header, two maps of each (stacks, counts) or one map each of
+    /// two kinds (threads); per byte of a ring, its pages and a few more.
+    const UNIT_BYTES: [u64; 5] = [
+        2 * (8 * MAX_DEPTH as u64 + 24) * 1000,
+        2 * 88 * 1000,
+        (80 + 88) * 1000,
+        1006,
+        1006,
+    ];
+
+    /// What the kernel charges for maps of these sizes, the maps of fixed size (the
+    /// processes tracked and read, 1.8 MB) included.
     pub fn bytes(&self) -> usize {
-        let stacks = 2 * self.stacks as usize * (8 * MAX_DEPTH + 24);
-        let counts = 2 * self.counts as usize * 88;
-        let threads = self.threads as usize * (80 + 88);
-        let rings = (self.interp_ring as usize + self.offcpu_ring as usize) * 1006 / 1000;
-        stacks + counts + threads + rings + FIXED_MAP_BYTES
+        let parts: u64 = self
+            .parts()
+            .iter()
+            .zip(Self::UNIT_BYTES)
+            .map(|(size, unit)| u64::from(*size) * unit / 1000)
+            .sum();
+        usize::try_from(parts).unwrap_or(usize::MAX) + FIXED_MAP_BYTES
     }
 
     /// The largest sizes whose [`MapSizes::bytes`] fit `budget`: from [`MapSizes::FULL`],
@@ -134,39 +167,27 @@ impl MapSizes {
     /// Rings weigh half: a ring too small loses events under a burst, where a smaller
     /// map only sends more samples the slow way.
     pub fn within(budget: usize) -> MapSizes {
-        let mut sizes = MapSizes::FULL;
-        while sizes.bytes() > budget {
-            let weights = [
-                (2 * sizes.stacks as usize * (8 * MAX_DEPTH + 24), 0),
-                (2 * sizes.counts as usize * 88, 1),
-                (sizes.threads as usize * (80 + 88), 2),
-                (sizes.interp_ring as usize / 2, 3),
-                (sizes.offcpu_ring as usize / 2, 4),
-            ];
-            let floors = [
-                Self::FLOOR.stacks,
-                Self::FLOOR.counts,
-                Self::FLOOR.threads,
-                Self::FLOOR.interp_ring,
-                Self::FLOOR.offcpu_ring,
-            ];
-            let fields = [
-                &mut sizes.stacks,
-                &mut sizes.counts,
-                &mut sizes.threads,
-                &mut sizes.interp_ring,
-                &mut sizes.offcpu_ring,
-            ];
-            let Some((_, largest)) = weights
-                .iter()
-                .filter(|(_, field)| *fields[*field] > floors[*field])
-                .max_by_key(|(weight, _)| *weight)
+        let mut parts = MapSizes::FULL.parts();
+        let floors = MapSizes::FLOOR.parts();
+        while MapSizes::from_parts(parts).bytes() > budget {
+            let weight = |part: usize| {
+                let bytes = u64::from(parts[part]) * Self::UNIT_BYTES[part];
+                // Parts 3 and 4 are the rings.
+                if part >= 3 {
+                    bytes / 2
+                } else {
+                    bytes
+                }
+            };
+            let Some(largest) = (0..parts.len())
+                .filter(|&part| parts[part] > floors[part])
+                .max_by_key(|&part| weight(part))
             else {
                 break;
             };
-            *fields[*largest] /= 2;
+            parts[largest] /= 2;
         }
-        sizes
+        MapSizes::from_parts(parts)
     }
 }
 

@@ -38,9 +38,7 @@ pub const WALL_PARTS: [&str; 2] = [
 impl TypeFilter {
     pub fn matches(&self, type_id: &str) -> bool {
         match self {
-            TypeFilter::Exact(id) => {
-                id == type_id || (id == WALL_TYPE && WALL_PARTS.contains(&type_id))
-            }
+            TypeFilter::Exact(id) => id == self.selected_as(type_id),
             TypeFilter::Name(name) => type_id.split(':').next() == Some(name.as_str()),
             TypeFilter::Any => true,
         }

@@ -863,15 +863,11 @@ mod tests {
         }
         let root = debian_root("bullseye");
         if root.join("usr/include/python3.9/Python.h").exists() {
-            let include = |dir: &str| format!("-I{}", root.join(dir).display());
-            headers.push((
-                vec![
-                    include("usr/include/python3.9"),
-                    include("usr/include"),
-                    include("usr/include/x86_64-linux-gnu/python3.9"),
-                ],
-                (3, 9),
-            ));
+            headers.push((debian_includes(&root, "python3.9"), (3, 9)));
+        } else {
+            eprintln!(
+                "skipped: CPython 3.9's headers (scripts/test.sh unpacks Debian 11's at {root:?})"
+            );
         }
         for (includes, version) in headers {
             let Ok(layout) = layout(version, None) else {
@@ -882,7 +878,7 @@ mod tests {
                 eprintln!("skipped: no C compiler");
                 return;
             };
-            let from_headers = header_layout(&values, version, layout.walk.entry_kind);
+            let from_headers = header_layout(&values, version);
             assert_eq!(format!("{layout:?}"), format!("{from_headers:?}"));
             checked.push(version);
         }
@@ -939,6 +935,19 @@ mod tests {
             .join("root")
     }
 
+    /// The include flags for an unpacked Debian CPython's headers (`python3.9`), its
+    /// `pyconfig.h` in the multiarch directory.
+    fn debian_includes(root: &std::path::Path, name: &str) -> Vec<String> {
+        [
+            format!("usr/include/{name}"),
+            "usr/include".to_string(),
+            format!("usr/include/x86_64-linux-gnu/{name}"),
+        ]
+        .iter()
+        .map(|dir| format!("-I{}", root.join(dir).display()))
+        .collect()
+    }
+
     /// CPython 3.13 (Debian 13) and 3.14 (Debian sid), as scripts/test.sh unpacks them:
     /// each binary's debug offsets give the layout its headers give (the offsets a C
     /// compiler computes from them), field by field, and the shape of the offsets this
@@ -954,18 +963,13 @@ mod tests {
             };
             let bytes = binary.debug_offsets.as_deref().expect("debug offsets");
             let from_binary = layout(version, Some(bytes)).expect("a layout");
-            let include = |dir: &str| format!("-I{}", root.join(dir).display());
-            let includes = [
-                include(&format!("usr/include/{name}")),
-                include("usr/include"),
-                include(&format!("usr/include/x86_64-linux-gnu/{name}")),
-            ];
+            let includes = debian_includes(&root, &name);
             let args: Vec<&str> = includes.iter().map(String::as_str).collect();
             let Some(values) = super::super::c_values(OFFSETS_C, &args) else {
                 eprintln!("skipped: no C compiler");
                 return;
             };
-            let from_headers = header_layout(&values, version, ENTRY_CSTACK_OWNER);
+            let from_headers = header_layout(&values, version);
             assert_eq!(format!("{from_binary:?}"), format!("{from_headers:?}"));
             assert_eq!(values.get("runtime_debug_offsets"), Some(&0));
             let shape = DEBUG_SHAPES
@@ -1043,11 +1047,7 @@ mod tests {
 
     /// The layout a C compiler computed from a version's headers (OFFSETS_C; 3.13 has
     /// no `tstate_cframe`).
-    fn header_layout(
-        values: &std::collections::HashMap<String, u64>,
-        version: (u8, u8),
-        entry_kind: u16,
-    ) -> Layout {
+    fn header_layout(values: &std::collections::HashMap<String, u64>, version: (u8, u8)) -> Layout {
         let value = |name: &str| -> u16 {
             values
                 .get(name)
@@ -1071,7 +1071,7 @@ mod tests {
                 frame_entry: values
                     .get("frame_entry")
                     .map_or(0, |_| value("frame_entry")),
-                entry_kind,
+                entry_kind: value("entry_kind"),
                 code_firstlineno: value("code_firstlineno"),
                 shim_owner: values.get("shim_owner").map_or(0, |_| value("shim_owner")),
                 code_tag_bits: values
@@ -1087,9 +1087,9 @@ mod tests {
                 .get("code_qualname")
                 .map_or(ABSENT, |_| value("code_qualname")),
             code_linetable: value("code_linetable"),
-            lines: match version {
-                (3, 8) | (3, 9) => Lines::Lnotab,
-                (3, 10) => Lines::Linetable310,
+            lines: match value("lines") {
+                0 => Lines::Lnotab,
+                1 => Lines::Linetable310,
                 _ => Lines::Locations,
             },
             code_instructions: values
@@ -1141,33 +1141,36 @@ mod tests {
 #define D(name, field) printf("shape." name " %zu\n", offsetof(_Py_DebugOffsets, field))
 int main(void) {
     P("runtime_interp_head", _PyRuntimeState, interpreters.head);
-#if PY_VERSION_HEX < 0x030b0000
-    P("interp_threads_head", PyInterpreterState, tstate_head);
     P("tstate_next", PyThreadState, next);
+    P("code_firstlineno", PyCodeObject, co_firstlineno);
+    P("code_filename", PyCodeObject, co_filename);
+    P("code_name", PyCodeObject, co_name);
+#if PY_VERSION_HEX < 0x030b0000
+    /* Frame objects, each its own call of the loop; threads by pthread_self(). */
+    printf("entry_kind 3\nthread_key 1\n");
+    P("interp_threads_head", PyInterpreterState, tstate_head);
     P("tstate_thread_id", PyThreadState, thread_id);
-    printf("thread_key 1\n");
-    printf("tstate_cframe %d\n", 0xffff);
     P("current_frame", PyThreadState, frame);
     P("frame_code", PyFrameObject, f_code);
     P("frame_previous", PyFrameObject, f_back);
     P("frame_instr", PyFrameObject, f_lasti);
-    P("code_firstlineno", PyCodeObject, co_firstlineno);
-    P("code_filename", PyCodeObject, co_filename);
-    P("code_name", PyCodeObject, co_name);
 #if PY_VERSION_HEX < 0x030a0000
+    printf("lines 0\n"); /* Lines::Lnotab */
     P("code_linetable", PyCodeObject, co_lnotab);
 #else
+    printf("lines 1\n"); /* Lines::Linetable310 */
     P("code_linetable", PyCodeObject, co_linetable);
 #endif
 #else
+    printf("lines 2\n"); /* Lines::Locations */
     P("interp_threads_head", PyInterpreterState, threads.head);
-    P("tstate_next", PyThreadState, next);
     P("tstate_thread_id", PyThreadState, native_thread_id);
 #if PY_VERSION_HEX >= 0x030d0000
     P("current_frame", PyThreadState, current_frame);
     P("frame_code", _PyInterpreterFrame, f_executable);
     P("frame_instr", _PyInterpreterFrame, instr_ptr);
     P("frame_entry", _PyInterpreterFrame, owner);
+    printf("entry_kind 2\n");
     P("runtime_debug_offsets", _PyRuntimeState, debug_offsets);
     printf("shape.bytes %zu\n", sizeof(_Py_DebugOffsets));
     D("interpreters_head", runtime_state.interpreters_head);
@@ -1201,15 +1204,13 @@ int main(void) {
     P("frame_instr", _PyInterpreterFrame, prev_instr);
 #if PY_VERSION_HEX >= 0x030c0000
     P("frame_entry", _PyInterpreterFrame, owner);
-    printf("shim_owner %d\n", FRAME_OWNED_BY_CSTACK);
+    printf("entry_kind 2\nshim_owner %d\n", FRAME_OWNED_BY_CSTACK);
 #else
     P("frame_entry", _PyInterpreterFrame, is_entry);
+    printf("entry_kind 1\n");
 #endif
 #endif
     P("frame_previous", _PyInterpreterFrame, previous);
-    P("code_firstlineno", PyCodeObject, co_firstlineno);
-    P("code_filename", PyCodeObject, co_filename);
-    P("code_name", PyCodeObject, co_name);
     P("code_qualname", PyCodeObject, co_qualname);
     P("code_linetable", PyCodeObject, co_linetable);
     P("code_instructions", PyCodeObject, co_code_adaptive);
