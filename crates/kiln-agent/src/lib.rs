@@ -1001,6 +1001,10 @@ fn read_rings(
     batches: std::sync::mpsc::SyncSender<Vec<Record>>,
 ) {
     let mut next_cpu_check = Instant::now() + Duration::from_secs(10);
+    if let Err(err) = events.enable() {
+        tracing::error!(error = %err, "cannot start sampling");
+        return;
+    }
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
         // The BPF rings first: an interpreter stack is written before its sample reaches

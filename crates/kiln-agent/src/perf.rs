@@ -163,8 +163,14 @@ pub struct PerfEvents {
 }
 
 impl PerfEvents {
-    /// Opens a `cpu-clock` event sampling at `frequency` Hz on every online CPU, for every
-    /// process, with kernel and user call chains and the records that track mappings.
+    /// Opens a `cpu-clock` event on every online CPU, for every process, with kernel and
+    /// user call chains and the records that track mappings, to sample at `frequency` Hz
+    /// once [`PerfEvents::enable`]d.
+    ///
+    /// They open disabled: loading the BPF program and the rest of the agent's start take
+    /// up to a second (more in a debug build), and rings sampling meanwhile with no one to
+    /// drain them filled and dropped the first second of every program (34 samples lost at
+    /// each start, all of them then).
     pub fn open(frequency: u64) -> Result<PerfEvents, PerfError> {
         let mut events = PerfEvents {
             rings: Vec::new(),
@@ -173,9 +179,21 @@ impl PerfEvents {
             bpf_program: None,
         };
         for cpu in online_cpus()? {
-            events.open_cpu(cpu)?;
+            events.open_cpu(cpu, false)?;
         }
         Ok(events)
+    }
+
+    /// Starts sampling on the CPUs opened by [`PerfEvents::open`]: called by the thread
+    /// that drains the rings, as it starts to.
+    pub fn enable(&self) -> io::Result<()> {
+        for ring in &self.rings {
+            // SAFETY: ENABLE takes no argument, on an open perf event descriptor.
+            if unsafe { sys::ioctls::ENABLE(ring.fd.as_raw_fd(), 0) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
     }
 
     /// Opens CPUs that came online since; returns how many.
@@ -183,7 +201,7 @@ impl PerfEvents {
         let mut added = 0;
         for cpu in online_cpus()? {
             if !self.rings.iter().any(|ring| ring.cpu == cpu) {
-                self.open_cpu(cpu)?;
+                self.open_cpu(cpu, true)?;
                 added += 1;
             }
         }
@@ -203,7 +221,7 @@ impl PerfEvents {
         Ok(())
     }
 
-    fn open_cpu(&mut self, cpu: usize) -> Result<(), PerfError> {
+    fn open_cpu(&mut self, cpu: usize, enabled: bool) -> Result<(), PerfError> {
         let mut attr = b::perf_event_attr {
             type_: b::PERF_TYPE_SOFTWARE,
             size: std::mem::size_of::<b::perf_event_attr>() as u32,
@@ -225,6 +243,7 @@ impl PerfEvents {
         }
         attr.__bindgen_anon_1.sample_freq = self.frequency;
         attr.set_freq(1);
+        attr.set_disabled(u64::from(!enabled));
         attr.set_mmap(1);
         attr.set_mmap2(1);
         attr.set_comm(1);
