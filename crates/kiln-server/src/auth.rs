@@ -58,7 +58,9 @@ pub fn access(method: &Method, path: &str) -> Access {
         | "/api/v1/recording-rules/preview"
         | "/api/v1/heatmap"
         | "/api/v1/heatmap/flamegraph"
-        | "/api/v1/lines" => Access::Needs(Scope::Read),
+        | "/api/v1/lines"
+        // MCP tools only read; each call they make is checked again as it is.
+        | "/mcp" => Access::Needs(Scope::Read),
         _ if reads => Access::Needs(Scope::Read),
         _ => Access::Needs(Scope::Admin),
     }

@@ -22,6 +22,7 @@ pub mod explore;
 pub mod ingest;
 pub mod insight;
 pub mod listener;
+pub mod mcp;
 pub mod metrics;
 pub mod ops;
 pub mod otlp;
@@ -51,5 +52,6 @@ pub async fn serve(
     stop: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     let metrics = state.metrics.clone();
-    listener::serve(listener, routes::router(state), http, metrics, tls, stop).await
+    let router = routes::router(state, tls.is_some());
+    listener::serve(listener, router, http, metrics, tls, stop).await
 }

@@ -5,10 +5,44 @@ use axum::Router;
 
 use crate::endpoints::{OTLP_GRPC_PATH, OTLP_HTTP_PATH, PROFEFE_PATH, PUSH_PATH, PYROSCOPE_PATHS};
 use crate::state::SharedState;
-use crate::{explore, ingest, insight, ops, otlp, partial, profefe, querier, render, rules};
+use crate::{explore, ingest, insight, mcp, ops, otlp, partial, profefe, querier, render, rules};
 
-pub fn router(state: SharedState) -> Router {
-    PYROSCOPE_PATHS
+/// Every route; `secure` when the listener serves TLS (for the links MCP answers carry).
+pub fn router(state: SharedState, secure: bool) -> Router {
+    let api = api(state.clone());
+    // `/mcp` calls the rest through it, so it sits outside it: the same guards, and no
+    // read budget of its own (each call it makes takes one; crate::mcp).
+    let mcp = Router::new()
+        .route(
+            "/mcp",
+            post(mcp::call).get(mcp::no_stream).delete(mcp::no_stream),
+        )
+        .with_state(mcp::McpState {
+            api: api.clone(),
+            secure,
+        });
+    api.merge(guarded(mcp, &state))
+}
+
+/// Credentials, then the body's declared size, then the node's roles (outermost first).
+fn guarded<S: Clone + Send + Sync + 'static>(router: Router<S>, state: &SharedState) -> Router<S> {
+    router
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::role_guard::route_by_role,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::listener::guard,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::authenticate,
+        ))
+}
+
+fn api(state: SharedState) -> Router {
+    let routes = PYROSCOPE_PATHS
         .iter()
         .fold(Router::new(), |router, path| {
             router.route(path, post(ingest::pyroscope))
@@ -67,24 +101,13 @@ pub fn router(state: SharedState) -> Router {
             post(partial::series),
         )
         .merge(crate::ui::router())
-        // Outermost last: errors are shaped for their protocol, then credentials are
-        // checked, then the body's declared size, then a read's budget.
+        // Innermost first: a read's budget, then the guards, and outermost the errors
+        // shaped for their protocol.
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::budget::limit_reads,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            crate::role_guard::route_by_role,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            crate::listener::guard,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            crate::auth::authenticate,
-        ))
+        ));
+    guarded(routes, &state)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::rpc::shape_errors,

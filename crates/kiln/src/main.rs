@@ -5,6 +5,7 @@ mod admin;
 mod agent;
 mod allocator;
 mod client;
+mod mcp;
 mod query;
 mod rules;
 mod scrape;
@@ -43,6 +44,8 @@ enum Command {
     Scrape(scrape::ScrapeArgs),
     /// Profile every process on this host (perf events) and push to a Kiln server.
     Agent(agent::AgentArgs),
+    /// Kiln's tools for AI assistants, over the Model Context Protocol on stdio (docs/mcp.md).
+    Mcp(mcp::McpArgs),
     /// Tokens for `auth:` (docs/security.md).
     Auth {
         #[command(subcommand)]
@@ -259,6 +262,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         Command::Admin(args) => runtime.block_on(admin::run(args)),
         Command::Scrape(args) => runtime.block_on(scrape::run(args)),
         Command::Agent(args) => runtime.block_on(agent::run(args)),
+        Command::Mcp(args) => runtime.block_on(mcp::run(args)),
         Command::Auth {
             command:
                 AuthCommand::NewToken {

@@ -14,6 +14,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("kiln-storage", 1),
     ("kiln-metastore", 1),
     ("kiln-auth", 1),
+    ("kiln-mcp", 1),
     ("kiln-ingest", 2),
     ("kiln-compactor", 2),
     ("kiln-query", 2),

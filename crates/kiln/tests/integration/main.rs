@@ -14,6 +14,7 @@ mod hygiene;
 mod insight;
 mod interpreters;
 mod limits;
+mod mcp;
 mod openapi;
 mod otlp;
 mod profefe;
