@@ -345,6 +345,7 @@ impl Ebpf {
         Rings {
             interp: self.interp_events.take(),
             offcpu: self.offcpu_events.take(),
+            epoll: None,
         }
     }
 
@@ -466,9 +467,80 @@ unsafe impl aya::Pod for OffCpuConfig {}
 pub struct Rings {
     interp: Option<RingBuf<MapData>>,
     offcpu: Option<RingBuf<MapData>>,
+    epoll: Option<Epoll>,
+}
+
+/// An edge-triggered epoll over the rings: it reports the BPF program's wakeups, not
+/// whether data waits (a ring always has some on a busy host, and a level-triggered
+/// wait would return at once, every time).
+struct Epoll(OwnedFd);
+
+impl Epoll {
+    fn new(fds: &[i32]) -> Option<Epoll> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: epoll_create1 takes flags only; its result is checked.
+        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if epoll < 0 {
+            return None;
+        }
+        // SAFETY: a new descriptor nothing else owns.
+        let epoll = Epoll(unsafe { OwnedFd::from_raw_fd(epoll) });
+        for fd in fds {
+            let mut event = libc::epoll_event {
+                events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+                u64: *fd as u64,
+            };
+            // SAFETY: both descriptors are open; `event` is a valid epoll_event.
+            let added = unsafe {
+                libc::epoll_ctl(
+                    std::os::fd::AsRawFd::as_raw_fd(&epoll.0),
+                    libc::EPOLL_CTL_ADD,
+                    *fd,
+                    &mut event,
+                )
+            };
+            if added < 0 {
+                return None;
+            }
+        }
+        Some(epoll)
+    }
+
+    fn wait(&self, timeout: std::time::Duration) {
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: `events` holds as many entries as passed; an error (EINTR) just ends
+        // the wait early, as a wakeup would.
+        unsafe {
+            libc::epoll_wait(
+                std::os::fd::AsRawFd::as_raw_fd(&self.0),
+                events.as_mut_ptr(),
+                events.len() as i32,
+                ms,
+            );
+        }
+    }
 }
 
 impl Rings {
+    /// Waits up to `timeout` for a ring to be half full (the BPF program wakes its
+    /// readers then, and only then: `ring_wakeup` in agent.bpf.c).
+    pub fn wait(&mut self, timeout: std::time::Duration) {
+        use std::os::fd::AsRawFd;
+        let fds: Vec<i32> = [self.interp.as_ref(), self.offcpu.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|ring| ring.as_raw_fd())
+            .collect();
+        if self.epoll.is_none() && !fds.is_empty() {
+            self.epoll = Epoll::new(&fds);
+        }
+        match &self.epoll {
+            Some(epoll) => epoll.wait(timeout),
+            None => std::thread::sleep(timeout),
+        }
+    }
+
     /// Every event written since the last call: interpreter stacks, and off-CPU switches.
     pub fn drain(&mut self) -> (Vec<crate::interp::Event>, Vec<crate::offcpu::Event>) {
         let mut interpreted = Vec::new();

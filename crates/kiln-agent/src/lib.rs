@@ -197,10 +197,18 @@ pub struct AgentStats {
     /// Of those, the samples counted in the kernel by the BPF program.
     pub kernel_counted: AtomicU64,
     pub lost: AtomicU64,
+    /// Sampled switches whose off-CPU stacks the kernel's ring could not hold (their time
+    /// is carried by the next stack sent: offcpu.rs), and those past the table of awaited
+    /// returns (not counted at all).
+    pub offcpu_unsent: AtomicU64,
+    pub offcpu_dropped: AtomicU64,
     pub reports: AtomicU64,
     pub processes: AtomicU64,
     /// 1 when the BPF program runs on the samples.
     pub ebpf_active: AtomicU64,
+    /// 1 once the perf events sample: the agent's start (the BPF program loaded, the
+    /// rings mapped) is over and their reader runs.
+    pub sampling: AtomicU64,
     /// Bytes held by the unwind-table and symbolizer caches.
     pub cache_bytes: AtomicU64,
     /// Bytes of kernel memory the BPF program's maps pin (their `memlock`).
@@ -243,6 +251,16 @@ impl prometheus_client::collector::Collector for AgentStats {
                 "Samples the kernel dropped because a ring buffer was full",
                 load(&self.lost),
             ),
+            (
+                "kiln_agent_offcpu_switches_unsent",
+                "Sampled switches whose stacks the kernel's ring could not hold; their time is carried, weighted, by the next stack sent",
+                load(&self.offcpu_unsent),
+            ),
+            (
+                "kiln_agent_offcpu_switches_dropped",
+                "Sampled switches not counted: the table of threads awaited back was full",
+                load(&self.offcpu_dropped),
+            ),
             ("kiln_agent_reports", "Process profiles written", load(&self.reports)),
             (
                 "kiln_agent_cache_evictions",
@@ -257,6 +275,11 @@ impl prometheus_client::collector::Collector for AgentStats {
                 "kiln_agent_processes",
                 "Processes the agent tracks",
                 load(&self.processes),
+            ),
+            (
+                "kiln_agent_sampling",
+                "1 once the agent samples: its start is over",
+                load(&self.sampling),
             ),
             (
                 "kiln_agent_ebpf_active",
@@ -691,7 +714,7 @@ impl Collector {
             user: user.into_boxed_slice(),
         };
         if let Some(off) = &mut self.offcpu {
-            off.left(left.tid, left.time, instance, stack);
+            off.left(left.tid, left.time, instance, stack, left.unsent);
         }
     }
 
@@ -851,6 +874,12 @@ impl Collector {
             .retain(|instance| table.instance(instance).is_some());
         if let Some(off) = &mut self.offcpu {
             off.retain(|instance| table.instance(instance).is_some());
+            self.stats
+                .offcpu_unsent
+                .store(off.unsent, Ordering::Relaxed);
+            self.stats
+                .offcpu_dropped
+                .store(off.dropped, Ordering::Relaxed);
         }
         self.keep_within_budget();
         self.stats
@@ -932,7 +961,8 @@ impl Collector {
             .map(ebpf::Ebpf::take_rings)
             .unwrap_or_default();
         std::thread::scope(|scope| {
-            scope.spawn(move || read_rings(&mut events, &mut rings, stop, batches));
+            let stats = self.stats.clone();
+            scope.spawn(move || read_rings(&mut events, &mut rings, stop, batches, &stats));
             let mut next_report = Instant::now() + first_report_after(self.config.interval);
             let mut pending: Option<PendingReport> = None;
             loop {
@@ -999,14 +1029,17 @@ fn read_rings(
     rings: &mut ebpf::Rings,
     stop: &AtomicBool,
     batches: std::sync::mpsc::SyncSender<Vec<Record>>,
+    stats: &AgentStats,
 ) {
     let mut next_cpu_check = Instant::now() + Duration::from_secs(10);
     if let Err(err) = events.enable() {
         tracing::error!(error = %err, "cannot start sampling");
         return;
     }
+    stats.sampling.store(1, Ordering::Relaxed);
     while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(100));
+        // Every 100 ms, or sooner when a BPF ring is half full.
+        rings.wait(Duration::from_millis(100));
         // The BPF rings first: an interpreter stack is written before its sample reaches
         // the perf ring, so every sample drained next finds its stack already read.
         let batch = events.drain_with(timed(rings.drain()));

@@ -44,6 +44,23 @@ static long (*bpf_probe_read_kernel)(void *dst, __u32 size, const void *src) = (
 static void *(*bpf_get_current_task_btf)(void) = (void *)158;
 static long (*bpf_task_pt_regs)(void *task) = (void *)175;
 
+static __u64 (*bpf_ringbuf_query)(void *ringbuf, __u64 flags) = (void *)134;
+
+#define BPF_RB_NO_WAKEUP 1
+#define BPF_RB_FORCE_WAKEUP 2
+#define BPF_RB_AVAIL_DATA 0
+#define BPF_RB_RING_SIZE 1
+
+// How to submit to a ring: wake the agent's reader (an edge-triggered epoll) only once
+// the ring is half full. It reads every 100 ms anyway; a wakeup per event would cost a
+// switch each, and with none, a burst filled the ring between two reads and lost events.
+static __u64 ring_wakeup(void *ring)
+{
+    __u64 used = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
+    __u64 size = bpf_ringbuf_query(ring, BPF_RB_RING_SIZE);
+    return used * 2 > size ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+}
+
 #include "interp.bpf.h"
 #include "offcpu.bpf.h"
 

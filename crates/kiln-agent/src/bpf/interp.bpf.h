@@ -402,7 +402,7 @@ static int interp_read(__u32 tgid, __u32 tid, __u64 time)
         python_walk(proc, event, tid);
     else if (proc->kind == RUNTIME_RUBY)
         ruby_walk(proc, event, tid);
-    bpf_ringbuf_submit(event, 0);
+    bpf_ringbuf_submit(event, ring_wakeup(&interp_events));
     return 1;
 }
 

@@ -37,6 +37,8 @@ struct offcpu_stack {
     __u64 sp;
     __u64 bp;
     __u64 stack_bytes;
+    // Stack events this CPU could not send (the ring full) since its last one.
+    __u64 dropped;
     __u64 kernel[OFFCPU_KERNEL_DEPTH];
     __u8 stack[OFFCPU_STACK_BYTES];
 };
@@ -76,6 +78,14 @@ struct {
     __uint(max_entries, 8 << 20);
 } offcpu_events SEC(".maps");
 
+// Per CPU: stack events not sent since the last one that was.
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, __u64);
+} offcpu_unsent SEC(".maps");
+
 // x86-64 `struct pt_regs` (the ptrace ABI): where the user registers were saved.
 #define PT_REGS_BP 32
 #define PT_REGS_IP 128
@@ -100,7 +110,7 @@ int kiln_switch(struct bpf_raw_tracepoint_args *ctx)
             end->tid = left->tid;
             end->start = left->time;
             end->end = now;
-            bpf_ringbuf_submit(end, 0);
+            bpf_ringbuf_submit(end, ring_wakeup(&offcpu_events));
         }
         bpf_map_delete_elem(&offcpu_starts, &next);
     }
@@ -128,9 +138,16 @@ int kiln_switch(struct bpf_raw_tracepoint_args *ctx)
     bpf_probe_read_kernel(&bp, sizeof(bp), regs + PT_REGS_BP);
     if (ip == 0 || ip >= 0x800000000000ULL)
         return 0; // a kernel thread: no user context
+    __u64 *unsent = bpf_map_lookup_elem(&offcpu_unsent, &zero);
     struct offcpu_stack *event = bpf_ringbuf_reserve(&offcpu_events, sizeof(*event), 0);
-    if (!event)
+    if (!event) {
+        if (unsent)
+            *unsent += 1;
         return 0;
+    }
+    event->dropped = unsent ? *unsent : 0;
+    if (unsent)
+        *unsent = 0;
     event->type = OFFCPU_EVENT_STACK;
     event->pid = tgid;
     event->tid = tid;
@@ -151,7 +168,7 @@ int kiln_switch(struct bpf_raw_tracepoint_args *ctx)
         }
     }
     event->stack_bytes = copied;
-    bpf_ringbuf_submit(event, 0);
+    bpf_ringbuf_submit(event, ring_wakeup(&offcpu_events));
     struct offcpu_left noted = {.time = now, .tid = tid};
     __u64 current = (__u64)task;
     bpf_map_update_elem(&offcpu_starts, &current, &noted, BPF_ANY);

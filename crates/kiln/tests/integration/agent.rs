@@ -90,7 +90,21 @@ pub(crate) fn start_agent_to(target: &[&str], extra: &[&str]) -> Option<AgentChi
         .stderr(Stdio::piped())
         .spawn()
         .expect("kiln runs");
-    std::thread::sleep(Duration::from_millis(700));
+    // Ready once it samples (its start, the BPF program's load above all, takes seconds
+    // on a loaded machine): a program run before then would lose its first samples.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let url = format!("http://{metrics}/metrics");
+    while Instant::now() < deadline && !matches!(child.try_wait(), Ok(Some(_))) {
+        let sampling = ureq::get(&url)
+            .call()
+            .ok()
+            .and_then(|response| response.into_string().ok())
+            .is_some_and(|text| text.contains("kiln_agent_sampling 1"));
+        if sampling {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     if let Ok(Some(status)) = child.try_wait() {
         let mut stderr = String::new();
         if let Some(mut pipe) = child.stderr.take() {
