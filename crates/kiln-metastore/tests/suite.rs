@@ -1122,3 +1122,35 @@ async fn unsupported_urls_are_refused_without_echoing_passwords() {
         .to_string();
     assert!(!err.contains("secret"), "{err}");
 }
+
+/// SQLite's WAL stays about a megabyte however many commits a node makes: it is
+/// checkpointed every 256 pages and cut back once emptied, instead of staying at its
+/// largest size (4 MB at SQLite's defaults, a fifth of a day of compacted data).
+#[tokio::test]
+async fn the_sqlite_wal_stays_near_a_megabyte() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("metastore.db");
+    let metastore = Metastore::open(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let wal = dir.path().join("metastore.db-wal");
+    let mut largest = 0;
+    for i in 0..3000 {
+        let id = format!("b{i:05}");
+        metastore
+            .register_segment(
+                block(&id),
+                vec![dataset(&id, 0, "t", "api", i, i + 10)],
+                vec![],
+            )
+            .await
+            .unwrap();
+        largest = largest.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
+    }
+    let database = std::fs::metadata(&path).unwrap().len();
+    println!("database {database} bytes, WAL at most {largest} bytes");
+    // 3,000 commits of a few pages each wrote far more than that through the WAL (at
+    // SQLite's defaults it grows to 4 MB here, and stays).
+    assert!(largest <= (1 << 20) + (1 << 20) / 2, "{largest}");
+    assert_eq!(metastore.list_blocks().await.unwrap().len(), 3000);
+}
