@@ -529,9 +529,11 @@ fn flamegraph_functions(graph: &Value) -> std::collections::HashMap<String, (i64
 }
 
 /// `/mcp` over Streamable HTTP: a read token of the tenant lists its services; no token,
-/// and another tenant's token for this tenant, are refused before any tool runs.
+/// and another tenant's token for this tenant, are refused before any tool runs. Over
+/// stdio, `kiln mcp --token-file` carries the token, and without one a tool answers the
+/// API's 401 as its error.
 #[test]
-fn mcp_over_http_needs_a_read_token_of_its_tenant() {
+fn mcp_needs_a_read_token_of_its_tenant() {
     if !sdk_installed() {
         return;
     }
@@ -591,6 +593,22 @@ fn mcp_over_http_needs_a_read_token_of_its_tenant() {
         result["error"].as_str().unwrap().contains("403"),
         "{result}"
     );
+
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = temp_file(dir.path(), "token", format!("{READER_A}\n").as_bytes());
+    let binary = env!("CARGO_BIN_EXE_kiln");
+    let token_file = token_file.to_string_lossy().into_owned();
+    let (ok, result) = client(
+        &["stdio", binary, &server.url, "--token-file", &token_file],
+        &calls,
+    );
+    assert!(ok, "{result}");
+    let (text, error) = answer(&result, "list_services", 0);
+    assert!(!error && text.contains("teama_svc | cpu"), "{text}");
+    let (ok, result) = client(&["stdio", binary, &server.url], &calls);
+    assert!(ok, "{result}");
+    let (text, error) = answer(&result, "list_services", 0);
+    assert!(error && text.starts_with("Kiln answered 401"), "{text}");
 
     // The transport's own rules: JSON only, no stream to open, other origins refused.
     let (status, _) = server.post_with(
