@@ -675,6 +675,9 @@ impl Collector {
         }
         let instance = self.table.for_sample(left.pid);
         let Some(process) = self.table.instance(instance) else {
+            if let Some(off) = &mut self.offcpu {
+                off.unsent += left.unsent;
+            }
             return;
         };
         examine_interpreter(

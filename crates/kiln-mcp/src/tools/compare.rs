@@ -148,7 +148,7 @@ pub async fn run(api: &impl Api, args: &Args<'_>) -> Result<String, ToolError> {
         )),
     }
     answer.line(
-        "rank | function | left share | right share | change (pp) | p adjusted | significant",
+        "rank | function | left share | right share | delta_share (pp) | p adjusted | significant",
     );
     let mut shown = 0;
     for (rank, function) in functions.iter().enumerate() {

@@ -203,10 +203,9 @@ impl Range {
     }
 }
 
+/// RFC 3339 at whole seconds, as the headers of answers give times.
 fn rfc3339(ms: i64) -> String {
-    let (year, month, day, hour, minute, second) =
-        kiln_model::time::civil_from_unix(ms.div_euclid(1000));
-    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}Z")
+    kiln_model::time::format_rfc3339(ms.div_euclid(1000) * 1_000_000_000)
 }
 
 fn millis(name: &str, text: &str, now_nanos: i64) -> Result<i64, ToolError> {

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use crate::auth::{auth_config, OPS_B, READER_A};
 use crate::common::*;
 use crate::insight::{push, webhook, with_watcher};
+use kiln_node::ServerConfig;
 
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 const TOOLS: [&str; 10] = [
@@ -685,4 +686,51 @@ fn the_evaluation_finds_every_planted_cause() {
         );
         assert!(result["tokens"].as_u64().unwrap() <= 2 * 2000, "{result}");
     }
+}
+
+/// Per-tenant query limits apply to the tools' calls, and `/mcp` itself holds no query
+/// slot: with one query a tenant at a time, a tool's calls still run (were `/mcp` a read,
+/// they would wait for its own slot until the query timeout), and a tool past the
+/// tenant's `max_profiles` answers the API's refusal as its error.
+#[test]
+fn tools_meet_the_tenants_query_limits_without_waiting_on_themselves() {
+    if !sdk_installed() {
+        return;
+    }
+    let calls = json!([{ "name": "top_functions", "arguments": { "service": "limited" } }]);
+    let run = |configure: fn(&mut ServerConfig)| {
+        let server = TestServer::start_with(configure);
+        let now_s = kiln_model::time::now_ms() / 1000;
+        for i in 0..5 {
+            let (status, text) = server.post_with(
+                &format!(
+                    "/ingest?name=limited.cpu&format=folded&from={}&until={}",
+                    now_s - 300 + i * 10,
+                    now_s - 290 + i * 10
+                ),
+                b"main;work 7\n",
+                &[],
+            );
+            assert_eq!(status, 200, "{text}");
+        }
+        let started = Instant::now();
+        let (ok, result) = client(&["http", &format!("{}/mcp", server.url)], &calls);
+        assert!(ok, "{result}");
+        let (text, error) = answer(&result, "top_functions", 0);
+        (text.to_string(), error, started.elapsed())
+    };
+    // One query at a time: the tool's three calls run one after another.
+    let (text, error, took) = run(|config| {
+        config.query.max_concurrent_per_tenant = 1;
+        config.query.timeout_ms = 5_000;
+    });
+    assert!(!error && text.contains("| main |"), "{text}");
+    assert!(took < Duration::from_secs(4), "{took:?}");
+    // Three profiles a query at most: the API's refusal, as the tool's error.
+    let (text, error, _) = run(|config| config.query.max_profiles = 3);
+    assert!(error, "{text}");
+    assert!(
+        text.contains("Kiln answered 422") && text.contains("query.max_profiles"),
+        "{text}"
+    );
 }
