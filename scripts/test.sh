@@ -54,6 +54,8 @@ ls /usr/include/*/ruby-*/rb_mjit_min_header-*.h >/dev/null 2>&1 || apt_install r
 command -v openssl >/dev/null 2>&1 || apt_install openssl "TLS"
 # Recording rules are remote-written to, and alerted on by, a real Prometheus.
 [ -x /usr/bin/prometheus ] || apt_install prometheus "recording rules (Prometheus)"
+# Stripped binaries are named from a real debuginfod server, elfutils' own.
+command -v debuginfod >/dev/null 2>&1 || apt_install debuginfod "symbolization (debuginfod)"
 
 # CPython 3.9 from Debian 11 (bullseye), 3.13 from Debian 13 (trixie) and 3.14 from
 # Debian sid, unpacked outside the system (`python3.X` in each directory): the agent's

@@ -113,6 +113,45 @@ pub fn ingest_name(data: &[u8]) {
     }
 }
 
+/// Debug files as uploads and debuginfod bring them (malformed ELF, DWARF that does not
+/// parse, compressed sections that lie about their size): checked, and when taken, read
+/// by the symbolizer at a few addresses of each executable segment. Refused or named,
+/// never a panic; the sizes are bounded.
+pub fn debuginfo_read(data: &[u8]) {
+    use std::io::Write;
+    let Ok(mut file) = tempfile_in_tmp() else {
+        return;
+    };
+    if file.1.write_all(data).is_err() {
+        return;
+    }
+    let limit = 64 << 20;
+    let Ok(contents) = kiln_symbolize::elf::inspect(&file.0, limit) else {
+        let _ = std::fs::remove_file(&file.0);
+        return;
+    };
+    let addresses: Vec<u64> = contents
+        .text_segments
+        .iter()
+        .flat_map(|(start, size)| [*start, start + size / 2, (start + size).saturating_sub(1)])
+        .collect();
+    let _ = kiln_symbolize::read_debug_file(&file.0, limit, &addresses);
+    let _ = std::fs::remove_file(&file.0);
+}
+
+/// A fresh file under the system's temporary directory, and its path.
+fn tempfile_in_tmp() -> std::io::Result<(std::path::PathBuf, std::fs::File)> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "kiln-fuzz-debuginfo-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let file = std::fs::File::create(&path)?;
+    Ok((path, file))
+}
+
 /// JFR recordings: chunk headers, metadata, constant pools and events, into pprofs.
 pub fn jfr_parse(data: &[u8]) {
     let contexts = kiln_model::jfr::Contexts::new();

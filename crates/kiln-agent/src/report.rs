@@ -422,6 +422,10 @@ impl<'a> ProfileWriter<'a> {
             }
         }
         let mut resolved: HashMap<u64, Resolved> = HashMap::new();
+        // Build ids read from the files of mappings the kernel gave none for (those in
+        // /proc/PID/maps at start): a frame this agent cannot name is named on the server
+        // from a debug file of that id (docs/symbolization.md).
+        let mut build_ids: HashMap<usize, Vec<u8>> = HashMap::new();
         for (index, mut addresses) in by_mapping {
             addresses.sort_unstable();
             addresses.dedup();
@@ -431,6 +435,11 @@ impl<'a> ProfileWriter<'a> {
             else {
                 continue;
             };
+            if mapping.build_id.is_none() {
+                if let Some(id) = binaries.get(&path).and_then(|b| b.build_id.clone()) {
+                    build_ids.insert(index, id);
+                }
+            }
             let offsets: Vec<u64> = addresses.iter().map(|a| mapping.file_offset(*a)).collect();
             let results = self.symbols.resolve_file(path, symbol_bytes, &offsets);
             resolved.extend(addresses.into_iter().zip(results));
@@ -474,9 +483,11 @@ impl<'a> ProfileWriter<'a> {
                     continue;
                 }
                 let at = lookup(depth, *address);
-                let mapping = mapping_index(process, at).map(|i| &process.mappings[i]);
+                let index = mapping_index(process, at);
+                let mapping = index.map(|i| &process.mappings[i]);
+                let build_id = index.and_then(|i| build_ids.get(&i)).map(Vec::as_slice);
                 let frames = resolved.get(&at).cloned().unwrap_or_default();
-                ids.push(out.user_location(*address, mapping, &frames));
+                ids.push(out.user_location(*address, mapping, build_id, &frames));
             }
             let count = i64::try_from(*count).unwrap_or(i64::MAX);
             if self.off_cpu {
@@ -512,9 +523,10 @@ impl Out {
         self.pprof.string(value)
     }
 
-    fn mapping(&mut self, mapping: &Mapping, symbolized: bool) -> u64 {
+    /// `build_id` stands in for the mapping's own when the kernel gave none.
+    fn mapping(&mut self, mapping: &Mapping, build_id: Option<&[u8]>, symbolized: bool) -> u64 {
         let filename = self.string(&mapping.path);
-        let build_id = match &mapping.build_id {
+        let build_id = match mapping.build_id.as_deref().or(build_id) {
             Some(bytes) => self.string(&hex(bytes)),
             None => 0,
         };
@@ -568,10 +580,11 @@ impl Out {
         &mut self,
         address: u64,
         mapping: Option<&Mapping>,
+        build_id: Option<&[u8]>,
         resolved: &Resolved,
     ) -> u32 {
         let mapping_id = match mapping {
-            Some(mapping) => self.mapping(mapping, !resolved.frames.is_empty()),
+            Some(mapping) => self.mapping(mapping, build_id, !resolved.frames.is_empty()),
             None => 0,
         };
         self.location(address, mapping_id, &resolved.frames)
@@ -586,7 +599,7 @@ impl Out {
                 path: "[kernel.kallsyms]".into(),
                 build_id: None,
             };
-            self.kernel_mapping = self.mapping(&kernel, true);
+            self.kernel_mapping = self.mapping(&kernel, None, true);
         }
         let mapping_id = self.kernel_mapping;
         self.location(address, mapping_id, &resolved.frames)

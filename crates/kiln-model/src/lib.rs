@@ -26,7 +26,9 @@ pub mod profile_type;
 pub mod proto_json;
 pub mod relabel;
 pub mod selector;
+pub mod size;
 pub mod speedscope;
+pub mod symbols;
 pub mod time;
 
 pub use error::{ErrorKind, FormatError};

@@ -84,6 +84,9 @@ pub struct ServerConfig {
     /// Where source files are, for a function's lines in the UI; none by default, and
     /// then no source text is shown.
     pub source: kiln_query::source::SourceConfig,
+    /// Names for frames stored unnamed (stripped binaries): uploaded debug files and
+    /// debuginfod servers (docs/symbolization.md).
+    pub symbolization: kiln_symbolize::SymbolizationConfig,
 }
 
 /// What the nodes of one deployment share.
@@ -174,6 +177,7 @@ impl Default for ServerConfig {
             tls: kiln_server::tls::TlsConfig::default(),
             query: kiln_query::QueryBudget::default(),
             source: kiln_query::source::SourceConfig::default(),
+            symbolization: kiln_symbolize::SymbolizationConfig::default(),
             target: "all".to_string(),
             node: kiln_cluster::NodeConfig::default(),
             cluster: ClusterConfig::default(),
@@ -310,5 +314,42 @@ mod tests {
             config.compaction.max_wait_ms,
             defaults.compaction.max_wait_ms
         );
+    }
+
+    /// docs/symbolization.md's example is the defaults, and sizes take units; a flag's
+    /// servers (`--debuginfod-url`, `DEBUGINFOD_URLS`) go over the file's.
+    #[test]
+    fn the_symbolization_example_is_the_defaults() {
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/symbolization.md"),
+        )
+        .expect("docs/symbolization.md");
+        let block = doc
+            .split("```yaml\n")
+            .nth(1)
+            .and_then(|block| block.split("```").next())
+            .expect("the config block");
+        let config: ServerConfig = yaml_serde::from_str(block).expect("valid config");
+        assert_eq!(config.symbolization, ServerConfig::default().symbolization);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("kiln.yaml");
+        std::fs::write(
+            &file,
+            "symbolization:\n  debuginfod_urls: [http://file]\n  cache_bytes: 64MiB\n",
+        )
+        .unwrap();
+        let mut overrides = yaml_serde::Mapping::new();
+        overrides.insert(
+            "symbolization.debuginfod_urls".into(),
+            yaml_serde::to_value(vec!["http://a", "http://b"]).unwrap(),
+        );
+        let config = ServerConfig::layered(Some(&file), overrides).unwrap();
+        assert_eq!(
+            config.symbolization.debuginfod_urls,
+            ["http://a", "http://b"]
+        );
+        assert_eq!(config.symbolization.cache_bytes, 64 << 20);
+        let wrong = "symbolization:\n  cache_bytes: 1 parsec\n";
+        assert!(yaml_serde::from_str::<ServerConfig>(wrong).is_err());
     }
 }

@@ -47,6 +47,8 @@ pub enum ServerError {
     Rules(#[from] kiln_rules::RulesError),
     #[error("regressions: {0}")]
     Insight(#[from] kiln_insight::InsightError),
+    #[error("symbolization: {0}")]
+    Symbolize(#[from] kiln_symbolize::SymbolizeError),
     #[error("{0}")]
     Auth(#[from] kiln_auth::ConfigError),
     #[error("{0}")]
@@ -159,6 +161,13 @@ impl Server {
                 Box::pin(async move { syncer.sync().await })
             }));
         }
+        let symbolizer = kiln_symbolize::Symbolizer::new(
+            storage.clone(),
+            config.data_dir.join("debuginfo-cache"),
+            config.symbolization.clone(),
+        )?;
+        symbolizer.register(&mut registry);
+        querier = querier.with_symbolizer(Arc::new(symbolizer.clone()));
         querier.metrics().register(&mut registry);
         let root = kiln_query::root::Root::new(querier.clone());
         let rules = kiln_rules::Rules::new(
@@ -324,6 +333,7 @@ impl Server {
             });
         }
         let state = Arc::new(AppState {
+            symbolizer,
             roles,
             membership,
             forwarder,

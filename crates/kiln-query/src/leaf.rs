@@ -94,8 +94,14 @@ pub async fn fold_dataset_trees(
         type_id.to_string(),
         request.selector.to_string(),
     ));
+    let generation = querier.names_generation();
     let key = move |meta: &DatasetMeta| {
-        TreeKey::new(meta.object_key.clone(), meta.row_group, shape.clone())
+        TreeKey::new(
+            meta.object_key.clone(),
+            meta.row_group,
+            shape.clone(),
+            generation,
+        )
     };
     let metrics = querier.metrics().clone();
     let lookup = {
@@ -111,10 +117,14 @@ pub async fn fold_dataset_trees(
         }
     };
     let type_id = type_id.to_string();
+    let pending_in = querier.clone();
+    let names_pending =
+        move |meta: &DatasetMeta| pending_in.names_pending(&meta.object_key, meta.row_group);
     let build = move |meta: &DatasetMeta, request: &SelectRequest, selection: DatasetSelection| {
         let tree = Arc::new(DatasetTree::new(&selection, &type_id));
         let dataset = &selection.dataset;
-        if request.summable(dataset.min_time_nanos, dataset.max_time_nanos) {
+        if request.summable(dataset.min_time_nanos, dataset.max_time_nanos) && !names_pending(meta)
+        {
             trees.insert(
                 key(meta),
                 &tree,

@@ -43,6 +43,7 @@ pub mod leaf;
 pub mod lines;
 pub mod merge;
 pub mod metrics;
+mod naming;
 pub mod overview;
 pub mod pprof_export;
 pub mod profiles;

@@ -14,6 +14,14 @@ struct SourceLabel {
     source: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceLabels {
+    tenant: String,
+    service: String,
+}
+
+type Share = Gauge<f64, std::sync::atomic::AtomicU64>;
+
 #[derive(Clone, Default)]
 pub struct QueryMetrics {
     aggregated: Family<SourceLabel, Counter>,
@@ -25,6 +33,11 @@ pub struct QueryMetrics {
     shares_sent: Counter,
     /// Shares no peer answered, run here instead.
     shares_run_here: Counter,
+    /// Per service, the share of value in stacks with an unnamed frame, of the newest
+    /// dataset read (as named then), and that dataset's end.
+    unsymbolized: Family<ServiceLabels, Share>,
+    unsymbolized_newest:
+        std::sync::Arc<std::sync::Mutex<std::collections::HashMap<ServiceLabels, i64>>>,
 }
 
 impl QueryMetrics {
@@ -45,6 +58,11 @@ impl QueryMetrics {
             self.tree_cache_bytes.clone(),
         );
         registry.register(
+            "kiln_symbolization_unsymbolized_ratio",
+            "Per service, the share of samples (of its most profiled type) in stacks with a frame no symbols name, in the newest data a query read",
+            self.unsymbolized.clone(),
+        );
+        registry.register(
             "kiln_query_fanned_out",
             "Queries split by block over other query nodes (above node.fanout_min_profiles)",
             self.fanned_out.clone(),
@@ -59,6 +77,24 @@ impl QueryMetrics {
             "Shares of split queries that no other query node answered, run here instead",
             self.shares_run_here.clone(),
         );
+    }
+
+    /// A dataset was named ([`crate::naming`]): its share of unnamed value is the
+    /// service's when it is the newest of the service read so far.
+    pub(crate) fn unnamed_share(&self, dataset: &kiln_storage::Dataset, share: f64) {
+        let labels = ServiceLabels {
+            tenant: dataset.tenant.clone(),
+            service: dataset.service.clone(),
+        };
+        let mut newest = self
+            .unsymbolized_newest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let end = newest.entry(labels.clone()).or_insert(i64::MIN);
+        if dataset.max_time_nanos >= *end {
+            *end = dataset.max_time_nanos;
+            self.unsymbolized.get_or_create(&labels).set(share);
+        }
     }
 
     pub(crate) fn fanned_out(&self, shares: usize) {

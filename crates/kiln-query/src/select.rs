@@ -146,6 +146,9 @@ struct CacheEntry {
     dataset: Arc<Dataset>,
     bytes: u64,
     projection: Projection,
+    /// Its frames' names wait for debug files ([`crate::naming`]): until when, and at
+    /// which symbolizer generation they were looked up.
+    names_pending: Option<(std::time::Instant, u64)>,
 }
 
 #[derive(Clone)]
@@ -167,21 +170,28 @@ impl DatasetCache {
     }
 
     /// The cached dataset, when there is one holding what `projection` reads.
-    fn get(&self, key: &(String, u32), projection: &Projection) -> Option<Arc<Dataset>> {
+    fn get(&self, key: &(String, u32), projection: &Projection) -> Option<CacheEntry> {
         self.entries
             .get(key)
             .filter(|entry| entry.projection.covers(projection))
-            .map(|entry| entry.dataset)
     }
 
-    fn insert(&self, key: (String, u32), dataset: &Arc<Dataset>, projection: Projection) {
+    fn insert(
+        &self,
+        key: (String, u32),
+        dataset: &Arc<Dataset>,
+        projection: Projection,
+        names_pending: Option<(std::time::Instant, u64)>,
+    ) {
         let bytes = dataset.heap_bytes() as u64;
         if bytes > self.capacity {
             return;
         }
-        // Another query cached it meanwhile, or as much of it.
+        // Another query cached it meanwhile, or as much of it; unless this is that entry
+        // named again ([`crate::naming`]), which replaces it.
         if let Some(entry) = self.entries.peek(&key) {
-            if entry.projection.covers(&projection) {
+            let renamed = entry.names_pending.is_some() && projection.covers(&entry.projection);
+            if entry.projection.covers(&projection) && !renamed {
                 return;
             }
         }
@@ -191,6 +201,7 @@ impl DatasetCache {
                 dataset: dataset.clone(),
                 bytes,
                 projection,
+                names_pending,
             },
         );
     }
@@ -214,6 +225,10 @@ pub struct Querier {
     background: Arc<std::sync::OnceLock<kiln_runtime::worker::Pool>>,
     /// Makes every acknowledged write visible before a listing ([`Querier::with_freshness`]).
     freshness: Option<Freshness>,
+    /// Names frames stored unnamed, when debug files can be had ([`crate::naming`]).
+    names: Option<Arc<dyn kiln_model::symbols::NameFrames>>,
+    /// Datasets whose names wait for debug files: their flame graph shares are not kept.
+    names_pending: Arc<Mutex<std::collections::HashSet<(String, u32)>>>,
 }
 
 /// Returns once every write acknowledged before the call is visible in the metastore.
@@ -236,7 +251,28 @@ impl Querier {
             metrics: Default::default(),
             background: Arc::new(std::sync::OnceLock::new()),
             freshness: None,
+            names: None,
+            names_pending: Default::default(),
         }
+    }
+
+    /// The same querier, naming frames stored without names from `names` as it reads
+    /// them ([`crate::naming`]).
+    pub fn with_symbolizer(mut self, names: Arc<dyn kiln_model::symbols::NameFrames>) -> Self {
+        self.names = Some(names);
+        self
+    }
+
+    /// The symbolizer's generation (0 without one): part of a kept flame graph share's key,
+    /// so that shares made before a debug file arrived are not served after.
+    pub(crate) fn names_generation(&self) -> u64 {
+        self.names.as_ref().map_or(0, |names| names.generation())
+    }
+
+    /// Whether the dataset's frames wait for debug files, so that a share of it is not kept.
+    pub(crate) fn names_pending(&self, object_key: &str, row_group: u32) -> bool {
+        let pending = self.names_pending.lock().unwrap_or_else(|p| p.into_inner());
+        !pending.is_empty() && pending.contains(&(object_key.to_string(), row_group))
     }
 
     pub fn metrics(&self) -> &crate::metrics::QueryMetrics {
@@ -332,7 +368,7 @@ impl Querier {
 
     /// The cached dataset, when there is one holding what `projection` reads.
     fn cached(&self, key: &(String, u32), projection: &Projection) -> Option<Arc<Dataset>> {
-        self.cache.get(key, projection)
+        self.cache.get(key, projection).map(|entry| entry.dataset)
     }
 
     /// Loads a dataset with every table, from the cache when it is there.
@@ -365,10 +401,16 @@ impl Querier {
         projection: Projection,
     ) -> Result<Arc<Dataset>, QueryError> {
         let key = (meta.object_key.clone(), meta.row_group);
-        let cached = self.cached(&key, &projection);
+        let cached = self.cache.get(&key, &projection);
         self.metrics.loaded(cached.is_some());
-        if let Some(dataset) = cached {
-            return Ok(dataset);
+        if let Some(entry) = cached {
+            let due = entry.names_pending.is_some_and(|(retry_at, generation)| {
+                std::time::Instant::now() >= retry_at || self.names_generation() != generation
+            });
+            if !due {
+                return Ok(entry.dataset);
+            }
+            return Ok(self.named(key, entry.dataset, entry.projection).await);
         }
         let row_group = meta.row_group as usize;
         // A segment holds the dataset of every service in a flush: read this one's byte
@@ -398,9 +440,34 @@ impl Querier {
             })
             .await??
         };
-        let dataset = Arc::new(dataset);
-        self.cache.insert(key, &dataset, projection);
-        Ok(dataset)
+        Ok(self.named(key, Arc::new(dataset), projection).await)
+    }
+
+    /// `dataset` with the names of its unnamed frames where debug files have them, cached.
+    async fn named(
+        &self,
+        key: (String, u32),
+        dataset: Arc<Dataset>,
+        projection: Projection,
+    ) -> Arc<Dataset> {
+        let Some(names) = self.names.as_ref().filter(|_| projection.symbols) else {
+            self.cache.insert(key, &dataset, projection, None);
+            return dataset;
+        };
+        let named = crate::naming::name_frames(dataset, names.as_ref()).await;
+        self.metrics
+            .unnamed_share(&named.dataset, named.unnamed_share);
+        {
+            let mut pending = self.names_pending.lock().unwrap_or_else(|p| p.into_inner());
+            if named.retry_at.is_some() {
+                pending.insert(key.clone());
+            } else if !pending.is_empty() {
+                pending.remove(&key);
+            }
+        }
+        let pending = named.retry_at.map(|at| (at, named.generation));
+        self.cache.insert(key, &named.dataset, projection, pending);
+        named.dataset
     }
 
     /// What `derive` makes of the series and profile rows of datasets of one object, in
@@ -870,7 +937,7 @@ mod tests {
                 if cache.get(key, &Projection::ALL).is_some() {
                     hits += usize::from(round > 0);
                 } else {
-                    cache.insert(key.clone(), &dataset_of(1 << 20), Projection::ALL);
+                    cache.insert(key.clone(), &dataset_of(1 << 20), Projection::ALL, None);
                 }
             }
         }
@@ -885,18 +952,18 @@ mod tests {
     fn an_entry_serves_what_its_projection_covers_and_a_wider_one_replaces_it() {
         let cache = DatasetCache::new(10 << 20);
         let key = ("blocks/a".to_string(), 0);
-        cache.insert(key.clone(), &dataset_of(1000), Projection::SUMMED);
+        cache.insert(key.clone(), &dataset_of(1000), Projection::SUMMED, None);
         assert!(cache.get(&key, &Projection::SUMMED).is_some());
         assert!(cache.get(&key, &Projection::ALL).is_none());
-        cache.insert(key.clone(), &dataset_of(2000), Projection::ALL);
+        cache.insert(key.clone(), &dataset_of(2000), Projection::ALL, None);
         assert!(cache.get(&key, &Projection::ALL).is_some());
         assert!(cache.get(&key, &Projection::SUMMED).is_some());
         // A narrower one does not replace it.
-        cache.insert(key.clone(), &dataset_of(1000), Projection::SUMMED);
+        cache.insert(key.clone(), &dataset_of(1000), Projection::SUMMED, None);
         assert!(cache.get(&key, &Projection::ALL).is_some());
         // Larger than the whole cache: not kept.
         let big = ("blocks/big".to_string(), 0);
-        cache.insert(big.clone(), &dataset_of(11 << 20), Projection::ALL);
+        cache.insert(big.clone(), &dataset_of(11 << 20), Projection::ALL, None);
         assert!(cache.get(&big, &Projection::ALL).is_none());
     }
 }

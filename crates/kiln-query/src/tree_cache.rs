@@ -29,6 +29,9 @@ pub(crate) struct TreeKey {
     row_group: u32,
     /// Tenant, profile type and selector.
     shape: Arc<(String, String, String)>,
+    /// The symbolizer's generation: a share named before a debug file arrived is not the
+    /// share after ([`crate::naming`]).
+    names: u64,
 }
 
 impl TreeKey {
@@ -36,11 +39,13 @@ impl TreeKey {
         object_key: String,
         row_group: u32,
         shape: Arc<(String, String, String)>,
+        names: u64,
     ) -> Self {
         TreeKey {
             object_key,
             row_group,
             shape,
+            names,
         }
     }
 }
@@ -142,6 +147,7 @@ mod tests {
             object_key: object.to_string(),
             row_group: 0,
             shape: Arc::new(("t".to_string(), "cpu".to_string(), "{}".to_string())),
+            names: 0,
         }
     }
 

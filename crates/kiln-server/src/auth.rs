@@ -45,6 +45,10 @@ pub fn access(method: &Method, path: &str) -> Access {
         return Access::Needs(Scope::Write);
     }
     let reads = method == Method::GET || method == Method::HEAD;
+    if method == Method::PUT && path.starts_with(crate::debuginfo::PREFIX) {
+        // Uploading debug files is writing the tenant's data.
+        return Access::Needs(Scope::Write);
+    }
     match path {
         "/ready" | "/api/openapi.json" => Access::Open,
         "/metrics" => Access::Metrics,

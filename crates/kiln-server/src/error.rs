@@ -29,6 +29,8 @@ pub enum ApiError {
     Insight(#[from] kiln_insight::InsightError),
     #[error(transparent)]
     Auth(#[from] kiln_auth::AuthError),
+    #[error(transparent)]
+    Debuginfo(#[from] kiln_symbolize::SymbolizeError),
     /// The ingest node a write was forwarded to refused it (placement).
     #[error("{message}")]
     Owner { kind: ErrorKind, message: String },
@@ -46,6 +48,7 @@ impl ApiError {
             ApiError::Rules(err) => err.kind(),
             ApiError::Insight(err) => err.kind(),
             ApiError::Auth(err) => err.kind(),
+            ApiError::Debuginfo(err) => err.kind(),
             ApiError::Owner { kind, .. } => *kind,
         }
     }

@@ -16,6 +16,7 @@ pub mod auth;
 pub mod body;
 pub mod budget;
 pub mod config;
+mod debuginfo;
 pub mod endpoints;
 pub mod error;
 pub mod explore;

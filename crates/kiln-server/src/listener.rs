@@ -93,7 +93,12 @@ pub(crate) async fn guard(
         .and_then(|value| value.trim().parse::<u64>().ok());
     if let Some(length) = declared {
         let tenant = tenant_of(request.headers()).unwrap_or_default();
-        let limit = state.limits.for_tenant(&tenant).max_body_bytes;
+        // Debug files run to gigabytes and are streamed to disk: their own limit.
+        let limit = if request.uri().path().starts_with(crate::debuginfo::PREFIX) {
+            usize::try_from(state.symbolizer.max_bytes()).unwrap_or(usize::MAX)
+        } else {
+            state.limits.for_tenant(&tenant).max_body_bytes
+        };
         if length > limit as u64 {
             state
                 .metrics

@@ -1,11 +1,13 @@
 //! The router: every path Kiln serves, and the handler of each.
 
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 
 use crate::endpoints::{OTLP_GRPC_PATH, OTLP_HTTP_PATH, PROFEFE_PATH, PUSH_PATH, PYROSCOPE_PATHS};
 use crate::state::SharedState;
-use crate::{explore, ingest, insight, mcp, ops, otlp, partial, profefe, querier, render, rules};
+use crate::{
+    debuginfo, explore, ingest, insight, mcp, ops, otlp, partial, profefe, querier, render, rules,
+};
 
 /// Every route; `secure` when the listener serves TLS (for the links MCP answers carry).
 pub fn router(state: SharedState, secure: bool) -> Router {
@@ -91,6 +93,10 @@ fn api(state: SharedState) -> Router {
             post(explore::heatmap_flamegraph),
         )
         .route("/api/v1/lines", post(explore::lines))
+        .route(
+            "/api/v1/debuginfo/{build_id}",
+            put(debuginfo::upload).get(debuginfo::status),
+        )
         .route(kiln_cluster::fanout::PARTIAL_TREE_PATH, post(partial::tree))
         .route(
             kiln_cluster::fanout::PARTIAL_PROFILE_PATH,

@@ -35,6 +35,8 @@ pub struct AppState {
     pub membership: Arc<kiln_cluster::Membership>,
     /// Sends each write to the ingest node that owns its (tenant, service).
     pub forwarder: kiln_cluster::Forwarder,
+    /// Debug files: uploads, and names for frames stored unnamed.
+    pub symbolizer: kiln_symbolize::Symbolizer,
     /// Where a function's source text is read from, when configured.
     pub sources: kiln_query::source::Sources,
     /// How long a client may take to send a request body.

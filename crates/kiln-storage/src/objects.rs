@@ -227,6 +227,75 @@ impl ObjectStorage {
             .collect()
     }
 
+    /// Stores a local file as an object, read and sent in parts: a debug file may be
+    /// gigabytes, more than a node should hold in memory at once.
+    pub async fn put_file(&self, key: &str, file: &std::path::Path) -> Result<(), StorageError> {
+        use tokio::io::AsyncReadExt;
+        const PART: usize = 8 << 20;
+        let upload = self.store.put_multipart(&Path::from(key)).await?;
+        let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, PART);
+        let mut input = tokio::fs::File::open(file).await?;
+        let mut buffer = vec![0u8; PART];
+        loop {
+            let read = input.read(&mut buffer).await?;
+            if read == 0 {
+                break;
+            }
+            writer.wait_for_capacity(2).await?;
+            writer.write(&buffer[..read]);
+        }
+        writer.finish().await?;
+        Ok(())
+    }
+
+    /// Writes an object into a local file, at most `limit` bytes of it, streamed: `None`
+    /// when there is no such object, an error past `limit`. The file is synced, as it is
+    /// read back by another component that trusts it whole.
+    pub async fn get_to_file(
+        &self,
+        key: &str,
+        file: &std::path::Path,
+        limit: u64,
+    ) -> Result<Option<u64>, StorageError> {
+        use futures_util::StreamExt;
+        use tokio::io::AsyncWriteExt;
+        let result = match self.store.get(&Path::from(key)).await {
+            Ok(result) => result,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(err) => return Err(err.into()),
+        };
+        if result.meta.size > limit {
+            return Err(StorageError::Corrupt(format!(
+                "{key} holds {} bytes, more than the {limit} allowed",
+                result.meta.size
+            )));
+        }
+        let mut output = tokio::fs::File::create(file).await?;
+        let mut stream = result.into_stream();
+        let mut written = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk?;
+            written += chunk.len() as u64;
+            if written > limit {
+                return Err(StorageError::Corrupt(format!(
+                    "{key} grew past the {limit} bytes allowed while read"
+                )));
+            }
+            output.write_all(&chunk).await?;
+        }
+        output.sync_all().await?;
+        Ok(Some(written))
+    }
+
+    /// An object's size, or `None` when there is none under `key`.
+    pub async fn size(&self, key: &str) -> Result<Option<u64>, StorageError> {
+        match self.store.head(&Path::from(key)).await {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(err) => Err(err.into()),
+        }
+    }
+
     /// Deletes an object. One already gone is fine: deletions are retried after a crash.
     pub async fn delete(&self, key: &str) -> Result<(), StorageError> {
         match self.store.delete(&Path::from(key)).await {

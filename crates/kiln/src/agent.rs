@@ -295,26 +295,10 @@ fn encode(reports: Vec<Report>) -> Vec<u8> {
     PushRequest { series }.encode_to_vec()
 }
 
-/// A size in bytes: `134217728`, `128MiB`, `128M`, `1GiB`, `512KiB` (binary units).
+/// `--memory-limit`'s size ([`kiln_model::size::parse_bytes`]).
 fn parse_size(text: &str) -> Result<usize, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: usize = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size: give bytes, or e.g. 128MiB"))?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kib" | "kb" => 10,
-        "m" | "mib" | "mb" => 20,
-        "g" | "gib" | "gb" => 30,
-        other => return Err(format!("unknown size unit {other:?}: use KiB, MiB or GiB")),
-    };
-    number
-        .checked_mul(1 << shift)
-        .ok_or_else(|| format!("{text:?} is too large"))
+    let bytes = kiln_model::size::parse_bytes(text)?;
+    usize::try_from(bytes).map_err(|_| format!("{text:?} is too large"))
 }
 
 /// A share: a number from 0 (exclusive) to 1.
@@ -603,20 +587,5 @@ fn note_partial_success(response: reqwest::blocking::Response, queue: &Queue) {
             );
             queue.dropped.fetch_add(1, Ordering::Relaxed);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn sizes_take_binary_units() {
-        assert_eq!(parse_size("128MiB"), Ok(128 << 20));
-        assert_eq!(parse_size("64M"), Ok(64 << 20));
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("12 parsecs").unwrap_err().contains("unit"));
-        assert!(parse_size("MiB").is_err());
     }
 }

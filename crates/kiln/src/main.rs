@@ -5,6 +5,7 @@ mod admin;
 mod agent;
 mod allocator;
 mod client;
+mod debuginfo;
 mod mcp;
 mod query;
 mod rules;
@@ -44,6 +45,8 @@ enum Command {
     Scrape(scrape::ScrapeArgs),
     /// Profile every process on this host (perf events) and push to a Kiln server.
     Agent(agent::AgentArgs),
+    /// Debug files for stripped binaries' frames: upload them, see what a server holds.
+    Debuginfo(debuginfo::DebuginfoArgs),
     /// Kiln's tools for AI assistants, over the Model Context Protocol on stdio (docs/mcp.md).
     Mcp(mcp::McpArgs),
     /// Tokens for `auth:` (docs/security.md).
@@ -218,6 +221,19 @@ struct ServerArgs {
         skip_serializing_if = "Option::is_none"
     )]
     source_url_template: Option<String>,
+    /// A debuginfod server that names stripped binaries' frames; repeatable
+    /// (`symbolization.debuginfod_urls`). `DEBUGINFOD_URLS` takes a space-separated
+    /// list, as elfutils reads it.
+    #[arg(
+        long = "debuginfod-url",
+        env = "DEBUGINFOD_URLS",
+        value_delimiter = ' '
+    )]
+    #[serde(
+        rename = "symbolization.debuginfod_urls",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    debuginfod_url: Vec<String>,
 }
 
 impl ServerArgs {
@@ -259,6 +275,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         // Queries are blocking HTTP calls and need no runtime.
         Command::Query(args) => return query::run(args),
         Command::Rules(args) => return rules::run(args),
+        Command::Debuginfo(args) => debuginfo::run(args),
         Command::Admin(args) => runtime.block_on(admin::run(args)),
         Command::Scrape(args) => runtime.block_on(scrape::run(args)),
         Command::Agent(args) => runtime.block_on(agent::run(args)),

@@ -20,6 +20,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("kiln-query", 2),
     ("kiln-scrape", 2),
     ("kiln-agent", 2),
+    ("kiln-symbolize", 2),
     ("kiln-rules", 3),
     ("kiln-insight", 3),
     ("kiln-cluster", 3),

@@ -16,6 +16,7 @@ const TARGETS: &[Target] = &[
     ("block_decode", targets::block_decode),
     ("compare_request", targets::compare_request),
     ("config_parse", targets::config_parse),
+    ("debuginfo_read", targets::debuginfo_read),
     ("folded_parse", targets::folded_parse),
     ("ingest_name", targets::ingest_name),
     ("jfr_parse", targets::jfr_parse),

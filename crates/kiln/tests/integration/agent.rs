@@ -76,14 +76,13 @@ pub(crate) fn start_agent_to(target: &[&str], extra: &[&str]) -> Option<AgentChi
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .arg("agent")
         .args(target)
-        .args([
-            "--interval",
-            "1",
-            "--frequency",
-            "199",
-            "--metrics-listen",
-            &metrics,
-        ])
+        .args(["--interval", "1", "--metrics-listen", &metrics])
+        // 199 Hz unless the test asks for another rate.
+        .args(if extra.contains(&"--frequency") {
+            &[][..]
+        } else {
+            &["--frequency", "199"][..]
+        })
         .args(extra)
         .env("KILN_LOG_LEVEL", "info")
         .stdout(Stdio::null())
@@ -893,18 +892,7 @@ fn stripped_and_deleted_binaries_keep_their_frames() {
     assert!(total as f64 > 0.9 * 2e9, "samples lost: {total}");
     assert!(unsymbolized as f64 > 0.9 * total as f64, "{stripped:?}");
     // The pprof keeps what a later symbolization needs: the file, its build id, offsets.
-    let request = kiln_query::api::SelectMergeProfileRequest {
-        profile_type_id: CPU.into(),
-        label_selector: r#"{service_name="kiln_stripped_burner"}"#.into(),
-        ..Default::default()
-    };
-    let (status, body) = server.post_bytes(
-        "/querier.v1.QuerierService/SelectMergeProfile",
-        &prost::Message::encode_to_vec(&request),
-        &[("Content-Type", "application/proto")],
-    );
-    assert_eq!(status, 200);
-    let profile = kiln_model::pprof::decode(&body, 1 << 30).unwrap();
+    let profile = merged_pprof(&server, CPU, r#"{service_name="kiln_stripped_burner"}"#);
     let mapping = profile
         .mapping
         .iter()

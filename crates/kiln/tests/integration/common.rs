@@ -239,6 +239,11 @@ impl TestServer {
         response_bytes(request.send_bytes(body))
     }
 
+    pub fn put_bytes(&self, path_and_query: &str, body: &[u8]) -> (u16, String) {
+        let request = Self::agent().put(&format!("{}{}", self.url, path_and_query));
+        response_text(request.send_bytes(body))
+    }
+
     pub fn get(&self, path_and_query: &str) -> (u16, String) {
         self.get_with(path_and_query, &[])
     }
@@ -337,6 +342,26 @@ where
         String::from_utf8_lossy(&output.stderr)
     );
     String::from_utf8(output.stdout).expect("utf-8 output")
+}
+
+/// The merged pprof of a selection of one profile type, through `SelectMergeProfile`.
+pub fn merged_pprof(
+    server: &TestServer,
+    profile_type: &str,
+    selector: &str,
+) -> kiln_model::pprof::Profile {
+    let request = kiln_query::api::SelectMergeProfileRequest {
+        profile_type_id: profile_type.into(),
+        label_selector: selector.into(),
+        ..Default::default()
+    };
+    let (status, body) = server.post_bytes(
+        "/querier.v1.QuerierService/SelectMergeProfile",
+        &prost::Message::encode_to_vec(&request),
+        &[("Content-Type", "application/proto")],
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    kiln_model::pprof::decode(&body, 1 << 30).expect("a pprof")
 }
 
 pub fn workspace_root() -> PathBuf {

@@ -26,5 +26,6 @@ mod scale;
 mod scrape;
 mod sdk;
 mod security;
+mod symbolization;
 mod tls;
 mod ui;

@@ -1,0 +1,321 @@
+//! Stripped binaries named on the server: a C program with inlined calls
+//! (tests/symbolize/inline.c, `-O2 -g`), its debug file kept with `objcopy
+//! --only-keep-debug` and the binary stripped, profiled by the agent with no names, then
+//! named from `kiln debuginfo upload` and from a real debuginfod server, with no re-ingest.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::agent::{start_agent_with, stop};
+use crate::common::*;
+use kiln_testkit::free_port;
+
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+/// Enough samples that two builds' splits agree within ±3 points for sampling's sake: at
+/// 199 Hz, with the suite's other programs on two cores, a 10 s run got ~1,000 samples and
+/// the two builds' splits differed by up to 3.0 points.
+const FREQUENCY: &[&str] = &["--frequency", "997"];
+
+struct Builds {
+    _dir: tempfile::TempDir,
+    full: PathBuf,
+    stripped: PathBuf,
+    debug: PathBuf,
+}
+
+/// The program built unstripped as `<name>_full`, and stripped as `<name>` with its debug
+/// file beside it; `None` without a C compiler (the test says it skipped).
+fn builds(name: &str) -> Option<Builds> {
+    let dir = tempfile::tempdir().unwrap();
+    let full = dir.path().join(format!("{name}_full"));
+    let built = Command::new("cc")
+        .args(["-O2", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(&full)
+        .arg(workspace_root().join("tests/symbolize/inline.c"))
+        .status();
+    if !built.is_ok_and(|s| s.success()) {
+        println!("skipped: symbolization tests (no C compiler)");
+        return None;
+    }
+    let stripped = dir.path().join(name);
+    let debug = dir.path().join(format!("{name}.debug"));
+    let run = |command: &mut Command| assert!(command.status().unwrap().success(), "{command:?}");
+    run(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(&full)
+        .arg(&debug));
+    std::fs::copy(&full, &stripped).unwrap();
+    run(Command::new("strip").arg(&stripped));
+    Some(Builds {
+        _dir: dir,
+        full,
+        stripped,
+        debug,
+    })
+}
+
+/// Per function of one process's flame graph: (self, total), and the sum of self values.
+fn functions_of_pid(
+    server: &TestServer,
+    pid: u32,
+) -> (std::collections::HashMap<String, (i64, i64)>, i64) {
+    let tree = crate::agent::cpu_tree(server, &format!(r#"{{pid="{pid}"}}"#));
+    let functions = tree_functions(&tree);
+    let total = functions.values().map(|(flat, _)| flat).sum();
+    (functions, total)
+}
+
+/// Runs the unstripped and the stripped build side by side for `seconds` (the same
+/// machine conditions for both), and waits until their samples are in (up to 20 s more).
+/// Their pids.
+fn profile(server: &TestServer, builds: &Builds, seconds: f64) -> (u32, u32) {
+    let start = |binary: &Path| -> Child {
+        Command::new(binary)
+            .arg(seconds.to_string())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let (mut full, mut stripped) = (start(&builds.full), start(&builds.stripped));
+    let pids = (full.id(), stripped.id());
+    assert!(full.wait().unwrap().success() && stripped.wait().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let sampled = |pid| functions_of_pid(server, pid).1 as f64 >= 0.85 * seconds * 1e9;
+    while Instant::now() < deadline && !(sampled(pids.0) && sampled(pids.1)) {
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    pids
+}
+
+/// kiln_hot_a's share of kiln_hot_a + kiln_hot_b, in percent, and the share of samples
+/// under kiln_main_loop.
+fn split(functions: &std::collections::HashMap<String, (i64, i64)>, total: i64) -> (f64, f64) {
+    let total_of = |name: &str| functions.get(name).map_or(0, |v| v.1) as f64;
+    let (a, b) = (total_of("kiln_hot_a"), total_of("kiln_hot_b"));
+    assert!(a + b > 0.0, "{functions:?}");
+    (
+        100.0 * a / (a + b),
+        100.0 * total_of("kiln_main_loop") / total.max(1) as f64,
+    )
+}
+
+/// The share of self value in frames still shown as `binary+0xoffset`.
+fn unnamed_share(
+    functions: &std::collections::HashMap<String, (i64, i64)>,
+    total: i64,
+    binary: &str,
+) -> f64 {
+    let unnamed: i64 = functions
+        .iter()
+        .filter(|(name, _)| name.starts_with(&format!("{binary}+0x")))
+        .map(|(_, (flat, _))| flat)
+        .sum();
+    unnamed as f64 / total.max(1) as f64
+}
+
+fn ratio_metric(server: &TestServer, service: &str) -> Option<f64> {
+    let prefix = format!(
+        r#"kiln_symbolization_unsymbolized_ratio{{tenant="anonymous",service="{service}"}} "#
+    );
+    server
+        .metrics()
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix)?.parse().ok())
+}
+
+/// Upload path: stored unnamed, named after `kiln debuginfo upload` with inlined frames,
+/// the split equal to the unstripped build's within ±3 points, the unsymbolized ratio
+/// from > 0.9 to < 0.01.
+#[test]
+fn an_uploaded_debug_file_names_a_stripped_programs_stored_frames() {
+    let Some(builds) = builds("kiln_sym_upload") else {
+        return;
+    };
+    let server = TestServer::start();
+    let Some(agent) = start_agent_with(&server, FREQUENCY) else {
+        return;
+    };
+    let (full, stripped) = profile(&server, &builds, 10.0);
+    stop(agent);
+
+    let (named, named_total) = functions_of_pid(&server, full);
+    let (full_split, full_root) = split(&named, named_total);
+    assert!(
+        named.contains_key("kiln_mix_a"),
+        "the unstripped build's inlined frame: {named:?}"
+    );
+
+    let (before, before_total) = functions_of_pid(&server, stripped);
+    let unnamed_before = unnamed_share(&before, before_total, "kiln_sym_upload");
+    assert!(unnamed_before > 0.9, "stored unnamed: {before:?}");
+    assert!(!before.contains_key("kiln_hot_a"));
+    let ratio_before = ratio_metric(&server, "kiln_sym_upload").expect("the ratio metric");
+    assert!(ratio_before > 0.9, "{ratio_before}");
+
+    let printed = run_kiln([
+        "debuginfo".as_ref(),
+        "upload".as_ref(),
+        builds.debug.as_os_str(),
+        "--url".as_ref(),
+        server.url.as_ref(),
+    ]);
+    assert!(printed.contains("inline frames"), "{printed}");
+
+    let (after, after_total) = functions_of_pid(&server, stripped);
+    assert_eq!(
+        after_total, before_total,
+        "the same samples, nothing re-ingested"
+    );
+    let (stripped_split, stripped_root) = split(&after, after_total);
+    println!(
+        "unstripped: kiln_hot_a {full_split:.1} %, main loop {full_root:.1} %; stripped after upload: \
+         kiln_hot_a {stripped_split:.1} %, main loop {stripped_root:.1} %; unnamed {:.1} % -> {:.1} %",
+        100.0 * unnamed_before,
+        100.0 * unnamed_share(&after, after_total, "kiln_sym_upload"),
+    );
+    assert!(
+        (stripped_split - full_split).abs() <= 3.0,
+        "{stripped_split} vs {full_split}"
+    );
+    assert!(
+        after.contains_key("kiln_mix_a") && after.contains_key("kiln_mix_b"),
+        "{after:?}"
+    );
+    // The inlined callee holds the time, not its caller.
+    let (mix_self, hot_self) = (after["kiln_mix_a"].0, after["kiln_hot_a"].0);
+    assert!(
+        mix_self > hot_self,
+        "kiln_mix_a self {mix_self} vs kiln_hot_a self {hot_self}"
+    );
+    assert!(stripped_root >= 90.0, "{stripped_root}");
+    assert!(unnamed_share(&after, after_total, "kiln_sym_upload") < 0.01);
+    let ratio_after = ratio_metric(&server, "kiln_sym_upload").unwrap();
+    assert!(ratio_after < 0.01, "{ratio_after}");
+    println!("kiln_symbolization_unsymbolized_ratio: {ratio_before:.3} -> {ratio_after:.4}");
+
+    // The pprof export carries the names, with file and line.
+    let profile = merged_pprof(&server, CPU, &format!(r#"{{pid="{stripped}"}}"#));
+    let mix = profile
+        .function
+        .iter()
+        .find(|f| profile.string_or_empty(f.name) == "kiln_mix_a")
+        .expect("kiln_mix_a in the pprof");
+    assert!(profile.string_or_empty(mix.filename).ends_with("inline.c"));
+
+    // What is held, by build id; another tenant holds nothing.
+    let id = build_id_of(&builds.stripped);
+    let held = server.json(&format!("/api/v1/debuginfo/{id}"), &[]);
+    assert_eq!(held["origin"], "upload", "{held}");
+    assert_eq!(held["inline_frames"], true, "{held}");
+    let (status, text) = server.get_with(
+        &format!("/api/v1/debuginfo/{id}"),
+        &[("X-Scope-OrgID", "someone-else")],
+    );
+    assert_eq!(status, 404, "{text}");
+    // A file that is not the build id's is refused with the reason.
+    let (status, text) = server.put_bytes(
+        &format!("/api/v1/debuginfo/{}", "ab".repeat(20)),
+        &std::fs::read(&builds.debug).unwrap(),
+    );
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("build id"), "{text}");
+    let (status, text) = server.put_bytes("/api/v1/debuginfo/not-hex", b"x");
+    assert_eq!(status, 400, "{text}");
+}
+
+fn build_id_of(path: &Path) -> String {
+    let output = Command::new("readelf")
+        .arg("-n")
+        .arg(path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.lines()
+        .find_map(|line| line.trim().strip_prefix("Build ID: "))
+        .expect("a build id")
+        .trim()
+        .to_string()
+}
+
+/// elfutils' debuginfod on loopback serving `dir`, once it serves `build_id`.
+fn debuginfod(dir: &Path, build_id: &str) -> Option<(Child, String)> {
+    let port = free_port();
+    let child = Command::new("debuginfod")
+        .arg("-F")
+        .args(["-p", &port.to_string(), "-t", "1", "-g", "0", "-d"])
+        .arg(dir.join("index.sqlite"))
+        .arg(dir.join("files"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let Ok(mut child) = child else {
+        println!("skipped: the debuginfod test (no debuginfod: Debian's debuginfod package)");
+        return None;
+    };
+    let url = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let served = ureq::get(&format!("{url}/buildid/{build_id}/debuginfo"))
+            .call()
+            .is_ok();
+        if served {
+            return Some((child, url));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = child.kill();
+    panic!("debuginfod never served {build_id}");
+}
+
+/// debuginfod path: `symbolization.debuginfod_urls` names the frames at the first query;
+/// a restart of Kiln, debuginfod gone, fetches nothing and names them still.
+#[test]
+fn a_debuginfod_server_names_a_stripped_program_once() {
+    let Some(builds) = builds("kiln_sym_debuginfod") else {
+        return;
+    };
+    let served = tempfile::tempdir().unwrap();
+    std::fs::create_dir(served.path().join("files")).unwrap();
+    std::fs::copy(&builds.debug, served.path().join("files/program.debug")).unwrap();
+    let id = build_id_of(&builds.stripped);
+    let Some((mut debuginfod, url)) = debuginfod(served.path(), &id) else {
+        return;
+    };
+    let server = TestServer::start_with(|config| {
+        config.symbolization.debuginfod_urls = vec![url.clone()];
+    });
+    let Some(agent) = start_agent_with(&server, FREQUENCY) else {
+        let _ = debuginfod.kill();
+        return;
+    };
+    let (full, stripped) = profile(&server, &builds, 10.0);
+    stop(agent);
+    let (named, named_total) = functions_of_pid(&server, full);
+    let (full_split, _) = split(&named, named_total);
+    let (after, after_total) = functions_of_pid(&server, stripped);
+    let (stripped_split, root) = split(&after, after_total);
+    println!("debuginfod: kiln_hot_a {stripped_split:.1} % (unstripped {full_split:.1} %), main loop {root:.1} %");
+    assert!((stripped_split - full_split).abs() <= 3.0);
+    assert!(after.contains_key("kiln_mix_a"), "{after:?}");
+    let fetched = r#"kiln_symbolization_debug_files_total{source="debuginfod",result="found"}"#;
+    assert_eq!(server.counter(fetched), 1.0, "fetched once");
+    let _ = debuginfod.kill();
+    let _ = debuginfod.wait();
+
+    let server = server.restart_with(|config| {
+        config.symbolization.debuginfod_urls = vec![url.clone()];
+    });
+    let (again, _) = functions_of_pid(&server, stripped);
+    assert!(
+        again.contains_key("kiln_hot_a") && again.contains_key("kiln_mix_a"),
+        "{again:?}"
+    );
+    assert_eq!(
+        server.counter(fetched),
+        0.0,
+        "nothing fetched after the restart"
+    );
+    let stored = r#"kiln_symbolization_debug_files_total{source="object_store",result="found"}"#;
+    assert_eq!(server.counter(stored), 1.0);
+}
