@@ -1,6 +1,7 @@
 /* Kiln's symbolization test program: two hot functions, each spending its time in a
- * function the compiler inlines into it, called 7:3 from main. Built with -O2 -g, then
- * split into a stripped binary and its debug file (crates/kiln-symbolize/tests). */
+ * function the compiler inlines into it, called 7:3 from main for argv[1] seconds of
+ * CPU. Built with -O2 -g, then split into a stripped binary and its debug file
+ * (crates/kiln-symbolize/tests, crates/kiln/tests/integration/symbolization.rs). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
@@ -33,9 +34,11 @@ __attribute__((noinline)) void kiln_hot_b(uint64_t n) {
     sink = x;
 }
 
+/* The process's own CPU time: two builds run side by side on a busy machine then make
+ * the same calls (the sequence below is fixed), whatever share of the CPU each got. */
 static double now(void) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 

@@ -11,3 +11,19 @@ export async function ready(page, after = 0) {
   }, after, { timeout: 20000 });
   return Number(await page.evaluate(() => document.body.dataset.ready));
 }
+
+/** Debian's Chromium (or `$KILN_CHROMIUM`), headless, as every script launches it. */
+export async function launch(chromium) {
+  return chromium.launch({
+    executablePath: process.env.KILN_CHROMIUM || '/usr/bin/chromium',
+    args: ['--no-sandbox', '--disable-gpu'],
+  });
+}
+
+/** A page whose uncaught errors and console errors are pushed onto `errors`. */
+export async function watchedPage(browser, errors) {
+  const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+  page.on('pageerror', (error) => errors.push(`page error: ${error.message}`));
+  page.on('console', (message) => { if (message.type() === 'error') errors.push(`console: ${message.text()}`); });
+  return page;
+}

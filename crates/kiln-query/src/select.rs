@@ -234,6 +234,9 @@ pub struct Querier {
 /// Returns once every write acknowledged before the call is visible in the metastore.
 pub type Freshness = Arc<dyn Fn() -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
 
+/// Datasets remembered as waiting for debug files ([`Querier::names_pending`]).
+const MAX_PENDING_NAMES: usize = 65_536;
+
 /// Memory for cached segment footers.
 const TAIL_CACHE_BYTES: usize = 16 << 20;
 
@@ -460,6 +463,12 @@ impl Querier {
         {
             let mut pending = self.names_pending.lock().unwrap_or_else(|p| p.into_inner());
             if named.retry_at.is_some() {
+                // Keys of datasets evicted or compacted away stay until cleared: bounded
+                // here. A share kept meanwhile is still keyed by the symbolizer's
+                // generation, so only a retry after "not found" expires is put off.
+                if pending.len() >= MAX_PENDING_NAMES {
+                    pending.clear();
+                }
                 pending.insert(key.clone());
             } else if !pending.is_empty() {
                 pending.remove(&key);

@@ -608,6 +608,7 @@ async function refresh() {
     $('compare-summary').textContent = compare ? compareSummary(ranking) : '';
     renderTable();
     renderSandwich();
+    showUnnamed(diff ? [] : flame.functions(), flame.total);
     $('single').hidden = !state.profile;
     $('single-label').textContent = state.profile ? `one profile: ${state.profile}` : '';
     $('export-pprof').href = `/pyroscope/render?format=pprof&query=${encodeURIComponent(state.type + selector())}&from=${Math.floor(start / 1000)}&until=${Math.ceil(end / 1000)}`;
@@ -626,6 +627,35 @@ async function refresh() {
     status('error', error.message);
     document.body.dataset.ready = String(mine);
   }
+}
+
+/** Frames the server could not name show as `binary+0xoffset` (docs/symbolization.md):
+ * when they hold 1% of the samples or more, a notice says how much and of which binaries,
+ * largest first, and how to name them. */
+function showUnnamed(rows, total) {
+  const byBinary = new Map();
+  let unnamed = 0;
+  for (const row of rows) {
+    const match = /^(.+)\+0x[0-9a-f]+$/.exec(row.name);
+    const binary = match ? match[1] : /^0x[0-9a-f]+$/.test(row.name) ? 'no mapping' : null;
+    if (!binary) continue;
+    unnamed += row.self;
+    byBinary.set(binary, (byBinary.get(binary) || 0) + row.self);
+  }
+  const share = total ? unnamed / total : 0;
+  document.body.dataset.unnamedShare = share.toFixed(4);
+  const notice = $('symbols-notice');
+  if (share < 0.01) {
+    notice.hidden = true;
+    notice.textContent = '';
+    return;
+  }
+  const binaries = [...byBinary.entries()].sort((a, b) => b[1] - a[1]).map(([binary]) => binary);
+  const named = binaries.slice(0, 5).join(', ') + (binaries.length > 5 ? ', …' : '');
+  const count = binaries.length === 1 ? '1 binary' : `${binaries.length} binaries`;
+  notice.textContent = `${(100 * share).toFixed(1)}% of this profile's samples are in frames with no symbols: ${count} (${named}). `
+    + 'Upload their debug info (kiln debuginfo upload FILE) or name a debuginfod server (symbolization.debuginfod_urls); the frames are named at once, no re-ingest needed.';
+  notice.hidden = false;
 }
 
 /** The server's ranked comparison of the two sides (docs/insight.md); null when it

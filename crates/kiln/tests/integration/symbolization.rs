@@ -13,8 +13,9 @@ use kiln_testkit::free_port;
 
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 /// Enough samples that two builds' splits agree within ±3 points for sampling's sake: at
-/// 199 Hz, with the suite's other programs on two cores, a 10 s run got ~1,000 samples and
-/// the two builds' splits differed by up to 3.0 points.
+/// 199 Hz a 10 s run got ~1,000 samples each on a busy machine, and the builds' splits
+/// differed by up to 3.0 points (also because the program then ran for wall seconds, so
+/// each build made a different number of calls).
 const FREQUENCY: &[&str] = &["--frequency", "997"];
 
 struct Builds {
@@ -24,18 +25,26 @@ struct Builds {
     debug: PathBuf,
 }
 
-/// The program built unstripped as `<name>_full`, and stripped as `<name>` with its debug
-/// file beside it; `None` without a C compiler (the test says it skipped).
+/// The C program built unstripped as `<name>_full`, and stripped as `<name>` with its
+/// debug file beside it; `None` without a C compiler (the test says it skipped).
 fn builds(name: &str) -> Option<Builds> {
+    split_build(name, |output| {
+        Command::new("cc")
+            .args(["-O2", "-g", "-fno-omit-frame-pointer", "-o"])
+            .arg(output)
+            .arg(workspace_root().join("tests/symbolize/inline.c"))
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// What `compile` writes to the path it is given, unstripped, and split as distributions
+/// ship it: `objcopy --only-keep-debug`, then `strip`.
+fn split_build(name: &str, compile: impl FnOnce(&Path) -> bool) -> Option<Builds> {
     let dir = tempfile::tempdir().unwrap();
     let full = dir.path().join(format!("{name}_full"));
-    let built = Command::new("cc")
-        .args(["-O2", "-g", "-fno-omit-frame-pointer", "-o"])
-        .arg(&full)
-        .arg(workspace_root().join("tests/symbolize/inline.c"))
-        .status();
-    if !built.is_ok_and(|s| s.success()) {
-        println!("skipped: symbolization tests (no C compiler)");
+    if !compile(&full) {
+        println!("skipped: symbolization test {name} (no compiler)");
         return None;
     }
     let stripped = dir.path().join(name);
@@ -66,8 +75,8 @@ fn functions_of_pid(
     (functions, total)
 }
 
-/// Runs the unstripped and the stripped build side by side for `seconds` (the same
-/// machine conditions for both), and waits until their samples are in (up to 20 s more).
+/// Runs the unstripped and the stripped build side by side for `seconds` of CPU each (the
+/// same machine conditions, and the same calls), and waits until their samples are in (up to 20 s more).
 /// Their pids.
 fn profile(server: &TestServer, builds: &Builds, seconds: f64) -> (u32, u32) {
     let start = |binary: &Path| -> Child {
@@ -88,15 +97,42 @@ fn profile(server: &TestServer, builds: &Builds, seconds: f64) -> (u32, u32) {
     pids
 }
 
+/// A server configured by `configure`, an agent at [`FREQUENCY`], and both builds
+/// profiled side by side for 6 s of CPU ([`profile`]); `None` where perf events are not
+/// permitted (the agent says it skipped).
+fn profiled(
+    builds: &Builds,
+    configure: impl FnOnce(&mut kiln_node::ServerConfig),
+) -> Option<(TestServer, (u32, u32))> {
+    let server = TestServer::start_with(configure);
+    let agent = start_agent_with(&server, FREQUENCY)?;
+    let pids = profile(&server, builds, 6.0);
+    stop(agent);
+    Some((server, pids))
+}
+
 /// kiln_hot_a's share of kiln_hot_a + kiln_hot_b, in percent, and the share of samples
 /// under kiln_main_loop.
 fn split(functions: &std::collections::HashMap<String, (i64, i64)>, total: i64) -> (f64, f64) {
+    split_of(
+        functions,
+        total,
+        ["kiln_hot_a", "kiln_hot_b", "kiln_main_loop"],
+    )
+}
+
+/// `a`'s share of `a` + `b`, in percent, and the share of samples under `root`.
+fn split_of(
+    functions: &std::collections::HashMap<String, (i64, i64)>,
+    total: i64,
+    [a, b, root]: [&str; 3],
+) -> (f64, f64) {
     let total_of = |name: &str| functions.get(name).map_or(0, |v| v.1) as f64;
-    let (a, b) = (total_of("kiln_hot_a"), total_of("kiln_hot_b"));
+    let (a, b) = (total_of(a), total_of(b));
     assert!(a + b > 0.0, "{functions:?}");
     (
         100.0 * a / (a + b),
-        100.0 * total_of("kiln_main_loop") / total.max(1) as f64,
+        100.0 * total_of(root) / total.max(1) as f64,
     )
 }
 
@@ -132,12 +168,9 @@ fn an_uploaded_debug_file_names_a_stripped_programs_stored_frames() {
     let Some(builds) = builds("kiln_sym_upload") else {
         return;
     };
-    let server = TestServer::start();
-    let Some(agent) = start_agent_with(&server, FREQUENCY) else {
+    let Some((server, (full, stripped))) = profiled(&builds, |_| {}) else {
         return;
     };
-    let (full, stripped) = profile(&server, &builds, 10.0);
-    stop(agent);
 
     let (named, named_total) = functions_of_pid(&server, full);
     let (full_split, full_root) = split(&named, named_total);
@@ -153,14 +186,41 @@ fn an_uploaded_debug_file_names_a_stripped_programs_stored_frames() {
     let ratio_before = ratio_metric(&server, "kiln_sym_upload").expect("the ratio metric");
     assert!(ratio_before > 0.9, "{ratio_before}");
 
-    let printed = run_kiln([
-        "debuginfo".as_ref(),
-        "upload".as_ref(),
-        builds.debug.as_os_str(),
-        "--url".as_ref(),
-        server.url.as_ref(),
-    ]);
+    // The explore page says how much is unnamed, and in which binary.
+    let pid_labels = format!(r#"pid="{stripped}""#);
+    let page = |shot: &str| {
+        crate::ui::browser_available().then(|| {
+            crate::ui::run_script(
+                "symbols_test.mjs",
+                &server,
+                &["kiln_sym_upload", &pid_labels, shot],
+            )
+        })
+    };
+    if let Some(seen) = page("40-symbols-unnamed") {
+        assert_eq!(seen["noticeShown"], true, "{seen:#}");
+        let notice = seen["notice"].as_str().unwrap_or_default();
+        assert!(
+            notice.contains("(kiln_sym_upload"),
+            "the stripped binary first: {notice}"
+        );
+        assert!(
+            seen["unnamedShare"].as_f64().unwrap_or(0.0) > 0.9,
+            "{seen:#}"
+        );
+    }
+
+    let printed = upload(&server, &builds.debug);
     assert!(printed.contains("inline frames"), "{printed}");
+    if let Some(seen) = page("41-symbols-named") {
+        assert_eq!(seen["noticeShown"], false, "{seen:#}");
+        assert!(
+            seen["unnamedShare"].as_f64().unwrap_or(1.0) < 0.01,
+            "{seen:#}"
+        );
+        let top = seen["functions"].to_string();
+        assert!(top.contains("kiln_mix_a"), "{top}");
+    }
 
     let (after, after_total) = functions_of_pid(&server, stripped);
     assert_eq!(
@@ -224,6 +284,17 @@ fn an_uploaded_debug_file_names_a_stripped_programs_stored_frames() {
     assert_eq!(status, 400, "{text}");
 }
 
+/// `kiln debuginfo upload FILE --url …`, and what it printed.
+fn upload(server: &TestServer, file: &Path) -> String {
+    run_kiln([
+        "debuginfo".as_ref(),
+        "upload".as_ref(),
+        file.as_os_str(),
+        "--url".as_ref(),
+        server.url.as_ref(),
+    ])
+}
+
 fn build_id_of(path: &Path) -> String {
     let output = Command::new("readelf")
         .arg("-n")
@@ -282,15 +353,13 @@ fn a_debuginfod_server_names_a_stripped_program_once() {
     let Some((mut debuginfod, url)) = debuginfod(served.path(), &id) else {
         return;
     };
-    let server = TestServer::start_with(|config| {
+    let profiled = profiled(&builds, |config| {
         config.symbolization.debuginfod_urls = vec![url.clone()];
     });
-    let Some(agent) = start_agent_with(&server, FREQUENCY) else {
+    let Some((server, (full, stripped))) = profiled else {
         let _ = debuginfod.kill();
         return;
     };
-    let (full, stripped) = profile(&server, &builds, 10.0);
-    stop(agent);
     let (named, named_total) = functions_of_pid(&server, full);
     let (full_split, _) = split(&named, named_total);
     let (after, after_total) = functions_of_pid(&server, stripped);
@@ -318,4 +387,59 @@ fn a_debuginfod_server_names_a_stripped_program_once() {
     );
     let stored = r#"kiln_symbolization_debug_files_total{source="object_store",result="found"}"#;
     assert_eq!(server.counter(stored), 1.0);
+}
+
+/// A stripped Rust release build (tests/agent/burner.rs, no frame pointers: unwound by
+/// its CFI, which `strip` keeps), named from its uploaded debug file with its
+/// demangled paths, split as the unstripped build's.
+#[test]
+fn a_stripped_rust_binary_is_named_with_demangled_paths() {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let Some(builds) = split_build("kiln_sym_rust", |output| {
+        Command::new(&rustc)
+            .args([
+                "-C",
+                "opt-level=3",
+                "-g",
+                "--crate-name",
+                "kiln_sym_rust",
+                "-o",
+            ])
+            .arg(output)
+            .arg(workspace_root().join("tests/agent/burner.rs"))
+            .status()
+            .is_ok_and(|s| s.success())
+    }) else {
+        return;
+    };
+    let Some((server, (full, stripped))) = profiled(&builds, |_| {}) else {
+        return;
+    };
+    let names = [
+        "kiln_sym_rust::kiln_hot_a",
+        "kiln_sym_rust::kiln_hot_b",
+        "kiln_sym_rust::main",
+    ];
+    let (named, named_total) = functions_of_pid(&server, full);
+    let (full_split, _) = split_of(&named, named_total, names);
+    let (before, before_total) = functions_of_pid(&server, stripped);
+    assert!(
+        unnamed_share(&before, before_total, "kiln_sym_rust") > 0.9,
+        "{before:?}"
+    );
+    upload(&server, &builds.debug);
+    let (after, after_total) = functions_of_pid(&server, stripped);
+    let (stripped_split, root) = split_of(&after, after_total, names);
+    println!(
+        "rust: kiln_hot_a {stripped_split:.1} % stripped and named (unstripped {full_split:.1} %), main {root:.1} %, unnamed {:.1} %",
+        100.0 * unnamed_share(&after, after_total, "kiln_sym_rust")
+    );
+    assert!((stripped_split - full_split).abs() <= 3.0);
+    assert!(root >= 90.0, "{after:?}");
+    assert!(
+        !after
+            .keys()
+            .any(|name| name.starts_with("_ZN") || name.starts_with("_R")),
+        "demangled: {after:?}"
+    );
 }

@@ -18,7 +18,7 @@ fn strings(value: &serde_json::Value) -> Vec<&str> {
 }
 
 /// Whether Playwright and Chromium are here; says it skipped when not.
-fn browser_available() -> bool {
+pub(crate) fn browser_available() -> bool {
     let has_browser = std::path::Path::new("/usr/bin/chromium").exists()
         || std::env::var_os("KILN_CHROMIUM").is_some();
     if !workspace_root()
@@ -34,7 +34,7 @@ fn browser_available() -> bool {
 
 /// Runs a script of tests/ui against `server` and returns the JSON it printed, with no
 /// page errors. Screenshots go to target/ui-screenshots (or `$KILN_UI_SCREENSHOTS`).
-fn run_script(script: &str, server: &TestServer, args: &[&str]) -> serde_json::Value {
+pub(crate) fn run_script(script: &str, server: &TestServer, args: &[&str]) -> serde_json::Value {
     let shots = std::env::var_os("KILN_UI_SCREENSHOTS")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target/ui-screenshots"));
