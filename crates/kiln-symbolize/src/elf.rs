@@ -73,6 +73,8 @@ pub enum Refused {
         section: String,
         source: object::Error,
     },
+    #[error("symbol {0:?} ends past the end of the address space")]
+    BadSymbol(String),
     #[error("compressed sections inflate to {bytes} bytes, more than the {limit} allowed")]
     Inflates { bytes: u64, limit: u64 },
     #[error("section {section} does not inflate: {source}")]
@@ -99,6 +101,7 @@ impl Refused {
             Refused::NoBuildId => "no_build_id",
             Refused::OtherBuildId { .. } => "other_build_id",
             Refused::BadSection { .. } => "bad_section",
+            Refused::BadSymbol(_) => "bad_symbol",
             Refused::Inflates { .. } => "inflates",
             Refused::BadCompression { .. } => "bad_compression",
             Refused::BadDwarf { .. } => "bad_dwarf",
@@ -164,6 +167,21 @@ pub fn inspect(path: &Path, limit: u64) -> Result<Contents, Refused> {
             bytes: inflated,
             limit,
         });
+    }
+    // Each zlib section inflates to exactly the size it declares: the reader sizes its
+    // buffer from the declaration (and blazesym asserts the two agree).
+    for section in elf.sections() {
+        check_inflation(&section)?;
+    }
+    // A symbol whose end overflows the address space is no symbol (and trips readers).
+    if let Some(symbol) = elf
+        .symbols()
+        .chain(elf.dynamic_symbols())
+        .find(|s| s.address().checked_add(s.size()).is_none())
+    {
+        return Err(Refused::BadSymbol(
+            symbol.name().unwrap_or("?").chars().take(200).collect(),
+        ));
     }
     let symbols = elf
         .symbols()
@@ -243,6 +261,43 @@ fn section_data<'a>(
         }
         _ => Ok(None),
     }
+}
+
+/// A zlib-compressed section's stream, inflated and counted (not kept): an error unless it
+/// ends at exactly its declared size.
+fn check_inflation<'a>(
+    section: &object::Section<'a, '_, &'a object::ReadCache<std::fs::File>>,
+) -> Result<(), Refused> {
+    let name = || section.name().unwrap_or("?").to_string();
+    let bad = |source| Refused::BadSection {
+        section: name(),
+        source,
+    };
+    let range = section.compressed_file_range().map_err(bad)?;
+    if range.format != object::CompressionFormat::Zlib {
+        return Ok(());
+    }
+    let compressed = section.compressed_data().map_err(bad)?;
+    let mut decoder = flate2::read::ZlibDecoder::new(compressed.data);
+    // One byte past the declaration tells a longer stream from an exact one.
+    let inflated = std::io::copy(
+        &mut (&mut decoder).take(range.uncompressed_size.saturating_add(1)),
+        &mut std::io::sink(),
+    )
+    .map_err(|source| Refused::BadCompression {
+        section: name(),
+        source,
+    })?;
+    if inflated != range.uncompressed_size {
+        return Err(Refused::BadCompression {
+            section: name(),
+            source: std::io::Error::other(format!(
+                "inflates to {inflated} bytes, not the {} declared",
+                range.uncompressed_size
+            )),
+        });
+    }
+    Ok(())
 }
 
 /// Walks the DWARF units' entries until one is an inlined call; every unit header and

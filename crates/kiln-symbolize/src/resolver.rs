@@ -70,7 +70,28 @@ fn symbolizer() -> Symbolizer {
 
 /// [`Resolver::resolve`] on this thread, with a symbolizer of its own.
 pub(crate) fn resolve_once(path: PathBuf, addresses: &[u64]) -> Vec<Vec<Frame>> {
-    resolve(&symbolizer(), path, addresses)
+    resolve_guarded(&symbolizer(), path, addresses)
+        .unwrap_or_else(|| vec![Vec::new(); addresses.len()])
+}
+
+/// [`resolve`], or `None` when blazesym panicked. A file that passed [`crate::elf::inspect`]
+/// can still trip its checks: in a build with overflow checks, a symbol whose value plus
+/// size overflows, or a compressed section's length it asserts (both found by the
+/// `debuginfo_read` fuzz target; a release build wraps and skips them). Such a file costs
+/// its own names, never the thread.
+fn resolve_guarded(
+    symbolizer: &Symbolizer,
+    path: PathBuf,
+    addresses: &[u64],
+) -> Option<Vec<Vec<Frame>>> {
+    let shown = path.display().to_string();
+    let resolved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        resolve(symbolizer, path, addresses)
+    }));
+    if resolved.is_err() {
+        tracing::error!(file = %shown, "the symbolizer panicked on a debug file; its addresses stay unnamed");
+    }
+    resolved.ok()
 }
 
 fn run(jobs: mpsc::Receiver<Job>) {
@@ -82,7 +103,11 @@ fn run(jobs: mpsc::Receiver<Job>) {
                 offsets,
                 reply,
             } => {
-                let frames = resolve(&symbolizer, path, &offsets);
+                let frames = resolve_guarded(&symbolizer, path, &offsets).unwrap_or_else(|| {
+                    // What it held may be half-updated.
+                    symbolizer = self::symbolizer();
+                    vec![Vec::new(); offsets.len()]
+                });
                 let _ = reply.send(frames);
             }
             Job::Evict(path) => {

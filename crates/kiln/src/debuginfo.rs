@@ -25,6 +25,7 @@ enum DebuginfoCommand {
     /// directories of them (searched whole). Of several files with one build id (a
     /// stripped binary beside its debug file), the one that names the most is sent.
     Upload {
+        /// Debug files, binaries, or directories of them.
         #[arg(required = true)]
         paths: Vec<PathBuf>,
         /// Longest one upload may take, in seconds.
