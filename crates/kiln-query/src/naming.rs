@@ -19,6 +19,8 @@ use std::time::Instant;
 use kiln_model::symbols::{Frame, NameFrames};
 use kiln_storage::Dataset;
 
+use crate::QueryError;
+
 /// What naming made of a dataset.
 pub(crate) struct Named {
     pub dataset: Arc<Dataset>,
@@ -34,43 +36,30 @@ pub(crate) struct Named {
 /// Bits of a mapping's flags ([`kiln_storage::dataset::MappingRow::flags`]).
 const NAMED_FLAGS: u32 = 0b1111;
 
-pub(crate) async fn name_frames(dataset: Arc<Dataset>, names: &dyn NameFrames) -> Named {
+pub(crate) async fn name_frames(
+    dataset: Arc<Dataset>,
+    names: &dyn NameFrames,
+) -> Result<Named, QueryError> {
     let generation = names.generation();
-    let offsets = dataset.location_line_offsets();
-    // Unnamed locations by mapping: (location, address).
-    let mut unnamed: HashMap<u32, Vec<(usize, u64)>> = HashMap::new();
-    let mut any_unnamed = false;
-    for location in 0..dataset.location_address.len() {
-        if offsets[location] != offsets[location + 1] {
-            continue;
-        }
-        any_unnamed = true;
-        let mapping = dataset.location_mapping.get(location).copied().unwrap_or(0);
-        let has_build_id = dataset
-            .mappings
-            .get(mapping as usize)
-            .is_some_and(|m| mapping != 0 && !dataset.string(m.build_id).is_empty());
-        if has_build_id {
-            unnamed
-                .entry(mapping)
-                .or_default()
-                .push((location, dataset.location_address[location]));
-        }
-    }
-    if !any_unnamed {
-        return Named {
+    // Scanning locations and summing samples is a pass over the whole dataset (a
+    // day's block holds millions of samples): it runs off the async workers, as
+    // decoding does, and only reads, so it borrows a clone of the `Arc`.
+    let scan = {
+        let dataset = Arc::clone(&dataset);
+        tokio::task::spawn_blocking(move || scan(&dataset)).await?
+    };
+    let Some(Scan { unnamed, offsets }) = scan else {
+        return Ok(Named {
             dataset,
             retry_at: None,
             generation,
             unnamed_share: 0.0,
-        };
-    }
+        });
+    };
     let mut found: HashMap<usize, Arc<[Frame]>> = HashMap::new();
     let mut named_mappings = Vec::new();
     let mut missing = false;
-    let mut mappings: Vec<_> = unnamed.into_iter().collect();
-    mappings.sort_unstable_by_key(|(mapping, _)| *mapping);
-    for (mapping, locations) in mappings {
+    for (mapping, locations) in unnamed {
         let row = dataset.mappings[mapping as usize];
         let addresses: Vec<u64> = locations.iter().map(|(_, a)| *a).collect();
         let answer = names
@@ -97,24 +86,73 @@ pub(crate) async fn name_frames(dataset: Arc<Dataset>, names: &dyn NameFrames) -
         }
     }
     let retry_at = missing.then(|| Instant::now() + names.retry_after());
-    let dataset = if found.is_empty() {
-        dataset
-    } else {
+    let (dataset, unnamed_share) = tokio::task::spawn_blocking(move || {
+        if found.is_empty() {
+            let share = unnamed_share(&dataset, &offsets);
+            return (dataset, share);
+        }
+        // The scan's clone is gone by now, so this takes the dataset unless the cache
+        // still shares it (a pending dataset named again): then it is copied once.
         let mut owned = Arc::try_unwrap(dataset).unwrap_or_else(|shared| (*shared).clone());
-        patch(&mut owned, &found, &named_mappings);
-        Arc::new(owned)
-    };
-    let unnamed_share = unnamed_share(&dataset);
-    Named {
+        patch(&mut owned, &found, &named_mappings, &offsets);
+        let offsets = owned.location_line_offsets();
+        let share = unnamed_share(&owned, &offsets);
+        (Arc::new(owned), share)
+    })
+    .await?;
+    Ok(Named {
         dataset,
         retry_at,
         generation,
         unnamed_share,
+    })
+}
+
+/// A dataset's unnamed locations that a debug file could name, by mapping.
+struct Scan {
+    /// (mapping, [(location, address)]), in mapping order.
+    unnamed: Vec<(u32, Vec<(usize, u64)>)>,
+    /// [`Dataset::location_line_offsets`], computed once for the passes after.
+    offsets: Vec<u32>,
+}
+
+/// `None` when every location has lines: nothing to name and nothing to count.
+fn scan(dataset: &Dataset) -> Option<Scan> {
+    let offsets = dataset.location_line_offsets();
+    let mut unnamed: HashMap<u32, Vec<(usize, u64)>> = HashMap::new();
+    let mut any_unnamed = false;
+    for location in 0..dataset.location_address.len() {
+        if offsets[location] != offsets[location + 1] {
+            continue;
+        }
+        any_unnamed = true;
+        let mapping = dataset.location_mapping.get(location).copied().unwrap_or(0);
+        let has_build_id = dataset
+            .mappings
+            .get(mapping as usize)
+            .is_some_and(|m| mapping != 0 && !dataset.string(m.build_id).is_empty());
+        if has_build_id {
+            unnamed
+                .entry(mapping)
+                .or_default()
+                .push((location, dataset.location_address[location]));
+        }
     }
+    if !any_unnamed {
+        return None;
+    }
+    let mut unnamed: Vec<_> = unnamed.into_iter().collect();
+    unnamed.sort_unstable_by_key(|(mapping, _)| *mapping);
+    Some(Scan { unnamed, offsets })
 }
 
 /// Gives each location in `found` its frames as lines (innermost first, as stored).
-fn patch(dataset: &mut Dataset, found: &HashMap<usize, Arc<[Frame]>>, mappings: &[u32]) {
+fn patch(
+    dataset: &mut Dataset,
+    found: &HashMap<usize, Arc<[Frame]>>,
+    mappings: &[u32],
+    offsets: &[u32],
+) {
     let mut strings: HashMap<String, u32> = dataset
         .strings
         .iter()
@@ -136,7 +174,6 @@ fn patch(dataset: &mut Dataset, found: &HashMap<usize, Arc<[Frame]>>, mappings: 
         .enumerate()
         .map(|(id, f)| ((f.name, f.filename), id as u32))
         .collect();
-    let offsets = dataset.location_line_offsets();
     let lines = dataset.line_function.len() + found.values().map(|f| f.len()).sum::<usize>();
     let mut line_function = Vec::with_capacity(lines);
     let mut line_number = Vec::with_capacity(lines);
@@ -178,8 +215,7 @@ fn patch(dataset: &mut Dataset, found: &HashMap<usize, Arc<[Frame]>>, mappings: 
 /// as a flame graph's self values count them. (Counting every stack with an unnamed frame
 /// anywhere would count a program whose every stack starts in an unnamed libc frame as
 /// unnamed whole, however well its own code is named.)
-fn unnamed_share(dataset: &Dataset) -> f64 {
-    let offsets = dataset.location_line_offsets();
+fn unnamed_share(dataset: &Dataset, offsets: &[u32]) -> f64 {
     let unnamed_location =
         |location: u32| offsets.get(location as usize) == offsets.get(location as usize + 1);
     if !(0..dataset.location_line_count.len() as u32).any(unnamed_location) {

@@ -413,7 +413,7 @@ impl Querier {
             if !due {
                 return Ok(entry.dataset);
             }
-            return Ok(self.named(key, entry.dataset, entry.projection).await);
+            return self.named(key, entry.dataset, entry.projection).await;
         }
         let row_group = meta.row_group as usize;
         // A segment holds the dataset of every service in a flush: read this one's byte
@@ -443,7 +443,7 @@ impl Querier {
             })
             .await??
         };
-        Ok(self.named(key, Arc::new(dataset), projection).await)
+        self.named(key, Arc::new(dataset), projection).await
     }
 
     /// `dataset` with the names of its unnamed frames where debug files have them, cached.
@@ -452,12 +452,12 @@ impl Querier {
         key: (String, u32),
         dataset: Arc<Dataset>,
         projection: Projection,
-    ) -> Arc<Dataset> {
+    ) -> Result<Arc<Dataset>, QueryError> {
         let Some(names) = self.names.as_ref().filter(|_| projection.symbols) else {
             self.cache.insert(key, &dataset, projection, None);
-            return dataset;
+            return Ok(dataset);
         };
-        let named = crate::naming::name_frames(dataset, names.as_ref()).await;
+        let named = crate::naming::name_frames(dataset, names.as_ref()).await?;
         self.metrics
             .unnamed_share(&named.dataset, named.unnamed_share);
         {
@@ -476,7 +476,7 @@ impl Querier {
         }
         let pending = named.retry_at.map(|at| (at, named.generation));
         self.cache.insert(key, &named.dataset, projection, pending);
-        named.dataset
+        Ok(named.dataset)
     }
 
     /// What `derive` makes of the series and profile rows of datasets of one object, in
