@@ -395,3 +395,33 @@ pub fn source_url(data: &[u8]) {
     );
     assert!(url.path().contains("/main/"), "{url}");
 }
+
+/// A Go binary's `.gopclntab` as `kiln-gosym` reads it: the first four bytes (little
+/// endian) split the rest into the table, at 0x4a0000, and one data section after it,
+/// at 0x560000 (where `moduledata` and the inline trees are looked for); then frames at
+/// addresses through the text the table claims.
+pub fn gosym_read(data: &[u8]) {
+    let Some((split, rest)) = data.split_first_chunk::<4>() else {
+        return;
+    };
+    let split = (u32::from_le_bytes(*split) as usize).min(rest.len());
+    let (table, section) = rest.split_at(split);
+    let image = kiln_gosym::Image {
+        pclntab: kiln_gosym::Section {
+            address: 0x4a_0000,
+            bytes: table,
+        },
+        text: 0x40_1000,
+        data: vec![kiln_gosym::Section {
+            address: 0x56_0000,
+            bytes: section,
+        }],
+    };
+    let Ok(table) = kiln_gosym::Table::new(image) else {
+        return;
+    };
+    for step in 0..64u64 {
+        let _ = table.frames(0x40_1000 + step * 0x40);
+    }
+    let _ = table.frames(u64::MAX);
+}

@@ -89,6 +89,8 @@ pub enum Refused {
     },
     #[error("the file holds nothing to name addresses with (no symbols, no DWARF, no .gopclntab)")]
     Empty,
+    #[error("the Go binary's .gopclntab, all it names with, does not parse: {0}")]
+    BadGoTable(#[source] crate::go::CheckError),
 }
 
 impl Refused {
@@ -106,6 +108,7 @@ impl Refused {
             Refused::BadCompression { .. } => "bad_compression",
             Refused::BadDwarf { .. } => "bad_dwarf",
             Refused::Empty => "empty",
+            Refused::BadGoTable(_) => "bad_gopclntab",
         }
     }
 }
@@ -217,7 +220,7 @@ pub fn inspect(path: &Path, limit: u64) -> Result<Contents, Refused> {
     if symbols == 0 && !lines && !go_pclntab {
         return Err(Refused::Empty);
     }
-    Ok(Contents {
+    let mut contents = Contents {
         build_id,
         bytes,
         symbols,
@@ -225,7 +228,24 @@ pub fn inspect(path: &Path, limit: u64) -> Result<Contents, Refused> {
         inline_frames,
         go_pclntab,
         text_segments,
-    })
+    };
+    if crate::go::only_table(&contents) {
+        // All it names with is the table: it must parse, and its inline trees say
+        // whether inlined calls come out as frames.
+        let file = std::fs::File::open(path)?;
+        // SAFETY: the file is the caller's, written whole before it is inspected; no
+        // one writes to it while it is mapped here.
+        let map = unsafe { memmap2::Mmap::map(&file) }?;
+        let table = crate::go::check(&map).map_err(Refused::BadGoTable)?;
+        contents.inline_frames = table.inlining;
+        tracing::debug!(
+            functions = table.functions,
+            layout = %table.layout,
+            inlining = table.inlining,
+            "a Go binary named from its .gopclntab"
+        );
+    }
+    Ok(contents)
 }
 
 /// A section's bytes, inflated when zlib-compressed; `None` for a compression this does

@@ -27,6 +27,7 @@
 pub mod config;
 pub mod debuginfod;
 pub mod elf;
+mod go;
 mod local;
 mod resolver;
 
@@ -300,7 +301,8 @@ impl Symbolizer {
             .filter_map(|(v, _)| *v)
             .collect();
         if !asked.is_empty() {
-            let resolved = self.inner.resolver.resolve(path, asked.clone()).await;
+            let go = go::only_table(&contents);
+            let resolved = self.inner.resolver.resolve(path, asked.clone(), go).await;
             let mut resolved = asked.into_iter().zip(resolved);
             for answer in answers.iter_mut().filter(|a| a.is_none()) {
                 let Some((vaddr, frames)) = resolved.next() else {
@@ -656,7 +658,7 @@ pub fn read_debug_file(
     addresses: &[u64],
 ) -> Result<(Contents, Vec<Vec<Frame>>), Refused> {
     let contents = elf::inspect(path, limit)?;
-    let frames = resolver::resolve_once(path.to_path_buf(), addresses);
+    let frames = resolver::resolve_once(path.to_path_buf(), addresses, go::only_table(&contents));
     Ok((contents, frames))
 }
 

@@ -15,6 +15,8 @@ enum Job {
     Resolve {
         path: PathBuf,
         offsets: Vec<u64>,
+        /// Named from `.gopclntab` ([`crate::go`]) rather than by blazesym.
+        go: bool,
         reply: tokio::sync::oneshot::Sender<Vec<Vec<Frame>>>,
     },
     Evict(PathBuf),
@@ -36,7 +38,12 @@ impl Resolver {
 
     /// The frames at each virtual address of the file at `path`, innermost (inlined) first
     /// as pprof lists them; none where the file does not name the address.
-    pub(crate) async fn resolve(&self, path: PathBuf, offsets: Vec<u64>) -> Vec<Vec<Frame>> {
+    pub(crate) async fn resolve(
+        &self,
+        path: PathBuf,
+        offsets: Vec<u64>,
+        go: bool,
+    ) -> Vec<Vec<Frame>> {
         let count = offsets.len();
         let (reply, answer) = tokio::sync::oneshot::channel();
         if self
@@ -44,6 +51,7 @@ impl Resolver {
             .send(Job::Resolve {
                 path,
                 offsets,
+                go,
                 reply,
             })
             .is_err()
@@ -69,8 +77,8 @@ fn symbolizer() -> Symbolizer {
 }
 
 /// [`Resolver::resolve`] on this thread, with a symbolizer of its own.
-pub(crate) fn resolve_once(path: PathBuf, addresses: &[u64]) -> Vec<Vec<Frame>> {
-    resolve_guarded(&symbolizer(), path, addresses)
+pub(crate) fn resolve_once(path: PathBuf, addresses: &[u64], go: bool) -> Vec<Vec<Frame>> {
+    resolve_guarded(&symbolizer(), path, addresses, go)
         .unwrap_or_else(|| vec![Vec::new(); addresses.len()])
 }
 
@@ -83,10 +91,15 @@ fn resolve_guarded(
     symbolizer: &Symbolizer,
     path: PathBuf,
     addresses: &[u64],
+    go: bool,
 ) -> Option<Vec<Vec<Frame>>> {
     let shown = path.display().to_string();
     let resolved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        resolve(symbolizer, path, addresses)
+        if go {
+            crate::go::resolve(&path, addresses)
+        } else {
+            resolve(symbolizer, path, addresses)
+        }
     }));
     if resolved.is_err() {
         tracing::error!(file = %shown, "the symbolizer panicked on a debug file; its addresses stay unnamed");
@@ -101,13 +114,15 @@ fn run(jobs: mpsc::Receiver<Job>) {
             Job::Resolve {
                 path,
                 offsets,
+                go,
                 reply,
             } => {
-                let frames = resolve_guarded(&symbolizer, path, &offsets).unwrap_or_else(|| {
-                    // What it held may be half-updated.
-                    symbolizer = self::symbolizer();
-                    vec![Vec::new(); offsets.len()]
-                });
+                let frames =
+                    resolve_guarded(&symbolizer, path, &offsets, go).unwrap_or_else(|| {
+                        // What it held may be half-updated.
+                        symbolizer = self::symbolizer();
+                        vec![Vec::new(); offsets.len()]
+                    });
                 let _ = reply.send(frames);
             }
             Job::Evict(path) => {

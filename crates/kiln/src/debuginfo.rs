@@ -131,11 +131,16 @@ fn upload(server: &ServerAddress, paths: &[PathBuf], timeout: Duration) -> anyho
             );
         }
         println!(
-            "{build_id} {} ({} bytes: {} symbols{}{})",
+            "{build_id} {} ({} bytes: {} symbols{}{}{})",
             file.display(),
             contents.bytes,
             contents.symbols,
             if contents.lines { ", lines" } else { "" },
+            if contents.go_pclntab {
+                ", .gopclntab"
+            } else {
+                ""
+            },
             if contents.inline_frames {
                 ", inline frames"
             } else {

@@ -10,6 +10,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("kiln-model", 0),
     ("kiln-runtime", 0),
     ("kiln-child", 0),
+    ("kiln-gosym", 0),
     ("kiln-testkit", 1),
     ("kiln-storage", 1),
     ("kiln-metastore", 1),

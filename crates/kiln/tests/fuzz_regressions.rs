@@ -18,6 +18,7 @@ const TARGETS: &[Target] = &[
     ("config_parse", targets::config_parse),
     ("debuginfo_read", targets::debuginfo_read),
     ("folded_parse", targets::folded_parse),
+    ("gosym_read", targets::gosym_read),
     ("ingest_name", targets::ingest_name),
     ("jfr_parse", targets::jfr_parse),
     ("otlp_decode", targets::otlp_decode),

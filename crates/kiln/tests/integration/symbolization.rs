@@ -1,7 +1,9 @@
 //! Stripped binaries named on the server: a C program with inlined calls
 //! (tests/symbolize/inline.c, `-O2 -g`), its debug file kept with `objcopy
 //! --only-keep-debug` and the binary stripped, profiled by the agent with no names, then
-//! named from `kiln debuginfo upload` and from a real debuginfod server, with no re-ingest.
+//! named from `kiln debuginfo upload` and from a real debuginfod server, with no re-ingest;
+//! a Rust release build the same way; and a Go program built `-ldflags="-s -w"`, named
+//! from the `.gopclntab` of the stripped binary itself.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -442,4 +444,81 @@ fn a_stripped_rust_binary_is_named_with_demangled_paths() {
             .any(|name| name.starts_with("_ZN") || name.starts_with("_R")),
         "demangled: {after:?}"
     );
+}
+
+/// A Go program (tests/symbolize/spin.go) built as is and with `-ldflags="-s -w"`, as Go
+/// release builds ship: profiled with no names, then named from the stripped binary itself
+/// (`kiln debuginfo upload` of it; its `.gopclntab` is all it has), inlined calls
+/// included, split as the unstripped build's.
+#[test]
+fn a_stripped_go_binary_is_named_from_its_own_gopclntab() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        workspace_root().join("tests/symbolize/spin.go"),
+        dir.path().join("main.go"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("go.mod"), "module spin\n\ngo 1.21\n").unwrap();
+    let go = |output: &str, flags: &[&str]| {
+        Command::new("go")
+            .arg("build")
+            .args(flags)
+            .args(["-o", output, "."])
+            .current_dir(dir.path())
+            .env("GOTOOLCHAIN", "local")
+            .env("CGO_ENABLED", "0")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !go("kiln_sym_go_full", &[]) {
+        println!("skipped: symbolization test kiln_sym_go (no Go toolchain)");
+        return;
+    }
+    assert!(go("kiln_sym_go", &["-ldflags=-s -w"]));
+    let stripped = dir.path().join("kiln_sym_go");
+    let builds = Builds {
+        full: dir.path().join("kiln_sym_go_full"),
+        debug: stripped.clone(),
+        stripped,
+        _dir: dir,
+    };
+    let Some((server, (full, stripped))) = profiled(&builds, |_| {}) else {
+        return;
+    };
+    // main.main, not main.mainLoop: hotA and hotB are leaves with no frame of their own
+    // (Go sets up no frame pointer there), so a frame-pointer walk from them goes on at
+    // their caller's caller, in both builds.
+    let names = ["main.hotA", "main.hotB", "main.main"];
+    let (named, named_total) = functions_of_pid(&server, full);
+    let (full_split, _) = split_of(&named, named_total, names);
+    let (before, before_total) = functions_of_pid(&server, stripped);
+    assert!(
+        unnamed_share(&before, before_total, "kiln_sym_go") > 0.9,
+        "{before:?}"
+    );
+    let uploaded = upload(&server, &builds.debug);
+    assert!(
+        uploaded.contains(&build_id_of(&builds.debug))
+            && uploaded.contains("0 symbols, .gopclntab, inline frames"),
+        "{uploaded}"
+    );
+    let (after, after_total) = functions_of_pid(&server, stripped);
+    let (stripped_split, root) = split_of(&after, after_total, names);
+    let inlined = |functions: &std::collections::HashMap<String, (i64, i64)>| {
+        functions.get("main.mixA").map_or(0, |v| v.1) as f64
+            / functions.get("main.hotA").map_or(1, |v| v.1).max(1) as f64
+    };
+    println!(
+        "go: main.hotA {stripped_split:.1} % stripped and named (unstripped {full_split:.1} %), \
+         main.main {root:.1} %, main.mixA {:.1} % of main.hotA (unstripped {:.1} %), unnamed {:.1} %",
+        100.0 * inlined(&after),
+        100.0 * inlined(&named),
+        100.0 * unnamed_share(&after, after_total, "kiln_sym_go")
+    );
+    assert!((stripped_split - full_split).abs() <= 3.0);
+    assert!(root >= 90.0, "{after:?}");
+    // The inlined callee is a frame of its own, as the unstripped build's DWARF makes it.
+    assert!(inlined(&after) >= 0.25, "{after:?}");
+    assert!((inlined(&after) - inlined(&named)).abs() <= 0.1);
+    assert!(unnamed_share(&after, after_total, "kiln_sym_go") < 0.02);
 }
