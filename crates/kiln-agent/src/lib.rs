@@ -80,6 +80,12 @@ pub struct AgentConfig {
     /// CPython's and Ruby's need eBPF, Node.js's do not. Off: native frames only, and
     /// JIT code from perf maps.
     pub interpreters: bool,
+    /// Name the frames of files on the host (ELF symbols, DWARF, a Go binary's
+    /// `.gopclntab`). Off: they go out as build id and file offset only, named on the
+    /// server from uploaded or debuginfod debug files (docs/symbolization.md), which takes
+    /// the parsing of every binary's symbols off the host. Kernel frames, JIT code from
+    /// perf maps and interpreted functions are named either way.
+    pub symbolize: bool,
 }
 
 /// `--memory-limit`'s default: 128 MiB.
@@ -96,6 +102,7 @@ impl Default for AgentConfig {
             ebpf: true,
             off_cpu: None,
             interpreters: true,
+            symbolize: true,
         }
     }
 }
@@ -476,7 +483,7 @@ impl Collector {
             .unwrap_or(127);
         Ok(Collector {
             unwinding: unwind::Unwinding::new(config.memory_limit / 8, max_stack),
-            symbols: Symbols::new(config.memory_limit as u64 / 8),
+            symbols: Symbols::new(config.memory_limit as u64 / 8).files(config.symbolize),
             ebpf,
             interp: interp::Interpreters::default(),
             offcpu,

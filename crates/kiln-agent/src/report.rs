@@ -7,7 +7,7 @@
 //! name, build id and file offset, so it can be symbolized later.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
@@ -54,6 +54,8 @@ pub struct Symbols {
     kernel: Symbolizer,
     dwarf_limit: u64,
     files: std::cell::RefCell<(std::collections::HashSet<PathBuf>, u64)>,
+    /// Whether files' frames are named here ([`crate::AgentConfig::symbolize`]).
+    name_files: bool,
 }
 
 impl Default for Symbols {
@@ -76,7 +78,14 @@ impl Symbols {
             kernel: symbolizer(),
             dwarf_limit,
             files: Default::default(),
+            name_files: true,
         }
+    }
+
+    /// Whether the frames of files are named on the host; off, they keep only their
+    /// mapping's build id and file offset.
+    pub fn files(self, name_files: bool) -> Self {
+        Symbols { name_files, ..self }
     }
 
     /// Starts the file symbolizer anew; the kernel's is kept.
@@ -147,6 +156,50 @@ impl Symbols {
             })
             .collect()
     }
+}
+
+/// The frames at file offsets of a Go binary stripped of symbols and DWARF, from the
+/// `.gopclntab` stripping keeps (blazesym does not read it): functions, files, lines and
+/// inlined calls, innermost first. The table is parsed anew each report (a header, and
+/// `moduledata` found in a small section), over a mapping of the file, not a copy.
+fn go_frames(path: &Path, offsets: &[u64]) -> Vec<Resolved> {
+    let none = || vec![Resolved::default(); offsets.len()];
+    let Ok(file) = std::fs::File::open(path) else {
+        return none();
+    };
+    // SAFETY: a read-only mapping of a binary that processes run from, as blazesym maps
+    // the ones it reads; binaries are replaced by rename, not written in place.
+    let Ok(map) = (unsafe { memmap2::Mmap::map(&file) }) else {
+        return none();
+    };
+    let Ok(elf) = object::File::parse(&*map) else {
+        return none();
+    };
+    let Some(table) = kiln_gosym::elf::image(&elf).and_then(|i| kiln_gosym::Table::new(i).ok())
+    else {
+        tracing::debug!(file = %path.display(), "a Go binary's .gopclntab did not parse");
+        return none();
+    };
+    offsets
+        .iter()
+        .map(|offset| Resolved {
+            frames: kiln_gosym::elf::address_of_offset(&elf, *offset)
+                .map(|address| {
+                    table
+                        .frames(address)
+                        .into_iter()
+                        .map(|f| {
+                            (
+                                f.function.to_string(),
+                                f.file.to_string(),
+                                i64::from(f.line),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        })
+        .collect()
 }
 
 /// Largest perf map read: a JVM's can reach tens of MB; past this the rest is left out.
@@ -440,8 +493,15 @@ impl<'a> ProfileWriter<'a> {
                     build_ids.insert(index, id);
                 }
             }
+            if !self.symbols.name_files {
+                continue;
+            }
             let offsets: Vec<u64> = addresses.iter().map(|a| mapping.file_offset(*a)).collect();
-            let results = self.symbols.resolve_file(path, symbol_bytes, &offsets);
+            let results = if binaries.get(&path).is_some_and(|b| b.go_table) {
+                go_frames(&path, &offsets)
+            } else {
+                self.symbols.resolve_file(path, symbol_bytes, &offsets)
+            };
             resolved.extend(addresses.into_iter().zip(results));
         }
 

@@ -66,6 +66,9 @@ pub struct Binary {
     /// Bytes of its symbol table and DWARF, uncompressed: what a symbolizer may hold of
     /// it, at most.
     pub symbol_bytes: u64,
+    /// A Go binary stripped of symbols and DWARF: named from its `.gopclntab`
+    /// ([`kiln_gosym`]), which blazesym does not read.
+    pub go_table: bool,
     loads: Loads,
     eh_frame: Option<(Range<u64>, Arc<[u8]>)>,
     eh_frame_hdr: Option<(Range<u64>, Arc<[u8]>)>,
@@ -118,6 +121,7 @@ impl Binary {
             method: Method::FramePointer,
             build_id: elf.build_id().ok().flatten().map(<[u8]>::to_vec),
             symbol_bytes,
+            go_table: kiln_gosym::elf::only_table(&elf),
             loads,
             text: section(".text").map(|(range, _)| range),
             not_functions: [".plt", ".plt.got", ".plt.sec"]

@@ -4,7 +4,7 @@
 //! CPU cost), [`query`] (1 h to 7 d of one service against `go tool pprof`), [`storage`]
 //! (bytes per profile and query time after compaction; compaction delay), [`scrape`]
 //! (pull collection from a fleet of targets), [`rules`] (recording rules' share of a
-//! compaction job), [`insight`] (planted regressions found, false alarms, compare speed) and [`agent`] (the host agent's overhead,
+//! compaction job), [`insight`] (planted regressions found, false alarms, compare speed), [`symbolize`] (naming stripped binaries' frames on the server) and [`agent`] (the host agent's overhead,
 //! perf events against eBPF), and [`goodput`] (profiles stored under overload).
 //!
 //! Each bench stands alone: what several share sits in [`common`] (the server children,
@@ -30,6 +30,7 @@ pub mod scrape;
 pub mod services;
 pub mod storage;
 pub mod stream;
+pub mod symbolize;
 
 use anyhow::Context;
 use clap::Subcommand;
@@ -54,6 +55,9 @@ pub enum BenchCommand {
     Rules(rules::RulesBenchArgs),
     /// Planted regressions found and false alarms raised by the comparison, and its speed.
     Insight(insight::InsightBenchArgs),
+    /// A day's flame graph over stripped binaries' frames named from uploaded debug files,
+    /// and what naming costs a query of frames already named.
+    Symbolize(symbolize::SymbolizeBenchArgs),
     /// Ingest, query and compact processes over PostgreSQL and S3 under kills and a
     /// PostgreSQL restart: every acknowledged write present exactly once.
     Chaos(services::ChaosArgs),
@@ -72,6 +76,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Agent(args) => agent::run(args).await,
         BenchCommand::Rules(args) => rules::run(args),
         BenchCommand::Insight(args) => insight::run(args).await,
+        BenchCommand::Symbolize(args) => symbolize::run(args).await,
         // Threads and child processes of its own, and a runtime for the metastore.
         BenchCommand::Chaos(args) => tokio::task::spawn_blocking(move || services::chaos(args))
             .await

@@ -11,9 +11,10 @@
 //! Neither blazesym nor `gimli`/`addr2line` read this table, and no Rust crate of the field
 //! does: Go's own `debug/gosym` is the reference reader, and it expands no inlined calls.
 //! The format is small and specified by the Go runtime's source (`runtime/symtab.go`,
-//! `runtime/symtabinl.go`, `internal/abi/symtab.go`); this crate reads it with no
-//! dependencies, every offset checked, so a corrupt or hostile file yields fewer names,
-//! never a panic (the `gosym_read` fuzz target holds it to that).
+//! `runtime/symtabinl.go`, `internal/abi/symtab.go`); this crate reads it from byte
+//! slices, every offset checked, so a corrupt or hostile file yields fewer names, never a
+//! panic (the `gosym_read` fuzz target holds it to that). [`elf`] finds those slices in
+//! an ELF file with `object`.
 //!
 //! # Layout, as read here
 //! - A header (`pcHeader`): the magic that gives the layout (Go 1.16–1.17, 1.18–1.19,
@@ -41,6 +42,8 @@
 //! not frames of their own.
 
 use std::fmt;
+
+pub mod elf;
 
 /// Magic numbers of the layouts read here (`internal/abi/symtab.go`).
 const GO116: u32 = 0xffff_fffa;

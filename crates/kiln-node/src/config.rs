@@ -128,6 +128,9 @@ pub struct AgentSettings {
     /// Name Python's, Ruby's and Node.js's functions from the interpreter's memory
     /// (`kiln agent --interpreters`).
     pub interpreters: bool,
+    /// Name the frames of files on the host (`kiln agent --symbolize`); off, the server
+    /// names them from uploaded or debuginfod debug files.
+    pub symbolize: bool,
 }
 
 impl Default for AgentSettings {
@@ -144,6 +147,7 @@ impl Default for AgentSettings {
             off_cpu: false,
             off_cpu_threshold: kiln_agent::offcpu::DEFAULT_THRESHOLD,
             interpreters: true,
+            symbolize: true,
         }
     }
 }

@@ -487,6 +487,7 @@ async fn start_agent(
         ebpf: settings.ebpf,
         off_cpu: settings.off_cpu.then_some(settings.off_cpu_threshold),
         interpreters: settings.interpreters,
+        symbolize: settings.symbolize,
     };
     let stop = Arc::new(AtomicBool::new(false));
     // Reports wait here while a flush is slow; past 64 intervals the newest are dropped.

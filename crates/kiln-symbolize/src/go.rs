@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use kiln_gosym::{Image, Section, Table};
-use object::{Object, ObjectSection};
+use kiln_gosym::elf::image;
+use kiln_gosym::Table;
 
 use kiln_model::symbols::Frame;
 
@@ -84,48 +84,4 @@ pub(crate) fn resolve(path: &Path, addresses: &[u64]) -> Vec<Vec<Frame>> {
                 .collect()
         })
         .collect()
-}
-
-/// `.gopclntab` and the sections `moduledata` and the inline trees may be in, with those
-/// the linker puts `moduledata` in (`.go.module` from Go 1.26, `.noptrdata` before)
-/// first so it is found soonest.
-fn image<'a>(elf: &object::File<'a>) -> Option<Image<'a>> {
-    let table = elf.section_by_name(".gopclntab")?;
-    let pclntab = Section {
-        address: table.address(),
-        bytes: table.data().ok()?,
-    };
-    let text = elf.section_by_name(".text").map_or(0, |s| s.address());
-    let mut data: Vec<(u8, Section<'a>)> = elf
-        .sections()
-        .filter(|s| {
-            s.address() != 0
-                && s.name().is_ok_and(|n| n != ".gopclntab" && n != ".text")
-                && matches!(
-                    s.kind(),
-                    object::SectionKind::Data | object::SectionKind::ReadOnlyData
-                )
-        })
-        .filter_map(|s| {
-            let rank = match s.name() {
-                Ok(".go.module") => 0,
-                Ok(".noptrdata") => 1,
-                _ => 2,
-            };
-            Some((
-                rank,
-                Section {
-                    address: s.address(),
-                    bytes: s.data().ok()?,
-                },
-            ))
-        })
-        .collect();
-    data.sort_by_key(|(rank, _)| *rank);
-    let data: Vec<Section<'a>> = data.into_iter().map(|(_, s)| s).collect();
-    Some(Image {
-        pclntab,
-        text,
-        data,
-    })
 }

@@ -167,3 +167,68 @@ fn a_stripped_go_binary_names_itself_as_its_dwarf_does() {
     assert_eq!(mix[0].line, 17, "mixA's body: {mix:?}");
     assert_eq!(mix[1].line, 28, "the call site in hotA's loop: {mix:?}");
 }
+
+/// The server's path for it: the stripped binary uploaded as its own debug file, then the
+/// addresses of a process that mapped its text named through the symbolizer's thread, and
+/// read back from the object store by a node that did not take the upload.
+#[tokio::test]
+async fn an_uploaded_stripped_go_binary_names_a_processs_addresses() {
+    use kiln_storage::ObjectStorage;
+    use kiln_symbolize::{SymbolizationConfig, Symbolizer};
+    use object::ObjectSegment;
+
+    let Some(built) = build() else { return };
+    let full = std::fs::read(&built.full).unwrap();
+    let elf = object::File::parse(&*full).unwrap();
+    let text = elf
+        .segments()
+        .find(|s| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0))
+        .unwrap();
+    // Where the test pretends the process mapped the text.
+    const START: u64 = 0x7f12_3400_0000;
+    let base = text.address() - text.address() % 4096;
+    let limit = START + (text.address() % 4096 + text.size()).div_ceil(4096) * 4096;
+    let hot = elf.symbols().find(|s| s.name() == Ok("main.hotA")).unwrap();
+    let addresses: Vec<u64> = (hot.address()..hot.address() + hot.size())
+        .map(|vaddr| START + vaddr - base)
+        .collect();
+    let build_id = kiln_symbolize::elf::hex(elf.build_id().unwrap().unwrap());
+
+    let root = tempfile::tempdir().unwrap();
+    let node = |cache: &str| {
+        let storage =
+            ObjectStorage::open(&format!("file://{}", root.path().join("objects").display()))
+                .unwrap();
+        Symbolizer::new(
+            storage,
+            root.path().join(cache),
+            SymbolizationConfig::default(),
+        )
+        .unwrap()
+    };
+    let symbolizer = node("cache");
+    let incoming = symbolizer.incoming();
+    std::fs::copy(&built.stripped, &incoming).unwrap();
+    let contents = symbolizer
+        .upload("shop", &incoming, Some(&build_id))
+        .await
+        .unwrap();
+    assert!(
+        contents.go_pclntab && contents.inline_frames,
+        "{contents:?}"
+    );
+    for symbolizer in [symbolizer, node("cache-2")] {
+        let frames = symbolizer
+            .symbolize("shop", &build_id, (START, limit), &addresses)
+            .await
+            .expect("named from the upload");
+        assert!(frames
+            .iter()
+            .all(|f| f.last().is_some_and(|f| f.name == "main.hotA")));
+        let inlined = frames
+            .iter()
+            .filter(|f| names(f) == ["main.mixA", "main.hotA"])
+            .count();
+        assert!(inlined > 0, "{frames:?}");
+    }
+}

@@ -72,6 +72,11 @@ pub struct AgentArgs {
     /// need no eBPF.
     #[arg(long, env = "KILN_AGENT_INTERPRETERS", action = clap::ArgAction::Set)]
     interpreters: Option<bool>,
+    /// Name the frames of binaries and libraries on this host (`--symbolize false`: send
+    /// their build ids and file offsets only, for the server to name from uploaded or
+    /// debuginfod debug files; kernel, JIT and interpreted frames are named either way).
+    #[arg(long, env = "KILN_AGENT_SYMBOLIZE", action = clap::ArgAction::Set)]
+    symbolize: Option<bool>,
     /// Print what the agent running on this host is doing (from its /metrics at
     /// --metrics-listen): per binary, how stacks are unwound and how many were cut.
     #[arg(long)]
@@ -416,6 +421,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         off_cpu: (args.off_cpu || settings.off_cpu)
             .then(|| args.off_cpu_threshold.unwrap_or(settings.off_cpu_threshold)),
         interpreters: args.interpreters.unwrap_or(settings.interpreters),
+        symbolize: args.symbolize.unwrap_or(settings.symbolize),
     };
     let target = Target::from_args(&args)?;
     let stop = Arc::new(AtomicBool::new(false));

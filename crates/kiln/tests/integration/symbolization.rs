@@ -446,12 +446,10 @@ fn a_stripped_rust_binary_is_named_with_demangled_paths() {
     );
 }
 
-/// A Go program (tests/symbolize/spin.go) built as is and with `-ldflags="-s -w"`, as Go
-/// release builds ship: profiled with no names, then named from the stripped binary itself
-/// (`kiln debuginfo upload` of it; its `.gopclntab` is all it has), inlined calls
-/// included, split as the unstripped build's.
-#[test]
-fn a_stripped_go_binary_is_named_from_its_own_gopclntab() {
+/// tests/symbolize/spin.go built as is (`<name>_full`) and with `-ldflags="-s -w"`
+/// (`<name>`), as Go release builds ship; the stripped binary is its own debug file.
+/// `None` without a Go toolchain (the test says it skipped).
+fn go_builds(name: &str) -> Option<Builds> {
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(
         workspace_root().join("tests/symbolize/spin.go"),
@@ -470,55 +468,142 @@ fn a_stripped_go_binary_is_named_from_its_own_gopclntab() {
             .status()
             .is_ok_and(|s| s.success())
     };
-    if !go("kiln_sym_go_full", &[]) {
-        println!("skipped: symbolization test kiln_sym_go (no Go toolchain)");
-        return;
+    if !go(&format!("{name}_full"), &[]) {
+        println!("skipped: symbolization test {name} (no Go toolchain)");
+        return None;
     }
-    assert!(go("kiln_sym_go", &["-ldflags=-s -w"]));
-    let stripped = dir.path().join("kiln_sym_go");
-    let builds = Builds {
-        full: dir.path().join("kiln_sym_go_full"),
+    assert!(go(name, &["-ldflags=-s -w"]));
+    let stripped = dir.path().join(name);
+    Some(Builds {
+        full: dir.path().join(format!("{name}_full")),
         debug: stripped.clone(),
         stripped,
         _dir: dir,
-    };
-    let Some((server, (full, stripped))) = profiled(&builds, |_| {}) else {
+    })
+}
+
+/// main.main, not main.mainLoop: hotA and hotB are leaves with no frame of their own (Go
+/// sets up no frame pointer there), so a frame-pointer walk from them goes on at their
+/// caller's caller, in both builds.
+const GO_NAMES: [&str; 3] = ["main.hotA", "main.hotB", "main.main"];
+
+/// main.mixA's share of main.hotA: the inlined callee as a frame of its own.
+fn go_inlined(functions: &std::collections::HashMap<String, (i64, i64)>) -> f64 {
+    functions.get("main.mixA").map_or(0, |v| v.1) as f64
+        / functions.get("main.hotA").map_or(1, |v| v.1).max(1) as f64
+}
+
+/// The stripped build named as the unstripped one: the split within ±3 points, main.main
+/// over 90 %, the inlined main.mixA as large a share of main.hotA, nothing left unnamed,
+/// and the pprof export naming main.mixA's file.
+fn assert_go_named(server: &TestServer, (full, stripped): (u32, u32), how: &str) {
+    let (named, named_total) = functions_of_pid(server, full);
+    let (full_split, _) = split_of(&named, named_total, GO_NAMES);
+    let (functions, total) = functions_of_pid(server, stripped);
+    let (stripped_split, root) = split_of(&functions, total, GO_NAMES);
+    let unnamed = unnamed_share(&functions, total, "kiln_sym_go");
+    println!(
+        "go, {how}: main.hotA {stripped_split:.1} % stripped (unstripped {full_split:.1} %), \
+         main.main {root:.1} %, main.mixA {:.1} % of main.hotA (unstripped {:.1} %), unnamed {:.1} %",
+        100.0 * go_inlined(&functions),
+        100.0 * go_inlined(&named),
+        100.0 * unnamed
+    );
+    assert!((stripped_split - full_split).abs() <= 3.0);
+    assert!(root >= 90.0, "{functions:?}");
+    assert!(go_inlined(&functions) >= 0.25, "{functions:?}");
+    assert!((go_inlined(&functions) - go_inlined(&named)).abs() <= 0.1);
+    assert!(unnamed < 0.02, "{functions:?}");
+    let profile = merged_pprof(server, CPU, &format!(r#"{{pid="{stripped}"}}"#));
+    let mix = profile
+        .function
+        .iter()
+        .find(|f| profile.string_or_empty(f.name) == "main.mixA")
+        .expect("main.mixA in the pprof");
+    assert!(profile.string_or_empty(mix.filename).ends_with("main.go"));
+}
+
+/// A stripped Go binary under the agent is named on the host from the `.gopclntab` of the
+/// binary the process runs, inlined calls included: no upload, no debug file.
+#[test]
+fn the_agent_names_a_stripped_go_binary_from_its_own_gopclntab() {
+    let Some(builds) = go_builds("kiln_sym_go") else {
         return;
     };
-    // main.main, not main.mainLoop: hotA and hotB are leaves with no frame of their own
-    // (Go sets up no frame pointer there), so a frame-pointer walk from them goes on at
-    // their caller's caller, in both builds.
-    let names = ["main.hotA", "main.hotB", "main.main"];
-    let (named, named_total) = functions_of_pid(&server, full);
-    let (full_split, _) = split_of(&named, named_total, names);
-    let (before, before_total) = functions_of_pid(&server, stripped);
+    let Some((server, pids)) = profiled(&builds, |_| {}) else {
+        return;
+    };
+    assert_go_named(&server, pids, "named by the agent");
+}
+
+/// The same program under an agent that names nothing on the host (`--symbolize false`):
+/// both builds are stored unnamed; then `kiln debuginfo upload` of the stripped binary
+/// itself (its `.gopclntab` is all it has) and of the unstripped one (symbols and DWARF)
+/// names the stored samples, with no re-ingest, and the unsymbolized ratio falls.
+#[test]
+fn a_stripped_go_binary_stored_unnamed_is_named_from_an_upload_of_itself() {
+    let Some(builds) = go_builds("kiln_sym_go") else {
+        return;
+    };
+    let server = TestServer::start();
+    let Some(agent) = start_agent_with(&server, &["--frequency", "997", "--symbolize", "false"])
+    else {
+        return;
+    };
+    let pids = profile(&server, &builds, 6.0);
+    stop(agent);
+    let (before, before_total) = functions_of_pid(&server, pids.1);
     assert!(
         unnamed_share(&before, before_total, "kiln_sym_go") > 0.9,
         "{before:?}"
     );
-    let uploaded = upload(&server, &builds.debug);
+    let ratio_before = ratio_metric(&server, "kiln_sym_go");
+    let uploaded = upload(&server, &builds.stripped);
     assert!(
-        uploaded.contains(&build_id_of(&builds.debug))
+        uploaded.contains(&build_id_of(&builds.stripped))
             && uploaded.contains("0 symbols, .gopclntab, inline frames"),
         "{uploaded}"
     );
-    let (after, after_total) = functions_of_pid(&server, stripped);
-    let (stripped_split, root) = split_of(&after, after_total, names);
-    let inlined = |functions: &std::collections::HashMap<String, (i64, i64)>| {
-        functions.get("main.mixA").map_or(0, |v| v.1) as f64
-            / functions.get("main.hotA").map_or(1, |v| v.1).max(1) as f64
-    };
-    println!(
-        "go: main.hotA {stripped_split:.1} % stripped and named (unstripped {full_split:.1} %), \
-         main.main {root:.1} %, main.mixA {:.1} % of main.hotA (unstripped {:.1} %), unnamed {:.1} %",
-        100.0 * inlined(&after),
-        100.0 * inlined(&named),
-        100.0 * unnamed_share(&after, after_total, "kiln_sym_go")
+    upload(&server, &builds.full);
+    assert_go_named(&server, pids, "named on the server from the upload");
+    let ratio_after = ratio_metric(&server, "kiln_sym_go");
+    println!("kiln_symbolization_unsymbolized_ratio: {ratio_before:?} -> {ratio_after:?}");
+    assert!(ratio_before.is_some_and(|r| r > 0.9), "{ratio_before:?}");
+    assert!(ratio_after.is_some_and(|r| r < 0.01), "{ratio_after:?}");
+}
+
+/// `kiln bench symbolize`, briefly (the figures are docs/benchmarks.md's): over a debug
+/// file made from the `kiln` binary itself, every frame of the unnamed stream is named
+/// after the upload, and both streams sum to the same total.
+#[test]
+fn the_symbolize_bench_names_every_frame_and_keeps_the_totals() {
+    let output = run_kiln([
+        "bench",
+        "symbolize",
+        "--binaries",
+        "1",
+        "--functions",
+        "200",
+        "--instances",
+        "1",
+        "--interval",
+        "600",
+        "--profiles",
+        "2",
+        "--samples",
+        "50",
+        "--turns",
+        "1",
+    ]);
+    let unnamed = output
+        .lines()
+        .find(|line| line.starts_with("| 24 h flame graph, unnamed frames"))
+        .unwrap_or_else(|| panic!("{output}"));
+    assert_eq!(
+        unnamed.trim_end_matches(" |").rsplit("| ").next(),
+        Some("0"),
+        "frames left unnamed: {output}"
     );
-    assert!((stripped_split - full_split).abs() <= 3.0);
-    assert!(root >= 90.0, "{after:?}");
-    // The inlined callee is a frame of its own, as the unstripped build's DWARF makes it.
-    assert!(inlined(&after) >= 0.25, "{after:?}");
-    assert!((inlined(&after) - inlined(&named)).abs() <= 0.1);
-    assert!(unnamed_share(&after, after_total, "kiln_sym_go") < 0.02);
+    assert!(output.contains("(equal)"), "{output}");
+    assert!(output.contains("what naming adds"), "{output}");
 }
