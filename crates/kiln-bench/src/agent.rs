@@ -179,10 +179,31 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
                 .spawn()
                 .context("cannot start kiln agent")?;
             let pid = agent.id();
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            if let Ok(Some(status)) = agent.try_wait() {
-                anyhow::bail!("kiln agent exited: {status}");
+            // Measured from its first sample on: its start (the BPF programs' verification
+            // above all) is slower on a busy host, and is reported apart.
+            let started = std::time::Instant::now();
+            let metrics_url = format!("http://127.0.0.1:{metrics_port}/metrics");
+            loop {
+                if let Ok(Some(status)) = agent.try_wait() {
+                    anyhow::bail!("kiln agent exited: {status}");
+                }
+                let sampling = crate::http::Http::new(Duration::from_secs(2))
+                    .get(&metrics_url)
+                    .call()
+                    .ok()
+                    .map(|response| response.text())
+                    .is_some_and(|text| text.contains("kiln_agent_sampling 1"));
+                if sampling {
+                    break;
+                }
+                if started.elapsed() > Duration::from_secs(120) {
+                    anyhow::bail!("kiln agent did not start sampling within 120 s");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
+            let start_seconds = started.elapsed().as_secs_f64();
+            // Then as long again for the processes it finds at its first samples.
+            tokio::time::sleep(Duration::from_secs(3)).await;
             let stats_on = kiln_agent::ebpf::enable_stats();
             let programs_before = kiln_agent::ebpf::program_stats();
             let before = crate::common::process_cpu_seconds(pid).unwrap_or(0.0);
@@ -244,7 +265,7 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
                     .sum()
             };
             println!(
-            "{frequency:>5} Hz {mode:>4}: agent CPU {:.3} % of one core over {} s, RSS {:.1} MiB (peak {:.1} MiB; its own heap {:.1} MiB, peak {:.1} MiB, the rest mapped binaries), {samples} samples ({in_kernel} counted in the kernel), {lost} lost, {} stacks by frame pointers, {} by DWARF, {processes} processes tracked, {switch_rate:.0} context switches/s on the host",
+            "{frequency:>5} Hz {mode:>4}: agent CPU {:.3} % of one core over {} s, RSS {:.1} MiB (peak {:.1} MiB; its own heap {:.1} MiB, peak {:.1} MiB, the rest mapped binaries), {samples} samples ({in_kernel} counted in the kernel), {lost} lost, {} stacks by frame pointers, {} by DWARF, {processes} processes tracked, {switch_rate:.0} context switches/s on the host; sampling {start_seconds:.2} s after its start",
             100.0 * cpu / args.seconds as f64,
             args.seconds,
             status_kib(pid, "VmRSS:") as f64 / 1024.0,

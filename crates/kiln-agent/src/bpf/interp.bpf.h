@@ -161,6 +161,30 @@ static __u64 read_u64(__u64 address)
     return value;
 }
 
+// A search of an interpreter's list of threads for the one whose id is `key`: a bpf_loop
+// callback, as the frame walks are. Unrolled, a list this long costs the verifier a
+// second of CPU per program at every start of the agent (more on a busy host).
+struct thread_search {
+    const struct interp_proc *proc;
+    __u64 key;
+    __u64 node;  // the thread (CPython) or list node (Ruby) to look at next
+    __u64 head;  // Ruby: the list's head, where it ends
+    __u64 found;
+};
+
+static long python_thread_step(__u64 index, struct thread_search *search)
+{
+    __u64 state = search->node;
+    if (!state)
+        return 1;
+    if (read_u64(state + search->proc->py.tstate_thread_id) == search->key) {
+        search->found = state;
+        return 1;
+    }
+    search->node = read_u64(state + search->proc->py.tstate_next);
+    return 0;
+}
+
 // The interpreter state of thread `tid`, or 0 when it has none.
 static __u64 python_thread_state(const struct interp_proc *proc, __u32 tid)
 {
@@ -176,15 +200,12 @@ static __u64 python_thread_state(const struct interp_proc *proc, __u32 tid)
     __u64 interp = read_u64(proc->runtime + proc->py.runtime_interp_head);
     if (!interp)
         return 0;
-    __u64 state = read_u64(interp + proc->py.interp_threads_head);
-    for (int i = 0; i < INTERP_MAX_THREADS && state; i++) {
-        if (read_u64(state + proc->py.tstate_thread_id) == key) {
-            bpf_map_update_elem(&interp_threads, &tid, &state, BPF_ANY);
-            return state;
-        }
-        state = read_u64(state + proc->py.tstate_next);
-    }
-    return 0;
+    struct thread_search search = {
+        .proc = proc, .key = key, .node = read_u64(interp + proc->py.interp_threads_head)};
+    bpf_loop(INTERP_MAX_THREADS, python_thread_step, &search, 0);
+    if (search.found)
+        bpf_map_update_elem(&interp_threads, &tid, &search.found, BPF_ANY);
+    return search.found;
 }
 
 struct walk {
@@ -288,6 +309,20 @@ static __u64 ruby_thread_id(const struct interp_proc *proc, __u64 thread)
     return id;
 }
 
+static long ruby_thread_step(__u64 index, struct thread_search *search)
+{
+    __u64 node = search->node;
+    if (!node || node == search->head)
+        return 1;
+    __u64 thread = node - search->proc->rb.thread_lt_node;
+    if (ruby_thread_id(search->proc, thread) == search->key) {
+        search->found = thread;
+        return 1;
+    }
+    search->node = read_u64(node);
+    return 0;
+}
+
 // The Ruby thread whose kernel thread id is `tid`, or 0. Threads of the main ractor only:
 // others (an experimental feature) keep their native stacks.
 static __u64 ruby_thread(const struct interp_proc *proc, __u32 tid)
@@ -308,16 +343,11 @@ static __u64 ruby_thread(const struct interp_proc *proc, __u32 tid)
     if (!ractor)
         return 0;
     __u64 head = ractor + proc->rb.ractor_threads;
-    __u64 node = read_u64(head);
-    for (int i = 0; i < INTERP_MAX_THREADS && node && node != head; i++) {
-        __u64 thread = node - proc->rb.thread_lt_node;
-        if (ruby_thread_id(proc, thread) == key) {
-            bpf_map_update_elem(&interp_threads, &tid, &thread, BPF_ANY);
-            return thread;
-        }
-        node = read_u64(node);
-    }
-    return 0;
+    struct thread_search search = {.proc = proc, .key = key, .node = read_u64(head), .head = head};
+    bpf_loop(INTERP_MAX_THREADS, ruby_thread_step, &search, 0);
+    if (search.found)
+        bpf_map_update_elem(&interp_threads, &tid, &search.found, BPF_ANY);
+    return search.found;
 }
 
 // One control frame, from the innermost outwards (a bpf_loop callback).
