@@ -945,7 +945,13 @@ fn the_agent_speaks_otlp() {
         "kiln_otlp_burner over OTLP: {:.2} s sampled, kiln_hot_a {share_a:.1} %",
         total as f64 / 1e9
     );
-    assert!((share_a - 70.0).abs() <= 5.0, "split {share_a:.1}");
+    // 3 s at 199 Hz, ~600 samples: the split's standard error is 1.9 points, more on a
+    // loaded machine (63.5 % was seen once in CI), so the bound is four of them.
+    let allowed = crate::common::allowed_split(total, 100.0 * (a + b) / total.max(1) as f64);
+    assert!(
+        (share_a - 70.0).abs() <= allowed,
+        "split {share_a:.1}, allowed ±{allowed:.1}"
+    );
     assert!(total as f64 > 0.9 * 3e9, "{total}");
     // The resource attributes are the series labels.
     let pids = server.json("/pyroscope/label-values?label=pid&from=0&until=now", &[]);

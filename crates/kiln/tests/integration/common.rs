@@ -702,3 +702,13 @@ pub fn metric_value(text: &str, name: &str) -> f64 {
         .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or_else(|| panic!("no {name} in {text}"))
 }
+
+/// How far a 70/30 split may read from 70 (in points) by chance alone: four standard
+/// errors of a proportion over the samples that hold either function (at the agent's 199
+/// Hz, from `total` nanoseconds of which `share` percent), and never under 5. A loaded
+/// machine gives a process fewer samples, and the bound widens with the noise; a wrong
+/// attribution (names swapped, merged or lost) reads 0, 50 or 100.
+pub(crate) fn allowed_split(total: i64, share: f64) -> f64 {
+    let samples = (total as f64 * share / 100.0 / (1e9 / 199.0)).max(1.0);
+    (4.0 * 100.0 * (0.7 * 0.3 / samples).sqrt()).max(5.0)
+}

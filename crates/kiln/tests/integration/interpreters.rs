@@ -79,16 +79,6 @@ fn line_share(
     (100.0 * on as f64 / all.max(1) as f64, all)
 }
 
-/// How far a 70/30 split may read from 70 (in points) by chance alone: four standard
-/// errors of a proportion over the samples that hold either function (at the agent's 199
-/// Hz, from `total` nanoseconds of which `share` percent), and never under 5. A loaded
-/// machine gives a process fewer samples, and the bound widens with the noise; a wrong
-/// attribution (names swapped, merged or lost) reads 0, 50 or 100.
-fn allowed_split(total: i64, share: f64) -> f64 {
-    let samples = (total as f64 * share / 100.0 / (1e9 / 199.0)).max(1.0);
-    (4.0 * 100.0 * (0.7 * 0.3 / samples).sqrt()).max(5.0)
-}
-
 /// Whether stacks are whole: the share (in %) of a process's stacks that name any of the
 /// burner's own functions (`kiln_…`; the rest were sampled before the agent found the
 /// interpreter, more of them on a loaded machine), and the share of those with `kiln_main`
