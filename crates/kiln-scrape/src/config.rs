@@ -34,6 +34,8 @@ pub struct ScrapeConfig {
     #[serde(default)]
     pub http_sd_configs: Vec<HttpSdConfig>,
     #[serde(default)]
+    pub kubernetes_sd_configs: Vec<KubernetesSdConfig>,
+    #[serde(default)]
     pub relabel_configs: Vec<RelabelConfig>,
     #[serde(default)]
     pub profiling_config: ProfilingConfig,
@@ -104,6 +106,115 @@ pub struct HttpSdConfig {
     pub url: String,
     #[serde(default = "default_http_refresh", deserialize_with = "duration")]
     pub refresh_interval: Duration,
+}
+
+/// `kubernetes_sd_configs`, in Prometheus's shape (kiln-kube follows the cluster).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesSdConfig {
+    /// `pod`, `service`, `endpoints` or `node`.
+    pub role: String,
+    /// The API server's URL; in-cluster config when neither this nor a kubeconfig is set.
+    #[serde(default)]
+    pub api_server: Option<String>,
+    #[serde(default)]
+    pub kubeconfig_file: Option<String>,
+    #[serde(default)]
+    pub namespaces: KubernetesNamespaces,
+    #[serde(default)]
+    pub selectors: Vec<KubernetesSelector>,
+    /// For `api_server`: `credentials_file` holds a bearer token.
+    #[serde(default)]
+    pub authorization: Option<Authorization>,
+    #[serde(default)]
+    pub tls_config: TlsConfig,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesNamespaces {
+    /// The namespace Kiln runs in, from its service account.
+    #[serde(default)]
+    pub own_namespace: bool,
+    #[serde(default)]
+    pub names: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesSelector {
+    pub role: String,
+    #[serde(default)]
+    pub label: Option<String>,
+    #[serde(default)]
+    pub field: Option<String>,
+}
+
+impl KubernetesSdConfig {
+    /// What kiln-kube needs: the API server, and what to watch.
+    pub fn resolve(&self) -> Result<(kiln_kube::ApiConfig, kiln_kube::WatchConfig), String> {
+        let role = kiln_kube::Role::parse(&self.role).ok_or_else(|| {
+            format!(
+                "kubernetes_sd_configs: role {:?} is not one of pod, service, endpoints, node",
+                self.role
+            )
+        })?;
+        if self.api_server.is_some() && self.kubeconfig_file.is_some() {
+            return Err(
+                "kubernetes_sd_configs: at most one of api_server and kubeconfig_file".into(),
+            );
+        }
+        let mut selectors = Vec::new();
+        for selector in &self.selectors {
+            let role = kiln_kube::Role::parse(&selector.role).ok_or_else(|| {
+                format!(
+                    "kubernetes_sd_configs: selector role {:?} is not one of pod, service, endpoints, node",
+                    selector.role
+                )
+            })?;
+            selectors.push(kiln_kube::Selector {
+                role: Some(role),
+                label: selector.label.clone(),
+                field: selector.field.clone(),
+            });
+        }
+        let token = match &self.authorization {
+            Some(auth) if auth.kind != "Bearer" => {
+                return Err(format!(
+                    "kubernetes_sd_configs: authorization type {:?}: only Bearer",
+                    auth.kind
+                ))
+            }
+            Some(auth) if auth.credentials.is_some() => {
+                return Err(
+                    "kubernetes_sd_configs: give the token as authorization.credentials_file"
+                        .into(),
+                )
+            }
+            Some(auth) => auth.credentials_file.clone().map(Into::into),
+            None => None,
+        };
+        let api = kiln_kube::ApiConfig {
+            api_server: self.api_server.clone(),
+            kubeconfig_file: self.kubeconfig_file.clone().map(Into::into),
+            bearer_token_file: token,
+            ca_file: self.tls_config.ca_file.clone().map(Into::into),
+            insecure_skip_verify: self.tls_config.insecure_skip_verify,
+            service_account_dir: None,
+        };
+        let mut namespaces = self.namespaces.names.clone();
+        if self.namespaces.own_namespace {
+            namespaces.push(api.own_namespace());
+        }
+        Ok((
+            api,
+            kiln_kube::WatchConfig {
+                role,
+                namespaces,
+                selectors,
+            },
+        ))
+    }
 }
 
 /// Which profiles to take from each target.
@@ -209,6 +320,11 @@ impl ScrapeConfig {
         }
         for rule in &self.relabel_configs {
             rule.validate()
+                .map_err(|err| format!("job {}: {err}", self.job_name))?;
+        }
+        for kubernetes in &self.kubernetes_sd_configs {
+            kubernetes
+                .resolve()
                 .map_err(|err| format!("job {}: {err}", self.job_name))?;
         }
         Ok(())

@@ -1,6 +1,10 @@
-//! Where targets come from: static lists, files (`file_sd_configs`) and HTTP endpoints
+//! Where targets come from: static lists, files (`file_sd_configs`), HTTP endpoints
 //! (`http_sd_configs`), all in Prometheus's target group format:
-//! `[{"targets": ["host:port", …], "labels": {"name": "value", …}}, …]`.
+//! `[{"targets": ["host:port", …], "labels": {"name": "value", …}}, …]`, and Kubernetes
+//! (`kubernetes_sd_configs`, one group per target, kiln-kube's).
+//!
+//! Kubernetes is watched, not polled: [`Discovery::changed`] wakes the job's loop at each
+//! change, so a pod that goes away stops being scraped at once.
 //!
 //! Files are re-read when their modification time or the set of files matching a glob
 //! changes, checked every second, and at least every `refresh_interval`; an HTTP endpoint
@@ -22,7 +26,19 @@ pub struct Discovery {
     static_groups: Vec<TargetGroup>,
     files: Vec<FileSource>,
     http: Vec<HttpSource>,
+    kubernetes: Vec<KubernetesSource>,
     client: reqwest::Client,
+}
+
+struct KubernetesSource {
+    api: kiln_kube::ApiConfig,
+    watch: kiln_kube::WatchConfig,
+    /// Started at the first refresh (making the client is async), again after a failure.
+    running: Option<(
+        kiln_kube::Discovery,
+        tokio::sync::watch::Receiver<std::sync::Arc<Vec<kiln_kube::Target>>>,
+    )>,
+    last_attempt: Option<Instant>,
 }
 
 struct FileSource {
@@ -62,7 +78,37 @@ impl Discovery {
                     last_poll: None,
                 })
                 .collect(),
+            kubernetes: config
+                .kubernetes_sd_configs
+                .iter()
+                // Checked when the configuration was loaded (ScrapeConfig::validate).
+                .filter_map(|config| config.resolve().ok())
+                .map(|(api, watch)| KubernetesSource {
+                    api,
+                    watch,
+                    running: None,
+                    last_attempt: None,
+                })
+                .collect(),
             client,
+        }
+    }
+
+    /// Waits for a change of a watched source (Kubernetes); never, without one.
+    pub async fn changed(&mut self) {
+        let waits: Vec<_> = self
+            .kubernetes
+            .iter_mut()
+            .filter_map(|source| source.running.as_mut())
+            .map(|(_, receiver)| Box::pin(receiver.changed()))
+            .collect();
+        if waits.is_empty() {
+            return std::future::pending().await;
+        }
+        let (result, _, _) = futures_util::future::select_all(waits).await;
+        if result.is_err() {
+            // Its sender is gone: don't spin on it.
+            std::future::pending::<()>().await;
         }
     }
 
@@ -85,9 +131,40 @@ impl Discovery {
                 }
             }
         }
+        for source in &mut self.kubernetes {
+            let due = source
+                .last_attempt
+                .is_none_or(|at| at.elapsed() >= Duration::from_secs(10));
+            if source.running.is_some() || !due {
+                continue;
+            }
+            source.last_attempt = Some(Instant::now());
+            match source.api.client().await {
+                Ok(client) => {
+                    let discovery = kiln_kube::Discovery::start(client, source.watch.clone());
+                    let mut receiver = discovery.subscribe();
+                    receiver.mark_unchanged();
+                    source.running = Some((discovery, receiver));
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "kubernetes service discovery cannot start; trying again in 10 s")
+                }
+            }
+        }
         let mut groups = self.static_groups.clone();
         groups.extend(self.files.iter().flat_map(|source| source.groups.clone()));
         groups.extend(self.http.iter().flat_map(|source| source.groups.clone()));
+        for (discovery, receiver) in self
+            .kubernetes
+            .iter_mut()
+            .filter_map(|s| s.running.as_mut())
+        {
+            receiver.mark_unchanged();
+            groups.extend(discovery.targets().iter().map(|target| TargetGroup {
+                targets: vec![target.address.clone()],
+                labels: target.labels.clone(),
+            }));
+        }
         groups
     }
 }

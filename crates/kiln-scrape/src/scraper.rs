@@ -486,6 +486,7 @@ async fn run_job(
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = discovery.changed() => {}
             _ = stop.changed() => break,
         }
     }

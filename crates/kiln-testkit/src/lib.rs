@@ -12,6 +12,7 @@
 //! When a server cannot be started (the package is missing), [`postgres`] and [`s3`]
 //! return an error saying why, and the calling test prints `skipped: …` and returns.
 
+pub mod kubernetes;
 pub mod postgres;
 mod process;
 pub mod s3;

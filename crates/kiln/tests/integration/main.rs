@@ -13,6 +13,7 @@ mod formats;
 mod hygiene;
 mod insight;
 mod interpreters;
+mod kubernetes;
 mod limits;
 mod mcp;
 mod openapi;

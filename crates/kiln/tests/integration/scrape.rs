@@ -32,7 +32,11 @@ pub(crate) fn scrape_configs(yaml: &str) -> Vec<kiln_scrape::ScrapeConfig> {
 pub(crate) use kiln_testkit::wait_until;
 
 /// Self value per function of one service's profiles of `profile_type`.
-fn self_by_function(server: &TestServer, profile_type: &str, service: &str) -> Vec<(String, i64)> {
+pub(crate) fn self_by_function(
+    server: &TestServer,
+    profile_type: &str,
+    service: &str,
+) -> Vec<(String, i64)> {
     let now = kiln_model::time::now_nanos() / 1_000_000;
     let request = api::SelectMergeStacktracesRequest {
         profile_type_id: profile_type.into(),
@@ -65,9 +69,9 @@ fn self_by_function(server: &TestServer, profile_type: &str, service: &str) -> V
     out
 }
 
-struct GoProgram {
+pub(crate) struct GoProgram {
     child: Child,
-    address: String,
+    pub(crate) address: String,
 }
 
 impl Drop for GoProgram {
@@ -78,7 +82,7 @@ impl Drop for GoProgram {
 }
 
 /// Builds and starts testdata/go/burner, or `None` when Go is not installed.
-fn start_burner(dir: &std::path::Path) -> Option<GoProgram> {
+pub(crate) fn start_burner(dir: &std::path::Path) -> Option<GoProgram> {
     static STARTED: AtomicUsize = AtomicUsize::new(0);
     let go = go_binary()?;
     let binary = dir.join(format!("burner-{}", STARTED.fetch_add(1, Ordering::SeqCst)));

@@ -1,0 +1,340 @@
+//! Kubernetes service discovery end to end, against kiln-testkit's API server double (no
+//! cluster runs here; Prometheus tests its discovery the same way): real Go programs
+//! behind pods annotated in kube-profefe's and in Pyroscope's convention, scraped
+//! through `deploy/kubernetes/scrape.yaml` as shipped.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kiln_node::ServerConfig;
+use kiln_testkit::kubernetes::ApiServer;
+
+use crate::common::*;
+use crate::scrape::{cumulative_heap, serve, start_burner, wait_until};
+
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+
+/// The shipped scrape config, pointed at `api_server`, scraping every 2 s.
+fn shipped_config(api_server: &str) -> Vec<kiln_scrape::ScrapeConfig> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        scrape_configs: Vec<kiln_scrape::ScrapeConfig>,
+    }
+    let text = std::fs::read_to_string(workspace_root().join("deploy/kubernetes/scrape.yaml"))
+        .expect("deploy/kubernetes/scrape.yaml");
+    let mut file: File = yaml_serde::from_str(&text).expect("scrape.yaml parses");
+    for job in &mut file.scrape_configs {
+        job.validate().expect("scrape.yaml is valid");
+        job.scrape_interval = Duration::from_secs(2);
+        job.scrape_timeout = Duration::from_millis(1900);
+        for kubernetes in &mut job.kubernetes_sd_configs {
+            kubernetes.api_server = Some(api_server.to_string());
+        }
+    }
+    file.scrape_configs
+}
+
+fn pod(
+    namespace: &str,
+    name: &str,
+    owner: Option<(&str, &str)>,
+    labels: serde_json::Value,
+    annotations: serde_json::Value,
+    ports: serde_json::Value,
+) -> serde_json::Value {
+    let owners: Vec<serde_json::Value> = owner
+        .map(|(kind, owner)| {
+            serde_json::json!({"apiVersion": "apps/v1", "kind": kind, "name": owner,
+                "uid": format!("uid-{owner}"), "controller": true})
+        })
+        .into_iter()
+        .collect();
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}"),
+            "labels": labels, "annotations": annotations, "ownerReferences": owners},
+        "spec": {"nodeName": "node-a", "containers": [{"name": "app", "image": "shop/app:1", "ports": ports}]},
+        "status": {"phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": "app", "containerID": format!("containerd://{name}-id"),
+                "image": "shop/app:1", "imageID": "", "ready": true, "restartCount": 0}]}
+    })
+}
+
+fn param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
+    query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+}
+
+fn port_of(address: &str) -> u16 {
+    address
+        .rsplit(':')
+        .next()
+        .and_then(|port| port.parse().ok())
+        .expect("host:port")
+}
+
+/// Active targets: (pod, kind) → the target's JSON.
+fn active(server: &TestServer) -> Vec<serde_json::Value> {
+    let targets = server.json("/api/v1/targets", &[]);
+    targets["data"]["activeTargets"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn kinds_of(targets: &[serde_json::Value], pod: &str) -> Vec<String> {
+    let mut kinds: Vec<String> = targets
+        .iter()
+        .filter(|t| t["labels"]["pod"] == pod)
+        .map(|t| t["profileKind"].as_str().unwrap_or_default().to_string())
+        .collect();
+    kinds.sort();
+    kinds
+}
+
+/// Pods annotated in each convention are scraped through the shipped config, with
+/// `service_name` from the annotation or `<namespace>/<workload>` and `namespace`, `pod`,
+/// `container` labels; an unannotated pod is not. A pod added is scraped within 2 s; one
+/// deleted is not scraped after its event. The watch resumes from its bookmark when the
+/// connection drops (no new list); an API server that goes down leaves the targets in
+/// place, and once it is back (its history gone: `410 Gone`) the pods are listed again.
+#[test]
+fn annotated_pods_are_discovered_scraped_and_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (Some(profefe), Some(grafana)) = (start_burner(dir.path()), start_burner(dir.path()))
+    else {
+        println!("skipped: the Kubernetes discovery test (go not installed)");
+        return;
+    };
+    let api = ApiServer::start();
+    // kube-profefe's convention: the port in an annotation, none declared.
+    api.apply(
+        "pods",
+        pod(
+            "shop",
+            "checkout-7d4b9c-x2x9q",
+            Some(("ReplicaSet", "checkout-7d4b9c")),
+            serde_json::json!({"pod-template-hash": "7d4b9c"}),
+            serde_json::json!({"profefe.com/enable": "true",
+                "profefe.com/port": port_of(&profefe.address).to_string()}),
+            serde_json::json!([]),
+        ),
+    );
+    // Pyroscope's: CPU only, on the port named in the annotation.
+    api.apply(
+        "pods",
+        pod(
+            "shop",
+            "cart-0",
+            Some(("StatefulSet", "cart")),
+            serde_json::json!({}),
+            serde_json::json!({"profiles.grafana.com/cpu.scrape": "true",
+                "profiles.grafana.com/cpu.port_name": "pprof",
+                "profiles.grafana.com/service_name": "cart"}),
+            serde_json::json!([{"name": "http", "containerPort": 1},
+                {"name": "pprof", "containerPort": port_of(&grafana.address)}]),
+        ),
+    );
+    // No annotation: not scraped.
+    api.apply(
+        "pods",
+        pod(
+            "shop",
+            "web-1",
+            None,
+            serde_json::json!({}),
+            serde_json::json!({}),
+            serde_json::json!([{"name": "http", "containerPort": port_of(&grafana.address)}]),
+        ),
+    );
+    let configs = shipped_config(&api.url());
+    let server = TestServer::start_with(|config: &mut ServerConfig| {
+        config.scrape_configs = configs;
+    });
+    wait_until(
+        "the annotated pods' targets",
+        Duration::from_secs(30),
+        || {
+            let targets = active(&server);
+            kinds_of(&targets, "checkout-7d4b9c-x2x9q").len() == 5
+                && kinds_of(&targets, "cart-0").len() == 1
+        },
+    );
+    let targets = active(&server);
+    assert_eq!(
+        kinds_of(&targets, "checkout-7d4b9c-x2x9q"),
+        ["block", "goroutine", "memory", "mutex", "process_cpu"]
+    );
+    assert_eq!(kinds_of(&targets, "cart-0"), ["process_cpu"]);
+    assert!(kinds_of(&targets, "web-1").is_empty(), "{targets:?}");
+    for target in &targets {
+        let labels = &target["labels"];
+        let (service, address) = if labels["pod"] == "cart-0" {
+            ("cart", &grafana.address)
+        } else {
+            ("shop/checkout", &profefe.address)
+        };
+        assert_eq!(labels["service_name"], service, "{target}");
+        assert_eq!(labels["namespace"], "shop", "{target}");
+        assert_eq!(labels["container"], "app", "{target}");
+        assert_eq!(labels["node"], "node-a", "{target}");
+        assert_eq!(labels["instance"], address.as_str(), "{target}");
+        let discovered = &target["discoveredLabels"];
+        assert_eq!(discovered["__meta_kubernetes_pod_ip"], "127.0.0.1");
+        assert_eq!(discovered["__meta_kubernetes_pod_node_name"], "node-a");
+        assert_eq!(discovered["__meta_kubernetes_pod_container_name"], "app");
+    }
+    let checkout = targets
+        .iter()
+        .find(|t| t["labels"]["pod"] == "checkout-7d4b9c-x2x9q")
+        .unwrap();
+    let discovered = &checkout["discoveredLabels"];
+    assert_eq!(
+        discovered["__meta_kubernetes_pod_controller_kind"],
+        "ReplicaSet"
+    );
+    assert_eq!(
+        discovered["__meta_kubernetes_pod_controller_name"],
+        "checkout-7d4b9c"
+    );
+    assert_eq!(
+        discovered["__meta_kubernetes_pod_workload_name"],
+        "checkout"
+    );
+    assert_eq!(
+        discovered["__meta_kubernetes_pod_container_id"],
+        "checkout-7d4b9c-x2x9q-id"
+    );
+    // Real profiles from both programs, under their service names.
+    for service in ["shop/checkout", "cart"] {
+        wait_until(
+            &format!("{service}'s CPU profile"),
+            Duration::from_secs(60),
+            || {
+                crate::scrape::self_by_function(&server, CPU, service)
+                    .iter()
+                    .any(|(name, _)| name == "main.kilnBurnCPU")
+            },
+        );
+    }
+    println!("scraped through Kubernetes discovery: shop/checkout (profefe.com), cart (profiles.grafana.com)");
+
+    // A pod added is scraped within 2 s (its scrape interval); deleted, it is not
+    // scraped again.
+    let hits: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let recorded = hits.clone();
+    let heap = cumulative_heap(1);
+    let fake = serve(move |_| {
+        recorded.lock().unwrap().push(Instant::now());
+        (200, heap.clone())
+    });
+    let added = Instant::now();
+    api.apply(
+        "pods",
+        pod(
+            "shop",
+            "cache-5f6d7-abcde",
+            Some(("ReplicaSet", "cache-5f6d7")),
+            serde_json::json!({"pod-template-hash": "5f6d7"}),
+            serde_json::json!({"profiles.grafana.com/memory.scrape": "true",
+                "profiles.grafana.com/memory.port": port_of(&fake).to_string()}),
+            serde_json::json!([]),
+        ),
+    );
+    wait_until(
+        "the new pod's first scrape",
+        Duration::from_secs(10),
+        || !hits.lock().unwrap().is_empty(),
+    );
+    let first = hits.lock().unwrap()[0].duration_since(added);
+    println!(
+        "a pod added: scraped {} ms after its event",
+        first.as_millis()
+    );
+    assert!(first <= Duration::from_millis(2500), "{first:?}");
+    let cache = active(&server)
+        .into_iter()
+        .find(|t| t["labels"]["pod"] == "cache-5f6d7-abcde")
+        .expect("the new pod's target");
+    assert_eq!(cache["labels"]["service_name"], "shop/cache");
+    assert!(api.delete("pods", "shop", "cache-5f6d7-abcde"));
+    let deleted = Instant::now();
+    wait_until(
+        "the deleted pod's target to go",
+        Duration::from_secs(5),
+        || kinds_of(&active(&server), "cache-5f6d7-abcde").is_empty(),
+    );
+    let gone = deleted.elapsed();
+    std::thread::sleep(Duration::from_secs(5));
+    let after: Vec<Duration> = hits
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|at| **at > deleted)
+        .map(|at| at.duration_since(deleted))
+        .collect();
+    println!(
+        "a pod deleted: its target gone {} ms after the event, {} scrapes after it",
+        gone.as_millis(),
+        after.len()
+    );
+    assert!(gone <= Duration::from_secs(1), "{gone:?}");
+    assert!(after.is_empty(), "scraped after its deletion: {after:?}");
+
+    // A dropped watch resumes from the last version seen, with no new list.
+    let lists = |api: &ApiServer| api.log().iter().filter(|r| !r.is_watch()).count();
+    let watches = |api: &ApiServer| api.log().iter().filter(|r| r.is_watch()).count();
+    let (lists_before, watches_before) = (lists(&api), watches(&api));
+    api.drop_watches();
+    wait_until("a new watch", Duration::from_secs(10), || {
+        watches(&api) > watches_before
+    });
+    assert_eq!(lists(&api), lists_before, "a dropped watch listed again");
+    let resumed = api
+        .log()
+        .into_iter()
+        .rfind(|r| r.is_watch())
+        .expect("a watch");
+    assert!(
+        resumed.query.contains("allowWatchBookmarks=true")
+            && resumed.query.contains("resourceVersion="),
+        "{resumed:?}"
+    );
+
+    // The API server down: the targets stay. Back, with its history gone, the watch
+    // from the old version gets 410 and the pods are listed again.
+    api.stop();
+    std::thread::sleep(Duration::from_secs(3));
+    let targets = active(&server);
+    assert_eq!(kinds_of(&targets, "checkout-7d4b9c-x2x9q").len(), 5);
+    assert_eq!(kinds_of(&targets, "cart-0").len(), 1);
+    let lists_down = lists(&api);
+    api.apply(
+        "pods",
+        pod(
+            "shop",
+            "cart-1",
+            Some(("StatefulSet", "cart")),
+            serde_json::json!({}),
+            serde_json::json!({"profiles.grafana.com/goroutine.scrape": "true",
+                "profiles.grafana.com/goroutine.port": port_of(&grafana.address).to_string()}),
+            serde_json::json!([]),
+        ),
+    );
+    api.restart();
+    wait_until("the pods listed again", Duration::from_secs(60), || {
+        kinds_of(&active(&server), "cart-1") == ["goroutine"]
+    });
+    assert!(lists(&api) > lists_down, "no list after the restart");
+    println!(
+        "the API server: {} lists and {} watches in all; a dropped watch resumed at {:?} with no list; after the restart (410 Gone) listed again",
+        lists(&api),
+        watches(&api),
+        param(&resumed.query, "resourceVersion")
+    );
+    let targets = active(&server);
+    assert_eq!(kinds_of(&targets, "checkout-7d4b9c-x2x9q").len(), 5);
+    assert_eq!(kinds_of(&targets, "cart-0"), ["process_cpu"]);
+}
