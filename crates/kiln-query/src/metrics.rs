@@ -33,12 +33,28 @@ pub struct QueryMetrics {
     shares_sent: Counter,
     /// Shares no peer answered, run here instead.
     shares_run_here: Counter,
-    /// Per service, the share of value in stacks with an unnamed frame, of the newest
-    /// dataset read (as named then), and that dataset's end.
+    /// Per service, the share of value in unnamed leaf frames over its newest datasets
+    /// read (as named then), and those datasets' sums.
     unsymbolized: Family<ServiceLabels, Share>,
-    unsymbolized_newest:
-        std::sync::Arc<std::sync::Mutex<std::collections::HashMap<ServiceLabels, i64>>>,
+    unsymbolized_recent: std::sync::Arc<
+        std::sync::Mutex<std::collections::HashMap<ServiceLabels, Vec<RecentDataset>>>,
+    >,
 }
+
+/// A dataset read, by its object and row group, for a service's unsymbolized share.
+#[derive(Clone, Debug)]
+struct RecentDataset {
+    key: (String, u32),
+    end_nanos: i64,
+    value: crate::naming::Unnamed,
+}
+
+/// A service's share is taken over its datasets read that end within this much of its
+/// newest, weighed by value: the newest alone may be a flush of a few samples (a process's
+/// last report, its exit in the kernel) that says nothing of the service.
+const UNSYMBOLIZED_WINDOW_NANOS: i64 = 10 * 60 * 1_000_000_000;
+/// Datasets kept per service for the share; the oldest go first.
+const UNSYMBOLIZED_DATASETS: usize = 64;
 
 impl QueryMetrics {
     pub fn register(&self, registry: &mut Registry) {
@@ -79,20 +95,32 @@ impl QueryMetrics {
         );
     }
 
-    /// A dataset was named ([`crate::naming`]): its share of unnamed value is the
-    /// service's when it is the newest of the service read so far.
-    pub(crate) fn unnamed_share(&self, dataset: &kiln_storage::Dataset, share: f64) {
+    /// A dataset was named ([`crate::naming`]): the service's share is taken again over
+    /// its recent datasets of the newest one's type, this one as named now.
+    pub(crate) fn unnamed_share(
+        &self,
+        key: &(String, u32),
+        dataset: &kiln_storage::Dataset,
+        value: &crate::naming::Unnamed,
+    ) {
         let labels = ServiceLabels {
             tenant: dataset.tenant.clone(),
             service: dataset.service.clone(),
         };
-        let mut newest = self
-            .unsymbolized_newest
+        let mut recent = self
+            .unsymbolized_recent
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let end = newest.entry(labels.clone()).or_insert(i64::MIN);
-        if dataset.max_time_nanos >= *end {
-            *end = dataset.max_time_nanos;
+        let datasets = recent.entry(labels.clone()).or_default();
+        datasets.retain(|d| d.key != *key);
+        datasets.push(RecentDataset {
+            key: key.clone(),
+            end_nanos: dataset.max_time_nanos,
+            value: value.clone(),
+        });
+        datasets.sort_by_key(|d| std::cmp::Reverse(d.end_nanos));
+        datasets.truncate(UNSYMBOLIZED_DATASETS);
+        if let Some(share) = recent_share(datasets) {
             self.unsymbolized.get_or_create(&labels).set(share);
         }
     }
@@ -128,5 +156,69 @@ impl QueryMetrics {
     pub(crate) fn loaded(&self, cached: bool) {
         let source = if cached { "cache" } else { "storage" };
         self.loads.get_or_create(&SourceLabel { source }).inc();
+    }
+}
+
+/// Over `datasets`, newest first: the unnamed share of value of the newest one's type, in
+/// the datasets that end within [`UNSYMBOLIZED_WINDOW_NANOS`] of it; `None` with no value.
+fn recent_share(datasets: &[RecentDataset]) -> Option<f64> {
+    let newest = datasets.first()?;
+    let (unnamed, total) = datasets
+        .iter()
+        .filter(|d| {
+            d.value.profile_type == newest.value.profile_type
+                && d.end_nanos >= newest.end_nanos.saturating_sub(UNSYMBOLIZED_WINDOW_NANOS)
+        })
+        .fold((0.0, 0.0), |(u, t), d| {
+            (u + d.value.unnamed, t + d.value.total)
+        });
+    (total > 0.0).then(|| unnamed / total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::naming::Unnamed;
+
+    fn dataset(
+        object: &str,
+        end_s: i64,
+        profile_type: &str,
+        unnamed: f64,
+        total: f64,
+    ) -> RecentDataset {
+        RecentDataset {
+            key: (object.to_string(), 0),
+            end_nanos: end_s * 1_000_000_000,
+            value: Unnamed {
+                profile_type: profile_type.to_string(),
+                unnamed,
+                total,
+            },
+        }
+    }
+
+    /// A last flush of a few named samples does not make an unnamed service look named.
+    #[test]
+    fn the_share_weighs_recent_datasets_by_value() {
+        let cpu = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+        let datasets = [
+            dataset("tail", 1000, cpu, 0.0, 10.0),
+            dataset("a", 990, cpu, 950.0, 1000.0),
+            dataset("b", 980, cpu, 960.0, 1000.0),
+            dataset(
+                "heap",
+                970,
+                "memory:inuse_space:bytes:space:bytes",
+                0.0,
+                1e9,
+            ),
+            dataset("old", 0, cpu, 0.0, 1e9),
+        ];
+        let share = recent_share(&datasets).unwrap();
+        assert!((share - 1910.0 / 2010.0).abs() < 1e-9, "{share}");
+        assert_eq!(recent_share(&datasets[..1]), Some(0.0));
+        assert_eq!(recent_share(&[dataset("empty", 1, cpu, 0.0, 0.0)]), None);
+        assert_eq!(recent_share(&[]), None);
     }
 }

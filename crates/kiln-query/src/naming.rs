@@ -28,9 +28,17 @@ pub(crate) struct Named {
     pub retry_at: Option<Instant>,
     /// The symbolizer's generation the names were looked up at.
     pub generation: u64,
-    /// Of the dataset's most profiled type, the share of value whose leaf frame is
-    /// still unnamed (0 when no location is).
-    pub unnamed_share: f64,
+    /// Of the dataset's most profiled type, the value whose leaf frame is still unnamed.
+    pub unnamed: Unnamed,
+}
+
+/// Of one profile type of a dataset, the value in unnamed leaf frames and in all; kept as
+/// sums so that datasets are weighed by their value when a service's share is taken.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Unnamed {
+    pub profile_type: String,
+    pub unnamed: f64,
+    pub total: f64,
 }
 
 /// Bits of a mapping's flags ([`kiln_storage::dataset::MappingRow::flags`]).
@@ -49,11 +57,17 @@ pub(crate) async fn name_frames(
         tokio::task::spawn_blocking(move || scan(&dataset)).await?
     };
     let Some(Scan { unnamed, offsets }) = scan else {
+        // Named whole, it still weighs in its service's share by its value.
+        let (dataset, unnamed) = tokio::task::spawn_blocking(move || {
+            let value = unnamed_value(&dataset, None);
+            (dataset, value)
+        })
+        .await?;
         return Ok(Named {
             dataset,
             retry_at: None,
             generation,
-            unnamed_share: 0.0,
+            unnamed,
         });
     };
     let mut found: HashMap<usize, Arc<[Frame]>> = HashMap::new();
@@ -86,9 +100,9 @@ pub(crate) async fn name_frames(
         }
     }
     let retry_at = missing.then(|| Instant::now() + names.retry_after());
-    let (dataset, unnamed_share) = tokio::task::spawn_blocking(move || {
+    let (dataset, unnamed) = tokio::task::spawn_blocking(move || {
         if found.is_empty() {
-            let share = unnamed_share(&dataset, &offsets);
+            let share = unnamed_value(&dataset, Some(&offsets));
             return (dataset, share);
         }
         // The scan's clone is gone by now, so this takes the dataset unless the cache
@@ -96,7 +110,7 @@ pub(crate) async fn name_frames(
         let mut owned = Arc::try_unwrap(dataset).unwrap_or_else(|shared| (*shared).clone());
         patch(&mut owned, &found, &named_mappings, &offsets);
         let offsets = owned.location_line_offsets();
-        let share = unnamed_share(&owned, &offsets);
+        let share = unnamed_value(&owned, Some(&offsets));
         (Arc::new(owned), share)
     })
     .await?;
@@ -104,7 +118,7 @@ pub(crate) async fn name_frames(
         dataset,
         retry_at,
         generation,
-        unnamed_share,
+        unnamed,
     })
 }
 
@@ -210,19 +224,20 @@ fn patch(
     }
 }
 
-/// Of the type with the most profiles (or stack sums), the share of value whose own
-/// frame, the stack's leaf, is a location without lines: the samples "in" unnamed frames,
+/// Of the type with the most profiles (or stack sums), the value whose own frame, the
+/// stack's leaf, is a location without lines, and all its value (`offsets` is `None` when
+/// every location has lines). The unnamed value is the samples "in" unnamed frames,
 /// as a flame graph's self values count them. (Counting every stack with an unnamed frame
 /// anywhere would count a program whose every stack starts in an unnamed libc frame as
 /// unnamed whole, however well its own code is named.)
-fn unnamed_share(dataset: &Dataset, offsets: &[u32]) -> f64 {
-    let unnamed_location =
-        |location: u32| offsets.get(location as usize) == offsets.get(location as usize + 1);
-    if !(0..dataset.location_line_count.len() as u32).any(unnamed_location) {
-        return 0.0;
-    }
+fn unnamed_value(dataset: &Dataset, offsets: Option<&[u32]>) -> Unnamed {
+    let unnamed_location = |location: u32| {
+        offsets.is_some_and(|o| o.get(location as usize) == o.get(location as usize + 1))
+    };
+    let any_unnamed = (0..dataset.location_line_count.len() as u32).any(unnamed_location);
     let is_marked = |stack: u32| {
-        stack != 0
+        any_unnamed
+            && stack != 0
             && dataset
                 .stack_location
                 .get(stack as usize)
@@ -272,8 +287,13 @@ fn unnamed_share(dataset: &Dataset, offsets: &[u32]) -> f64 {
         }
     }
     by_type
-        .values()
-        .max_by_key(|(_, _, count)| *count)
-        .filter(|(_, total, _)| *total > 0.0)
-        .map_or(0.0, |(unnamed, total, _)| unnamed / total)
+        .iter()
+        .max_by_key(|(_, (_, _, count))| *count)
+        .map_or_else(Unnamed::default, |(profile_type, (unnamed, total, _))| {
+            Unnamed {
+                profile_type: dataset.string(*profile_type).to_string(),
+                unnamed: *unnamed,
+                total: *total,
+            }
+        })
 }

@@ -459,7 +459,7 @@ impl Querier {
         };
         let named = crate::naming::name_frames(dataset, names.as_ref()).await?;
         self.metrics
-            .unnamed_share(&named.dataset, named.unnamed_share);
+            .unnamed_share(&key, &named.dataset, &named.unnamed);
         {
             let mut pending = self.names_pending.lock().unwrap_or_else(|p| p.into_inner());
             if named.retry_at.is_some() {

@@ -7,11 +7,12 @@
 //! events from the version asked for, with a `BOOKMARK` every second, and an `ERROR`
 //! event with `410 Gone` for a version older than it keeps. It can drop every watch
 //! connection, and stop and start again on the same port with its history gone, as an
-//! API server restarted behind a load balancer does. Requests are logged, so a test can
-//! tell a list from a watch and see the token it was sent.
+//! API server restarted behind a load balancer does. It speaks HTTP, or HTTPS as an API
+//! server reached from a pod, and can demand one bearer token. Requests are logged, so a
+//! test can tell a list from a watch and see the token it was sent.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -46,9 +47,13 @@ struct State {
     log: Vec<Logged>,
     /// Watches started before this count are ended.
     drops: u64,
+    /// When set, a request without `Authorization: Bearer <this>` is answered 401.
+    token: Option<String>,
 }
 
 struct Shared {
+    /// Set for HTTPS.
+    tls: Option<Arc<rustls::ServerConfig>>,
     state: Mutex<State>,
     changed: Condvar,
     /// The listener's generation: a stopped one ends its connections.
@@ -64,9 +69,34 @@ pub struct ApiServer {
 
 impl ApiServer {
     pub fn start() -> ApiServer {
+        Self::start_with(None)
+    }
+
+    /// Over HTTPS, with `certs`' server certificate (valid for 127.0.0.1), as an API
+    /// server is reached from a pod.
+    pub fn start_tls(certs: &crate::tls::Certificates) -> ApiServer {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&certs.cert)
+            .expect("the certificate")
+            .collect::<Result<_, _>>()
+            .expect("the certificate's PEM");
+        let key = PrivateKeyDer::from_pem_file(&certs.key).expect("the key");
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .expect("a TLS configuration");
+        Self::start_with(Some(Arc::new(config)))
+    }
+
+    fn start_with(tls: Option<Arc<rustls::ServerConfig>>) -> ApiServer {
         let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
         let port = listener.local_addr().expect("its address").port();
         let shared = Arc::new(Shared {
+            tls,
             state: Mutex::new(State {
                 version: 100,
                 oldest: 100,
@@ -81,7 +111,21 @@ impl ApiServer {
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.shared.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Answers 401 to any request not bearing this token from now on.
+    pub fn require_token(&self, token: &str) {
+        self.lock().token = Some(token.to_string());
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -195,18 +239,29 @@ fn serve(listener: TcpListener, shared: Arc<Shared>, generation: u64) {
             }
             let Ok(stream) = stream else { continue };
             let shared = shared.clone();
-            std::thread::spawn(move || connection(stream, &shared, generation));
+            std::thread::spawn(move || {
+                let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+                let Ok(socket) = stream.try_clone() else {
+                    return;
+                };
+                match shared.tls.clone() {
+                    Some(config) => {
+                        let Ok(session) = rustls::ServerConnection::new(config) else {
+                            return;
+                        };
+                        let tls = rustls::StreamOwned::new(session, stream);
+                        connection(tls, &socket, &shared, generation);
+                    }
+                    None => connection(stream, &socket, &shared, generation),
+                }
+            });
         }
     });
 }
 
-/// Requests of one connection, kept alive as clients expect.
-fn connection(stream: TcpStream, shared: &Shared, generation: u64) {
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
-    let Ok(writer) = stream.try_clone() else {
-        return;
-    };
-    let mut writer = writer;
+/// Requests of one connection, kept alive as clients expect; `socket` is its TCP
+/// connection, to cut it off.
+fn connection<S: Read + Write>(stream: S, socket: &TcpStream, shared: &Shared, generation: u64) {
     let mut reader = BufReader::new(stream);
     loop {
         let mut line = String::new();
@@ -254,15 +309,25 @@ fn connection(stream: TcpStream, shared: &Shared, generation: u64) {
             at: Instant::now(),
         };
         let watch = logged.is_watch();
-        shared
-            .state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .log
-            .push(logged);
+        let allowed = {
+            let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            let allowed = state.token.as_ref().is_none_or(|token| {
+                logged.authorization.as_deref() == Some(format!("Bearer {token}").as_str())
+            });
+            state.log.push(logged);
+            allowed
+        };
+        let writer = reader.get_mut();
+        if !allowed {
+            let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Unauthorized","code":401}"#;
+            if respond(writer, 401, body).is_err() {
+                return;
+            }
+            continue;
+        }
         let Some((resource, namespace)) = route(path) else {
             let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#;
-            if respond(&mut writer, 404, body).is_err() {
+            if respond(writer, 404, body).is_err() {
                 return;
             }
             continue;
@@ -272,7 +337,8 @@ fn connection(stream: TcpStream, shared: &Shared, generation: u64) {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0);
             watch_stream(
-                &mut writer,
+                writer,
+                socket,
                 shared,
                 generation,
                 &resource,
@@ -282,7 +348,7 @@ fn connection(stream: TcpStream, shared: &Shared, generation: u64) {
             return;
         }
         let body = list(shared, &resource, namespace.as_deref());
-        if respond(&mut writer, 200, &body).is_err() {
+        if respond(writer, 200, &body).is_err() {
             return;
         }
     }
@@ -334,15 +400,16 @@ fn list(shared: &Shared, resource: &str, namespace: Option<&str>) -> String {
     .to_string()
 }
 
-fn respond(writer: &mut TcpStream, status: u16, body: &str) -> std::io::Result<()> {
+fn respond(writer: &mut impl Write, status: u16, body: &str) -> std::io::Result<()> {
     write!(
         writer,
         "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
-    )
+    )?;
+    writer.flush()
 }
 
-fn chunk(writer: &mut TcpStream, event: &serde_json::Value) -> std::io::Result<()> {
+fn chunk(writer: &mut impl Write, event: &serde_json::Value) -> std::io::Result<()> {
     let line = format!("{event}\n");
     write!(writer, "{:x}\r\n{line}\r\n", line.len())?;
     writer.flush()
@@ -351,7 +418,8 @@ fn chunk(writer: &mut TcpStream, event: &serde_json::Value) -> std::io::Result<(
 /// Events after `from` as they happen, a bookmark each second, until the watch is dropped
 /// or the server stops.
 fn watch_stream(
-    writer: &mut TcpStream,
+    writer: &mut impl Write,
+    socket: &TcpStream,
     shared: &Shared,
     generation: u64,
     resource: &str,
@@ -372,6 +440,7 @@ fn watch_stream(
             "reason": "Expired", "code": 410}});
         let _ = chunk(writer, &gone);
         let _ = writer.write_all(b"0\r\n\r\n");
+        let _ = writer.flush();
         return;
     }
     let drops = state.drops;
@@ -414,7 +483,7 @@ fn watch_stream(
         if state.drops != drops || shared.generation.load(Ordering::SeqCst) != generation {
             drop(state);
             // Cut off, with no last chunk: a lost connection, not an ended stream.
-            let _ = writer.shutdown(std::net::Shutdown::Both);
+            let _ = socket.shutdown(std::net::Shutdown::Both);
             return;
         }
     }

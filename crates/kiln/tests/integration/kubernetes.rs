@@ -338,3 +338,119 @@ fn annotated_pods_are_discovered_scraped_and_followed() {
     assert_eq!(kinds_of(&targets, "checkout-7d4b9c-x2x9q").len(), 5);
     assert_eq!(kinds_of(&targets, "cart-0"), ["process_cpu"]);
 }
+
+/// A pod `shop/<name>` of StatefulSet `cache` annotated for memory scrapes, served by a
+/// heap endpoint; the times of its scrapes.
+fn memory_pod(api: &ApiServer, name: &str) -> Arc<Mutex<Vec<Instant>>> {
+    let hits: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let recorded = hits.clone();
+    let heap = cumulative_heap(1);
+    let target = serve(move |_| {
+        recorded.lock().unwrap().push(Instant::now());
+        (200, heap.clone())
+    });
+    api.apply(
+        "pods",
+        pod(
+            "shop",
+            name,
+            Some(("StatefulSet", "cache")),
+            serde_json::json!({}),
+            serde_json::json!({"profiles.grafana.com/memory.scrape": "true",
+                "profiles.grafana.com/memory.port": port_of(&target).to_string()}),
+            serde_json::json!([]),
+        ),
+    );
+    hits
+}
+
+/// In a pod: no `api_server`, so `kiln scrape` reads its service account (a fake
+/// directory here, named by `KILN_KUBERNETES_SERVICE_ACCOUNT_DIR`; the API server at
+/// `KUBERNETES_SERVICE_HOST`/`_PORT`, over HTTPS checked against the account's `ca.crt`),
+/// watches only its own namespace (`own_namespace`), and sends the account's token. When
+/// the kubelet rotates the token (the file replaced by a rename), the next request
+/// carries the new one, and the API server, which now takes only that, keeps answering.
+#[test]
+fn in_cluster_config_reads_the_service_account_and_follows_its_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = match kiln_testkit::tls::certificates(dir.path(), "apiserver") {
+        Ok(certs) => certs,
+        Err(err) => {
+            println!("skipped: the in-cluster test ({err})");
+            return;
+        }
+    };
+    let account = dir.path().join("serviceaccount");
+    std::fs::create_dir(&account).unwrap();
+    std::fs::copy(&certs.ca, account.join("ca.crt")).unwrap();
+    std::fs::write(account.join("namespace"), "shop\n").unwrap();
+    std::fs::write(account.join("token"), "token-one\n").unwrap();
+    let api = ApiServer::start_tls(&certs);
+    api.require_token("token-one");
+    let hits = memory_pod(&api, "cache-0");
+    let text = std::fs::read_to_string(workspace_root().join("deploy/kubernetes/scrape.yaml"))
+        .unwrap()
+        .replace("scrape_interval: 15s", "scrape_interval: 1s")
+        .replace("scrape_timeout: 14s", "scrape_timeout: 900ms")
+        .replace(
+            "      - role: pod\n",
+            "      - role: pod\n        namespaces: {own_namespace: true}\n",
+        );
+    let config = dir.path().join("scrape.yaml");
+    std::fs::write(&config, text).unwrap();
+    let receiver = TestServer::start();
+    let mut scraper = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["scrape", "--config"])
+        .arg(&config)
+        .args(["--push-url", &receiver.url])
+        .env("KILN_LOG_LEVEL", "warn")
+        .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        .env("KUBERNETES_SERVICE_PORT", api.port().to_string())
+        .env("KILN_KUBERNETES_SERVICE_ACCOUNT_DIR", &account)
+        .spawn()
+        .expect("kiln scrape starts");
+    wait_until("a scrape of the pod", Duration::from_secs(30), || {
+        !hits.lock().unwrap().is_empty()
+    });
+    let log = api.log();
+    assert!(
+        log.iter().all(|r| r.path == "/api/v1/namespaces/shop/pods"),
+        "only its own namespace: {:?}",
+        log.iter().map(|r| &r.path).collect::<Vec<_>>()
+    );
+    assert!(log
+        .iter()
+        .all(|r| r.authorization.as_deref() == Some("Bearer token-one")));
+    // The kubelet's rotation: a new file renamed over the old.
+    std::fs::write(account.join("token.new"), "token-two\n").unwrap();
+    std::fs::rename(account.join("token.new"), account.join("token")).unwrap();
+    api.require_token("token-two");
+    let rotated = api.log().len();
+    api.drop_watches();
+    wait_until(
+        "a request with the new token",
+        Duration::from_secs(20),
+        || {
+            api.log()[rotated..]
+                .iter()
+                .any(|r| r.authorization.as_deref() == Some("Bearer token-two"))
+        },
+    );
+    // Still following: a pod added now is scraped.
+    let second = memory_pod(&api, "cache-1");
+    wait_until(
+        "a scrape of the pod added after the rotation",
+        Duration::from_secs(20),
+        || !second.lock().unwrap().is_empty(),
+    );
+    let refused = api.log()[rotated..]
+        .iter()
+        .filter(|r| r.authorization.as_deref() != Some("Bearer token-two"))
+        .count();
+    println!(
+        "in-cluster: {} requests to /api/v1/namespaces/shop/pods over HTTPS; after the rotation, {refused} with the old token (refused), then the new one",
+        api.log().len()
+    );
+    let _ = scraper.kill();
+    let _ = scraper.wait();
+}
