@@ -63,7 +63,8 @@ pub struct AgentConfig {
     pub interval: Duration,
     /// Prometheus relabeling over each process's labels and `__meta_process_pid`,
     /// `__meta_process_comm`, `__meta_process_exe`, `__meta_process_cgroup` and
-    /// `__meta_process_env_<NAME>`; a dropped process is not reported.
+    /// `__meta_process_env_<NAME>`, and its container's `meta` ([`Containers`]); a
+    /// dropped process is not reported.
     pub relabel_configs: Vec<kiln_model::relabel::RelabelConfig>,
     /// Environment variables read for `__meta_process_env_<NAME>`: only these, because a
     /// process's environment can hold secrets.
@@ -86,6 +87,28 @@ pub struct AgentConfig {
     /// the parsing of every binary's symbols off the host. Kernel frames, JIT code from
     /// perf maps and interpreted functions are named either way.
     pub symbolize: bool,
+    /// Who the containers are (`--kubernetes`: their pods); `None`: processes keep the
+    /// agent's own labels.
+    pub containers: Option<Arc<dyn Containers>>,
+}
+
+/// What an orchestrator knows of the container a process runs in. The agent asks, per
+/// process and report, and stays free of any cluster client: kiln-node wires kiln-kube's
+/// pods of this node in.
+pub trait Containers: Send + Sync + std::fmt::Debug {
+    /// For a process with this container id (from its cgroup path) and cgroup path; `None`
+    /// when it is in no container known.
+    fn labels(&self, container_id: Option<&str>, cgroup: &str) -> Option<ContainerLabels>;
+}
+
+/// A container's labels for its processes' profiles.
+#[derive(Debug, Clone, Default)]
+pub struct ContainerLabels {
+    /// Labels of the profile; they replace the agent's own of the same name
+    /// (`service_name`).
+    pub labels: Arc<[(String, String)]>,
+    /// Labels only relabeling sees (`__meta_kubernetes_*`).
+    pub meta: Arc<[(String, String)]>,
 }
 
 /// `--memory-limit`'s default: 128 MiB.
@@ -103,21 +126,25 @@ impl Default for AgentConfig {
             off_cpu: None,
             interpreters: true,
             symbolize: true,
+            containers: None,
         }
     }
 }
 
 /// The labels a report goes out with: the process's own, then the relabeling rules over
-/// them and its `__meta_process_*` labels; `None` when a rule dropped it.
+/// them, its `__meta_process_*` labels and its container's `meta`; `None` when a rule
+/// dropped it.
 fn relabeled(
     process: &procs::Process,
     mut labels: Vec<(String, String)>,
+    meta: &[(String, String)],
     rules: &[kiln_model::relabel::RelabelConfig],
 ) -> Option<Vec<(String, String)>> {
     if rules.is_empty() {
         return Some(labels);
     }
     let mut set: kiln_model::relabel::LabelSet = labels.drain(..).collect();
+    set.extend(meta.iter().cloned());
     set.insert("__meta_process_pid".into(), process.pid.to_string());
     set.insert("__meta_process_comm".into(), process.comm.clone());
     set.insert("__meta_process_exe".into(), process.exe.clone());
@@ -188,7 +215,23 @@ fn series<'a>(
                 *value = name.to_string();
             }
         }
-        let Some(mut labels) = relabeled(process, labels, &config.relabel_configs) else {
+        let container = config
+            .containers
+            .as_ref()
+            .filter(|_| !process.cgroup.is_empty())
+            .and_then(|containers| {
+                let id = report::container_id(&process.cgroup);
+                containers.labels(id.as_deref(), &process.cgroup)
+            })
+            .unwrap_or_default();
+        for (name, value) in container.labels.iter() {
+            match labels.iter_mut().find(|(label, _)| label == name) {
+                Some((_, old)) => old.clone_from(value),
+                None => labels.push((name.clone(), value.clone())),
+            }
+        }
+        let Some(mut labels) = relabeled(process, labels, &container.meta, &config.relabel_configs)
+        else {
             continue;
         };
         labels.sort();

@@ -368,6 +368,29 @@ pub fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The cgroup that says which container a process is in, from `/proc/<pid>/cgroup`: the
+/// unified (v2) hierarchy's path, unless it is the root, as on a host that mounts v1 and
+/// v2 side by side with the controllers on v1; then the first v1 hierarchy's that is not
+/// the root (the kubelet and container runtimes place a container in every one).
+pub fn cgroup_path(text: &str) -> &str {
+    let paths = text.lines().filter_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let id = parts.next()?;
+        parts.next()?;
+        Some((id == "0", parts.next()?))
+    });
+    let mut first = None;
+    for (unified, path) in paths {
+        if unified && path != "/" {
+            return path;
+        }
+        if !unified && path != "/" && first.is_none() {
+            first = Some(path);
+        }
+    }
+    first.unwrap_or(if text.is_empty() { "" } else { "/" })
+}
+
 /// Fills a process from `/proc/PID`: name, executable, cgroup, mappings. Any of them may be
 /// unreadable (gone, another mount namespace, hidepid): what is read is kept.
 fn read_proc(root: &std::path::Path, process: &mut Process, env_allowlist: &[String]) {
@@ -396,12 +419,7 @@ fn read_proc(root: &std::path::Path, process: &mut Process, env_allowlist: &[Str
         process.exe = exe.to_string_lossy().into_owned();
     }
     if let Ok(cgroup) = std::fs::read_to_string(dir.join("cgroup")) {
-        process.cgroup = cgroup
-            .lines()
-            .next()
-            .and_then(|line| line.splitn(3, ':').nth(2))
-            .unwrap_or_default()
-            .to_string();
+        process.cgroup = cgroup_path(&cgroup).to_string();
     }
     if let (Ok(own), Ok(agents)) = (
         std::fs::read_link(dir.join("ns/mnt")),
@@ -446,6 +464,23 @@ pub fn parse_maps(text: &str) -> Vec<Mapping> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cgroup_is_the_unified_one_unless_it_is_the_root() {
+        let id = "a".repeat(64);
+        let v2 = format!("0::/kubepods.slice/cri-containerd-{id}.scope\n");
+        assert_eq!(
+            cgroup_path(&v2),
+            format!("/kubepods.slice/cri-containerd-{id}.scope")
+        );
+        let hybrid =
+            format!("2:cpu:/kubepods/pod1/{id}\n1:name=systemd:/kubepods/pod1/{id}\n0::/\n");
+        assert_eq!(cgroup_path(&hybrid), format!("/kubepods/pod1/{id}"));
+        let hybrid_v2 = format!("4:memory:/other\n0::/kubepods/pod1/{id}\n");
+        assert_eq!(cgroup_path(&hybrid_v2), format!("/kubepods/pod1/{id}"));
+        assert_eq!(cgroup_path("1:cpu:/\n0::/\n"), "/");
+        assert_eq!(cgroup_path(""), "");
+    }
 
     #[test]
     fn maps_parse_executable_mappings_only() {

@@ -6,14 +6,17 @@
 //! The client and the watches are kube-rs's (`kube`, with `k8s-openapi`'s types): they
 //! list, watch from the list's `resourceVersion` with bookmarks, list again on `410 Gone`
 //! and back off while the API server is down ([`watch`]). What this crate adds is the
-//! labels ([`targets`]), the choice of API server and credentials ([`client`]), and
-//! keeping the last complete list while a new one is under way.
+//! labels ([`targets`]), the choice of API server and credentials ([`client`]), keeping
+//! the last complete list while a new one is under way, and the index of a node's pods
+//! by container id that labels the agent's profiles ([`pods`]).
 
 pub mod client;
+pub mod pods;
 pub mod targets;
 pub mod watch;
 
 pub use client::ApiConfig;
+pub use pods::{NodePods, PodContainer};
 pub use targets::Target;
 pub use watch::{Discovery, Role, Selector, WatchConfig};
 

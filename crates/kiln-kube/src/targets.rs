@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Container, Endpoints, Node, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// One target: its address and labels (the group shape of `file_sd_configs`).
@@ -162,6 +162,26 @@ pub fn container_ids(pod: &Pod) -> Vec<(String, String, bool)> {
         .collect()
 }
 
+/// A pod's labels ([`pod_labels`]) with one container's: its name, image and id, and
+/// whether it is an init container.
+pub fn with_container(
+    pod: &BTreeMap<String, String>,
+    container: &Container,
+    init: bool,
+    id: Option<&String>,
+) -> BTreeMap<String, String> {
+    let mut labels = pod.clone();
+    labels.insert(format!("{META}pod_container_name"), container.name.clone());
+    labels.insert(format!("{META}pod_container_init"), init.to_string());
+    if let Some(image) = &container.image {
+        labels.insert(format!("{META}pod_container_image"), image.clone());
+    }
+    if let Some(id) = id {
+        labels.insert(format!("{META}pod_container_id"), id.clone());
+    }
+    labels
+}
+
 /// Role `pod`: a target per declared port of each container, and one without a port for a
 /// container that declares none (a port to add by relabeling), as Prometheus makes them.
 /// A pod with no IP yet has no targets.
@@ -181,15 +201,7 @@ pub fn pod_targets(pod: &Pod) -> Vec<Target> {
     let plain = spec.containers.iter().map(|c| (c, false));
     let mut targets = Vec::new();
     for (container, init) in plain.chain(init) {
-        let mut labels = shared.clone();
-        labels.insert(format!("{META}pod_container_name"), container.name.clone());
-        labels.insert(format!("{META}pod_container_init"), init.to_string());
-        if let Some(image) = &container.image {
-            labels.insert(format!("{META}pod_container_image"), image.clone());
-        }
-        if let Some(id) = ids.get(&container.name) {
-            labels.insert(format!("{META}pod_container_id"), id.clone());
-        }
+        let labels = with_container(&shared, container, init, ids.get(&container.name));
         let ports = container.ports.as_deref().unwrap_or_default();
         if ports.is_empty() {
             targets.push(Target {

@@ -64,7 +64,8 @@ pub struct WatchConfig {
 }
 
 /// (namespace, name) of an object.
-type Key = (String, String);
+/// (namespace, name).
+pub(crate) type Key = (String, String);
 
 #[derive(Default)]
 struct Objects {
@@ -268,6 +269,50 @@ where
     }
 }
 
+/// What a watch saw: a whole list (complete, after `Init`…`InitDone`), or one object.
+pub(crate) enum Change<K> {
+    Listed(BTreeMap<Key, K>),
+    Applied(K),
+    Deleted(K),
+}
+
+/// Follows `api` for as long as the task runs: kube-rs's watcher lists, watches from the
+/// list's version with bookmarks, lists again on `410 Gone` and backs off while the API
+/// server is down; a list is handed over only once complete, so the last one stands
+/// meanwhile. `what` names the watch in logs.
+pub(crate) async fn follow_changes<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &str,
+    mut apply: impl FnMut(Change<K>),
+) where
+    K: kube::Resource + Clone + std::fmt::Debug + Send + DeserializeOwned + 'static,
+    K::DynamicType: Default,
+{
+    use kube::runtime::WatchStreamExt;
+    let mut stream = watcher(api, config).default_backoff().boxed();
+    // Objects of the list under way, put in place once it is complete.
+    let mut listing: Option<BTreeMap<Key, K>> = None;
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Init) => listing = Some(BTreeMap::new()),
+            Ok(watcher::Event::InitApply(object)) => {
+                if let Some(listing) = &mut listing {
+                    listing.insert(key(kube::Resource::meta(&object)), object);
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                apply(Change::Listed(listing.take().unwrap_or_default()))
+            }
+            Ok(watcher::Event::Apply(object)) => apply(Change::Applied(object)),
+            Ok(watcher::Event::Delete(object)) => apply(Change::Deleted(object)),
+            Err(err) => {
+                tracing::warn!(watch = what, error = %err, "kubernetes: the watch failed; keeping the last objects and trying again");
+            }
+        }
+    }
+}
+
 async fn follow<K>(
     api: Api<K>,
     namespace: Option<String>,
@@ -277,26 +322,16 @@ async fn follow<K>(
     K: Kind + kube::Resource,
     K::DynamicType: Default,
 {
-    use kube::runtime::WatchStreamExt;
-    let mut stream = watcher(api, config).default_backoff().boxed();
-    // Objects of the list under way, put in place once it is complete.
-    let mut listing: Option<BTreeMap<Key, K>> = None;
     let role = K::ROLE.name();
     let space = namespace.as_deref().unwrap_or("*");
-    while let Some(event) = stream.next().await {
+    let what = format!("{role} in {space}");
+    follow_changes(api, config, &what, |change| {
         let Ok(mut objects) = shared.objects.lock() else {
             return;
         };
-        match event {
-            Ok(watcher::Event::Init) => listing = Some(BTreeMap::new()),
-            Ok(watcher::Event::InitApply(object)) => {
-                if let Some(listing) = &mut listing {
-                    listing.insert(key(kube::Resource::meta(&object)), object);
-                }
-            }
-            Ok(watcher::Event::InitDone) => {
-                let listed = listing.take().unwrap_or_default();
-                let store = K::store(&mut objects);
+        let store = K::store(&mut objects);
+        match change {
+            Change::Listed(listed) => {
                 // Only this watch's namespace is replaced: others have watches of their own.
                 store.retain(|(ns, _), _| namespace.as_ref().is_some_and(|mine| mine != ns));
                 store.extend(listed);
@@ -306,19 +341,15 @@ async fn follow<K>(
                     objects = store.len(),
                     "kubernetes: listed"
                 );
-                shared.publish(&objects);
             }
-            Ok(watcher::Event::Apply(object)) => {
-                K::store(&mut objects).insert(key(kube::Resource::meta(&object)), object);
-                shared.publish(&objects);
+            Change::Applied(object) => {
+                store.insert(key(kube::Resource::meta(&object)), object);
             }
-            Ok(watcher::Event::Delete(object)) => {
-                K::store(&mut objects).remove(&key(kube::Resource::meta(&object)));
-                shared.publish(&objects);
-            }
-            Err(err) => {
-                tracing::warn!(role, namespace = space, error = %err, "kubernetes discovery: the watch failed; keeping the last targets and trying again");
+            Change::Deleted(object) => {
+                store.remove(&key(kube::Resource::meta(&object)));
             }
         }
-    }
+        shared.publish(&objects);
+    })
+    .await;
 }

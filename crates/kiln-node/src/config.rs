@@ -131,6 +131,10 @@ pub struct AgentSettings {
     /// Name the frames of files on the host (`kiln agent --symbolize`); off, the server
     /// names them from uploaded or debuginfod debug files.
     pub symbolize: bool,
+    /// Label each process in a pod with its pod (`kiln agent --kubernetes`): namespace,
+    /// pod, container, node, controller and `service_name`, and `__meta_kubernetes_*`
+    /// for relabeling; from a watch of this node's pods (`NODE_NAME`).
+    pub kubernetes: bool,
 }
 
 impl Default for AgentSettings {
@@ -148,6 +152,7 @@ impl Default for AgentSettings {
             off_cpu_threshold: kiln_agent::offcpu::DEFAULT_THRESHOLD,
             interpreters: true,
             symbolize: true,
+            kubernetes: false,
         }
     }
 }

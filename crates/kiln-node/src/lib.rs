@@ -9,6 +9,7 @@
 //! [`shutdown`] is the one order all of it stops in.
 
 pub mod config;
+pub mod kubernetes;
 pub mod node;
 mod shutdown;
 

@@ -43,6 +43,8 @@ pub enum ServerError {
     Scrape(#[from] kiln_scrape::ScrapeError),
     #[error("host agent: {0}")]
     Agent(#[from] kiln_agent::PerfError),
+    #[error("host agent: {0}")]
+    AgentPods(#[from] kiln_kube::KubeError),
     #[error("{0}")]
     Rules(#[from] kiln_rules::RulesError),
     #[error("regressions: {0}")]
@@ -488,6 +490,10 @@ async fn start_agent(
         off_cpu: settings.off_cpu.then_some(settings.off_cpu_threshold),
         interpreters: settings.interpreters,
         symbolize: settings.symbolize,
+        containers: match settings.kubernetes {
+            true => Some(crate::kubernetes::node_pods().await?),
+            false => None,
+        },
     };
     let stop = Arc::new(AtomicBool::new(false));
     // Reports wait here while a flush is slow; past 64 intervals the newest are dropped.

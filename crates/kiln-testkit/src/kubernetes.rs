@@ -7,7 +7,9 @@
 //! events from the version asked for, with a `BOOKMARK` every second, and an `ERROR`
 //! event with `410 Gone` for a version older than it keeps. It can drop every watch
 //! connection, and stop and start again on the same port with its history gone, as an
-//! API server restarted behind a load balancer does. It speaks HTTP, or HTTPS as an API
+//! API server restarted behind a load balancer does. Field selectors on `metadata.name`,
+//! `metadata.namespace`, `spec.nodeName` and `status.phase` filter lists and watches
+//! (others are refused with 400, as the API server refuses them). It speaks HTTP, or HTTPS as an API
 //! server reached from a pod, and can demand one bearer token. Requests are logged, so a
 //! test can tell a list from a watch and see the token it was sent.
 
@@ -332,6 +334,19 @@ fn connection<S: Read + Write>(stream: S, socket: &TcpStream, shared: &Shared, g
             }
             continue;
         };
+        let fields = match Fields::parse(param(query, "fieldSelector").unwrap_or_default()) {
+            Ok(fields) => fields,
+            Err(field) => {
+                let body = serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                    "status": "Failure", "reason": "BadRequest", "code": 400,
+                    "message": format!("field label not supported: {field}")})
+                .to_string();
+                if respond(writer, 400, &body).is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
         if watch {
             let from = param(query, "resourceVersion")
                 .and_then(|v| v.parse().ok())
@@ -341,13 +356,12 @@ fn connection<S: Read + Write>(stream: S, socket: &TcpStream, shared: &Shared, g
                 socket,
                 shared,
                 generation,
-                &resource,
-                namespace.as_deref(),
+                (&resource, namespace.as_deref(), &fields),
                 from,
             );
             return;
         }
-        let body = list(shared, &resource, namespace.as_deref());
+        let body = list(shared, &resource, namespace.as_deref(), &fields);
         if respond(writer, 200, &body).is_err() {
             return;
         }
@@ -368,10 +382,81 @@ fn route(path: &str) -> Option<(String, Option<String>)> {
         .then(|| (resource.to_string(), namespace))
 }
 
-fn param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
+/// A query parameter's raw (still percent-encoded) value.
+pub fn param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
     query
         .split('&')
         .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+}
+
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A field selector: `field=value`, `field==value` or `field!=value` terms, all to hold.
+#[derive(Debug, Default)]
+struct Fields(Vec<(&'static str, bool, String)>);
+
+impl Fields {
+    /// The selector of a `fieldSelector` parameter; `Err(field)` for a field not served.
+    fn parse(encoded: &str) -> Result<Fields, String> {
+        const SUPPORTED: [&str; 4] = [
+            "metadata.name",
+            "metadata.namespace",
+            "spec.nodeName",
+            "status.phase",
+        ];
+        let text = percent_decoded(encoded);
+        let mut terms = Vec::new();
+        for term in text.split(',').filter(|t| !t.is_empty()) {
+            let (field, equal, value) = match term.split_once("!=") {
+                Some((field, value)) => (field, false, value),
+                None => match term.split_once('=') {
+                    Some((field, value)) => (field, true, value.trim_start_matches('=')),
+                    None => return Err(term.to_string()),
+                },
+            };
+            let Some(field) = SUPPORTED.iter().find(|f| **f == field.trim()) else {
+                return Err(field.to_string());
+            };
+            terms.push((*field, equal, value.trim().to_string()));
+        }
+        Ok(Fields(terms))
+    }
+
+    fn matches(&self, object: &serde_json::Value) -> bool {
+        self.0.iter().all(|(field, equal, value)| {
+            let found = field
+                .split('.')
+                .fold(object, |at, part| &at[part])
+                .as_str()
+                .unwrap_or_default();
+            (found == value) == *equal
+        })
+    }
 }
 
 fn kind_of(resource: &str) -> &'static str {
@@ -383,12 +468,14 @@ fn kind_of(resource: &str) -> &'static str {
     }
 }
 
-fn list(shared: &Shared, resource: &str, namespace: Option<&str>) -> String {
+fn list(shared: &Shared, resource: &str, namespace: Option<&str>, fields: &Fields) -> String {
     let state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
     let items: Vec<&serde_json::Value> = state
         .objects
         .iter()
-        .filter(|((r, ns, _), _)| r == resource && namespace.is_none_or(|want| want == ns))
+        .filter(|((r, ns, _), object)| {
+            r == resource && namespace.is_none_or(|want| want == ns) && fields.matches(object)
+        })
         .map(|(_, object)| object)
         .collect();
     serde_json::json!({
@@ -422,8 +509,7 @@ fn watch_stream(
     socket: &TcpStream,
     shared: &Shared,
     generation: u64,
-    resource: &str,
-    namespace: Option<&str>,
+    (resource, namespace, fields): (&str, Option<&str>, &Fields),
     from: u64,
 ) {
     let head =
@@ -454,6 +540,7 @@ fn watch_stream(
                 *version > sent
                     && r == resource
                     && namespace.is_none_or(|want| object["metadata"]["namespace"] == want)
+                    && fields.matches(object)
             })
             .map(|(_, _, kind, object)| serde_json::json!({"type": kind, "object": object}))
             .collect();

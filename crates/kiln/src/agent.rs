@@ -77,6 +77,14 @@ pub struct AgentArgs {
     /// debuginfod debug files; kernel, JIT and interpreted frames are named either way).
     #[arg(long, env = "KILN_AGENT_SYMBOLIZE", action = clap::ArgAction::Set)]
     symbolize: Option<bool>,
+    /// Label each process in a Kubernetes pod with its pod: namespace, pod, container,
+    /// node, controller kind and name, and `service_name` (the pod's
+    /// `profiles.grafana.com/service_name` or `profefe.com/service` annotation, else
+    /// `<namespace>/<controller>`); relabeling sees `__meta_kubernetes_*`. Watches the
+    /// pods of node `NODE_NAME` through the pod's service account (`$KUBECONFIG` outside a
+    /// pod).
+    #[arg(long, env = "KILN_AGENT_KUBERNETES")]
+    kubernetes: bool,
     /// Print what the agent running on this host is doing (from its /metrics at
     /// --metrics-listen): per binary, how stacks are unwound and how many were cut.
     #[arg(long)]
@@ -422,6 +430,14 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             .then(|| args.off_cpu_threshold.unwrap_or(settings.off_cpu_threshold)),
         interpreters: args.interpreters.unwrap_or(settings.interpreters),
         symbolize: args.symbolize.unwrap_or(settings.symbolize),
+        containers: match args.kubernetes || settings.kubernetes {
+            true => Some(
+                kiln_node::kubernetes::node_pods()
+                    .await
+                    .context("--kubernetes")?,
+            ),
+            false => None,
+        },
     };
     let target = Target::from_args(&args)?;
     let stop = Arc::new(AtomicBool::new(false));

@@ -72,6 +72,15 @@ pub(crate) fn start_agent_with(server: &TestServer, extra: &[&str]) -> Option<Ag
 
 /// The agent sending to `target` (`--push-url URL` or `--otlp-endpoint URL`).
 pub(crate) fn start_agent_to(target: &[&str], extra: &[&str]) -> Option<AgentChild> {
+    start_agent_env(target, extra, &[])
+}
+
+/// [`start_agent_to`] with these environment variables set.
+pub(crate) fn start_agent_env(
+    target: &[&str],
+    extra: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Option<AgentChild> {
     let metrics = format!("127.0.0.1:{}", free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .arg("agent")
@@ -84,6 +93,7 @@ pub(crate) fn start_agent_to(target: &[&str], extra: &[&str]) -> Option<AgentChi
             &["--frequency", "199"][..]
         })
         .args(extra)
+        .envs(env.iter().copied())
         .env("KILN_LOG_LEVEL", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

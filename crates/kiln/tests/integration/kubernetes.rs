@@ -7,9 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kiln_node::ServerConfig;
-use kiln_testkit::kubernetes::ApiServer;
+use kiln_testkit::kubernetes::{param, ApiServer};
 
+use crate::agent::stop;
 use crate::common::*;
+use crate::pyroscope::url_escape;
 use crate::scrape::{cumulative_heap, serve, start_burner, wait_until};
 
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
@@ -59,12 +61,6 @@ fn pod(
             "containerStatuses": [{"name": "app", "containerID": format!("containerd://{name}-id"),
                 "image": "shop/app:1", "imageID": "", "ready": true, "restartCount": 0}]}
     })
-}
-
-fn param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
-    query
-        .split('&')
-        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
 }
 
 fn port_of(address: &str) -> u16 {
@@ -364,6 +360,36 @@ fn memory_pod(api: &ApiServer, name: &str) -> Arc<Mutex<Vec<Instant>>> {
     hits
 }
 
+/// An API server double over HTTPS that takes only the token `token-one`, and a service
+/// account directory in `dir` for namespace `namespace` that trusts it.
+fn in_cluster(
+    dir: &std::path::Path,
+    certs: &kiln_testkit::tls::Certificates,
+    namespace: &str,
+) -> (ApiServer, std::path::PathBuf) {
+    let account = dir.join("serviceaccount");
+    std::fs::create_dir(&account).unwrap();
+    std::fs::copy(&certs.ca, account.join("ca.crt")).unwrap();
+    std::fs::write(account.join("namespace"), format!("{namespace}\n")).unwrap();
+    std::fs::write(account.join("token"), "token-one\n").unwrap();
+    let api = ApiServer::start_tls(certs);
+    api.require_token("token-one");
+    (api, account)
+}
+
+/// The environment a pod's process finds: the API server's service, and (for the test)
+/// where its service account is.
+fn in_cluster_env(api: &ApiServer, account: &std::path::Path) -> Vec<(String, std::ffi::OsString)> {
+    vec![
+        ("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into()),
+        (
+            "KUBERNETES_SERVICE_PORT".into(),
+            api.port().to_string().into(),
+        ),
+        ("KILN_KUBERNETES_SERVICE_ACCOUNT_DIR".into(), account.into()),
+    ]
+}
+
 /// In a pod: no `api_server`, so `kiln scrape` reads its service account (a fake
 /// directory here, named by `KILN_KUBERNETES_SERVICE_ACCOUNT_DIR`; the API server at
 /// `KUBERNETES_SERVICE_HOST`/`_PORT`, over HTTPS checked against the account's `ca.crt`),
@@ -380,13 +406,7 @@ fn in_cluster_config_reads_the_service_account_and_follows_its_token() {
             return;
         }
     };
-    let account = dir.path().join("serviceaccount");
-    std::fs::create_dir(&account).unwrap();
-    std::fs::copy(&certs.ca, account.join("ca.crt")).unwrap();
-    std::fs::write(account.join("namespace"), "shop\n").unwrap();
-    std::fs::write(account.join("token"), "token-one\n").unwrap();
-    let api = ApiServer::start_tls(&certs);
-    api.require_token("token-one");
+    let (api, account) = in_cluster(dir.path(), &certs, "shop");
     let hits = memory_pod(&api, "cache-0");
     let text = std::fs::read_to_string(workspace_root().join("deploy/kubernetes/scrape.yaml"))
         .unwrap()
@@ -404,9 +424,7 @@ fn in_cluster_config_reads_the_service_account_and_follows_its_token() {
         .arg(&config)
         .args(["--push-url", &receiver.url])
         .env("KILN_LOG_LEVEL", "warn")
-        .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
-        .env("KUBERNETES_SERVICE_PORT", api.port().to_string())
-        .env("KILN_KUBERNETES_SERVICE_ACCOUNT_DIR", &account)
+        .envs(in_cluster_env(&api, &account))
         .spawn()
         .expect("kiln scrape starts");
     wait_until("a scrape of the pod", Duration::from_secs(30), || {
@@ -453,4 +471,320 @@ fn in_cluster_config_reads_the_service_account_and_follows_its_token() {
     );
     let _ = scraper.kill();
     let _ = scraper.wait();
+}
+
+/// A cgroup made for a test in the cgroup v2 hierarchy, removed (with its children, once
+/// their processes are gone) when dropped.
+struct TestCgroup(std::path::PathBuf);
+
+impl TestCgroup {
+    /// `None` (the test says it skipped) where cgroup v2 is not writable.
+    fn create() -> Option<TestCgroup> {
+        // cgroup v2: the root, or where a host with v1 too mounts it.
+        let root = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+            .map(std::path::Path::new)
+            .into_iter()
+            .find(|root| root.join("cgroup.controllers").exists());
+        let dir = root.map(|root| root.join(format!("kiln-test-kubepods-{}", std::process::id())));
+        match dir.as_ref().map(std::fs::create_dir) {
+            Some(Ok(())) => dir.map(TestCgroup),
+            Some(Err(err)) => {
+                println!("skipped: the agent's pods test (cannot make a cgroup: {err})");
+                None
+            }
+            None => {
+                println!("skipped: the agent's pods test (no cgroup v2 at /sys/fs/cgroup)");
+                None
+            }
+        }
+    }
+
+    /// A child cgroup at `relative` (made with its parents).
+    fn child(&self, relative: &str) -> std::path::PathBuf {
+        let dir = self.0.join(relative);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // Deepest first: a cgroup goes only once it has no children and no processes.
+        let mut dirs: Vec<std::path::PathBuf> = walk(&self.0);
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        for dir in dirs {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut all = vec![dir.to_path_buf()];
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            all.extend(walk(&entry.path()));
+        }
+    }
+    all
+}
+
+/// A Python busy loop of `seconds`, started in cgroup `cgroup` (none: the test's own).
+fn busy_python(cgroup: Option<&std::path::Path>, seconds: u32) -> std::process::Child {
+    let program =
+        format!("import time\nt = time.time() + {seconds}\nwhile time.time() < t: pass\n");
+    let enter = cgroup.map_or(String::new(), |dir| {
+        format!("echo $$ > {}/cgroup.procs && ", dir.display())
+    });
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{enter}exec python3 -c \"$0\""))
+        .arg(program)
+        .spawn()
+        .expect("sh and python3 run")
+}
+
+/// The values of `label` in the series of process `pid`.
+fn label_of(server: &TestServer, pid: u32, label: &str) -> Vec<String> {
+    let query = format!(r#"{{pid="{pid}"}}"#);
+    let path = format!(
+        "/pyroscope/label-values?label={label}&query={}&from=0&until=now",
+        url_escape(&query)
+    );
+    serde_json::from_value(server.json(&path, &[])).unwrap_or_default()
+}
+
+/// `kiln agent --kubernetes` on node `node-test`, in a pod (in-cluster config): it
+/// watches only its node's pods (`spec.nodeName`), finds each process's pod by the
+/// container id in its cgroup path, or by the pod uid there for a container whose id the
+/// pod's status does not have yet, and labels its profiles with the pod's namespace, pod,
+/// container, node and workload; `service_name` is the workload's, or the pod's
+/// annotation. Relabeling sees `__meta_kubernetes_*`. A process of a pod on another node,
+/// and one in no pod, keep the agent's own labels. Real processes in real cgroups.
+#[test]
+fn the_agent_labels_each_process_with_its_pod() {
+    if unsafe { libc::geteuid() } != 0 {
+        println!("skipped: the agent's pods test (needs root for cgroups and perf events)");
+        return;
+    }
+    let Some(cgroups) = TestCgroup::create() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let certs = match kiln_testkit::tls::certificates(dir.path(), "apiserver") {
+        Ok(certs) => certs,
+        Err(err) => {
+            println!("skipped: the agent's pods test ({err})");
+            return;
+        }
+    };
+    let (api, account) = in_cluster(dir.path(), &certs, "kiln");
+    let id = |seed: char| seed.to_string().repeat(64);
+    let with = |mut pod: serde_json::Value, uid: &str, node: &str, container_id: Option<String>| {
+        pod["metadata"]["uid"] = uid.into();
+        pod["spec"]["nodeName"] = node.into();
+        match container_id {
+            Some(id) => {
+                pod["status"]["containerStatuses"][0]["containerID"] =
+                    format!("containerd://{id}").into()
+            }
+            None => pod["status"]["containerStatuses"][0]
+                .as_object_mut()
+                .unwrap()
+                .retain(|key, _| key != "containerID"),
+        }
+        pod
+    };
+    let (checkout_uid, report_uid, elsewhere_uid) = (
+        "0e5f9a34-1b2c-4d5e-8f90-123456789abc",
+        "7c9e6679-7425-40de-944b-e07fc1f90ae7",
+        "16fd2706-8baf-433b-82eb-8c7fada847da",
+    );
+    api.apply(
+        "pods",
+        with(
+            pod(
+                "shop",
+                "checkout-7d4b9c-x2x9q",
+                Some(("ReplicaSet", "checkout-7d4b9c")),
+                serde_json::json!({"app": "checkout", "pod-template-hash": "7d4b9c"}),
+                serde_json::json!({}),
+                serde_json::json!([]),
+            ),
+            checkout_uid,
+            "node-test",
+            Some(id('a')),
+        ),
+    );
+    api.apply(
+        "pods",
+        with(
+            pod(
+                "shop",
+                "cart-0",
+                Some(("StatefulSet", "cart")),
+                serde_json::json!({"app": "cart"}),
+                serde_json::json!({}),
+                serde_json::json!([]),
+            ),
+            elsewhere_uid,
+            "node-other",
+            Some(id('c')),
+        ),
+    );
+    let config = dir.path().join("kiln.yaml");
+    std::fs::write(
+        &config,
+        "agent:\n  relabel_configs:\n    - source_labels: [__meta_kubernetes_pod_label_app]\n      target_label: app\n",
+    )
+    .unwrap();
+    let server = TestServer::start();
+    let env = in_cluster_env(&api, &account);
+    let mut env: Vec<(&str, &std::ffi::OsStr)> = env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_os_str()))
+        .collect();
+    env.push(("NODE_NAME", std::ffi::OsStr::new("node-test")));
+    let config_arg = config.to_string_lossy().to_string();
+    let Some(agent) = crate::agent::start_agent_env(
+        &["--push-url", &server.url],
+        &[
+            "--kubernetes",
+            "--config",
+            &config_arg,
+            "--interpreters",
+            "false",
+        ],
+        &env,
+    ) else {
+        return;
+    };
+    // A pod that arrives once the agent runs, its container's id not in its status yet.
+    api.apply(
+        "pods",
+        with(
+            pod(
+                "batch",
+                "report-29000000-q8z7w",
+                Some(("Job", "report-29000000")),
+                serde_json::json!({}),
+                serde_json::json!({"profefe.com/service": "nightly-report"}),
+                serde_json::json!([]),
+            ),
+            report_uid,
+            "node-test",
+            None,
+        ),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let in_checkout = cgroups.child(&format!("pod{checkout_uid}/{}", id('a')));
+    let in_report = cgroups.child(&format!(
+        "kubepods-besteffort-pod{}.slice/cri-containerd-{}.scope",
+        report_uid.replace('-', "_"),
+        id('b')
+    ));
+    let in_elsewhere = cgroups.child(&format!("pod{elsewhere_uid}/{}", id('c')));
+    let mut processes = [
+        busy_python(Some(&in_checkout), 4),
+        busy_python(Some(&in_report), 4),
+        busy_python(Some(&in_elsewhere), 4),
+        busy_python(None, 4),
+    ];
+    let pids: Vec<u32> = processes.iter().map(|p| p.id()).collect();
+    for process in &mut processes {
+        assert!(process.wait().unwrap().success());
+    }
+    wait_until(
+        "the four processes' profiles",
+        Duration::from_secs(20),
+        || {
+            pids.iter()
+                .all(|pid| !label_of(&server, *pid, "service_name").is_empty())
+        },
+    );
+    stop(agent);
+    let labels = |pid: u32| -> Vec<(String, String)> {
+        [
+            "service_name",
+            "namespace",
+            "pod",
+            "container",
+            "node",
+            "controller_kind",
+            "controller_name",
+            "app",
+            "container_id",
+        ]
+        .into_iter()
+        .flat_map(|name| {
+            label_of(&server, pid, name)
+                .into_iter()
+                .map(move |value| (name.to_string(), value))
+        })
+        .collect()
+    };
+    let pairs = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let checkout = labels(pids[0]);
+    assert_eq!(
+        checkout,
+        pairs(&[
+            ("service_name", "shop/checkout"),
+            ("namespace", "shop"),
+            ("pod", "checkout-7d4b9c-x2x9q"),
+            ("container", "app"),
+            ("node", "node-test"),
+            ("controller_kind", "Deployment"),
+            ("controller_name", "checkout"),
+            ("app", "checkout"),
+            ("container_id", &id('a')),
+        ])
+    );
+    let report = labels(pids[1]);
+    assert_eq!(
+        report,
+        pairs(&[
+            ("service_name", "nightly-report"),
+            ("namespace", "batch"),
+            ("pod", "report-29000000-q8z7w"),
+            ("node", "node-test"),
+            ("controller_kind", "CronJob"),
+            ("controller_name", "report"),
+            ("container_id", &id('b')),
+        ])
+    );
+    for (pid, what) in [(pids[2], "a pod of another node"), (pids[3], "no pod")] {
+        let own = labels(pid);
+        let service = label_of(&server, pid, "service_name");
+        assert!(
+            service.len() == 1 && service[0].starts_with("python3"),
+            "{what}: {own:?}"
+        );
+        assert!(
+            own.iter()
+                .all(|(k, _)| !["namespace", "pod", "app"].contains(&k.as_str())),
+            "{what}: {own:?}"
+        );
+    }
+    let watches: Vec<String> = api
+        .log()
+        .iter()
+        .map(|r| {
+            param(&r.query, "fieldSelector")
+                .map(|f| f.replace("%3D", "="))
+                .unwrap_or_default()
+        })
+        .collect();
+    assert!(
+        !watches.is_empty() && watches.iter().all(|f| f == "spec.nodeName=node-test"),
+        "{watches:?}"
+    );
+    println!(
+        "the agent's pods: {} requests to the API server, each for spec.nodeName=node-test; checkout {:?}; report (by pod uid, added after the agent started) {:?}",
+        watches.len(),
+        checkout.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
+        report.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>()
+    );
 }
