@@ -56,6 +56,9 @@ command -v openssl >/dev/null 2>&1 || apt_install openssl "TLS"
 [ -x /usr/bin/prometheus ] || apt_install prometheus "recording rules (Prometheus)"
 # Stripped binaries are named from a real debuginfod server, elfutils' own.
 command -v debuginfod >/dev/null 2>&1 || apt_install debuginfod "symbolization (debuginfod)"
+# deploy/kubernetes is rendered with kubectl's built-in kustomize (Debian's kubectl is
+# 1.20, kustomize 2: the layouts keep to what it takes).
+command -v kubectl >/dev/null 2>&1 || apt_install kubernetes-client "Kubernetes manifests (kubectl kustomize)"
 
 # CPython 3.9 from Debian 11 (bullseye), 3.13 from Debian 13 (trixie) and 3.14 from
 # Debian sid, unpacked outside the system (`python3.X` in each directory): the agent's

@@ -62,6 +62,11 @@ pub struct ServerConfig {
     /// Pull collection: pprof endpoints to scrape, in Prometheus's `scrape_configs` shape.
     #[serde(skip_serializing)]
     pub scrape_configs: Vec<kiln_scrape::ScrapeConfig>,
+    /// Files whose `scrape_configs` are added to these, as Prometheus's
+    /// `scrape_config_files`: relative to this file's directory. A shared scrape config
+    /// (deploy/kubernetes/scrape.yaml, mounted from its own ConfigMap) stays one file.
+    #[serde(skip_serializing)]
+    pub scrape_config_files: Vec<PathBuf>,
     /// Connections: how long a client may take, and how many may be open.
     pub http: HttpConfig,
     /// Profile this host's processes in-process (`kiln server --agent`).
@@ -176,6 +181,7 @@ impl Default for ServerConfig {
             tenant_limits: HashMap::new(),
             compaction: CompactorConfig::default(),
             scrape_configs: Vec::new(),
+            scrape_config_files: Vec::new(),
             http: HttpConfig::default(),
             agent: AgentSettings::default(),
             recording_rules: Vec::new(),
@@ -205,6 +211,32 @@ impl ServerConfig {
     /// flags and environment variables give them (clap puts a flag over its variable).
     /// A key that names no setting is an error, as an unknown key in the file is.
     pub fn layered(
+        path: Option<&std::path::Path>,
+        overrides: yaml_serde::Mapping,
+    ) -> Result<Self, String> {
+        let mut config = Self::layered_settings(path, overrides)?;
+        let dir = path
+            .and_then(std::path::Path::parent)
+            .unwrap_or(std::path::Path::new("."));
+        for file in &config.scrape_config_files {
+            #[derive(Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct ScrapeFile {
+                #[serde(default)]
+                scrape_configs: Vec<kiln_scrape::ScrapeConfig>,
+            }
+            let file = dir.join(file);
+            let text = std::fs::read_to_string(&file).map_err(|err| {
+                format!("cannot read scrape_config_files {}: {err}", file.display())
+            })?;
+            let parsed: ScrapeFile = yaml_serde::from_str(&text)
+                .map_err(|err| format!("invalid scrape config {}: {err}", file.display()))?;
+            config.scrape_configs.extend(parsed.scrape_configs);
+        }
+        Ok(config)
+    }
+
+    fn layered_settings(
         path: Option<&std::path::Path>,
         overrides: yaml_serde::Mapping,
     ) -> Result<Self, String> {
@@ -293,6 +325,34 @@ fn absolute(path: &std::path::Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `scrape_config_files` add their jobs to the file's own, read from beside it; a
+    /// missing one is an error that names it.
+    #[test]
+    fn scrape_config_files_add_their_jobs() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = |name: &str| {
+            format!("scrape_configs:\n  - job_name: {name}\n    static_configs: [{{targets: ['127.0.0.1:6060']}}]\n")
+        };
+        std::fs::create_dir(dir.path().join("scrape")).unwrap();
+        std::fs::write(dir.path().join("scrape/pods.yaml"), job("pods")).unwrap();
+        let config = dir.path().join("kiln.yaml");
+        std::fs::write(
+            &config,
+            format!("{}scrape_config_files: [scrape/pods.yaml]\n", job("own")),
+        )
+        .unwrap();
+        let read = ServerConfig::from_yaml_file(&config).unwrap();
+        let jobs: Vec<&str> = read
+            .scrape_configs
+            .iter()
+            .map(|j| j.job_name.as_str())
+            .collect();
+        assert_eq!(jobs, ["own", "pods"]);
+        std::fs::write(&config, "scrape_config_files: [missing.yaml]\n").unwrap();
+        let err = ServerConfig::from_yaml_file(&config).unwrap_err();
+        assert!(err.contains("missing.yaml"), "{err}");
+    }
 
     /// The README's configuration example is a config the server takes, as written.
     #[test]

@@ -192,6 +192,15 @@ struct ServerArgs {
         skip_serializing_if = "Option::is_none"
     )]
     max_connections: Option<usize>,
+    /// The address the other nodes reach this one at (`node.advertise_address`), as
+    /// `host:port`; by default the host name and the listen port. On Kubernetes, the pod's
+    /// IP from the downward API (deploy/kubernetes).
+    #[arg(long, env = "KILN_ADVERTISE_ADDRESS")]
+    #[serde(
+        rename = "node.advertise_address",
+        skip_serializing_if = "Option::is_none"
+    )]
+    advertise_address: Option<String>,
     /// Profile this host's processes in-process, as `kiln agent` does [default: false].
     #[arg(long, env = "KILN_AGENT")]
     #[serde(rename = "agent.enabled", skip_serializing_if = "std::ops::Not::not")]

@@ -788,3 +788,406 @@ fn the_agent_labels_each_process_with_its_pod() {
         report.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>()
     );
 }
+
+/// `kubectl kustomize deploy/kubernetes/overlays/<name>`, parsed: one JSON value per
+/// object; `None` (the test says it skipped) without kubectl.
+fn rendered(overlay: &str) -> Option<Vec<serde_json::Value>> {
+    let output = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(
+            workspace_root()
+                .join("deploy/kubernetes/overlays")
+                .join(overlay),
+        )
+        .output();
+    let output = match output {
+        Ok(output) => output,
+        Err(err) => {
+            println!("skipped: the kustomize test (kubectl: {err})");
+            return None;
+        }
+    };
+    assert!(
+        output.status.success(),
+        "kubectl kustomize {overlay}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).expect("UTF-8");
+    let objects = yaml_serde::Deserializer::from_str(&text)
+        .map(|document| {
+            let value: yaml_serde::Value = serde::Deserialize::deserialize(document).unwrap();
+            serde_json::to_value(value).unwrap()
+        })
+        .filter(|value| !value.is_null())
+        .collect();
+    Some(objects)
+}
+
+/// `object` read as the Kubernetes type of its kind and written back keeps every field
+/// as it was: none is unknown to the API (a typo, a field of another version; serde
+/// would drop it) and none has the wrong type.
+fn the_api_takes(object: &serde_json::Value) {
+    use k8s_openapi::api::{apps, core, policy, rbac};
+    fn round<T: serde::de::DeserializeOwned + serde::Serialize>(
+        object: &serde_json::Value,
+    ) -> Result<serde_json::Value, String> {
+        let typed: T = serde_json::from_value(object.clone()).map_err(|e| e.to_string())?;
+        serde_json::to_value(typed).map_err(|e| e.to_string())
+    }
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let back = match (object["apiVersion"].as_str().unwrap_or_default(), kind) {
+        ("v1", "Namespace") => round::<core::v1::Namespace>(object),
+        ("v1", "ServiceAccount") => round::<core::v1::ServiceAccount>(object),
+        ("v1", "ConfigMap") => round::<core::v1::ConfigMap>(object),
+        ("v1", "Service") => round::<core::v1::Service>(object),
+        ("apps/v1", "StatefulSet") => round::<apps::v1::StatefulSet>(object),
+        ("apps/v1", "Deployment") => round::<apps::v1::Deployment>(object),
+        ("apps/v1", "DaemonSet") => round::<apps::v1::DaemonSet>(object),
+        ("policy/v1", "PodDisruptionBudget") => round::<policy::v1::PodDisruptionBudget>(object),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole") => round::<rbac::v1::ClusterRole>(object),
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+            round::<rbac::v1::ClusterRoleBinding>(object)
+        }
+        (version, kind) => Err(format!(
+            "an object the test does not know: {version} {kind}"
+        )),
+    };
+    let name = &object["metadata"]["name"];
+    let back = back.unwrap_or_else(|err| panic!("{kind} {name}: {err}"));
+    let mut lost = Vec::new();
+    not_kept(object, &back, String::new(), &mut lost);
+    assert!(
+        lost.is_empty(),
+        "{kind} {name}: fields the API does not take: {lost:?}"
+    );
+}
+
+/// The paths of `original` that `back` does not hold as they were (what serialization
+/// adds, a nested object's `apiVersion` and `kind`, is not counted).
+fn not_kept(
+    original: &serde_json::Value,
+    back: &serde_json::Value,
+    path: String,
+    lost: &mut Vec<String>,
+) {
+    match (original, back) {
+        (serde_json::Value::Object(original), serde_json::Value::Object(back)) => {
+            for (key, value) in original {
+                match back.get(key) {
+                    Some(kept) => not_kept(value, kept, format!("{path}.{key}"), lost),
+                    None => lost.push(format!("{path}.{key}")),
+                }
+            }
+        }
+        (serde_json::Value::Array(original), serde_json::Value::Array(back))
+            if original.len() == back.len() =>
+        {
+            for (i, (value, kept)) in original.iter().zip(back).enumerate() {
+                not_kept(value, kept, format!("{path}[{i}]"), lost);
+            }
+        }
+        (original, back) if original == back => {}
+        _ => lost.push(format!("{path}: {original} became {back}")),
+    }
+}
+
+/// A container's environment variable `name`, as written (`value` or `valueFrom`).
+fn env_of<'a>(container: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+}
+
+fn of_kind<'a>(objects: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_json::Value> {
+    objects.iter().filter(|o| o["kind"] == kind).collect()
+}
+
+/// The pod template's labels match `selector` (a Service's, a PDB's `matchLabels`).
+fn selects(selector: &serde_json::Value, template: &serde_json::Value) -> bool {
+    let labels = &template["spec"]["template"]["metadata"]["labels"];
+    selector
+        .as_object()
+        .is_some_and(|s| !s.is_empty() && s.iter().all(|(k, v)| &labels[k] == v))
+}
+
+/// What every rendered layout must hold: objects the API takes, flags and variables the
+/// binary knows, ConfigMaps that exist for every volume, discovery RBAC of get, list and
+/// watch on pods, nodes, endpoints and services only, bound only to service accounts that
+/// pods use, and an agent with the least privilege: the host's pids and five
+/// capabilities, not `privileged`. Returns the pods' templates by name.
+fn check_layout(
+    overlay: &str,
+    objects: &[serde_json::Value],
+) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let mut workloads = std::collections::BTreeMap::new();
+    for object in objects {
+        the_api_takes(object);
+        assert_eq!(
+            object["metadata"]["namespace"].as_str().unwrap_or("kiln"),
+            "kiln",
+            "{overlay}: {}",
+            object["metadata"]["name"]
+        );
+        if ["Deployment", "StatefulSet", "DaemonSet"]
+            .contains(&object["kind"].as_str().unwrap_or_default())
+        {
+            workloads.insert(
+                object["metadata"]["name"].as_str().unwrap().to_string(),
+                object.clone(),
+            );
+        }
+    }
+    let config_maps: Vec<&str> = of_kind(objects, "ConfigMap")
+        .iter()
+        .filter_map(|c| c["metadata"]["name"].as_str())
+        .collect();
+    let mut accounts_used = std::collections::BTreeSet::new();
+    let help = |command: &str| run_kiln([command, "--help"]);
+    let (server_help, agent_help) = (help("server"), help("agent"));
+    for (name, workload) in &workloads {
+        let pod = &workload["spec"]["template"]["spec"];
+        if let Some(account) = pod["serviceAccountName"].as_str() {
+            accounts_used.insert(account.to_string());
+        }
+        for volume in pod["volumes"].as_array().into_iter().flatten() {
+            if let Some(map) = volume["configMap"]["name"].as_str() {
+                assert!(
+                    config_maps.contains(&map),
+                    "{overlay} {name}: no ConfigMap {map}"
+                );
+            }
+        }
+        let container = &pod["containers"][0];
+        let args: Vec<&str> = container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|a| a.as_str())
+            .collect();
+        let help = match args[0] {
+            "server" => &server_help,
+            "agent" => &agent_help,
+            other => panic!("{overlay} {name}: kiln {other}"),
+        };
+        for flag in &args[1..] {
+            let flag = flag.split('=').next().unwrap();
+            assert!(
+                help.contains(flag),
+                "{overlay} {name}: kiln {} has no {flag}",
+                args[0]
+            );
+        }
+        for env in container["env"].as_array().into_iter().flatten() {
+            let variable = env["name"].as_str().unwrap();
+            if variable.starts_with("KILN_") {
+                assert!(
+                    help.contains(&format!("[env: {variable}=")),
+                    "{overlay} {name}: kiln {} reads no {variable}",
+                    args[0]
+                );
+            }
+        }
+        let resources = &container["resources"];
+        assert!(
+            resources["requests"]["cpu"].is_string() && resources["requests"]["memory"].is_string(),
+            "{overlay} {name}: no requests"
+        );
+        assert!(
+            resources["limits"]["memory"].is_string(),
+            "{overlay} {name}: no memory limit"
+        );
+        let security = &container["securityContext"];
+        assert_eq!(
+            security["allowPrivilegeEscalation"], false,
+            "{overlay} {name}"
+        );
+        assert_ne!(security["privileged"], true, "{overlay} {name}");
+        assert_eq!(
+            security["capabilities"]["drop"],
+            serde_json::json!(["ALL"]),
+            "{overlay} {name}"
+        );
+        if args[0] == "server" {
+            assert_eq!(
+                container["readinessProbe"]["httpGet"]["path"], "/ready",
+                "{overlay} {name}"
+            );
+            assert!(
+                security["capabilities"]["add"].is_null(),
+                "{overlay} {name}"
+            );
+            assert!(
+                !pod["hostPID"].as_bool().unwrap_or(false),
+                "{overlay} {name}"
+            );
+        } else {
+            assert_eq!(
+                pod["hostPID"], true,
+                "{overlay}: the agent sees the host's pids"
+            );
+            let added: Vec<&str> = security["capabilities"]["add"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|c| c.as_str())
+                .collect();
+            assert_eq!(
+                added,
+                [
+                    "PERFMON",
+                    "BPF",
+                    "SYS_PTRACE",
+                    "CHECKPOINT_RESTORE",
+                    "SYS_RESOURCE"
+                ],
+                "{overlay}"
+            );
+            assert!(args.contains(&"--kubernetes"), "{overlay}");
+            let node = env_of(container, "NODE_NAME").expect("NODE_NAME");
+            assert_eq!(node["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
+            // It pushes to a Service of the layout that selects Kiln's ingest.
+            let push = env_of(container, "KILN_PUSH_URL")
+                .and_then(|e| e["value"].as_str())
+                .expect("KILN_PUSH_URL");
+            let host = push
+                .trim_start_matches("http://")
+                .split(':')
+                .next()
+                .unwrap();
+            let service = of_kind(objects, "Service")
+                .into_iter()
+                .find(|s| s["metadata"]["name"] == host)
+                .unwrap_or_else(|| panic!("{overlay}: the agent pushes to {push}, no Service"));
+            let ingest = workloads
+                .values()
+                .find(|w| selects(&service["spec"]["selector"], w))
+                .expect("a workload behind the push Service");
+            let target = env_of(
+                &ingest["spec"]["template"]["spec"]["containers"][0],
+                "KILN_TARGET",
+            )
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or("all");
+            assert!(
+                ["all", "ingest"].contains(&target),
+                "{overlay}: {push} is {target}"
+            );
+        }
+    }
+    for role in of_kind(objects, "ClusterRole") {
+        for rule in role["rules"].as_array().unwrap() {
+            assert_eq!(rule["apiGroups"], serde_json::json!([""]));
+            for resource in rule["resources"].as_array().unwrap() {
+                assert!(
+                    ["pods", "nodes", "endpoints", "services"]
+                        .contains(&resource.as_str().unwrap()),
+                    "{overlay}: {resource}"
+                );
+            }
+            for verb in rule["verbs"].as_array().unwrap() {
+                assert!(
+                    ["get", "list", "watch"].contains(&verb.as_str().unwrap()),
+                    "{overlay}: {verb}"
+                );
+            }
+        }
+    }
+    for binding in of_kind(objects, "ClusterRoleBinding") {
+        for subject in binding["subjects"].as_array().unwrap() {
+            assert_eq!(subject["kind"], "ServiceAccount");
+            assert_eq!(subject["namespace"], "kiln");
+            let account = subject["name"].as_str().unwrap();
+            assert!(
+                accounts_used.contains(account),
+                "{overlay}: {account} bound, used by no pod"
+            );
+        }
+    }
+    // The server's config as mounted: kiln.yaml and, beside it, the scrape config.
+    let dir = tempfile::tempdir().unwrap();
+    for (map, key, path) in [
+        ("kiln-config", "kiln.yaml", "config/kiln.yaml"),
+        ("kiln-scrape-config", "scrape.yaml", "scrape/scrape.yaml"),
+    ] {
+        let object = of_kind(objects, "ConfigMap")
+            .into_iter()
+            .find(|c| {
+                c["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with(map))
+            })
+            .unwrap_or_else(|| panic!("{overlay}: no ConfigMap {map}"));
+        let file = dir.path().join(path);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, object["data"][key].as_str().unwrap()).unwrap();
+    }
+    let config = kiln_node::ServerConfig::from_yaml_file(&dir.path().join("config/kiln.yaml"))
+        .unwrap_or_else(|err| panic!("{overlay}: {err}"));
+    let jobs: Vec<&str> = config
+        .scrape_configs
+        .iter()
+        .map(|j| j.job_name.as_str())
+        .collect();
+    assert_eq!(jobs, ["kubernetes-pods"], "{overlay}");
+    workloads
+}
+
+/// The kustomize layouts, rendered by `kubectl kustomize` as users will: `single` (one
+/// server with a volume, and the agent) and `scale-out` (a Deployment per role over
+/// PostgreSQL and S3 from a Secret, PodDisruptionBudgets, RBAC for the scrape role and
+/// the agents only).
+#[test]
+fn the_kustomize_layouts_render_what_the_api_and_kiln_take() {
+    let Some(single) = rendered("single") else {
+        return;
+    };
+    let workloads = check_layout("single", &single);
+    assert_eq!(workloads.keys().collect::<Vec<_>>(), ["kiln", "kiln-agent"]);
+    let server = &workloads["kiln"];
+    assert_eq!(server["kind"], "StatefulSet");
+    assert_eq!(
+        server["spec"]["volumeClaimTemplates"][0]["metadata"]["name"],
+        "data"
+    );
+    let scale_out = rendered("scale-out").expect("kubectl ran once");
+    let workloads = check_layout("scale-out", &scale_out);
+    let pdbs = of_kind(&scale_out, "PodDisruptionBudget");
+    let mut roles = Vec::new();
+    for (name, workload) in &workloads {
+        if workload["kind"] != "Deployment" {
+            continue;
+        }
+        let container = &workload["spec"]["template"]["spec"]["containers"][0];
+        let env = |variable: &str| env_of(container, variable);
+        let role = env("KILN_TARGET").unwrap()["value"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            env("KILN_ADVERTISE_ADDRESS").unwrap()["value"],
+            "$(POD_IP):4040"
+        );
+        assert_eq!(container["envFrom"][0]["secretRef"]["name"], "kiln-storage");
+        assert!(
+            pdbs.iter()
+                .any(|p| selects(&p["spec"]["selector"]["matchLabels"], workload)),
+            "{name}: no PodDisruptionBudget"
+        );
+        let pod = &workload["spec"]["template"]["spec"];
+        if role == "scrape" {
+            assert_eq!(pod["serviceAccountName"], "kiln");
+        } else {
+            assert_eq!(pod["automountServiceAccountToken"], false, "{name}");
+        }
+        roles.push(role);
+    }
+    roles.sort();
+    assert_eq!(roles, ["compact", "ingest", "query", "rules", "scrape"]);
+    println!(
+        "kubectl kustomize: single {} objects, scale-out {} objects ({} PodDisruptionBudgets), all taken by k8s-openapi's types unchanged",
+        single.len(),
+        scale_out.len(),
+        pdbs.len()
+    );
+}
