@@ -222,16 +222,15 @@ fn series<'a>(
             .and_then(|containers| {
                 let id = report::container_id(&process.cgroup);
                 containers.labels(id.as_deref(), &process.cgroup)
-            })
-            .unwrap_or_default();
-        for (name, value) in container.labels.iter() {
+            });
+        for (name, value) in container.iter().flat_map(|c| c.labels.iter()) {
             match labels.iter_mut().find(|(label, _)| label == name) {
                 Some((_, old)) => old.clone_from(value),
                 None => labels.push((name.clone(), value.clone())),
             }
         }
-        let Some(mut labels) = relabeled(process, labels, &container.meta, &config.relabel_configs)
-        else {
+        let meta = container.as_ref().map_or(&[][..], |c| &c.meta[..]);
+        let Some(mut labels) = relabeled(process, labels, meta, &config.relabel_configs) else {
             continue;
         };
         labels.sort();

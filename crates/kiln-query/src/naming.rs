@@ -57,12 +57,9 @@ pub(crate) async fn name_frames(
         tokio::task::spawn_blocking(move || scan(&dataset)).await?
     };
     let Some(Scan { unnamed, offsets }) = scan else {
-        // Named whole, it still weighs in its service's share by its value.
-        let (dataset, unnamed) = tokio::task::spawn_blocking(move || {
-            let value = unnamed_value(&dataset, None);
-            (dataset, value)
-        })
-        .await?;
+        // Named whole, it still weighs in its service's share by its value: the profile
+        // rows' totals, no pass over the samples.
+        let unnamed = unnamed_value(&dataset, None);
         return Ok(Named {
             dataset,
             retry_at: None,
@@ -234,7 +231,8 @@ fn unnamed_value(dataset: &Dataset, offsets: Option<&[u32]>) -> Unnamed {
     let unnamed_location = |location: u32| {
         offsets.is_some_and(|o| o.get(location as usize) == o.get(location as usize + 1))
     };
-    let any_unnamed = (0..dataset.location_line_count.len() as u32).any(unnamed_location);
+    let any_unnamed =
+        offsets.is_some() && (0..dataset.location_line_count.len() as u32).any(unnamed_location);
     let is_marked = |stack: u32| {
         any_unnamed
             && stack != 0
@@ -251,7 +249,13 @@ fn unnamed_value(dataset: &Dataset, offsets: Option<&[u32]>) -> Unnamed {
             .get(series as usize)
             .map_or(0, |s| s.profile_type)
     };
-    if !dataset.samples_omitted && !dataset.profiles_omitted {
+    if !any_unnamed && !dataset.profiles_omitted {
+        for profile in &dataset.profiles {
+            let entry = by_type.entry(series_type(profile.series)).or_default();
+            entry.2 += 1;
+            entry.1 += profile.total as f64;
+        }
+    } else if !dataset.samples_omitted && !dataset.profiles_omitted {
         let mut sample = 0usize;
         for profile in &dataset.profiles {
             let entry = by_type.entry(series_type(profile.series)).or_default();

@@ -361,20 +361,28 @@ fn memory_pod(api: &ApiServer, name: &str) -> Arc<Mutex<Vec<Instant>>> {
 }
 
 /// An API server double over HTTPS that takes only the token `token-one`, and a service
-/// account directory in `dir` for namespace `namespace` that trusts it.
+/// account directory in `dir` for namespace `namespace` that trusts it; `None` (`test`
+/// says it skipped) where no certificate can be made.
 fn in_cluster(
     dir: &std::path::Path,
-    certs: &kiln_testkit::tls::Certificates,
     namespace: &str,
-) -> (ApiServer, std::path::PathBuf) {
+    test: &str,
+) -> Option<(ApiServer, std::path::PathBuf)> {
+    let certs = match kiln_testkit::tls::certificates(dir, "apiserver") {
+        Ok(certs) => certs,
+        Err(err) => {
+            println!("skipped: {test} ({err})");
+            return None;
+        }
+    };
     let account = dir.join("serviceaccount");
     std::fs::create_dir(&account).unwrap();
     std::fs::copy(&certs.ca, account.join("ca.crt")).unwrap();
     std::fs::write(account.join("namespace"), format!("{namespace}\n")).unwrap();
     std::fs::write(account.join("token"), "token-one\n").unwrap();
-    let api = ApiServer::start_tls(certs);
+    let api = ApiServer::start_tls(&certs);
     api.require_token("token-one");
-    (api, account)
+    Some((api, account))
 }
 
 /// The environment a pod's process finds: the API server's service, and (for the test)
@@ -399,14 +407,9 @@ fn in_cluster_env(api: &ApiServer, account: &std::path::Path) -> Vec<(String, st
 #[test]
 fn in_cluster_config_reads_the_service_account_and_follows_its_token() {
     let dir = tempfile::tempdir().unwrap();
-    let certs = match kiln_testkit::tls::certificates(dir.path(), "apiserver") {
-        Ok(certs) => certs,
-        Err(err) => {
-            println!("skipped: the in-cluster test ({err})");
-            return;
-        }
+    let Some((api, account)) = in_cluster(dir.path(), "shop", "the in-cluster test") else {
+        return;
     };
-    let (api, account) = in_cluster(dir.path(), &certs, "shop");
     let hits = memory_pod(&api, "cache-0");
     let text = std::fs::read_to_string(workspace_root().join("deploy/kubernetes/scrape.yaml"))
         .unwrap()
@@ -570,14 +573,9 @@ fn the_agent_labels_each_process_with_its_pod() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let certs = match kiln_testkit::tls::certificates(dir.path(), "apiserver") {
-        Ok(certs) => certs,
-        Err(err) => {
-            println!("skipped: the agent's pods test ({err})");
-            return;
-        }
+    let Some((api, account)) = in_cluster(dir.path(), "kiln", "the agent's pods test") else {
+        return;
     };
-    let (api, account) = in_cluster(dir.path(), &certs, "kiln");
     let id = |seed: char| seed.to_string().repeat(64);
     let with = |mut pod: serde_json::Value, uid: &str, node: &str, container_id: Option<String>| {
         pod["metadata"]["uid"] = uid.into();
