@@ -546,9 +546,11 @@ fn busy_python(cgroup: Option<&std::path::Path>, seconds: u32) -> std::process::
         .expect("sh and python3 run")
 }
 
-/// The values of `label` in the series of process `pid`.
+/// The values of `label` in the series of process `pid` once it runs Python. Its first
+/// moments, the fork of the test binary and `sh` before it enters its cgroup, are
+/// rightly labelled as what they were then, and are not what the test asks about.
 fn label_of(server: &TestServer, pid: u32, label: &str) -> Vec<String> {
-    let query = format!(r#"{{pid="{pid}"}}"#);
+    let query = format!(r#"{{pid="{pid}", comm=~"python.*"}}"#);
     let path = format!(
         "/pyroscope/label-values?label={label}&query={}&from=0&until=now",
         url_escape(&query)
