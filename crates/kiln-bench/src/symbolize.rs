@@ -59,6 +59,9 @@ pub struct SymbolizeBenchArgs {
     /// Turns of the named stream's A/B (a fresh querier with and without the symbolizer).
     #[arg(long, default_value_t = 15)]
     turns: usize,
+    /// `symbolization.memory_bytes` of the unnamed stream's symbolizer (`512MiB`, `4GiB`).
+    #[arg(long, default_value = "512MiB", value_parser = kiln_model::size::parse_bytes)]
+    memory_bytes: u64,
 }
 
 /// Where the bench pretends binary N's text was mapped: 4 GiB apart.
@@ -249,6 +252,19 @@ fn cpu_seconds() -> f64 {
     seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
+/// A sample of the symbolizer's metrics.
+fn gauge(symbolizer: &kiln_symbolize::Symbolizer, name: &str) -> f64 {
+    let mut registry = prometheus_client::registry::Registry::default();
+    symbolizer.register(&mut registry);
+    let mut text = String::new();
+    if prometheus_client::encoding::text::encode(&mut text, &registry).is_err() {
+        return f64::NAN;
+    }
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
 /// This process's anonymous resident memory (heap, not mapped files), in MB.
 fn anon_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
@@ -344,6 +360,7 @@ async fn run_in(args: &SymbolizeBenchArgs, dir: &Path) -> anyhow::Result<()> {
         named_dirs[0].join("debuginfo-cache"),
         kiln_symbolize::SymbolizationConfig {
             cache_bytes: (args.binaries as u64 + 1) * std::fs::metadata(&files[0].0)?.len(),
+            memory_bytes: args.memory_bytes,
             ..Default::default()
         },
     )?;
@@ -366,6 +383,10 @@ async fn run_in(args: &SymbolizeBenchArgs, dir: &Path) -> anyhow::Result<()> {
     let after = anon_mb();
     totals.push(total(&tree));
     let unnamed = tree_unnamed(&tree);
+    let (parsed, evictions) = (
+        gauge(&symbolizer, "kiln_symbolization_parsed_bytes"),
+        gauge(&symbolizer, "kiln_symbolization_parsed_evictions_total"),
+    );
     let mut warm = Vec::new();
     for _ in 0..3 {
         let started = Instant::now();
@@ -455,6 +476,11 @@ async fn run_in(args: &SymbolizeBenchArgs, dir: &Path) -> anyhow::Result<()> {
         cpu_without * 1000.0,
         cpu_with / cpu_without,
         warm_with / warm_without
+    );
+    println!(
+        "memory_bytes {:.0} MiB: parsed files held after the first query {:.0} MB by weight, {evictions} dropped for the budget",
+        args.memory_bytes as f64 / (1 << 20) as f64,
+        parsed / 1e6
     );
     println!(
         "anonymous memory after the unnamed stream's first query {after:.0} MB (before it {before:.0} MB); \

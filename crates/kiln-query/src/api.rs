@@ -359,6 +359,28 @@ pub struct FlameGraph {
     #[prost(int64, tag = "4")]
     #[serde(rename = "maxSelf", alias = "max_self", with = "json::int64")]
     pub max_self: i64,
+    /// Kiln's addition (a tag far from Pyroscope's, which its clients skip): the binaries
+    /// of the frames shown as `binary+0xoffset`, for the notice asking for debug info.
+    #[prost(message, repeated, tag = "100")]
+    #[serde(
+        rename = "unnamedBinaries",
+        alias = "unnamed_binaries",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub unnamed_binaries: Vec<UnnamedBinary>,
+}
+
+/// A binary with frames no symbols named.
+#[derive(Clone, PartialEq, Eq, prost::Message, Serialize, Deserialize)]
+#[serde(default)]
+pub struct UnnamedBinary {
+    /// Its file name, as its frames show it.
+    #[prost(string, tag = "1")]
+    pub binary: String,
+    /// Its GNU build id, empty when the profile gave none.
+    #[prost(string, tag = "2")]
+    #[serde(rename = "buildId", alias = "build_id")]
+    pub build_id: String,
 }
 
 /// Like [`FlameGraph`] with seven numbers per node: left x offset, left total, left self,
@@ -505,6 +527,7 @@ mod tests {
                 }],
                 total: 10,
                 max_self: 0,
+                unnamed_binaries: Vec::new(),
             }),
             tree: Vec::new(),
         };

@@ -12,7 +12,13 @@ pub struct Flamebearer {
     pub levels: Vec<Vec<i64>>,
     pub num_ticks: i64,
     pub max_self: i64,
+    /// Kiln's addition: the binaries of the frames shown as `binary+0xoffset`, with their
+    /// build ids, for the notice that asks for their debug info.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unnamed_binaries: Vec<UnnamedBinary>,
 }
+
+pub use crate::api::UnnamedBinary;
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -67,6 +73,14 @@ pub fn flamebearer(tree: &FlameTree) -> Flamebearer {
         levels,
         num_ticks: tree.total(),
         max_self,
+        unnamed_binaries: tree
+            .unnamed
+            .iter()
+            .map(|(binary, build_id)| UnnamedBinary {
+                binary: binary.clone(),
+                build_id: build_id.clone(),
+            })
+            .collect(),
     }
 }
 

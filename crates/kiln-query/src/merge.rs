@@ -52,6 +52,7 @@ pub fn flame_graph(tree: &FlameTree) -> FlameGraph {
             .collect(),
         total: layout.num_ticks,
         max_self: layout.max_self,
+        unnamed_binaries: layout.unnamed_binaries,
     }
 }
 

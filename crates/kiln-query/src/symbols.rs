@@ -94,6 +94,24 @@ impl<'a> FrameNames<'a> {
         leaf
     }
 
+    /// The binary (file name, as the frame shows it, and build id) of a location shown as
+    /// `module+0xoffset`; `None` for a named location or one of no file.
+    pub fn unnamed_binary(&self, location: u32) -> Option<(&'a str, &'a str)> {
+        let at = location as usize;
+        let (start, end) = (self.line_offsets.get(at)?, self.line_offsets.get(at + 1)?);
+        if start != end {
+            return None;
+        }
+        let mapping = self.dataset.location_mapping.get(at)?;
+        let mapping = self.dataset.mappings.get(*mapping as usize)?;
+        if mapping.filename == 0 {
+            return None;
+        }
+        let file = self.dataset.string(mapping.filename);
+        let module = file.rsplit('/').next().unwrap_or(file);
+        Some((module, self.dataset.string(mapping.build_id)))
+    }
+
     /// `module+0xoffset` for a frame without symbols, so it can be symbolized later.
     fn unsymbolized(&self, location: usize) -> String {
         let address = self

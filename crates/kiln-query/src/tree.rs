@@ -2,6 +2,8 @@
 //! merged selection ([`FlameTree`], one value per node) and for a diff ([`DiffTree`], one
 //! value per side), so both are built, summed and cut by the same code.
 
+use std::collections::BTreeSet;
+
 use foldhash::{HashMap, HashMapExt};
 use prost::encoding::{decode_varint, encode_varint};
 
@@ -98,7 +100,14 @@ pub struct Tree<V> {
     name_ids: HashMap<String, u32>,
     pub nodes: Vec<Node<V>>,
     child_index: HashMap<(u32, u32), u32>,
+    /// The binaries whose frames are shown as `binary+0xoffset`, with their build ids
+    /// (empty when the profile had none): what a flame graph's notice asks the user to
+    /// upload debug info for. Kept beside the nodes because a name cannot say it.
+    pub unnamed: BTreeSet<UnnamedBinary>,
 }
+
+/// A binary with frames no symbols named: its file name and GNU build id.
+pub type UnnamedBinary = (String, String);
 
 /// The merged call tree of one selection: the flame graph's.
 pub type FlameTree = Tree<i64>;
@@ -113,6 +122,7 @@ impl<V: Weight> Default for Tree<V> {
             name_ids: HashMap::new(),
             nodes: Vec::new(),
             child_index: HashMap::new(),
+            unnamed: BTreeSet::new(),
         };
         let root = tree.name_id(ROOT_NAME);
         tree.nodes.push(Node {
@@ -174,6 +184,7 @@ impl<V: Weight> Tree<V> {
             }
             self.add_self(mapped[index], value(node.self_value));
         }
+        self.unnamed.extend(other.unnamed.iter().cloned());
     }
 
     /// Computes every node's total from the self values (children come after parents).
@@ -236,6 +247,7 @@ impl<V: Weight> Tree<V> {
             }
         }
         out.nodes[0].self_value = self.nodes[0].self_value;
+        out.unnamed = self.unnamed.clone();
         out.compute_totals();
         out
     }
@@ -318,6 +330,7 @@ impl FlameTree {
             }
             mapped.push(node);
         }
+        self.unnamed.extend(part.unnamed.iter().cloned());
     }
 }
 
@@ -335,6 +348,8 @@ pub struct DatasetTree {
     parent: Vec<u32>,
     name: Vec<u32>,
     self_value: Vec<i64>,
+    /// [`Tree::unnamed`] of this share.
+    unnamed: Vec<UnnamedBinary>,
 }
 
 impl DatasetTree {
@@ -405,6 +420,16 @@ impl DatasetTree {
                 tree.self_value.push(0);
                 current = (tree.parent.len() - 1) as u32;
             });
+            if let Some(binary) = names.unnamed_binary(dataset.stack_location[node]) {
+                if !tree
+                    .unnamed
+                    .iter()
+                    .any(|(f, b)| (f.as_str(), b.as_str()) == binary)
+                {
+                    tree.unnamed
+                        .push((binary.0.to_string(), binary.1.to_string()));
+                }
+            }
             tree_node[node] = current;
             if current != 0 {
                 tree.self_value[current as usize] =
@@ -414,12 +439,18 @@ impl DatasetTree {
         tree.parent.shrink_to_fit();
         tree.name.shrink_to_fit();
         tree.self_value.shrink_to_fit();
+        tree.unnamed.sort();
         tree
     }
 
     /// What this share holds in memory, for the cache's budget.
     pub fn heap_bytes(&self) -> usize {
         self.names.heap_bytes()
+            + self
+                .unnamed
+                .iter()
+                .map(|(f, b)| 48 + f.len() + b.len())
+                .sum::<usize>()
             + self.parent.len() * (2 * std::mem::size_of::<u32>() + std::mem::size_of::<i64>())
     }
 }
@@ -456,8 +487,16 @@ pub fn build_tree(selections: &[DatasetSelection], type_id: &str) -> FlameTree {
 /// Layout: `KFT1`, then varints: the name count and each name (length, UTF-8 bytes), the
 /// node count (the root included), and per node after the root its parent, its name and
 /// its self value (zigzag). Parents precede children, as in the tree itself.
+///
+/// `KFT2` is the same followed by the unnamed binaries ([`Tree::unnamed`]): their count,
+/// then per binary its file name and build id as names are written. It is sent only when
+/// there are some, so that a node of the version before reads every other part.
 pub fn encode_partial(tree: &FlameTree) -> Vec<u8> {
-    let mut out = b"KFT1".to_vec();
+    let mut out = if tree.unnamed.is_empty() {
+        b"KFT1".to_vec()
+    } else {
+        b"KFT2".to_vec()
+    };
     encode_varint(tree.names.len() as u64, &mut out);
     for name in &tree.names {
         encode_varint(name.len() as u64, &mut out);
@@ -472,6 +511,13 @@ pub fn encode_partial(tree: &FlameTree) -> Vec<u8> {
             &mut out,
         );
     }
+    if !tree.unnamed.is_empty() {
+        encode_varint(tree.unnamed.len() as u64, &mut out);
+        for text in tree.unnamed.iter().flat_map(|(f, b)| [f, b]) {
+            encode_varint(text.len() as u64, &mut out);
+            out.extend_from_slice(text.as_bytes());
+        }
+    }
     out
 }
 
@@ -479,22 +525,27 @@ pub fn encode_partial(tree: &FlameTree) -> Vec<u8> {
 /// another process, and a bad one is an error, never a panic or a wrong tree.
 pub fn decode_partial(bytes: &[u8]) -> Result<FlameTree, QueryError> {
     let bad = |what: &str| QueryError::Remote(format!("partial tree: {what}"));
-    let mut rest = bytes
-        .strip_prefix(b"KFT1")
-        .ok_or_else(|| bad("no KFT1 magic"))?;
+    let (mut rest, binaries) = match bytes.split_at_checked(4) {
+        Some((b"KFT1", rest)) => (rest, false),
+        Some((b"KFT2", rest)) => (rest, true),
+        _ => return Err(bad("no KFT1 or KFT2 magic")),
+    };
     let next = |rest: &mut &[u8]| decode_varint(rest).map_err(|_| bad("truncated"));
+    let text = |rest: &mut &[u8]| -> Result<String, QueryError> {
+        let length = next(rest)? as usize;
+        if length > rest.len() {
+            return Err(bad("truncated name"));
+        }
+        let (name, after) = rest.split_at(length);
+        *rest = after;
+        Ok(String::from_utf8_lossy(name).into_owned())
+    };
     let mut tree = FlameTree::default();
     let count = next(&mut rest)? as usize;
     // Capacities are bounded by the bytes there are: a count is only a claim.
     let mut names = Vec::with_capacity(count.min(rest.len()));
     for _ in 0..count {
-        let length = next(&mut rest)? as usize;
-        if length > rest.len() {
-            return Err(bad("truncated name"));
-        }
-        let (name, after) = rest.split_at(length);
-        names.push(String::from_utf8_lossy(name).into_owned());
-        rest = after;
+        names.push(text(&mut rest)?);
     }
     let nodes = next(&mut rest)? as usize;
     // Ids in this tree of each received name, interned as they are first used.
@@ -523,6 +574,12 @@ pub fn decode_partial(bytes: &[u8]) -> Result<FlameTree, QueryError> {
         let node = tree.child(mapped[parent], id);
         tree.add_self(node, value);
         mapped.push(node);
+    }
+    if binaries {
+        for _ in 0..next(&mut rest)? {
+            let file = text(&mut rest)?;
+            tree.unnamed.insert((file, text(&mut rest)?));
+        }
     }
     if !rest.is_empty() {
         return Err(bad("trailing bytes"));
@@ -566,14 +623,26 @@ mod tests {
     #[test]
     fn partial_trees_read_back_whole_and_add_up_to_the_tree_of_both() {
         let left = tree(&[(&["main", "a"], 5), (&["main", "b"], -3), (&["gc"], 7)]);
-        let right = tree(&[(&["main", "a"], 2), (&["main", "c", "ü"], i64::MAX)]);
+        let mut right = tree(&[(&["main", "a"], 2), (&["main", "c", "ü"], i64::MAX)]);
+        right.unnamed.insert(("libfoo.so".into(), "ab12".into()));
+        right.unnamed.insert(("checkout".into(), String::new()));
         let bytes = encode_partial(&left);
+        assert!(
+            bytes.starts_with(b"KFT1"),
+            "no unnamed binaries: the older layout"
+        );
         assert_eq!(flat(&decode_partial(&bytes).unwrap()), flat(&left));
         let mut merged = decode_partial(&bytes).unwrap();
-        merged.add_tree(&decode_partial(&encode_partial(&right)).unwrap(), |v| v);
+        let right_bytes = encode_partial(&right);
+        assert!(right_bytes.starts_with(b"KFT2"));
+        merged.add_tree(&decode_partial(&right_bytes).unwrap(), |v| v);
         let mut whole = left.clone();
         whole.add_tree(&right, |v| v);
         assert_eq!(flat(&merged), flat(&whole));
+        assert_eq!(merged.unnamed, right.unnamed);
+        for end in 0..right_bytes.len() {
+            assert!(decode_partial(&right_bytes[..end]).is_err(), "cut at {end}");
+        }
         // Every cut and every corrupted byte is an error or a tree, never a panic.
         for end in 0..bytes.len() {
             assert!(decode_partial(&bytes[..end]).is_err(), "cut at {end}");

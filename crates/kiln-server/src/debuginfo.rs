@@ -25,6 +25,7 @@ pub(crate) async fn upload(
     if !kiln_symbolize::elf::valid_build_id(&build_id) {
         return Err(SymbolizeError::BuildId(build_id).into());
     }
+    // A declared length past the limit was refused by the listener, unread.
     let symbolizer = &state.symbolizer;
     let path = symbolizer.incoming();
     let written = receive(body, &path, symbolizer.max_bytes()).await;
@@ -54,12 +55,18 @@ async fn receive(body: Body, path: &std::path::Path, limit: u64) -> Result<(), A
         })?;
         written += chunk.len() as u64;
         if written > limit {
-            return Err(BodyError::TooLarge(usize::try_from(limit).unwrap_or(usize::MAX)).into());
+            return Err(too_large(written, limit));
         }
         file.write_all(&chunk).await.map_err(SymbolizeError::Io)?;
     }
     file.sync_all().await.map_err(SymbolizeError::Io)?;
     Ok(())
+}
+
+/// 413, saying which limit: "N bytes is more than the L allowed
+/// (symbolization.max_debuginfo_bytes)", N what had come when the body passed it.
+fn too_large(bytes: u64, limit: u64) -> ApiError {
+    SymbolizeError::Refused(kiln_symbolize::Refused::TooLarge { bytes, limit }).into()
 }
 
 pub(crate) async fn status(

@@ -94,10 +94,16 @@ pub(crate) async fn guard(
     if let Some(length) = declared {
         let tenant = tenant_of(request.headers()).unwrap_or_default();
         // Debug files run to gigabytes and are streamed to disk: their own limit.
-        let limit = if request.uri().path().starts_with(crate::debuginfo::PREFIX) {
-            usize::try_from(state.symbolizer.max_bytes()).unwrap_or(usize::MAX)
+        let (limit, setting) = if request.uri().path().starts_with(crate::debuginfo::PREFIX) {
+            (
+                usize::try_from(state.symbolizer.max_bytes()).unwrap_or(usize::MAX),
+                "symbolization.max_debuginfo_bytes",
+            )
         } else {
-            state.limits.for_tenant(&tenant).max_body_bytes
+            (
+                state.limits.for_tenant(&tenant).max_body_bytes,
+                "limits.max_body_bytes",
+            )
         };
         if length > limit as u64 {
             state
@@ -106,7 +112,7 @@ pub(crate) async fn guard(
             let mut response = (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
-                    "request body of {length} bytes (Content-Length) exceeds the limit of {limit} bytes\n"
+                    "request body of {length} bytes (Content-Length) exceeds the limit of {limit} bytes ({setting})\n"
                 ),
             )
                 .into_response();

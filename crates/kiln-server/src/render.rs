@@ -142,6 +142,7 @@ pub async fn render_diff(
             levels: diff.levels.into_iter().map(|level| level.values).collect(),
             num_ticks: diff.total,
             max_self: diff.max_self,
+            unnamed_binaries: Vec::new(),
         },
         metadata,
         left_ticks: diff.left_ticks,

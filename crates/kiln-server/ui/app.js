@@ -608,7 +608,7 @@ async function refresh() {
     $('compare-summary').textContent = compare ? compareSummary(ranking) : '';
     renderTable();
     renderSandwich();
-    showUnnamed(diff ? [] : flame.functions(), flame.total);
+    showUnnamed(diff ? [] : flame.functions(), flame.total, flamegraph.unnamedBinaries || []);
     $('single').hidden = !state.profile;
     $('single-label').textContent = state.profile ? `one profile: ${state.profile}` : '';
     $('export-pprof').href = `/pyroscope/render?format=pprof&query=${encodeURIComponent(state.type + selector())}&from=${Math.floor(start / 1000)}&until=${Math.ceil(end / 1000)}`;
@@ -631,8 +631,9 @@ async function refresh() {
 
 /** Frames the server could not name show as `binary+0xoffset` (docs/symbolization.md):
  * when they hold 1% of the samples or more, a notice says how much and of which binaries,
- * largest first, and how to name them. */
-function showUnnamed(rows, total) {
+ * largest first, with the build ids the server gave for them (`unnamedBinaries`: what
+ * their debug files are found by), and how to name them. */
+function showUnnamed(rows, total, binaryIds) {
   const byBinary = new Map();
   let unnamed = 0;
   for (const row of rows) {
@@ -650,8 +651,13 @@ function showUnnamed(rows, total) {
     notice.textContent = '';
     return;
   }
+  const ids = new Map();
+  for (const { binary, buildId } of binaryIds) {
+    if (buildId) ids.set(binary, [...(ids.get(binary) || []), buildId]);
+  }
   const binaries = [...byBinary.entries()].sort((a, b) => b[1] - a[1]).map(([binary]) => binary);
-  const named = binaries.slice(0, 5).join(', ') + (binaries.length > 5 ? ', …' : '');
+  const shown = (binary) => (ids.has(binary) ? `${binary}, build id ${ids.get(binary).join(' or ')}` : binary);
+  const named = binaries.slice(0, 5).map(shown).join('; ') + (binaries.length > 5 ? '; …' : '');
   const count = binaries.length === 1 ? '1 binary' : `${binaries.length} binaries`;
   notice.textContent = `${(100 * share).toFixed(1)}% of this profile's samples are in frames with no symbols: ${count} (${named}). `
     + 'Upload their debug info (kiln debuginfo upload FILE) or name a debuginfod server (symbolization.debuginfod_urls); the frames are named at once, no re-ingest needed.';

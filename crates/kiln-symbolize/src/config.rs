@@ -13,6 +13,14 @@ pub struct SymbolizationConfig {
     /// ([`kiln_model::size::parse_bytes`]).
     #[serde(deserialize_with = "bytes")]
     pub cache_bytes: u64,
+    /// Memory for what is read of debug files: their parsed symbol and DWARF tables (about
+    /// 0.9 byte per byte of DWARF, docs/benchmarks.md), weighed by those tables, and the
+    /// names found (an eighth of it, at most 64 MiB). The least recently read file leaves
+    /// memory first and is parsed again when next needed; a file larger than this alone is
+    /// parsed for the query that needs it and dropped after it. `512MiB` or a number of
+    /// bytes.
+    #[serde(deserialize_with = "bytes")]
+    pub memory_bytes: u64,
     /// How long a build id found nowhere is not looked for again, in milliseconds. An
     /// upload to this node ends it at once; other nodes see the upload after at most this.
     pub negative_cache_ms: u64,
@@ -31,6 +39,7 @@ impl Default for SymbolizationConfig {
         SymbolizationConfig {
             debuginfod_urls: Vec::new(),
             cache_bytes: 1 << 30,
+            memory_bytes: 512 << 20,
             negative_cache_ms: 300_000,
             max_debuginfo_bytes: 2 << 30,
             fetch_timeout_ms: 60_000,

@@ -28,12 +28,22 @@ pub struct Contents {
     /// the binary's text lands in the file's address space ([`Contents::virtual_address`]).
     #[serde(skip)]
     pub text_segments: Vec<(u64, u64)>,
+    /// The bytes a reader parses: its DWARF and symbol tables, compressed ones as inflated.
+    #[serde(skip)]
+    pub tables: u64,
 }
 
 /// The page size mappings are aligned to (x86-64, and arm64's common 4 KiB kernels).
 const PAGE: u64 = 4096;
 
 impl Contents {
+    /// What reading the file is taken to cost in memory ([`crate::resolver`]): the
+    /// tables it parses. blazesym's were measured at about 0.9 byte per byte of DWARF
+    /// (docs/benchmarks.md); the code and data of an unstripped binary cost nothing.
+    pub fn weight(&self) -> u64 {
+        self.tables
+    }
+
     /// The address in the file's own address space (what its symbols and DWARF use) of
     /// `address` in a process that mapped the binary's text at `start..limit`.
     ///
@@ -154,6 +164,7 @@ pub fn inspect(path: &Path, limit: u64) -> Result<Contents, Refused> {
         }
     };
     let mut inflated = 0u64;
+    let mut tables = 0u64;
     for section in elf.sections() {
         let range = section
             .compressed_file_range()
@@ -163,6 +174,13 @@ pub fn inspect(path: &Path, limit: u64) -> Result<Contents, Refused> {
             })?;
         if range.format != object::CompressionFormat::None {
             inflated = inflated.saturating_add(range.uncompressed_size);
+        }
+        let name = section.name().unwrap_or("");
+        if name.starts_with(".debug_")
+            || name.starts_with(".zdebug_")
+            || matches!(name, ".symtab" | ".strtab" | ".dynsym" | ".dynstr")
+        {
+            tables = tables.saturating_add(range.uncompressed_size);
         }
     }
     if inflated > limit {
@@ -228,6 +246,7 @@ pub fn inspect(path: &Path, limit: u64) -> Result<Contents, Refused> {
         inline_frames,
         go_pclntab,
         text_segments,
+        tables,
     };
     if crate::go::only_table(&contents) {
         // All it names with is the table: it must parse, and its inline trees say

@@ -145,8 +145,14 @@ impl quick_cache::Weighter<(Arc<str>, u64), Arc<[Frame]>> for FrameBytes {
     }
 }
 
-/// Memory for names of addresses, kept apart from the files' parsed tables.
+/// Memory for names of addresses at most, kept apart from the files' parsed tables.
 const NAMES_BYTES: u64 = 64 << 20;
+
+/// Of `symbolization.memory_bytes`, the names cache's part: an eighth, at most
+/// [`NAMES_BYTES`]; the rest is the parsed files'.
+fn names_bytes(memory_bytes: u64) -> u64 {
+    (memory_bytes / 8).clamp(1 << 20, NAMES_BYTES)
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SourceLabels {
@@ -170,6 +176,7 @@ struct Metrics {
     refused: Family<ReasonLabels, Counter>,
     addresses: Family<ResultLabels, Counter>,
     cache_bytes: Gauge,
+    held: resolver::Held,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -202,15 +209,22 @@ impl Symbolizer {
                 config.max_debuginfo_bytes,
             )?)
         };
+        let names_bytes = names_bytes(config.memory_bytes);
+        let metrics = Metrics::default();
+        let resolver = resolver::Resolver::start(
+            config.memory_bytes.saturating_sub(names_bytes),
+            metrics.held.clone(),
+        )
+        .map_err(SymbolizeError::Thread)?;
         Ok(Symbolizer {
             inner: Arc::new(Inner {
                 storage,
                 local,
-                resolver: resolver::Resolver::start().map_err(SymbolizeError::Thread)?,
+                resolver,
                 debuginfod,
                 names: quick_cache::sync::Cache::with_weighter(
-                    (NAMES_BYTES / 256) as usize,
-                    NAMES_BYTES,
+                    (names_bytes / 256) as usize,
+                    names_bytes,
                     FrameBytes,
                 ),
                 config,
@@ -219,7 +233,7 @@ impl Symbolizer {
                 lookups: Mutex::default(),
                 fetches: Mutex::default(),
                 generation: AtomicU64::new(0),
-                metrics: Metrics::default(),
+                metrics,
             }),
         })
     }
@@ -245,6 +259,16 @@ impl Symbolizer {
             "kiln_symbolization_cache_bytes",
             "Bytes of debug files on this node's disk cache",
             metrics.cache_bytes.clone(),
+        );
+        registry.register(
+            "kiln_symbolization_parsed_bytes",
+            "Debug files parsed and held in memory, by the bytes of DWARF and symbol tables they parse (within symbolization.memory_bytes)",
+            metrics.held.bytes.clone(),
+        );
+        registry.register(
+            "kiln_symbolization_parsed_evictions",
+            "Parsed debug files dropped from memory for symbolization.memory_bytes, to be parsed again when next read",
+            metrics.held.evictions.clone(),
         );
     }
 
@@ -302,7 +326,11 @@ impl Symbolizer {
             .collect();
         if !asked.is_empty() {
             let go = go::only_table(&contents);
-            let resolved = self.inner.resolver.resolve(path, asked.clone(), go).await;
+            let resolved = self
+                .inner
+                .resolver
+                .resolve(path, asked.clone(), go, contents.weight())
+                .await;
             let mut resolved = asked.into_iter().zip(resolved);
             for answer in answers.iter_mut().filter(|a| a.is_none()) {
                 let Some((vaddr, frames)) = resolved.next() else {

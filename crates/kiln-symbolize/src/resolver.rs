@@ -1,7 +1,15 @@
 //! blazesym on a thread of its own: its symbolizer keeps what it parsed of each file in
-//! cells that are not `Send`, so one thread owns it and answers requests in turn. Files
-//! leave its cache when they leave the node's disk cache ([`Resolver::evict`]), which is
-//! what bounds its memory: it holds parsed tables of the files on disk, no more.
+//! cells that are not `Send`, so one thread owns it and answers requests in turn.
+//!
+//! What it holds is bounded twice. A file leaves it when it leaves the node's disk cache
+//! ([`Resolver::evict`]), and the files it has parsed weigh at most a budget
+//! (`symbolization.memory_bytes` less the names cache): past it, the least recently read
+//! leave first. blazesym does not say what it holds, so a file weighs the tables it
+//! parses ([`crate::Contents::weight`]: DWARF and symbol sections, compressed ones as
+//! inflated), against which its memory was measured at about 0.9 byte per byte
+//! (docs/benchmarks.md), so the weight errs a little high. A file heavier than the
+//! whole budget is parsed for the request that needs it and dropped after it. Go tables
+//! ([`crate::go`]) are read per request and kept by nobody, so they weigh nothing here.
 
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -17,6 +25,8 @@ enum Job {
         offsets: Vec<u64>,
         /// Named from `.gopclntab` ([`crate::go`]) rather than by blazesym.
         go: bool,
+        /// What parsing the file is taken to cost in memory: its size.
+        weight: u64,
         reply: tokio::sync::oneshot::Sender<Vec<Vec<Frame>>>,
     },
     Evict(PathBuf),
@@ -27,12 +37,21 @@ pub(crate) struct Resolver {
     jobs: mpsc::Sender<Job>,
 }
 
+/// What the resolver's thread reports of its memory.
+#[derive(Clone, Default)]
+pub(crate) struct Held {
+    /// The weight of the files parsed and held now.
+    pub bytes: prometheus_client::metrics::gauge::Gauge,
+    /// Files dropped from memory for the budget (not for leaving the disk).
+    pub evictions: prometheus_client::metrics::counter::Counter,
+}
+
 impl Resolver {
-    pub(crate) fn start() -> std::io::Result<Resolver> {
+    pub(crate) fn start(budget: u64, held: Held) -> std::io::Result<Resolver> {
         let (jobs, receiver) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("kiln-symbolize".into())
-            .spawn(move || run(receiver))?;
+            .spawn(move || run(receiver, budget, held))?;
         Ok(Resolver { jobs })
     }
 
@@ -43,6 +62,7 @@ impl Resolver {
         path: PathBuf,
         offsets: Vec<u64>,
         go: bool,
+        weight: u64,
     ) -> Vec<Vec<Frame>> {
         let count = offsets.len();
         let (reply, answer) = tokio::sync::oneshot::channel();
@@ -52,6 +72,7 @@ impl Resolver {
                 path,
                 offsets,
                 go,
+                weight,
                 reply,
             })
             .is_err()
@@ -107,33 +128,96 @@ fn resolve_guarded(
     resolved.ok()
 }
 
-fn run(jobs: mpsc::Receiver<Job>) {
+fn run(jobs: mpsc::Receiver<Job>, budget: u64, held: Held) {
     let mut symbolizer = symbolizer();
+    let mut parsed = Parsed::default();
     while let Ok(job) = jobs.recv() {
         match job {
             Job::Resolve {
                 path,
                 offsets,
                 go,
+                weight,
                 reply,
             } => {
-                let frames =
-                    resolve_guarded(&symbolizer, path, &offsets, go).unwrap_or_else(|| {
+                if !go {
+                    for gone in parsed.read(&path, weight, budget) {
+                        evict(&mut symbolizer, gone);
+                        held.evictions.inc();
+                    }
+                }
+                let frames = resolve_guarded(&symbolizer, path.clone(), &offsets, go)
+                    .unwrap_or_else(|| {
                         // What it held may be half-updated.
                         symbolizer = self::symbolizer();
+                        parsed = Parsed::default();
                         vec![Vec::new(); offsets.len()]
                     });
+                if !go && weight > budget && parsed.forget(&path) {
+                    evict(&mut symbolizer, path);
+                    held.evictions.inc();
+                }
+                // Before the answer, so that who reads the gauge after it sees this job.
+                held.bytes
+                    .set(i64::try_from(parsed.bytes).unwrap_or(i64::MAX));
                 let _ = reply.send(frames);
             }
             Job::Evict(path) => {
-                let evict = blazesym::symbolize::evict::Evict::Elf(
-                    blazesym::symbolize::evict::Elf::new(path),
-                );
-                if let Err(err) = symbolizer.evict(&evict) {
-                    tracing::debug!(error = %err, "evicting a debug file from the symbolizer");
-                }
+                parsed.forget(&path);
+                evict(&mut symbolizer, path);
             }
         }
+        held.bytes
+            .set(i64::try_from(parsed.bytes).unwrap_or(i64::MAX));
+    }
+}
+
+fn evict(symbolizer: &mut Symbolizer, path: PathBuf) {
+    let evict = blazesym::symbolize::evict::Evict::Elf(blazesym::symbolize::evict::Elf::new(path));
+    if let Err(err) = symbolizer.evict(&evict) {
+        tracing::debug!(error = %err, "evicting a debug file from the symbolizer");
+    }
+}
+
+/// The files blazesym has parsed, least recently read first, with their weights. A
+/// node reads a handful of debug files, so a list is enough.
+#[derive(Default)]
+struct Parsed {
+    files: Vec<(PathBuf, u64)>,
+    bytes: u64,
+}
+
+impl Parsed {
+    /// `path` is about to be read: it becomes the most recent, and the files to drop so
+    /// that all fit in `budget` are returned (never `path` itself).
+    fn read(&mut self, path: &PathBuf, weight: u64, budget: u64) -> Vec<PathBuf> {
+        match self.files.iter().position(|(p, _)| p == path) {
+            Some(at) => {
+                let file = self.files.remove(at);
+                self.files.push(file);
+            }
+            None => {
+                self.files.push((path.clone(), weight));
+                self.bytes += weight;
+            }
+        }
+        let mut gone = Vec::new();
+        while self.bytes > budget && self.files.len() > 1 {
+            let (file, weight) = self.files.remove(0);
+            self.bytes -= weight;
+            gone.push(file);
+        }
+        gone
+    }
+
+    /// Whether `path` was held; it is not now.
+    fn forget(&mut self, path: &PathBuf) -> bool {
+        let Some(at) = self.files.iter().position(|(p, _)| p == path) else {
+            return false;
+        };
+        let (_, weight) = self.files.remove(at);
+        self.bytes -= weight;
+        true
     }
 }
 
@@ -183,4 +267,27 @@ fn file_line(info: Option<&CodeInfo<'_>>) -> (String, i64) {
         (file, i64::from(info.line.unwrap_or(0)))
     })
     .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_least_recently_read_leave_first_and_the_one_read_stays() {
+        let path = |name: &str| PathBuf::from(name);
+        let mut parsed = Parsed::default();
+        assert!(parsed.read(&path("a"), 40, 100).is_empty());
+        assert!(parsed.read(&path("b"), 40, 100).is_empty());
+        // a is read again: b is now the oldest.
+        assert!(parsed.read(&path("a"), 40, 100).is_empty());
+        assert_eq!(parsed.read(&path("c"), 40, 100), [path("b")]);
+        assert_eq!(parsed.bytes, 80);
+        // Heavier than the budget alone: everything else goes, it stays while read.
+        assert_eq!(parsed.read(&path("d"), 150, 100), [path("a"), path("c")]);
+        assert_eq!(parsed.bytes, 150);
+        assert!(parsed.forget(&path("d")));
+        assert!(!parsed.forget(&path("d")));
+        assert_eq!(parsed.bytes, 0);
+    }
 }

@@ -376,3 +376,253 @@ async fn a_debuginfod_server_names_frames_once_and_a_restart_fetches_nothing() {
         .expect("from the object store, with debuginfod down");
     assert_named(&frames);
 }
+
+/// A metric's value in the symbolizer's exposition.
+fn metric(symbolizer: &Symbolizer, name: &str) -> f64 {
+    let mut registry = prometheus_client::registry::Registry::default();
+    symbolizer.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} in {text}"))
+}
+
+/// Uploads `file` for tenant "shop"; its build id and weight.
+async fn uploaded(symbolizer: &Symbolizer, file: &Path) -> (String, u64) {
+    let incoming = symbolizer.incoming();
+    std::fs::copy(file, &incoming).unwrap();
+    let contents = symbolizer.upload("shop", &incoming, None).await.unwrap();
+    (contents.build_id.clone(), contents.weight())
+}
+
+/// `memory_bytes` bounds what is parsed: with room for one of two debug files, reading
+/// the other drops the first, which is parsed again, with the same names, when next read;
+/// a file heavier than the whole budget is named and then not held.
+#[tokio::test]
+async fn parsed_debug_files_stay_within_the_memory_budget() {
+    let (Some(first), Some(second)) = (program(&[]), program(&["-fno-omit-frame-pointer"])) else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    // The names cache takes its floor, 1 MiB; the parsed files room for one and a half.
+    let probe = symbolizer(&root.path().join("probe"), SymbolizationConfig::default());
+    let (_, weight) = uploaded(&probe, &first.debug).await;
+    let (_, second_weight) = uploaded(&probe, &second.debug).await;
+    let budget = weight.max(second_weight) * 3 / 2;
+    let config = SymbolizationConfig {
+        memory_bytes: (1 << 20) + budget,
+        ..SymbolizationConfig::default()
+    };
+    let symbolizer = symbolizer(root.path(), config);
+    let (a, _) = uploaded(&symbolizer, &first.debug).await;
+    let (b, _) = uploaded(&symbolizer, &second.debug).await;
+    assert_ne!(a, b);
+    let (mapping_a, hot_a) = addresses_of(&first.full, "kiln_hot_a");
+    let (mapping_b, hot_b) = addresses_of(&second.full, "kiln_hot_a");
+    let held = |s: &Symbolizer| metric(s, "kiln_symbolization_parsed_bytes") as u64;
+    let evictions = |s: &Symbolizer| metric(s, "kiln_symbolization_parsed_evictions_total");
+
+    assert_named(
+        &symbolizer
+            .symbolize("shop", &a, mapping_a, &hot_a)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((held(&symbolizer), evictions(&symbolizer)), (weight, 0.0));
+    assert_named(
+        &symbolizer
+            .symbolize("shop", &b, mapping_b, &hot_b)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        (held(&symbolizer), evictions(&symbolizer)),
+        (second_weight, 1.0),
+        "the first file left memory for the second"
+    );
+    // Addresses of the first file not asked before (the names cache cannot answer): it
+    // is parsed again and names them as the first reading would have.
+    let (_, hot_b_of_a) = addresses_of(&first.full, "kiln_hot_b");
+    let again = symbolizer
+        .symbolize("shop", &a, mapping_a, &hot_b_of_a)
+        .await
+        .unwrap();
+    let whole = kiln_symbolize::read_debug_file(&first.debug, 1 << 30, &{
+        let data = std::fs::read(&first.full).unwrap();
+        let elf = object::File::parse(&*data).unwrap();
+        let symbol = elf
+            .symbols()
+            .find(|s| s.name() == Ok("kiln_hot_b"))
+            .unwrap();
+        (symbol.address()..symbol.address() + symbol.size()).collect::<Vec<_>>()
+    })
+    .unwrap()
+    .1;
+    assert_eq!(
+        again.iter().map(|f| f.to_vec()).collect::<Vec<_>>(),
+        whole,
+        "named as before the eviction"
+    );
+    assert!(again
+        .iter()
+        .all(|f| f.last().is_some_and(|f| f.name == "kiln_hot_b")));
+    assert_eq!((held(&symbolizer), evictions(&symbolizer)), (weight, 2.0));
+
+    // No room for even one file: it names what is asked, then is not held.
+    let tight = symbolizer_with(
+        root.path(),
+        "cache-tight",
+        SymbolizationConfig {
+            memory_bytes: 1 << 20,
+            ..SymbolizationConfig::default()
+        },
+    );
+    assert_named(
+        &tight
+            .symbolize("shop", &a, mapping_a, &hot_a)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((held(&tight), evictions(&tight)), (0, 1.0));
+    drop((first.dir, second.dir));
+}
+
+fn symbolizer_with(root: &Path, cache: &str, config: SymbolizationConfig) -> Symbolizer {
+    let storage =
+        ObjectStorage::open(&format!("file://{}", root.join("objects").display())).unwrap();
+    Symbolizer::new(storage, root.join(cache), config).unwrap()
+}
+
+/// A proxy in front of `upstream` that holds each request `delay` before passing it on
+/// (with `Connection: close`, so a request is a connection) and counts the most in flight.
+fn slow_proxy(
+    upstream: String,
+    delay: Duration,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let peak = Arc::clone(&most);
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { continue };
+            let (now, most, upstream) = (Arc::clone(&now), Arc::clone(&most), upstream.clone());
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if client.read(&mut byte).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let in_flight = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(in_flight, Ordering::SeqCst);
+                std::thread::sleep(delay);
+                let text = String::from_utf8_lossy(&head);
+                let mut request: String = text
+                    .lines()
+                    .filter(|l| !l.is_empty() && !l.to_ascii_lowercase().starts_with("connection:"))
+                    .map(|l| format!("{l}\r\n"))
+                    .collect();
+                request.push_str("Connection: close\r\n\r\n");
+                if let Ok(mut server) =
+                    std::net::TcpStream::connect(upstream.trim_start_matches("http://"))
+                {
+                    let _ = server.write_all(request.as_bytes());
+                    let _ = std::io::copy(&mut server, &mut client);
+                }
+                now.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (url, peak)
+}
+
+/// At most `max_concurrent_fetches` debuginfod fetches run at once for a tenant, however
+/// many of its queries need files; another tenant has fetches of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debuginfod_fetches_are_bounded_per_tenant() {
+    let programs: Vec<Program> = (0..8)
+        .filter_map(|n| program(&[&format!("-Wl,--build-id=0x6b696c6e{n:032x}")]))
+        .collect();
+    if programs.len() < 8 {
+        return;
+    }
+    let served = tempfile::tempdir().unwrap();
+    std::fs::create_dir(served.path().join("files")).unwrap();
+    let ids: Vec<String> = programs.iter().map(|p| build_id(&p.debug)).collect();
+    for (n, program) in programs.iter().enumerate() {
+        std::fs::copy(
+            &program.debug,
+            served.path().join(format!("files/{n}.debug")),
+        )
+        .unwrap();
+    }
+    let Some(server) = debuginfod(served.path(), &ids[0]) else {
+        return;
+    };
+    let probe = server.url.trim_start_matches("http://").to_string();
+    for id in &ids {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while http_status(&probe, &format!("/buildid/{id}/debuginfo")).ok() != Some(200) {
+            assert!(Instant::now() < deadline, "debuginfod never served {id}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let (url, most) = slow_proxy(server.url.clone(), Duration::from_millis(400));
+    let root = tempfile::tempdir().unwrap();
+    let symbolizer = symbolizer(
+        root.path(),
+        SymbolizationConfig {
+            debuginfod_urls: vec![url],
+            max_concurrent_fetches: 2,
+            ..SymbolizationConfig::default()
+        },
+    );
+    let (mapping, addresses) = addresses_of(&programs[0].full, "kiln_hot_a");
+    let fetch_all = |tenants: Vec<(&'static str, String)>| {
+        let mut tasks = tokio::task::JoinSet::new();
+        for (tenant, id) in tenants {
+            let (symbolizer, addresses) = (symbolizer.clone(), addresses.clone());
+            tasks
+                .spawn(async move { symbolizer.symbolize(tenant, &id, mapping, &addresses).await });
+        }
+        tasks
+    };
+    let started = Instant::now();
+    let mut tasks = fetch_all(ids[..6].iter().map(|id| ("shop", id.clone())).collect());
+    while let Some(named) = tasks.join_next().await {
+        assert_named(&named.unwrap().expect("fetched"));
+    }
+    let one_tenant = most.swap(0, std::sync::atomic::Ordering::SeqCst);
+    let elapsed = started.elapsed();
+    // Two tenants' fetches at once: each has its own two.
+    let mut tasks = fetch_all(vec![
+        ("a", ids[6].clone()),
+        ("b", ids[7].clone()),
+        ("a", "6b696c6e".repeat(5)),
+        ("b", "6e6c696b".repeat(5)),
+    ]);
+    let mut found = 0;
+    while let Some(named) = tasks.join_next().await {
+        found += usize::from(named.unwrap().is_some());
+    }
+    let two_tenants = most.load(std::sync::atomic::Ordering::SeqCst);
+    println!(
+        "debuginfod fetches at once: {one_tenant} for one tenant's 6 files (max_concurrent_fetches 2, {} ms at 400 ms each), {two_tenants} for two tenants' 4",
+        elapsed.as_millis()
+    );
+    assert_eq!(one_tenant, 2);
+    assert!(
+        elapsed >= Duration::from_millis(1200),
+        "three rounds of two: {elapsed:?}"
+    );
+    assert_eq!(found, 2, "the two unknown build ids are not found");
+    assert!(two_tenants >= 3, "{two_tenants}");
+    drop(programs);
+}

@@ -329,18 +329,33 @@ impl<'r, 'a> PprofBuilder<'r, 'a> {
         }
         let dictionary = self.dictionary;
         let mapping = entry(&dictionary.mappings, index, "mapping")?;
-        let mut build_id = 0;
+        // The GNU build id is what debug files are kept and fetched under
+        // (kiln-symbolize, debuginfod), so it wins over the others a mapping may carry
+        // (the OpenTelemetry eBPF profiler sends `.gnu`, `.go` and its own `.htlhash`),
+        // in whatever order they come; another is kept only when it is all there is.
+        let mut build_id: Option<(bool, String)> = None;
         for attribute in &dictionary.indices[range(&mapping.attributes)] {
             let attribute = entry(&dictionary.attributes, *attribute, "attribute")?;
             let key = dictionary_string(dictionary, attribute.key_strindex)?;
-            if key.starts_with("process.executable.build_id") && build_id == 0 {
-                let value = match &attribute.value {
-                    Some(value) => value_text(dictionary, value)?,
-                    None => String::new(),
-                };
-                build_id = self.text(&value);
+            let Some(kind) = key.strip_prefix("process.executable.build_id") else {
+                continue;
+            };
+            let gnu = kind == ".gnu";
+            if build_id.as_ref().is_some_and(|(held, _)| *held || !gnu) {
+                continue;
+            }
+            let value = match &attribute.value {
+                Some(value) => value_text(dictionary, value)?,
+                None => String::new(),
+            };
+            if !value.is_empty() {
+                build_id = Some((gnu, value));
             }
         }
+        let build_id = match build_id {
+            Some((_, value)) => self.text(&value),
+            None => 0,
+        };
         let id = self.profile.mapping.len() as u64 + 1;
         let filename = self.string(mapping.filename_strindex)?;
         self.profile.mapping.push(pprof::Mapping {

@@ -13,7 +13,7 @@ use crate::pyroscope::{names, ticks, url_escape};
 
 const TYPE: &str = "process_cpu:samples:count:cpu:nanoseconds";
 
-fn has_python_otlp() -> bool {
+pub(crate) fn has_python_otlp() -> bool {
     Command::new("python3")
         .args([
             "-c",

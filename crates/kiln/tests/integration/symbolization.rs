@@ -203,8 +203,11 @@ fn an_uploaded_debug_file_names_a_stripped_programs_stored_frames() {
         assert_eq!(seen["noticeShown"], true, "{seen:#}");
         let notice = seen["notice"].as_str().unwrap_or_default();
         assert!(
-            notice.contains("(kiln_sym_upload"),
-            "the stripped binary first: {notice}"
+            notice.contains(&format!(
+                "(kiln_sym_upload, build id {}",
+                build_id_of(&builds.stripped)
+            )),
+            "the stripped binary first, with its build id: {notice}"
         );
         assert!(
             seen["unnamedShare"].as_f64().unwrap_or(0.0) > 0.9,
@@ -297,14 +300,19 @@ fn upload(server: &TestServer, file: &Path) -> String {
     ])
 }
 
-fn build_id_of(path: &Path) -> String {
+/// What `readelf FLAG PATH` prints.
+fn readelf(flag: &str, path: &Path) -> String {
     let output = Command::new("readelf")
-        .arg("-n")
+        .arg(flag)
         .arg(path)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&output.stdout);
-    text.lines()
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn build_id_of(path: &Path) -> String {
+    readelf("-n", path)
+        .lines()
         .find_map(|line| line.trim().strip_prefix("Build ID: "))
         .expect("a build id")
         .trim()
@@ -606,4 +614,203 @@ fn the_symbolize_bench_names_every_frame_and_keeps_the_totals() {
     );
     assert!(output.contains("(equal)"), "{output}");
     assert!(output.contains("what naming adds"), "{output}");
+}
+
+/// The executable segment of `binary` as the OpenTelemetry eBPF profiler reports a
+/// mapping, in the file's own address space: (start, limit, file offset), page-aligned as
+/// the kernel maps it.
+fn text_segment(binary: &Path) -> (u64, u64, u64) {
+    let text = readelf("-lW", binary);
+    let hex = |field: &str| u64::from_str_radix(field.trim_start_matches("0x"), 16).unwrap();
+    let page = 4096;
+    // LOAD offset vaddr paddr filesz memsz flags... align, the flags one or more words.
+    text.lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() > 7 && f[0] == "LOAD" && f[6..f.len() - 1].contains(&"E"))
+        .map(|f| {
+            let (offset, vaddr, memsz) = (hex(f[1]), hex(f[2]), hex(f[5]));
+            (
+                vaddr - vaddr % page,
+                (vaddr + memsz).div_ceil(page) * page,
+                offset - offset % page,
+            )
+        })
+        .expect("an executable LOAD segment")
+}
+
+/// An address of the unstripped `binary`, inside function `outer` (from its symbol), whose
+/// frames are exactly `frames`, innermost first: found by naming every byte of `outer`.
+fn address_with(binary: &Path, outer: &str, frames: &[&str]) -> u64 {
+    let output = Command::new("nm").arg("-S").arg(binary).output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    let (start, size) = text
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .find(|fields| fields.len() == 4 && fields[3] == outer)
+        .map(|f| {
+            let hex = |x: &str| u64::from_str_radix(x, 16).unwrap();
+            (hex(f[0]), hex(f[1]))
+        })
+        .unwrap_or_else(|| panic!("{outer} in nm -S"));
+    let addresses: Vec<u64> = (start..start + size).collect();
+    let (_, named) = kiln_symbolize::read_debug_file(binary, 1 << 30, &addresses).unwrap();
+    addresses
+        .iter()
+        .zip(named)
+        .find(|(_, named)| {
+            named
+                .iter()
+                .map(|f| f.name.as_str())
+                .eq(frames.iter().copied())
+        })
+        .map(|(address, _)| *address)
+        .unwrap_or_else(|| panic!("an address of {outer} named {frames:?}"))
+}
+
+/// Native frames as the OpenTelemetry eBPF profiler sends them over OTLP
+/// (tests/otlp/ebpf_profiler_shape.py): addresses and mappings in the file's own address
+/// space, the GNU build id after the profiler's own file hash, a Python frame at the root.
+/// Stored unnamed, shown as `binary+0xoffset` at the offsets the agent would show, kept
+/// under the GNU build id, and named after `kiln debuginfo upload` with inlined calls,
+/// the values exact.
+#[test]
+fn otlp_native_frames_of_the_ebpf_profiler_are_named_from_an_upload() {
+    if !crate::otlp::has_python_otlp() {
+        println!("skipped: the eBPF profiler's OTLP shape (Python opentelemetry-proto and grpcio are not installed)");
+        return;
+    }
+    let Some(builds) = builds("kiln_sym_otlp") else {
+        return;
+    };
+    let build_id = build_id_of(&builds.stripped);
+    let (start, limit, offset) = text_segment(&builds.stripped);
+    let in_a = address_with(&builds.full, "kiln_hot_a", &["kiln_mix_a", "kiln_hot_a"]);
+    let in_b = address_with(&builds.full, "kiln_hot_b", &["kiln_mix_b", "kiln_hot_b"]);
+    let in_loop = address_with(&builds.full, "kiln_main_loop", &["kiln_main_loop"]);
+    let server = TestServer::start();
+    let spec = serde_json::json!({
+        "service": "kiln-otlp-ebpf",
+        "binary": builds.stripped.to_string_lossy(),
+        "build_id": build_id,
+        "htlhash": "0123456789abcdef0123456789abcdef",
+        "segment": [start, limit, offset],
+        "stacks": [[[in_a, in_loop], 70], [[in_b, in_loop], 30]],
+        "python": ["handle", "app.py", 12],
+    });
+    let output = Command::new("python3")
+        .arg(workspace_root().join("tests/otlp/ebpf_profiler_shape.py"))
+        .arg(server.url.trim_start_matches("http://"))
+        .arg(spec.to_string())
+        .output()
+        .expect("python3 runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    const TYPE: &str = "process_cpu:samples:count:cpu:nanoseconds";
+    let selector = r#"{service_name="kiln-otlp-ebpf"}"#;
+    let paths = || -> Vec<(Vec<String>, i64)> {
+        let tree = crate::agent::tree_of(&server, TYPE, selector);
+        let mut paths = kiln_query::merge::read_tree_bytes(&tree).expect("tree");
+        paths.retain(|(_, value)| *value != 0);
+        paths.sort();
+        paths
+    };
+    let file_offset = |address: u64| format!("kiln_sym_otlp+0x{:x}", address - start + offset);
+    let path = |frames: &[String]| -> Vec<String> { frames.to_vec() };
+    let before = paths();
+    let mut expected = vec![
+        (
+            path(&["handle".into(), file_offset(in_loop), file_offset(in_a)]),
+            70,
+        ),
+        (
+            path(&["handle".into(), file_offset(in_loop), file_offset(in_b)]),
+            30,
+        ),
+    ];
+    expected.sort();
+    assert_eq!(before, expected);
+    let profile = merged_pprof(&server, TYPE, selector);
+    let build_ids: Vec<String> = profile
+        .mapping
+        .iter()
+        .map(|m| profile.string_or_empty(m.build_id).to_string())
+        .collect();
+    assert_eq!(
+        build_ids,
+        vec![build_id.clone()],
+        "the GNU build id is kept"
+    );
+    upload(&server, &builds.debug);
+    let after = paths();
+    let named = |leaf: &[&str]| -> Vec<String> {
+        ["handle", "kiln_main_loop"]
+            .iter()
+            .chain(leaf)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    assert_eq!(
+        after,
+        vec![
+            (named(&["kiln_hot_a", "kiln_mix_a"]), 70),
+            (named(&["kiln_hot_b", "kiln_mix_b"]), 30),
+        ]
+    );
+    println!(
+        "the eBPF profiler's OTLP shape: {} -> {:?} and {:?}",
+        file_offset(in_a),
+        after[0].0,
+        after[1].0
+    );
+}
+
+/// A debug file past `symbolization.max_debuginfo_bytes` is refused with 413 and the
+/// limit named, whether its length is declared (refused before it is read) or it comes
+/// chunked (refused once it passes the limit); nothing is kept, and `kiln debuginfo
+/// upload` fails with the server's message.
+#[test]
+fn a_debug_file_past_the_limit_is_refused_with_413() {
+    let Some(builds) = builds("kiln_sym_large") else {
+        return;
+    };
+    let file = std::fs::read(&builds.debug).unwrap();
+    let limit = (file.len() / 2) as u64;
+    let server = TestServer::start_with(|config| config.symbolization.max_debuginfo_bytes = limit);
+    let id = build_id_of(&builds.debug);
+    let path = format!("/api/v1/debuginfo/{id}");
+    let (status, text) = server.put_bytes(&path, &file);
+    assert_eq!(status, 413, "{text}");
+    assert!(
+        text.contains(&format!(
+            "{} bytes (Content-Length) exceeds the limit of {limit} bytes (symbolization.max_debuginfo_bytes)",
+            file.len()
+        )),
+        "{text}"
+    );
+    let chunked = TestServer::agent()
+        .put(&format!("{}{path}", server.url))
+        .send(std::io::Cursor::new(file.clone()));
+    let (status, text) = response_text(chunked);
+    assert_eq!(status, 413, "{text}");
+    assert!(
+        text.contains(&format!(
+            "is more than the {limit} allowed (symbolization.max_debuginfo_bytes)"
+        )),
+        "{text}"
+    );
+    let (status, _) = server.get(&path);
+    assert_eq!(status, 404, "nothing kept");
+    let output = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["debuginfo", "upload"])
+        .arg(&builds.debug)
+        .args(["--url", &server.url])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("max_debuginfo_bytes"), "{stderr}");
+    println!("past the limit: 413 \"{}\"", text.trim());
 }
