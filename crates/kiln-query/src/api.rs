@@ -370,8 +370,9 @@ pub struct FlameGraph {
     pub unnamed_binaries: Vec<UnnamedBinary>,
 }
 
-/// A binary with frames no symbols named.
-#[derive(Clone, PartialEq, Eq, prost::Message, Serialize, Deserialize)]
+/// A binary with frames no symbols named. Ordered by name, then build id, as a flame
+/// graph lists them.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, prost::Message, Serialize, Deserialize)]
 #[serde(default)]
 pub struct UnnamedBinary {
     /// Its file name, as its frames show it.

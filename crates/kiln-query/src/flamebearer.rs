@@ -73,14 +73,7 @@ pub fn flamebearer(tree: &FlameTree) -> Flamebearer {
         levels,
         num_ticks: tree.total(),
         max_self,
-        unnamed_binaries: tree
-            .unnamed
-            .iter()
-            .map(|(binary, build_id)| UnnamedBinary {
-                binary: binary.clone(),
-                build_id: build_id.clone(),
-            })
-            .collect(),
+        unnamed_binaries: tree.unnamed.iter().cloned().collect(),
     }
 }
 

@@ -94,22 +94,25 @@ impl<'a> FrameNames<'a> {
         leaf
     }
 
-    /// The binary (file name, as the frame shows it, and build id) of a location shown as
-    /// `module+0xoffset`; `None` for a named location or one of no file.
-    pub fn unnamed_binary(&self, location: u32) -> Option<(&'a str, &'a str)> {
+    /// The mapping of a location shown as `module+0xoffset`; `None` for a named location
+    /// or one of no file.
+    pub fn unnamed_mapping(&self, location: u32) -> Option<u32> {
         let at = location as usize;
-        let (start, end) = (self.line_offsets.get(at)?, self.line_offsets.get(at + 1)?);
-        if start != end {
+        if self.line_offsets.get(at)? != self.line_offsets.get(at + 1)? {
             return None;
         }
-        let mapping = self.dataset.location_mapping.get(at)?;
-        let mapping = self.dataset.mappings.get(*mapping as usize)?;
-        if mapping.filename == 0 {
-            return None;
-        }
-        let file = self.dataset.string(mapping.filename);
-        let module = file.rsplit('/').next().unwrap_or(file);
-        Some((module, self.dataset.string(mapping.build_id)))
+        let mapping = *self.dataset.location_mapping.get(at)?;
+        let row = self.dataset.mappings.get(mapping as usize)?;
+        (row.filename != 0).then_some(mapping)
+    }
+
+    /// The binary of `mapping` as its unnamed frames show it, with its build id.
+    pub fn binary(&self, mapping: u32) -> Option<crate::api::UnnamedBinary> {
+        let row = self.dataset.mappings.get(mapping as usize)?;
+        Some(crate::api::UnnamedBinary {
+            binary: module(self.dataset.string(row.filename)).to_string(),
+            build_id: self.dataset.string(row.build_id).to_string(),
+        })
     }
 
     /// `module+0xoffset` for a frame without symbols, so it can be symbolized later.
@@ -127,8 +130,7 @@ impl<'a> FrameNames<'a> {
             .and_then(|m| self.dataset.mappings.get(*m as usize));
         match mapping {
             Some(mapping) if mapping.filename != 0 => {
-                let file = self.dataset.string(mapping.filename);
-                let module = file.rsplit('/').next().unwrap_or(file);
+                let module = module(self.dataset.string(mapping.filename));
                 let offset = address
                     .wrapping_sub(mapping.memory_start)
                     .wrapping_add(mapping.file_offset);
@@ -137,4 +139,9 @@ impl<'a> FrameNames<'a> {
             _ => format!("0x{address:x}"),
         }
     }
+}
+
+/// A mapping's file as its unnamed frames name it: the last part of its path.
+fn module(file: &str) -> &str {
+    file.rsplit('/').next().unwrap_or(file)
 }

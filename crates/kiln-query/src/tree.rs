@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use foldhash::{HashMap, HashMapExt};
 use prost::encoding::{decode_varint, encode_varint};
 
+use crate::api::UnnamedBinary;
 use crate::selection::DatasetSelection;
 use crate::symbols::FrameNames;
 use crate::QueryError;
@@ -105,9 +106,6 @@ pub struct Tree<V> {
     /// upload debug info for. Kept beside the nodes because a name cannot say it.
     pub unnamed: BTreeSet<UnnamedBinary>,
 }
-
-/// A binary with frames no symbols named: its file name and GNU build id.
-pub type UnnamedBinary = (String, String);
 
 /// The merged call tree of one selection: the flame graph's.
 pub type FlameTree = Tree<i64>;
@@ -387,6 +385,8 @@ impl DatasetTree {
         // This tree's name of each of the dataset's strings, on first use; names that are
         // no string of the dataset (`[unknown]`, addresses) by text.
         let mut name_of_string = vec![u32::MAX; dataset.strings.len()];
+        // Which mappings have frames shown unnamed: their binaries, once at the end.
+        let mut unnamed_mappings = vec![false; dataset.mappings.len()];
         let mut other_names: HashMap<String, u32> = HashMap::new();
         // Parents precede children in the stack table, so one forward pass suffices.
         for node in 1..stack_count {
@@ -420,15 +420,8 @@ impl DatasetTree {
                 tree.self_value.push(0);
                 current = (tree.parent.len() - 1) as u32;
             });
-            if let Some(binary) = names.unnamed_binary(dataset.stack_location[node]) {
-                if !tree
-                    .unnamed
-                    .iter()
-                    .any(|(f, b)| (f.as_str(), b.as_str()) == binary)
-                {
-                    tree.unnamed
-                        .push((binary.0.to_string(), binary.1.to_string()));
-                }
+            if let Some(mapping) = names.unnamed_mapping(dataset.stack_location[node]) {
+                unnamed_mappings[mapping as usize] = true;
             }
             tree_node[node] = current;
             if current != 0 {
@@ -439,7 +432,12 @@ impl DatasetTree {
         tree.parent.shrink_to_fit();
         tree.name.shrink_to_fit();
         tree.self_value.shrink_to_fit();
+        tree.unnamed = (0..unnamed_mappings.len() as u32)
+            .filter(|m| unnamed_mappings[*m as usize])
+            .filter_map(|m| names.binary(m))
+            .collect();
         tree.unnamed.sort();
+        tree.unnamed.dedup();
         tree
     }
 
@@ -449,7 +447,7 @@ impl DatasetTree {
             + self
                 .unnamed
                 .iter()
-                .map(|(f, b)| 48 + f.len() + b.len())
+                .map(|b| 48 + b.binary.len() + b.build_id.len())
                 .sum::<usize>()
             + self.parent.len() * (2 * std::mem::size_of::<u32>() + std::mem::size_of::<i64>())
     }
@@ -513,7 +511,7 @@ pub fn encode_partial(tree: &FlameTree) -> Vec<u8> {
     }
     if !tree.unnamed.is_empty() {
         encode_varint(tree.unnamed.len() as u64, &mut out);
-        for text in tree.unnamed.iter().flat_map(|(f, b)| [f, b]) {
+        for text in tree.unnamed.iter().flat_map(|b| [&b.binary, &b.build_id]) {
             encode_varint(text.len() as u64, &mut out);
             out.extend_from_slice(text.as_bytes());
         }
@@ -577,8 +575,9 @@ pub fn decode_partial(bytes: &[u8]) -> Result<FlameTree, QueryError> {
     }
     if binaries {
         for _ in 0..next(&mut rest)? {
-            let file = text(&mut rest)?;
-            tree.unnamed.insert((file, text(&mut rest)?));
+            let binary = text(&mut rest)?;
+            let build_id = text(&mut rest)?;
+            tree.unnamed.insert(UnnamedBinary { binary, build_id });
         }
     }
     if !rest.is_empty() {
@@ -624,8 +623,12 @@ mod tests {
     fn partial_trees_read_back_whole_and_add_up_to_the_tree_of_both() {
         let left = tree(&[(&["main", "a"], 5), (&["main", "b"], -3), (&["gc"], 7)]);
         let mut right = tree(&[(&["main", "a"], 2), (&["main", "c", "ü"], i64::MAX)]);
-        right.unnamed.insert(("libfoo.so".into(), "ab12".into()));
-        right.unnamed.insert(("checkout".into(), String::new()));
+        for (binary, build_id) in [("libfoo.so", "ab12"), ("checkout", "")] {
+            right.unnamed.insert(UnnamedBinary {
+                binary: binary.into(),
+                build_id: build_id.into(),
+            });
+        }
         let bytes = encode_partial(&left);
         assert!(
             bytes.starts_with(b"KFT1"),

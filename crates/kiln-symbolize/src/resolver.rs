@@ -25,7 +25,7 @@ enum Job {
         offsets: Vec<u64>,
         /// Named from `.gopclntab` ([`crate::go`]) rather than by blazesym.
         go: bool,
-        /// What parsing the file is taken to cost in memory: its size.
+        /// What parsing the file is taken to cost in memory ([`crate::Contents::weight`]).
         weight: u64,
         reply: tokio::sync::oneshot::Sender<Vec<Vec<Frame>>>,
     },
@@ -165,10 +165,10 @@ fn run(jobs: mpsc::Receiver<Job>, budget: u64, held: Held) {
             Job::Evict(path) => {
                 parsed.forget(&path);
                 evict(&mut symbolizer, path);
+                held.bytes
+                    .set(i64::try_from(parsed.bytes).unwrap_or(i64::MAX));
             }
         }
-        held.bytes
-            .set(i64::try_from(parsed.bytes).unwrap_or(i64::MAX));
     }
 }
 

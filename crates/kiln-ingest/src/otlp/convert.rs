@@ -333,29 +333,22 @@ impl<'r, 'a> PprofBuilder<'r, 'a> {
         // (kiln-symbolize, debuginfod), so it wins over the others a mapping may carry
         // (the OpenTelemetry eBPF profiler sends `.gnu`, `.go` and its own `.htlhash`),
         // in whatever order they come; another is kept only when it is all there is.
-        let mut build_id: Option<(bool, String)> = None;
+        let (mut gnu, mut other) = (None, None);
         for attribute in &dictionary.indices[range(&mapping.attributes)] {
             let attribute = entry(&dictionary.attributes, *attribute, "attribute")?;
             let key = dictionary_string(dictionary, attribute.key_strindex)?;
-            let Some(kind) = key.strip_prefix("process.executable.build_id") else {
-                continue;
+            let held = match key.strip_prefix("process.executable.build_id") {
+                Some(".gnu") => &mut gnu,
+                Some(_) => &mut other,
+                None => continue,
             };
-            let gnu = kind == ".gnu";
-            if build_id.as_ref().is_some_and(|(held, _)| *held || !gnu) {
-                continue;
-            }
-            let value = match &attribute.value {
-                Some(value) => value_text(dictionary, value)?,
-                None => String::new(),
-            };
-            if !value.is_empty() {
-                build_id = Some((gnu, value));
+            if held.is_none() {
+                if let Some(value) = &attribute.value {
+                    *held = Some(value_text(dictionary, value)?).filter(|v| !v.is_empty());
+                }
             }
         }
-        let build_id = match build_id {
-            Some((_, value)) => self.text(&value),
-            None => 0,
-        };
+        let build_id = gnu.or(other).map_or(0, |value| self.text(&value));
         let id = self.profile.mapping.len() as u64 + 1;
         let filename = self.string(mapping.filename_strindex)?;
         self.profile.mapping.push(pprof::Mapping {
