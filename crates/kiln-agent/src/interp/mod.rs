@@ -311,7 +311,7 @@ impl Copy<'_> {
 enum Runtime {
     Python(python::Runtime),
     Ruby(ruby::Runtime),
-    V8(v8::Runtime),
+    V8(Box<v8::Runtime>),
     HotSpot(hotspot::Runtime),
 }
 
@@ -522,7 +522,8 @@ impl Interpreters {
                 )),
                 Some(Binary::V8(binary)) => Some((
                     "node",
-                    v8::Runtime::new(pid, binary, &mapping.path).map(Runtime::V8),
+                    v8::Runtime::new(pid, binary, &mapping.path)
+                        .map(|v8| Runtime::V8(Box::new(v8))),
                 )),
                 Some(Binary::HotSpot(binary)) => Some((
                     "java",

@@ -40,9 +40,12 @@
 //! loop), each with an inlining id, and the code's deoptimization data maps that id to the
 //! inlined function and the position in its caller where it was inlined. The frame's code
 //! is its function's current code (`JSFunction::code`), read later like the rest, and used
-//! only when the sample's address lies within its instructions: code replaced since the
-//! sample, or run by on-stack replacement (which leaves `JSFunction::code` alone), keeps
-//! the frame's one function, as V8's own stack traces would have it without the position.
+//! only when the sample's address lies within its instructions. Code entered by on-stack
+//! replacement (a long loop's, compiled while it ran) is never its function's: it is found
+//! from the address, by the header of the object holding its instructions, just below
+//! them (code space holds its objects end to end), and must start where that header says
+//! and have been compiled for the frame's function. Code replaced since the sample keeps
+//! the frame's one function.
 //! The `Code` class lost most of its postmortem symbols between V8 10 and 12, so the
 //! offsets the build lacks are derived from those it has and its version
 //! ([`Inlining::from_symbols`]); every object on the way is checked by its type, so a
@@ -147,6 +150,11 @@ pub struct Inlining {
     deopt_count: u64,
     deopt_literals: u64,
     deopt_inlining: u64,
+    deopt_function: u64,
+    /// Where the instructions begin after the start of the object holding them: an
+    /// `InstructionStream` (V8 11 on: its map, then its `Code`, then the rest of its
+    /// header) or, before, the code object itself.
+    stream_header: u64,
 }
 
 impl Inlining {
@@ -213,11 +221,18 @@ impl Inlining {
                 .filter_map(|name| symbol_type(values, name))
                 .collect()
         };
+        let start_is_pointer = version >= (11, 1, 204);
+        let stream_header = if start_is_pointer {
+            field("InstructionStream", &["instruction_start"])
+                .ok_or_else(|| missing("InstructionStream::instruction_start"))?
+        } else {
+            code_start
+        };
         Ok(Inlining {
             js_code,
             type_code: symbol_type(values, "Code").ok_or_else(|| missing("type Code"))?,
             code_start,
-            start_is_pointer: version >= (11, 1, 204),
+            start_is_pointer,
             code_size,
             code_positions,
             code_deopt,
@@ -226,6 +241,8 @@ impl Inlining {
             deopt_count: index("DeoptimizationDataInlinedFunctionCountIndex", 1),
             deopt_literals: index("DeoptimizationDataLiteralArrayIndex", 2),
             deopt_inlining: index("DeoptimizationDataInliningPositionsIndex", 7),
+            deopt_function: index("DeoptimizationDataSharedFunctionInfoIndex", 6),
+            stream_header,
         })
     }
 
@@ -458,6 +475,8 @@ struct Script {
 struct Compiled {
     /// Its instructions' addresses.
     instructions: Range<u64>,
+    /// The `SharedFunctionInfo` it was compiled for (untagged).
+    function: u64,
     /// (offset in the instructions, source position), by offset; empty when nothing was
     /// inlined.
     positions: Vec<(u32, u64)>,
@@ -472,6 +491,24 @@ struct Compiled {
 /// size, position table and deoptimization data. A collected and reused address has
 /// other tables.
 type CodeKey = (u64, u64, u32, u64, u64);
+
+/// A code object's header, as read.
+#[derive(Debug, Clone, Copy)]
+struct CodeHeader {
+    map: u64,
+    key: CodeKey,
+}
+
+impl CodeHeader {
+    fn instructions(&self) -> Range<u64> {
+        self.key.1..self.key.1 + u64::from(self.key.2)
+    }
+}
+
+/// Code run by on-stack replacement found per process, by where its instructions start.
+const MAX_REPLACED: usize = 4096;
+/// The farthest below an address its code object's start is looked for.
+const MAX_CODE_SEARCH: u64 = 256 << 10;
 
 /// The most positions, inlined functions and inlining levels read from one code object.
 const MAX_POSITIONS: usize = 1 << 16;
@@ -575,6 +612,13 @@ pub struct Runtime {
     /// Optimized code objects read, `None` for those with nothing inlined or unreadable.
     codes: HashMap<CodeKey, Option<Arc<Compiled>>>,
     code_bytes: usize,
+    /// The map of the objects holding instructions, once one was seen.
+    stream_map: Option<u64>,
+    /// Code found from an address outside its function's current code: start → (end,
+    /// code object).
+    replaced: std::collections::BTreeMap<u64, (u64, u64)>,
+    /// Pages (address >> 12) where none was found.
+    unfound: std::collections::HashSet<u64>,
 }
 
 /// Names and scripts kept per process; past it they are read again.
@@ -608,6 +652,9 @@ impl Runtime {
             last: HashMap::new(),
             codes: HashMap::new(),
             code_bytes: 0,
+            stream_map: None,
+            replaced: std::collections::BTreeMap::new(),
+            unfound: std::collections::HashSet::new(),
         })
     }
 
@@ -652,6 +699,8 @@ impl Runtime {
             self.last.clear();
             self.codes.clear();
             self.code_bytes = 0;
+            self.replaced.clear();
+            self.unfound.clear();
         }
         // The frames that may be JavaScript's, each frame pointer once: (depth, code,
         // function, the address it runs at).
@@ -793,11 +842,10 @@ impl Runtime {
                     _ => None,
                 },
             };
-            let inlined = match (code, code.and_then(|_| code_read.next())) {
-                (Some((code, at)), Some((true, chunk))) => self
-                    .compiled(*code, chunk)
-                    .and_then(|compiled| compiled.inlined_at(*at))
-                    .unwrap_or_default(),
+            let inlined = match (code, code.and_then(|_| code_read.next()), sfi) {
+                (Some((code, at)), Some((true, chunk)), Some(sfi)) => {
+                    self.inlined(*code, chunk, *at, *sfi).unwrap_or_default()
+                }
                 _ => Vec::new(),
             };
             if let Some(name) = &named {
@@ -808,10 +856,9 @@ impl Runtime {
         names
     }
 
-    /// A code object's tables, from its header as read at the sample; `None` when it is
-    /// not optimized code with something inlined, or does not read as one.
-    fn compiled(&mut self, code: u64, header: &[u8]) -> Option<Arc<Compiled>> {
-        let layout = self.offsets.inlining.as_ref().ok()?.clone();
+    /// A code object's header fields, from its bytes as read.
+    fn code_header(&self, code: u64, header: &[u8]) -> Option<CodeHeader> {
+        let layout = self.offsets.inlining.as_ref().ok()?;
         let word = |at: u64| super::u64_at(header, usize::try_from(at).ok()?);
         let start = if layout.start_is_pointer {
             word(layout.code_start)?
@@ -820,18 +867,134 @@ impl Runtime {
         };
         let size = super::u32_at(header, usize::try_from(layout.code_size).ok()?)?;
         let (positions, deopt) = (word(layout.code_positions)?, word(layout.code_deopt)?);
-        let key = (code, start, size, positions, deopt);
+        Some(CodeHeader {
+            map: word(self.offsets.map)?,
+            key: (code, start, size, positions, deopt),
+        })
+    }
+
+    /// The functions inlined where a frame of `function` (its `SharedFunctionInfo`) ran
+    /// at `at`, innermost first. The code is its function's current code or, when that
+    /// does not hold the address, the code object the address lies in: a long loop runs
+    /// the code on-stack replacement compiled for it, which its function never points to.
+    fn inlined(&mut self, code: u64, header: &[u8], at: u64, function: u64) -> Option<Vec<Name>> {
+        let mut header = self.code_header(code, header)?;
+        if !header.instructions().contains(&at) {
+            let code = self.code_at(at)?;
+            let bytes = self.read_code_header(code)?;
+            header = self.code_header(code, &bytes)?;
+            if !header.instructions().contains(&at) {
+                return None;
+            }
+        } else if self.stream_map.is_none() {
+            self.learn_stream_map(&header);
+        }
+        let compiled = self.compiled(&header)?;
+        if compiled.function != function {
+            return None;
+        }
+        compiled.inlined_at(at)
+    }
+
+    fn read_code_header(&self, code: u64) -> Option<Vec<u8>> {
+        let length = self.offsets.inlining.as_ref().ok()?.header();
+        self.memory.bytes(code, length, length)
+    }
+
+    /// Notes the map of the objects holding instructions, from a code object known good.
+    fn learn_stream_map(&mut self, header: &CodeHeader) {
+        let offsets = self.offsets.clone();
+        let Some(layout) = offsets.inlining.as_ref().ok() else {
+            return;
+        };
+        if self.map_type(header.map) != Some(layout.type_code) {
+            return;
+        }
+        self.stream_map = if layout.start_is_pointer {
+            self.memory.u64(header.key.1 - layout.stream_header)
+        } else {
+            Some(header.map)
+        };
+    }
+
+    /// The code object whose instructions hold `at`, found by the header of the object
+    /// holding them just below it (objects in code space lie end to end); `None` when the
+    /// nearest header below is not one, or is another's.
+    fn code_at(&mut self, at: u64) -> Option<u64> {
+        if let Some((_, (end, code))) = self.replaced.range(..=at).next_back() {
+            if at < *end {
+                return Some(*code);
+            }
+        }
+        if self.unfound.contains(&(at >> 12)) {
+            return None;
+        }
+        let found = self.search_code(at);
+        match found {
+            Some((range, code)) => {
+                if self.replaced.len() >= MAX_REPLACED {
+                    self.replaced.clear();
+                }
+                self.replaced.insert(range.start, (range.end, code));
+                Some(code)
+            }
+            None => {
+                if self.unfound.len() >= MAX_REPLACED {
+                    self.unfound.clear();
+                }
+                self.unfound.insert(at >> 12);
+                None
+            }
+        }
+    }
+
+    fn search_code(&mut self, at: u64) -> Option<(Range<u64>, u64)> {
+        let layout = self.offsets.inlining.as_ref().ok()?.clone();
+        let map = self.stream_map?;
+        // Instructions start 32-byte aligned (64 in newer V8, which is also 32).
+        const STEP: u64 = 32;
+        const WINDOW: u64 = 4096;
+        let mut top = at & !(STEP - 1);
+        let floor = at.saturating_sub(MAX_CODE_SEARCH);
+        while top > floor {
+            let low = top.saturating_sub(WINDOW).max(floor);
+            let base = low.saturating_sub(layout.stream_header);
+            let bytes = self
+                .memory
+                .bytes(base, (top - base + 16) as usize, 2 * WINDOW as usize)?;
+            let mut start = top;
+            while start >= low && start > layout.stream_header {
+                let object = start - layout.stream_header;
+                let word =
+                    |at: u64| super::u64_at(&bytes, usize::try_from(at.checked_sub(base)?).ok()?);
+                if word(object) == Some(map) {
+                    let code = if layout.start_is_pointer {
+                        tagged(word(object + 8)?)?
+                    } else {
+                        object
+                    };
+                    let bytes = self.read_code_header(code)?;
+                    let header = self.code_header(code, &bytes)?;
+                    let range = header.instructions();
+                    return (range.start == start && range.contains(&at)).then_some((range, code));
+                }
+                start -= STEP;
+            }
+            top = low;
+        }
+        None
+    }
+
+    /// A code object's tables, from its header as read; `None` when it is not optimized
+    /// code with something inlined, or does not read as one.
+    fn compiled(&mut self, header: &CodeHeader) -> Option<Arc<Compiled>> {
+        let key = header.key;
         if let Some(known) = self.codes.get(&key) {
             return known.clone();
         }
-        let read = self.read_compiled(
-            word(self.offsets.map)?,
-            start,
-            size,
-            positions,
-            deopt,
-            &layout,
-        );
+        let layout = self.offsets.inlining.as_ref().ok()?.clone();
+        let (_, start, size, positions, deopt) = key;
+        let read = self.read_compiled(header.map, start, size, positions, deopt, &layout);
         let read = read.map(Arc::new);
         self.code_bytes += read.as_ref().map_or(0, |c| c.bytes()) + 48;
         if self.code_bytes > MAX_CODE_BYTES {
@@ -868,6 +1031,7 @@ impl Runtime {
             .deopt_count
             .max(layout.deopt_literals)
             .max(layout.deopt_inlining)
+            .max(layout.deopt_function)
             + 1;
         let length = smi(self.memory.u64(deopt + o.fixed_length)?)?;
         if u64::try_from(length).ok()? < slots {
@@ -877,6 +1041,7 @@ impl Runtime {
             .memory
             .bytes(deopt + o.fixed_data, slots as usize * 8, 4096)?;
         let slot = |i: u64| super::u64_at(&data, usize::try_from(i).ok()? * 8);
+        let function = tagged(slot(layout.deopt_function)?)?;
         let count = usize::try_from(smi(slot(layout.deopt_count)?)?).ok()?;
         if count == 0 || count > MAX_INLINED {
             return None;
@@ -920,6 +1085,7 @@ impl Runtime {
             .collect();
         Some(Compiled {
             instructions: start..start + u64::from(size),
+            function,
             positions,
             inlined,
             functions,
@@ -1244,6 +1410,7 @@ mod tests {
         let name = |n: &str| Some(Arc::new((n.to_string(), "app.js".to_string(), 1)));
         let compiled = Compiled {
             instructions: 0x1000..0x1400,
+            function: 0x5000,
             positions: decoded,
             // id 1: a, inlined into main at 149; id 2: b, inlined into a at 30.
             inlined: vec![(position(149, 0), 0), (position(30, 1), 1)],

@@ -606,10 +606,9 @@ fn ruby_methods_are_named_with_no_change_to_the_program() {
                 let a = share(&paths, "kiln_hot_a");
                 let b = share(&paths, "kiln_hot_b");
                 println!("{ruby} (pid {pid}) with two threads: kiln_hot_a on {a:.1} %, kiln_hot_b on {b:.1} %");
-                // (Not "a + b ≈ named": V8 inlines the hot function into kiln_main's
-                // code for the loop it is in, run by on-stack replacement, whose frames
-                // keep their one function.)
-                if a < 20.0 || b < 20.0 || named < 75.0 {
+                // The two threads' hot functions hold nearly all the named time, inlined
+                // or not.
+                if a < 20.0 || b < 20.0 || named < 75.0 || a + b < 0.9 * named {
                     failures.push(format!(
                         "{ruby} threads: {a:.1} and {b:.1}: {:#?}",
                         top(&paths)
@@ -703,9 +702,11 @@ fn node_functions_are_named_with_no_change_to_the_program() {
                 let split = 100.0 * a / (a + b).max(f64::MIN_POSITIVE);
                 // Each function at the line it starts on (burner.js:10), with its file.
                 let (at_start, _) = line_share(&server, *pid, "kiln_hot_a", "burner.js", &[10]);
-                // Inlined: nearly all the time is the hot two's, not their caller's, each
-                // frame of kiln_inline_round's optimized code expanded into the functions
-                // it ran.
+                // Nearly all the time is the hot two's, not their caller's, though V8
+                // inlines them: into kiln_inline_round ("inline"), and into the code it
+                // compiles for kiln_main's long loop and enters by on-stack replacement
+                // ("plain"), which kiln_main's JSFunction never points to. Each frame of
+                // optimized code is expanded into the functions it ran.
                 let hot = 100.0 * (a + b) / named.max(f64::MIN_POSITIVE);
                 let (_, within) = under(&paths, "kiln_inline_round", "kiln_hot_a");
                 let within = 100.0 * within as f64 / total.max(1) as f64;
@@ -713,7 +714,7 @@ fn node_functions_are_named_with_no_change_to_the_program() {
                     "node {version} (pid {pid}, {mode}): {:.2} s sampled, kiln_hot_a {split:.1} % of the two, the two on {hot:.1} % of named stacks, kiln_hot_a under kiln_inline_round on {within:.1} %, named on {named:.1} % of stacks, kiln_main on {main:.1} % of those, kiln_hot_a at burner.js:10 on {at_start:.1} %",
                     total as f64 / 1e9
                 );
-                let inlined = *mode != "inline" || (hot >= 90.0 && within >= 0.9 * a);
+                let inlined = hot >= 90.0 && (*mode != "inline" || within >= 0.9 * a);
                 if (split - 70.0).abs() > allowed_split(total, a + b)
                     || !inlined
                     || named < 75.0
@@ -730,10 +731,9 @@ fn node_functions_are_named_with_no_change_to_the_program() {
                 let a = share(&paths, "kiln_hot_a");
                 let b = share(&paths, "kiln_hot_b");
                 println!("node {version} (pid {pid}) with a worker thread: kiln_hot_a (the worker's) on {a:.1} %, kiln_hot_b (the main thread's) on {b:.1} %, named on {named:.1} %");
-                // (Not "a + b ≈ named": V8 inlines the hot function into kiln_main's
-                // code for the loop it is in, run by on-stack replacement, whose frames
-                // keep their one function.)
-                if a < 20.0 || b < 20.0 || named < 75.0 {
+                // The two threads' hot functions hold nearly all the named time, inlined
+                // or not.
+                if a < 20.0 || b < 20.0 || named < 75.0 || a + b < 0.9 * named {
                     failures.push(format!(
                         "{version} threads: {a:.1} and {b:.1}: {:#?}",
                         top(&paths)
@@ -958,7 +958,7 @@ fn interpreters_that_exit_mid_read_keep_their_own_names() {
             .collect();
         // Killed at a different moment of each wave: after the interpreter is found (the
         // burners start their work after a second), while its samples are being read.
-        std::thread::sleep(Duration::from_millis(1400 + 300 * wave));
+        std::thread::sleep(Duration::from_millis(1600 + 400 * wave));
         for (_, _, killed, child) in children.iter_mut().filter(|(_, _, killed, _)| *killed) {
             let _ = (killed, child.kill());
         }
@@ -1037,8 +1037,9 @@ fn interpreters_that_exit_mid_read_keep_their_own_names() {
             failures.push(format!("no {kind} line in the status"));
         }
     }
+    // (Not every one: on a loaded machine a process killed early may not have run yet.)
     assert!(
-        sampled * 4 >= short.len() * 3,
+        sampled * 2 >= short.len(),
         "only {sampled} of {} short-lived processes sampled",
         short.len()
     );
