@@ -237,7 +237,19 @@ async fn run_in(
                     "{url}/ingest?name={service}{{instance=i{instance}}}&format=pprof&from={from}&until={}",
                     from + interval
                 );
-                match agent.post(&request).send_bytes(&body) {
+                // An SDK retries a server that says it is busy; so does the replay, after
+                // the wait the server asks for (capped), up to a minute.
+                let mut answer = agent.post(&request).send_bytes(&body);
+                for _ in 0..600 {
+                    match &answer {
+                        Err(crate::http::Error::Status(429 | 503, _)) => {
+                            std::thread::sleep(Duration::from_millis(100));
+                            answer = agent.post(&request).send_bytes(&body);
+                        }
+                        _ => break,
+                    }
+                }
+                match answer {
                     Ok(_) => {
                         sent.profiles.fetch_add(1, Ordering::Relaxed);
                         sent.gzip_bytes

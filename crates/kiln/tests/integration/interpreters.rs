@@ -1001,7 +1001,12 @@ fn interpreters_that_exit_mid_read_keep_their_own_names() {
         if !foreign.is_empty() {
             failures.push(format!("{program} pid {pid}: foreign names {foreign:?}"));
         }
-        if total >= 200_000_000 && (named < 50.0 || main < 95.0) {
+        // What is named is named right (kiln_main under every one). One that ran its
+        // course is mostly named, or counted as unknown: a process gone before its samples
+        // were read leaves code objects that can no longer be (never another process's
+        // names). One killed may have spent its short life starting up, natively.
+        let mostly = *killed || named >= 50.0 || unknown >= 50.0;
+        if total >= 200_000_000 && (!mostly || (named > 0.0 && main < 95.0)) {
             failures.push(format!(
                 "{program} pid {pid}: named {named:.1}, main {main:.1}: {:#?}",
                 top(&paths)

@@ -236,9 +236,16 @@ fn a_logged_write_whose_flush_fails_is_written_from_the_log_later() {
         std::time::Duration::from_secs(30),
         || server.json("/api/0/services", &[])["body"] == serde_json::json!(["kept"]),
     );
-    assert!(server
-        .metrics()
-        .contains("kiln_ingest_wal_recovered_profiles_total 1\n"));
+    // Counted just after its segment is registered (and so visible): waited for, once.
+    crate::scrape::wait_until(
+        "the recovery counted",
+        std::time::Duration::from_secs(10),
+        || {
+            server
+                .metrics()
+                .contains("kiln_ingest_wal_recovered_profiles_total 1\n")
+        },
+    );
 }
 
 /// A memory flush of the log's batch counts the open batch only. A write logged while
