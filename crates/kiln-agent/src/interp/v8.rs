@@ -262,6 +262,11 @@ impl Inlining {
 }
 
 impl Offsets {
+    /// The bytes of a `SharedFunctionInfo`'s header read to name it.
+    fn sfi_header(&self) -> usize {
+        self.map.max(self.sfi_name).max(self.sfi_script) as usize + 8
+    }
+
     /// The layout from the values of a build's `v8dbg_*` symbols (named without the
     /// prefix); the first missing symbol is the error.
     pub fn from_symbols(values: &HashMap<String, i64>) -> Result<Offsets, String> {
@@ -617,8 +622,8 @@ pub struct Runtime {
     /// Code found from an address outside its function's current code: start → (end,
     /// code object).
     replaced: std::collections::BTreeMap<u64, (u64, u64)>,
-    /// Pages (address >> 12) where none was found.
-    unfound: std::collections::HashSet<u64>,
+    /// Pages (address >> 12) where none was found, with the lookups since.
+    unfound: HashMap<u64, u8>,
 }
 
 /// Names and scripts kept per process; past it they are read again.
@@ -654,7 +659,7 @@ impl Runtime {
             code_bytes: 0,
             stream_map: None,
             replaced: std::collections::BTreeMap::new(),
-            unfound: std::collections::HashSet::new(),
+            unfound: HashMap::new(),
         })
     }
 
@@ -739,18 +744,14 @@ impl Runtime {
             match name {
                 Some((name, inlined)) => {
                     named += 1;
-                    let id = if inlined.is_empty() {
-                        let (function, file, line) = &*name;
-                        frames.intern(function.clone(), file.clone(), *line)
-                    } else {
-                        frames.intern_inlined(
-                            inlined
-                                .iter()
-                                .chain(std::iter::once(&name))
-                                .map(|name| (*name).as_ref().clone())
-                                .collect(),
-                        )
-                    };
+                    // The function alone, or with those inlined where it ran.
+                    let id = frames.intern_inlined(
+                        inlined
+                            .iter()
+                            .chain(std::iter::once(&name))
+                            .map(|name| (*name).as_ref().clone())
+                            .collect(),
+                    );
                     if *code == Code::Builtin {
                         out.push(*address);
                     }
@@ -818,7 +819,7 @@ impl Runtime {
                 _ => None,
             });
         }
-        let header = o.map.max(o.sfi_name).max(o.sfi_script) as usize + 8;
+        let header = o.sfi_header();
         let code_header = inlining.map_or(0, Inlining::header);
         let mut ranges: Vec<(u64, usize)> =
             shared.iter().flatten().map(|sfi| (*sfi, header)).collect();
@@ -880,12 +881,20 @@ impl Runtime {
     fn inlined(&mut self, code: u64, header: &[u8], at: u64, function: u64) -> Option<Vec<Name>> {
         let mut header = self.code_header(code, header)?;
         if !header.instructions().contains(&at) {
-            let code = self.code_at(at)?;
-            let bytes = self.read_code_header(code)?;
-            header = self.code_header(code, &bytes)?;
-            if !header.instructions().contains(&at) {
-                return None;
-            }
+            header = match self.replaced_header(at) {
+                Some(header) => header,
+                // A range found before whose code has gone: forgotten, and found anew.
+                None => {
+                    let stale = self
+                        .replaced
+                        .range(..=at)
+                        .next_back()
+                        .filter(|(_, (end, _))| at < *end)
+                        .map(|(start, _)| *start);
+                    self.replaced.remove(&stale?);
+                    self.replaced_header(at)?
+                }
+            };
         } else if self.stream_map.is_none() {
             self.learn_stream_map(&header);
         }
@@ -894,6 +903,15 @@ impl Runtime {
             return None;
         }
         compiled.inlined_at(at)
+    }
+
+    /// The header of the code object found to hold `at` ([`Runtime::code_at`]), when it
+    /// still does.
+    fn replaced_header(&mut self, at: u64) -> Option<CodeHeader> {
+        let code = self.code_at(at)?;
+        let bytes = self.read_code_header(code)?;
+        let header = self.code_header(code, &bytes)?;
+        header.instructions().contains(&at).then_some(header)
     }
 
     fn read_code_header(&self, code: u64) -> Option<Vec<u8>> {
@@ -926,15 +944,22 @@ impl Runtime {
                 return Some(*code);
             }
         }
-        if self.unfound.contains(&(at >> 12)) {
-            return None;
+        // A page searched in vain is searched again at every 64th address that asks: code
+        // space is reused as the collector frees code.
+        if let Some(misses) = self.unfound.get_mut(&(at >> 12)) {
+            *misses = misses.wrapping_add(1);
+            if *misses % 64 != 0 {
+                return None;
+            }
         }
-        let found = self.search_code(at);
-        match found {
+        // Nothing to look for before a code object has shown its container's map.
+        self.stream_map?;
+        match self.search_code(at) {
             Some((range, code)) => {
                 if self.replaced.len() >= MAX_REPLACED {
                     self.replaced.clear();
                 }
+                self.unfound.remove(&(at >> 12));
                 self.replaced.insert(range.start, (range.end, code));
                 Some(code)
             }
@@ -942,7 +967,7 @@ impl Runtime {
                 if self.unfound.len() >= MAX_REPLACED {
                     self.unfound.clear();
                 }
-                self.unfound.insert(at >> 12);
+                self.unfound.entry(at >> 12).or_insert(0);
                 None
             }
         }
@@ -1074,7 +1099,7 @@ impl Runtime {
             })
             .collect();
         let positions = decode_positions(&table(self, positions, MAX_POSITIONS * 8)?)?;
-        let header = o.map.max(o.sfi_name).max(o.sfi_script) as usize + 8;
+        let header = o.sfi_header();
         let functions = sfis
             .into_iter()
             .map(|sfi| {
