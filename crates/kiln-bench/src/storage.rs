@@ -62,6 +62,9 @@ pub struct StorageBenchArgs {
     /// Keep the data directory afterwards, for `kiln admin blocks` or DuckDB.
     #[arg(long)]
     keep_data: bool,
+    /// `compaction.max_job_profiles` for phase 2 [default: the server's].
+    #[arg(long)]
+    max_job_profiles: Option<usize>,
 }
 
 /// A corpus file and where its measured type's values are.
@@ -70,6 +73,9 @@ struct Template {
     profile: Profile,
     value_index: usize,
 }
+
+/// Every level due at once (phase 2), with the default windows and codecs.
+const PHASE_2_LEVELS: &str = "    - { max_datasets: 20, max_age_ms: 0, window_ms: 0, compression: snappy }\n    - { max_datasets: 10, max_age_ms: 0, window_ms: 3600000 }\n    - { max_datasets: 24, max_age_ms: 0, window_ms: 86400000 }\n";
 
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 const ALLOC_SPACE: &str = "memory:alloc_space:bytes:space:bytes";
@@ -301,9 +307,12 @@ async fn run_in(
     );
 
     // Phase 2: compaction alone, every level due at once.
+    let max_job_profiles = args
+        .max_job_profiles
+        .map_or(String::new(), |n| format!("  max_job_profiles: {n}\n"));
     std::fs::write(
         data_dir.join("kiln.yaml"),
-        "compaction:\n  interval_ms: 100\n  grace_ms: 0\n  levels:\n    - { max_datasets: 20, max_age_ms: 0, window_ms: 0, compression: snappy }\n    - { max_datasets: 10, max_age_ms: 0, window_ms: 3600000 }\n    - { max_datasets: 24, max_age_ms: 0, window_ms: 86400000 }\n",
+        format!("compaction:\n{max_job_profiles}  interval_ms: 100\n  grace_ms: 0\n  levels:\n{PHASE_2_LEVELS}"),
     )?;
     let (mut server, url) = crate::common::start_server_with(
         data_dir,
@@ -355,18 +364,22 @@ async fn run_in(
         .into_iter()
         .filter(|block| block.deleted_at_ms.is_none())
         .collect();
+    // The peak of a server that did nothing but start and compact.
+    let peak_rss_mib = kiln_agent::procs::status_kib(server.id(), "VmHWM:") as f64 / 1024.0;
     let total_after = query_total(&url, args.stream, query_start, query_end)?;
+    print_layout(&metastore, data_dir).await?;
     drop(metastore);
     server.stop();
     let objects_after = directory_bytes(&data_dir.join("blocks"));
     let metastore_after = metastore_bytes(data_dir);
     let stored = objects_after + metastore_after;
     println!(
-        "compacted         {} blocks (levels {:?}) in {:.1} s, {:.1} s of server CPU",
+        "compacted         {} blocks (levels {:?}) in {:.1} s, {:.1} s of server CPU, peak RSS {:.0} MiB",
         blocks.len(),
         blocks.iter().map(|block| block.level).collect::<Vec<_>>(),
         settled_seconds,
-        cpu_seconds
+        cpu_seconds,
+        peak_rss_mib
     );
     println!(
         "compaction        {:.1} MB/s of segments per core ({:.1} MB/s of input over all levels, {:.1} MB read)",
@@ -404,6 +417,88 @@ async fn run_in(
     Ok(())
 }
 
+/// Prints each live block's level, time range, profiles and stored bytes, split into
+/// symbols and the rest, from its footer: where a day's bytes went (issue 61), one line
+/// per block and then one per level.
+async fn print_layout(
+    metastore: &kiln_metastore::Metastore,
+    data_dir: &Path,
+) -> anyhow::Result<()> {
+    let mut datasets = Vec::new();
+    for tenant in metastore.tenants().await? {
+        datasets.extend(
+            metastore
+                .list_datasets(kiln_metastore::DatasetQuery {
+                    tenant,
+                    service: None,
+                    from_nanos: i64::MIN,
+                    to_nanos: i64::MAX,
+                })
+                .await?,
+        );
+    }
+    let mut blocks: Vec<_> = metastore
+        .list_blocks()
+        .await?
+        .into_iter()
+        .filter(|block| block.deleted_at_ms.is_none())
+        .collect();
+    blocks.sort_by_key(|block| (block.level, block.created_at_ms));
+    let time = |nanos: i64| {
+        let seconds = nanos.div_euclid(1_000_000_000);
+        format!(
+            "day {} {:02}:{:02}",
+            seconds.div_euclid(86_400),
+            seconds.rem_euclid(86_400) / 3600,
+            seconds.rem_euclid(3600) / 60
+        )
+    };
+    // (blocks, profiles, symbol bytes, other bytes) per level.
+    let mut levels: std::collections::BTreeMap<u32, (usize, u64, u64, u64)> = Default::default();
+    for (shown, block) in blocks.iter().enumerate() {
+        let path = data_dir.join("blocks").join(&block.object_key);
+        let bytes = bytes::Bytes::from(
+            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
+        );
+        let split = kiln_storage::format::dataset_bytes(&bytes)?;
+        let inside: Vec<_> = datasets.iter().filter(|d| d.block_id == block.id).collect();
+        let profiles: u64 = inside.iter().map(|d| d.profile_count).sum();
+        let symbols: u64 = split.iter().map(|d| d.symbols).sum();
+        let other: u64 = split.iter().map(|d| d.profiles).sum();
+        let level = levels.entry(block.level).or_default();
+        *level = (
+            level.0 + 1,
+            level.1 + profiles,
+            level.2 + symbols,
+            level.3 + other,
+        );
+        if shown < 40 {
+            let from = inside.iter().map(|d| d.min_time_nanos).min().unwrap_or(0);
+            let to = inside.iter().map(|d| d.max_time_nanos).max().unwrap_or(0);
+            println!(
+                "block             level {} {} → {}: {} datasets, {} profiles, {:.3} MB ({:.3} MB symbols, {:.3} MB profiles and samples), {}",
+                block.level,
+                time(from),
+                time(to),
+                inside.len(),
+                profiles,
+                block.size_bytes as f64 / 1e6,
+                symbols as f64 / 1e6,
+                other as f64 / 1e6,
+                kiln_storage::format::block_compression(&bytes)?.join("+")
+            );
+        }
+    }
+    for (level, (count, profiles, symbols, other)) in levels {
+        println!(
+            "level {level}           {count} blocks, {profiles} profiles: {:.3} MB symbols, {:.3} MB profiles and samples",
+            symbols as f64 / 1e6,
+            other as f64 / 1e6
+        );
+    }
+    Ok(())
+}
+
 #[derive(Args)]
 pub struct DelayBenchArgs {
     /// Directory of profiles to replay.
@@ -436,6 +531,7 @@ pub async fn run_delay(args: DelayBenchArgs) -> anyhow::Result<()> {
         max_file_bytes: 200_000,
         clients: args.instances,
         keep_data: false,
+        max_job_profiles: None,
     };
     let templates = Arc::new(load_templates(&storage_args)?);
     let data_dir = std::env::temp_dir().join(format!("kiln-bench-delay-{}", std::process::id()));

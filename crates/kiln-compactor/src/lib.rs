@@ -368,7 +368,7 @@ impl Job {
     /// when its inputs are gone), and taking and releasing one are two metastore commits,
     /// each an fsync, where with many services at a low rate most jobs are such moves.
     fn is_lone(&self) -> bool {
-        self.key.level == 0 && self.inputs.len() == 1
+        self.inputs.len() == 1
     }
 }
 
@@ -478,7 +478,13 @@ impl Compactor {
     /// grace period.
     pub async fn run_pass(&self, now_ms: i64) -> Result<PassReport, CompactorError> {
         let mut report = PassReport::default();
-        for level in 0..self.config.levels.len() as u32 {
+        // Through the top level, whose datasets of one window are merged into one there
+        // (no level at all: nothing is merged).
+        let levels = match self.config.levels.len() {
+            0 => 0,
+            n => n as u32 + 1,
+        };
+        for level in 0..levels {
             let (mut jobs, live) = self.due_jobs(level, now_ms).await?;
             if level == 0 && !live.is_empty() {
                 let promoted = self.promote(&jobs, &live).await?;
@@ -570,6 +576,18 @@ impl Compactor {
         Ok(promoted.into_iter().collect())
     }
 
+    /// The level of the blocks no policy merges into another level: the last policy's
+    /// output, whose datasets of one window it merges into one at that level.
+    fn top_level(&self) -> u32 {
+        self.config.levels.len() as u32
+    }
+
+    /// The policy datasets at `level` are merged by (the last one at the top).
+    fn policy(&self, level: u32) -> &LevelPolicy {
+        let last = self.config.levels.len().saturating_sub(1);
+        &self.config.levels[(level as usize).min(last)]
+    }
+
     /// Groups the live datasets of `level` by (tenant, service, window) and returns the
     /// groups that are due, and at level 0 how many live datasets each segment held when
     /// listed (the only level [`promotable`] raises from).
@@ -578,7 +596,8 @@ impl Compactor {
         level: u32,
         now_ms: i64,
     ) -> Result<(Vec<Job>, HashMap<String, usize>), CompactorError> {
-        let policy = &self.config.levels[level as usize];
+        let top = self.top_level();
+        let policy = self.policy(level);
         let mut groups: BTreeMap<(String, String, i64), Vec<(DatasetMeta, i64)>> = BTreeMap::new();
         let listed = self.metastore.datasets_at_level(level).await?;
         let live = match level {
@@ -604,9 +623,12 @@ impl Compactor {
                 .unwrap_or(now_ms);
             let full = datasets.len() >= policy.max_datasets;
             let due = full || now_ms - oldest >= policy.max_age_ms;
-            // A lone dataset above level 0 is already merged; one at level 0 still shares
-            // its segment with other services, and moving it lets the segment go.
-            if !due || (datasets.len() < 2 && level > 0) {
+            // A lone dataset moves up a level all the same (copied where its encoding is
+            // the next level's), to meet the rest of its next window there: a segment of
+            // profiles sent late, or replayed, spans hours, and grouped by the hour it
+            // starts in it was alone in its window and stayed, uncompacted, at level 1
+            // (docs/benchmarks.md, issue 61). At the top there is no level to meet them.
+            if !due || (datasets.len() < 2 && level == top) {
                 continue;
             }
             datasets.sort_by_key(|(dataset, created)| (*created, dataset.min_time_nanos));
@@ -616,8 +638,10 @@ impl Compactor {
                 self.config.max_inputs,
                 self.config.max_job_profiles,
             ) {
-                // Merging one dataset alone above level 0 would only rewrite it.
-                if chunk.len() < 2 && level > 0 {
+                // One dataset of a group too large for one merge moves up like a lone
+                // one (its size is what a merge already made, or a segment holds), but
+                // at the top it stays where it is.
+                if chunk.len() < 2 && level == top {
                     continue;
                 }
                 jobs.push(Job {
@@ -722,9 +746,7 @@ impl Compactor {
             }
             _ => None,
         };
-        let encoding = self.config.levels[job.key.level as usize]
-            .compression
-            .encoding();
+        let encoding = self.policy(job.key.level).compression.encoding();
         if job.is_lone() && rules.is_none() {
             if let Some((block, meta)) = self.copy_lone(&job.inputs[0], encoding).await? {
                 crash_point("compaction-merged");
@@ -859,7 +881,7 @@ impl Compactor {
                 BlockMeta {
                     id: meta.block_id.clone(),
                     object_key: meta.object_key.clone(),
-                    level: job.key.level + 1,
+                    level: (job.key.level + 1).min(self.top_level()),
                     size_bytes,
                     created_at_ms: now_ms(),
                     deleted_at_ms: None,

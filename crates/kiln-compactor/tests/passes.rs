@@ -1,11 +1,12 @@
 //! What a pass reports about the groups it merged: a group due because `max_datasets`
 //! were waiting makes the next pass come sooner (see `Compactor::spawn`), one due by age
-//! does not. Real segments on a local directory and SQLite.
+//! does not; and where a day's datasets come to rest, one block at the top whatever the
+//! order they came in. Real segments on a local directory and SQLite.
 
 use bytes::Bytes;
 use kiln_compactor::{Compactor, CompactorConfig, LevelCompression, LevelPolicy};
 use kiln_metastore::{BlockMeta, DatasetMeta, Metastore};
-use kiln_storage::{DatasetBuilder, ObjectStorage};
+use kiln_storage::{Dataset, DatasetBuilder, ObjectStorage};
 
 mod common;
 
@@ -21,7 +22,16 @@ async fn write_segment(storage: &ObjectStorage, metastore: &Metastore, id: &str,
         1_700_000_000 * SECOND_NANOS,
         &[(&["work", "main"], 10, &[])],
     );
-    let dataset = builder.finish();
+    register_segment(storage, metastore, id, builder.finish()).await;
+}
+
+/// Stores `dataset` as segment `id` and registers it at level 0.
+async fn register_segment(
+    storage: &ObjectStorage,
+    metastore: &Metastore,
+    id: &str,
+    dataset: Dataset,
+) {
     let key = format!("segments/{id}.parquet");
     let block = kiln_storage::format::encode_block(std::slice::from_ref(&dataset)).unwrap();
     storage.put(&key, Bytes::from(block)).await.unwrap();
@@ -30,7 +40,7 @@ async fn write_segment(storage: &ObjectStorage, metastore: &Metastore, id: &str,
         block_id: id.into(),
         object_key: key.clone(),
         tenant: "t".into(),
-        service: service.into(),
+        service: dataset.service.clone(),
         row_group: 0,
         min_time_nanos: dataset.min_time_nanos,
         max_time_nanos: dataset.max_time_nanos,
@@ -118,4 +128,107 @@ async fn only_level_0_groups_due_by_count_are_reported_full() {
     let merged = metastore.datasets_at_level(2).await.unwrap();
     assert_eq!(merged.len(), 1);
     assert_eq!(merged[0].0.profile_count, 4);
+}
+
+/// A day of one service sent late, or replayed, lands in segments that each span hours:
+/// grouped by the hour window each starts in, every one was alone in its window and stayed
+/// at level 1, uncompacted (issue 61: a day stayed in 5–21 blocks). Each moves up to the
+/// day window, where they merge, and the day ends in one block at the top level whatever
+/// order the passes take, with every profile in it.
+#[tokio::test]
+async fn a_day_sent_late_settles_into_one_block() {
+    let (_dir, storage, metastore) = common::local_sqlite().await;
+    // Four segments, each with a profile every fourth hour of the day.
+    for segment in 0..4 {
+        write_late_segment(&storage, &metastore, segment).await;
+    }
+    let compactor = all_due(
+        &storage,
+        &metastore,
+        CompactorConfig::default().max_job_profiles,
+    );
+    let layouts = passes(&compactor, &metastore).await;
+    println!("layout after each pass (level, profiles): {layouts:?}");
+    assert_eq!(layouts.last().unwrap(), &vec![(3, 24)], "{layouts:?}");
+    // Settled: the last passes changed nothing.
+    assert_eq!(layouts[layouts.len() - 2], layouts[layouts.len() - 1]);
+    // Two more late segments of the same day reach the top beside the day's block, and
+    // the two merge there.
+    for segment in 4..6 {
+        write_late_segment(&storage, &metastore, segment).await;
+    }
+    let layouts = passes(&compactor, &metastore).await;
+    assert_eq!(
+        layouts.last().unwrap(),
+        &vec![(3, 24 + 2 * 6)],
+        "{layouts:?}"
+    );
+}
+
+/// Datasets too large to merge with one another (`max_job_profiles` under two segments'
+/// profiles) move up alone, each a chunk of its own, to rest at the top: none is left
+/// behind in a segment or at a level that would merge it, and no profile is lost.
+#[tokio::test]
+async fn datasets_too_large_to_merge_together_still_reach_the_top() {
+    let (_dir, storage, metastore) = common::local_sqlite().await;
+    for segment in 0..4 {
+        write_late_segment(&storage, &metastore, segment).await;
+    }
+    // A segment holds six profiles.
+    let compactor = all_due(&storage, &metastore, 7);
+    let layouts = passes(&compactor, &metastore).await;
+    assert_eq!(layouts.last().unwrap(), &[(3, 6); 4], "{layouts:?}");
+}
+
+/// A compactor with Kiln's levels (segments, hours, days), every one due at once.
+fn all_due(storage: &ObjectStorage, metastore: &Metastore, max_job_profiles: u64) -> Compactor {
+    let mut config = CompactorConfig {
+        retention_days: 0,
+        max_job_profiles,
+        ..CompactorConfig::default()
+    };
+    for level in &mut config.levels {
+        level.max_age_ms = 0;
+    }
+    Compactor::new(metastore.clone(), storage.clone(), config)
+}
+
+/// Runs eight passes at the clock (merged blocks are stamped with it) and returns the
+/// (level, profiles) of every dataset after each.
+async fn passes(compactor: &Compactor, metastore: &Metastore) -> Vec<Vec<(u32, u64)>> {
+    let mut layouts = Vec::new();
+    for _ in 0..8 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        compactor.run_pass(now).await.unwrap();
+        let mut layout = Vec::new();
+        for level in 0..=3 {
+            for (dataset, _) in metastore.datasets_at_level(level).await.unwrap() {
+                layout.push((level, dataset.profile_count));
+            }
+        }
+        layouts.push(layout);
+    }
+    layouts
+}
+
+/// A segment of `late`'s profiles, one every fourth hour of one day from hour
+/// `segment % 4`, registered at level 0.
+async fn write_late_segment(storage: &ObjectStorage, metastore: &Metastore, segment: i64) {
+    const HOUR_NANOS: i64 = 3_600 * SECOND_NANOS;
+    let day_nanos = 24 * HOUR_NANOS;
+    let day = 1_700_006_400 * SECOND_NANOS / day_nanos * day_nanos;
+    let id = format!("s{segment}");
+    let mut builder = DatasetBuilder::new("t", "late");
+    for hour in (segment % 4..24).step_by(4) {
+        kiln_storage::testing::add_cpu_profile(
+            &mut builder,
+            &format!("{id}-{hour}"),
+            &[("service_name", "late")],
+            day + hour * HOUR_NANOS,
+            &[(&["work", "main"], 10, &[])],
+        );
+    }
+    register_segment(storage, metastore, &id, builder.finish()).await;
 }

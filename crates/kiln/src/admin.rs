@@ -140,6 +140,7 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 "compression {}",
                 kiln_storage::format::block_compression(&bytes)?.join(", ")
             );
+            let split = kiln_storage::format::dataset_bytes(&bytes)?;
             for meta in datasets.iter().filter(|d| d.block_id == block.id) {
                 let dataset = decode_dataset(&bytes, meta.row_group as usize, Projection::ALL)?;
                 println!(
@@ -166,6 +167,12 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                     dataset.location_mapping.len(),
                     dataset.stack_parent.len()
                 );
+                if let Some(stored) = split.get(meta.row_group as usize) {
+                    println!(
+                        "  bytes stored: symbols {}  profiles and samples {}",
+                        stored.symbols, stored.profiles
+                    );
+                }
                 for profile_type in &meta.profile_types {
                     println!("  type {profile_type}");
                 }
