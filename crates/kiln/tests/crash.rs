@@ -319,10 +319,11 @@ fn compaction_killed_at_every_step_loses_and_duplicates_nothing() {
                 .collect();
             live.sort();
             let stored = stored_objects(&data_dir.path().join("blocks"));
-            // The six segments end as one level-1 block.
+            // The six segments end as one block at the top (level 3 of the three levels
+            // configured), where a lone block rests.
             let settled = blocks
                 .iter()
-                .all(|block| block.deleted_at_ms.is_none() && block.level == 1)
+                .all(|block| block.deleted_at_ms.is_none() && block.level == 3)
                 && live.len() == 1
                 && stored == live;
             if settled {
