@@ -623,12 +623,7 @@ impl Compactor {
                 .unwrap_or(now_ms);
             let full = datasets.len() >= policy.max_datasets;
             let due = full || now_ms - oldest >= policy.max_age_ms;
-            // A lone dataset moves up a level all the same (copied where its encoding is
-            // the next level's), to meet the rest of its next window there: a segment of
-            // profiles sent late, or replayed, spans hours, and grouped by the hour it
-            // starts in it was alone in its window and stayed, uncompacted, at level 1
-            // (docs/benchmarks.md, issue 61). At the top there is no level to meet them.
-            if !due || (datasets.len() < 2 && level == top) {
+            if !due {
                 continue;
             }
             datasets.sort_by_key(|(dataset, created)| (*created, dataset.min_time_nanos));
@@ -638,9 +633,13 @@ impl Compactor {
                 self.config.max_inputs,
                 self.config.max_job_profiles,
             ) {
-                // One dataset of a group too large for one merge moves up like a lone
-                // one (its size is what a merge already made, or a segment holds), but
-                // at the top it stays where it is.
+                // A dataset alone (in its group, or in a chunk of a group too large for
+                // one merge) moves up a level all the same (copied where its encoding is
+                // the next level's), to meet the rest of its next window there: a
+                // segment of profiles sent late, or replayed, spans hours, and grouped by
+                // the hour it starts in it was alone in its window and stayed,
+                // uncompacted, at level 1 (docs/benchmarks.md, issue 61). At the top
+                // there is no level to meet them, and it stays.
                 if chunk.len() < 2 && level == top {
                     continue;
                 }
