@@ -4,10 +4,17 @@
 //! job: the merge alone, and the evaluation of 1 rule, 10 rules and one function rule (the
 //! hook's own path: stored records, compiled once), as times and as a share of the merge;
 //! beside it, the same with the rules compiled again for every job.
+//!
+//! `--latency N` measures instead how soon a rule's sample is out: a server with one rule
+//! and the default `rule_export` (its own, so `KILN_BENCH_SERVER` compares builds), N
+//! pushes of a 10 s CPU profile ending now, their ends spread over a step, and the time
+//! from each profile's end to its series' first value on the server's `/metrics` (the
+//! local target, drained by the same exporter as a remote-write receiver).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
+use anyhow::Context;
 use clap::Args;
 use kiln_ingest::parse::{from_pprof, ProfileContext};
 use kiln_metastore::RuleRecord;
@@ -36,9 +43,16 @@ pub struct RulesBenchArgs {
     /// Jobs measured; the median is reported.
     #[arg(long, default_value_t = 20)]
     jobs: usize,
+    /// Instead of the jobs: this many profiles through a server, each timed from its
+    /// end to its rule's sample (module doc).
+    #[arg(long, default_value_t = 0)]
+    latency: usize,
 }
 
 pub fn run(args: RulesBenchArgs) -> anyhow::Result<()> {
+    if args.latency > 0 {
+        return latency(&args);
+    }
     let limits = kiln_ingest::Limits {
         max_samples_per_profile: usize::MAX,
         retention_days: 0,
@@ -238,4 +252,125 @@ fn frequent_function(parsed: &kiln_ingest::parse::ParsedProfile) -> String {
         .get(ranked.len().min(3).saturating_sub(1))
         .map(|(name, _)| name.clone())
         .unwrap_or_default()
+}
+
+/// Seconds a pushed profile lasts, as the SDKs' and the agent's CPU profiles do.
+const PROFILE_SECONDS: i64 = 10;
+/// The default `rule_export.step_ms`.
+const STEP_MS: i64 = 15_000;
+
+/// `--latency`: see the module doc.
+fn latency(args: &RulesBenchArgs) -> anyhow::Result<()> {
+    let (corpus_name, profile) = crate::common::corpus_pprofs(&args.corpus, 1 << 20)?
+        .into_iter()
+        .find(|(_, _, profile)| {
+            profile
+                .sample_type
+                .iter()
+                .any(|t| profile.string_or_empty(t.r#type) == "cpu")
+        })
+        .map(|(name, bytes, _)| (name, bytes))
+        .with_context(|| format!("no CPU profile in {}", args.corpus.display()))?;
+    let dir = crate::common::tempfile_dir("kiln-bench-rules-latency")?;
+    let config = dir.join("kiln.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "recording_rules:\n  - metric_name: bench_cpu_nanoseconds\n    profile_type: {CPU}\n\
+             \x20   matchers: '{{service_name=~\"latency-.*\"}}'\n    group_by: [service_name]\n"
+        ),
+    )?;
+    let (mut server, url) = crate::common::start_server_with(
+        &dir.join("data"),
+        &["--config".into(), config.into_os_string()],
+    )?;
+    let measured = measure_latency(&url, &profile, args.latency);
+    let _ = server.kill();
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut latencies = measured?;
+    println!(
+        "{} profiles of {PROFILE_SECONDS} s ({corpus_name}), ends spread over a {} s step; server {}",
+        latencies.len(),
+        STEP_MS / 1000,
+        crate::common::this_kiln()?.display()
+    );
+    for (trial, (phase, latency)) in latencies.iter().enumerate() {
+        println!(
+            "  latency-{trial}: ended {:.1} s into its step, sample out {latency:.1} s after",
+            *phase as f64 / 1000.0
+        );
+    }
+    latencies.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let median = latencies[latencies.len() / 2].1;
+    let max = latencies.last().map_or(0.0, |l| l.1);
+    println!("profile end → rule sample: median {median:.1} s, max {max:.1} s");
+    Ok(())
+}
+
+/// Pushes `trials` profiles at their times and watches `/metrics` for their samples;
+/// returns, per trial, where in its step the profile ended (ms) and the seconds until
+/// its sample was out.
+fn measure_latency(url: &str, profile: &[u8], trials: usize) -> anyhow::Result<Vec<(i64, f64)>> {
+    use std::time::Duration;
+    let http = crate::http::Http::new(Duration::from_secs(30));
+    let rules = http
+        .get(&format!("{url}/api/v1/recording-rules"))
+        .call()?
+        .json()?;
+    let live_from = rules["rules"][0]["live_from_ms"]
+        .as_i64()
+        .context("the server lists no rule")?;
+    // The first profile starts at the rule's live_from (or now); the others end a step's
+    // share later each.
+    let first_end = (live_from + PROFILE_SECONDS * 1000).max(kiln_model::time::now_ms());
+    let first_end = (first_end + 999) / 1000 * 1000;
+    let spacing = (STEP_MS / trials as i64).max(1000) / 1000 * 1000 + 1000;
+    let ends: Vec<i64> = (0..trials as i64)
+        .map(|i| first_end + i * spacing)
+        .collect();
+    let mut out: Vec<Option<f64>> = vec![None; trials];
+    let mut pushed = 0;
+    let deadline = std::time::Instant::now()
+        + Duration::from_millis((ends[trials - 1] - kiln_model::time::now_ms()).max(0) as u64)
+        + Duration::from_secs(180);
+    while out.iter().any(Option::is_none) {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "no sample within 180 s of its profile: {out:?}"
+        );
+        let now = kiln_model::time::now_ms();
+        while pushed < trials && now >= ends[pushed] {
+            let until = ends[pushed] / 1000;
+            let response = http
+                .post(&format!(
+                    "{url}/ingest?name=latency-{pushed}.cpu&format=pprof&from={}&until={until}",
+                    until - PROFILE_SECONDS
+                ))
+                .send_bytes(profile)?;
+            anyhow::ensure!(
+                response.status() == 200,
+                "push: {} {}",
+                response.status(),
+                response.text()
+            );
+            pushed += 1;
+        }
+        let metrics = http.get(&format!("{url}/metrics")).call()?.text();
+        for (trial, seen) in out.iter_mut().enumerate().take(pushed) {
+            let series = format!("service_name=\"latency-{trial}\"");
+            if seen.is_none()
+                && metrics.lines().any(|line| {
+                    line.starts_with("bench_cpu_nanoseconds{") && line.contains(&series)
+                })
+            {
+                *seen = Some((now - ends[trial]) as f64 / 1000.0);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(ends
+        .iter()
+        .zip(out)
+        .map(|(end, latency)| (end.rem_euclid(STEP_MS), latency.unwrap_or(f64::NAN)))
+        .collect())
 }

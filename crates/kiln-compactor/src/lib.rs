@@ -21,12 +21,14 @@
 //!    grace period, so queries that listed them just before can still read them.
 //!
 //! A level-0 dataset is compacted exactly once: its swap deletes it, or, when every
-//! dataset of its segment is its service's only one or one of two due, and no tenant of
-//! the segment has rules, the segment itself is raised to level 1 (one row update, no
-//! object written; see [`promotable`]). That makes the first
-//! compaction the one moment each profile is seen exactly once, so recording rules
-//! ([`RuleHook`], kiln-rules) are evaluated there, over the inputs, and their samples are
-//! committed in the same transaction as the swap.
+//! dataset of its segment is its service's only one or one of two due, and none still
+//! waits for a tenant's rules, the segment itself is raised to level 1 (one row update,
+//! no object written; see [`promotable`]). A profile is seen exactly once twice over: at
+//! its segment's registration and at its first compaction. Recording rules count it at
+//! the registration where the ingester has them (kiln-ingest's sink, seconds after the
+//! write; the dataset is then marked `rules_counted`); the rest, segments registered
+//! without, are counted here ([`RuleHook`], kiln-rules), over the inputs, and their
+//! samples are committed in the same transaction as the swap.
 //!
 //! Retention removes, per tenant, the datasets whose newest profile is older than the
 //! tenant's retention, through the same tombstones.
@@ -424,7 +426,7 @@ impl Compactor {
         }
     }
 
-    /// Evaluates recording rules at each first compaction.
+    /// Evaluates recording rules over level-0 inputs not counted at their registration.
     pub fn with_rules(mut self, hook: RuleHook) -> Self {
         self.rules = Some(hook);
         self
@@ -554,10 +556,11 @@ impl Compactor {
                 .collect(),
             None => HashSet::new(),
         };
-        // A block holding one dataset of a tenant with rules is left whole for its jobs.
+        // A block holding one uncounted dataset of a tenant with rules is left whole for
+        // its jobs.
         let held: HashSet<&str> = candidates
             .iter()
-            .filter(|input| ruled.contains(&input.tenant))
+            .filter(|input| !input.rules_counted && ruled.contains(&input.tenant))
             .map(|input| input.block_id.as_str())
             .collect();
         let blocks = per_block(
@@ -737,9 +740,10 @@ impl Compactor {
     async fn merge_and_swap(&self, job: &Job, large: bool) -> Result<(), CompactorError> {
         let (tenant, service) = (job.key.tenant.clone(), job.key.service.clone());
         // Rules are read after the lease is held: a rule saved before this point counts
-        // these inputs, one saved later starts with the next job.
+        // these inputs, one saved later starts with the next job. Inputs counted as
+        // their segment was registered are not counted again.
         let rules = match &self.rules {
-            Some(hook) if job.key.level == 0 => {
+            Some(hook) if job.key.level == 0 && job.inputs.iter().any(|i| !i.rules_counted) => {
                 let rules = self.metastore.recording_rules(Some(tenant.clone())).await?;
                 (!rules.is_empty()).then(|| (hook.clone(), rules))
             }
@@ -1061,7 +1065,7 @@ impl Merge {
             .check()
             .map_err(|err| CompactorError::Corrupt(name.clone(), err))?;
         holds(&dataset, name, &self.tenant, &self.service)?;
-        if let Some((hook, rules)) = &self.rules {
+        if let Some((hook, rules)) = self.rules.as_ref().filter(|_| !input.rules_counted) {
             let found = hook(rules, &dataset);
             self.exports.targets = found.targets;
             self.exports.samples.extend(found.samples);
@@ -1092,6 +1096,7 @@ impl Merge {
             max_time_nanos: dataset.max_time_nanos,
             profile_types,
             profile_count,
+            rules_counted: false,
         };
         let block = encode_block_as(std::slice::from_ref(&dataset), encoding)
             .map_err(CompactorError::Encode)?;
@@ -1117,6 +1122,7 @@ mod tests {
                 max_time_nanos: 0,
                 profile_types: Vec::new(),
                 profile_count,
+                rules_counted: false,
             })
             .collect()
     }

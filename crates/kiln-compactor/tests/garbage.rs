@@ -33,6 +33,7 @@ fn dataset(block: &str, key: &str, max_time_nanos: i64) -> DatasetMeta {
         max_time_nanos,
         profile_types: vec![],
         profile_count: 1,
+        rules_counted: false,
     }
 }
 

@@ -46,6 +46,7 @@ async fn register_segment(
         max_time_nanos: dataset.max_time_nanos,
         profile_types,
         profile_count,
+        rules_counted: false,
     };
     let block = BlockMeta {
         id: id.into(),

@@ -208,6 +208,7 @@ async fn flushes_are_spaced_while_compaction_is_behind_and_not_once_it_catches_u
         max_time_nanos: hour_ago * 1_000_000,
         profile_types: vec!["process_cpu:cpu:nanoseconds:cpu:nanoseconds".into()],
         profile_count: 1,
+        rules_counted: false,
     };
     metastore
         .register_block(stale, vec![dataset])

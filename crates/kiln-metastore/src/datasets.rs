@@ -4,14 +4,15 @@
 
 use crate::sql::{args, texts, Dialect, Row, Sql};
 use crate::{
-    now_ms, BlockMeta, DatasetMeta, DatasetQuery, Metastore, MetastoreError, WriteIdentity,
+    now_ms, BlockMeta, DatasetMeta, DatasetQuery, Metastore, MetastoreError, SegmentCounting,
+    WriteIdentity,
 };
 
 /// Columns of [`dataset_from_row`], from `datasets d JOIN blocks b`.
 macro_rules! dataset_columns {
     () => {
         "d.block_id, b.object_key, d.tenant, d.service, d.row_group, \
-         d.min_time_nanos, d.max_time_nanos, d.profile_types, d.profile_count"
+         d.min_time_nanos, d.max_time_nanos, d.profile_types, d.profile_count, d.rules_counted"
     };
 }
 pub(crate) use dataset_columns;
@@ -23,23 +24,29 @@ impl Metastore {
         block: BlockMeta,
         datasets: Vec<DatasetMeta>,
     ) -> Result<(), MetastoreError> {
-        self.register_segment(block, datasets, Vec::new()).await
+        self.register_segment(block, datasets, Vec::new(), None)
+            .await
     }
 
     /// Registers a block and its datasets, and the identities of the writes it holds, in
     /// one transaction: a write is known as stored exactly when its profiles are
-    /// visible. Expired identities are deleted in the same transaction.
+    /// visible. Expired identities are deleted in the same transaction. With `counting`,
+    /// the recording rules stored at that moment count the segment's profiles in it too:
+    /// a segment is registered once (a retry after a crash finds it registered), so each
+    /// profile counts once, and a rule saved later starts after these profiles' times.
     pub async fn register_segment(
         &self,
         block: BlockMeta,
         datasets: Vec<DatasetMeta>,
         identities: Vec<WriteIdentity>,
+        counting: Option<SegmentCounting>,
     ) -> Result<(), MetastoreError> {
         run!(self, write, |sql| register(
             sql,
             &block,
             &datasets,
-            &identities
+            &identities,
+            counting.as_ref()
         ))
     }
 
@@ -52,13 +59,20 @@ impl Metastore {
         block: BlockMeta,
         datasets: Vec<DatasetMeta>,
         identities: Vec<WriteIdentity>,
+        counting: Option<SegmentCounting>,
     ) -> Result<(), MetastoreError> {
         match &self.backend {
             crate::Backend::Sqlite(db) => db.write_blocking(|sql| {
-                crate::sql::complete(register(sql, &block, &datasets, &identities))
+                crate::sql::complete(register(
+                    sql,
+                    &block,
+                    &datasets,
+                    &identities,
+                    counting.as_ref(),
+                ))
             }),
             crate::Backend::Postgres(_) => {
-                runtime.block_on(self.register_segment(block, datasets, identities))
+                runtime.block_on(self.register_segment(block, datasets, identities, counting))
             }
         }
     }
@@ -231,14 +245,23 @@ impl Metastore {
     }
 }
 
-/// A block, its datasets and the identities of the writes it holds.
+/// A block, its datasets, the identities of the writes it holds, and what the rules
+/// count of it.
 async fn register(
     sql: &mut impl Sql,
     block: &BlockMeta,
     datasets: &[DatasetMeta],
     identities: &[WriteIdentity],
+    counting: Option<&SegmentCounting>,
 ) -> Result<(), MetastoreError> {
     insert_block(sql, block, datasets).await?;
+    if let Some(count) = counting {
+        // Asked even without rules: the writer learns from it whether there are any.
+        let rules = crate::rules::all_rules(sql).await?;
+        for exports in count(&rules) {
+            crate::rules::add_exports(sql, &exports.sorted()).await?;
+        }
+    }
     if identities.is_empty() {
         return Ok(());
     }
@@ -302,8 +325,8 @@ pub(crate) async fn insert_block(
     for dataset in datasets {
         let types = dataset.profile_types.join("\n");
         sql.execute(
-            "INSERT INTO datasets (block_id, tenant, service, row_group, min_time_nanos, max_time_nanos, profile_types, profile_count)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            "INSERT INTO datasets (block_id, tenant, service, row_group, min_time_nanos, max_time_nanos, profile_types, profile_count, rules_counted)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             args![
                 &block.id,
                 &dataset.tenant,
@@ -312,7 +335,8 @@ pub(crate) async fn insert_block(
                 dataset.min_time_nanos,
                 dataset.max_time_nanos,
                 &types,
-                count(dataset.profile_count)?
+                count(dataset.profile_count)?,
+                i64::from(dataset.rules_counted)
             ],
         )
         .await?;
@@ -377,6 +401,7 @@ pub(crate) fn dataset_from_row(mut row: Row) -> Result<DatasetMeta, MetastoreErr
             .map(str::to_string)
             .collect(),
         profile_count: row.unsigned(8)?,
+        rules_counted: row.int(9)? != 0,
     })
 }
 

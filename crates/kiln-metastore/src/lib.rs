@@ -249,7 +249,12 @@ pub struct RuleSample {
     pub value: i64,
 }
 
-/// Samples committed with a swap or a backfill, into each of `targets`' outboxes.
+/// Counts a segment's profiles by the recording rules stored when it is registered
+/// ([`Metastore::register_segment`]): given every tenant's rules, the samples to add.
+pub type SegmentCounting = std::sync::Arc<dyn Fn(&[RuleRecord]) -> Vec<Exports> + Send + Sync>;
+
+/// Samples committed with a swap, a backfill or a segment's registration, into each of
+/// `targets`' outboxes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Exports {
     pub targets: Vec<String>,
@@ -307,6 +312,10 @@ pub struct DatasetMeta {
     pub max_time_nanos: i64,
     pub profile_types: Vec<String>,
     pub profile_count: u64,
+    /// Its profiles were counted by the recording rules when its segment was registered
+    /// ([`Metastore::register_segment`]), so level-0 compaction does not count them again.
+    #[serde(default)]
+    pub rules_counted: bool,
 }
 
 /// What to look up: datasets of one tenant overlapping `[from, to]` (nanoseconds).

@@ -113,4 +113,8 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         expires_at_ms BIGINT NOT NULL
      );
      CREATE INDEX write_identities_by_expiry ON write_identities (expires_at_ms);",
+    // 8: a segment's profiles are counted by the recording rules in the transaction that
+    // registers it (kiln_ingest's sink); level-0 compaction counts only the datasets of
+    // segments registered without (before this version, or by a node without rules).
+    "ALTER TABLE datasets ADD COLUMN rules_counted INTEGER NOT NULL DEFAULT 0;",
 ];

@@ -15,15 +15,11 @@ impl Metastore {
         tenant: Option<String>,
     ) -> Result<Vec<RuleRecord>, MetastoreError> {
         run!(self, read, |sql| async move {
-            sql.query(
-                "SELECT tenant, name, spec, source, live_from_ms, updated_at_ms FROM recording_rules
-                 WHERE CAST($1 AS TEXT) IS NULL OR tenant = $1 ORDER BY tenant, name",
-                args![&tenant],
-            )
-            .await?
-            .into_iter()
-            .map(rule_from_row)
-            .collect()
+            sql.query(RULES_OF_TENANT, args![&tenant])
+                .await?
+                .into_iter()
+                .map(rule_from_row)
+                .collect()
         })
     }
 
@@ -252,6 +248,20 @@ impl Metastore {
             rows.first().map_or(Ok(0), |row| row.int(0))
         })
     }
+}
+
+const RULES_OF_TENANT: &str =
+    "SELECT tenant, name, spec, source, live_from_ms, updated_at_ms FROM recording_rules
+     WHERE CAST($1 AS TEXT) IS NULL OR tenant = $1 ORDER BY tenant, name";
+
+/// Every tenant's rules, read in the caller's transaction.
+pub(crate) async fn all_rules(sql: &mut impl Sql) -> Result<Vec<RuleRecord>, MetastoreError> {
+    let none: Option<String> = None;
+    sql.query(RULES_OF_TENANT, args![&none])
+        .await?
+        .into_iter()
+        .map(rule_from_row)
+        .collect()
 }
 
 /// Adds each sample to each target's outbox: into the step's newest row while it is

@@ -7,7 +7,7 @@
 use kiln_metastore::{
     BlockMeta, DatasetMeta, DatasetQuery, DatasetRef, Exports, LeaseKey, LevelBacklog, Metastore,
     MetastoreError, NodeRecord, NodeState, OutboxSample, RegressionRecord, RuleRecord, RuleSample,
-    VersionCheck, WriteIdentity,
+    SegmentCounting, VersionCheck, WriteIdentity,
 };
 
 fn sample(series: &str, step_start_ms: i64, value: i64) -> RuleSample {
@@ -34,6 +34,16 @@ fn rows(samples: &[OutboxSample]) -> Vec<(String, i64, i64)> {
         .iter()
         .map(|s| (s.series.clone(), s.ts_ms, s.value))
         .collect()
+}
+
+/// Everything in `target`'s outbox, claimed.
+async fn claim_all(metastore: &Metastore, target: &str) -> Vec<(String, i64, i64)> {
+    rows(
+        &metastore
+            .claim_exports(target, i64::MAX, 100)
+            .await
+            .unwrap(),
+    )
 }
 
 fn block(id: &str) -> BlockMeta {
@@ -68,6 +78,7 @@ fn dataset(
             "memory:alloc_space:bytes:space:bytes".into(),
         ],
         profile_count: 3,
+        rules_counted: false,
     }
 }
 
@@ -164,7 +175,7 @@ macro_rules! metastore_suite {
                 };
                 let url = fixture.url.clone();
                 let metastore = fixture.metastore.clone();
-                assert_eq!(metastore.schema_version().await.unwrap(), 7);
+                assert_eq!(metastore.schema_version().await.unwrap(), 8);
                 metastore
                     .register_block(
                         block("b1"),
@@ -178,7 +189,7 @@ macro_rules! metastore_suite {
                 // Reopening applies no migration twice and keeps the data.
                 drop(metastore);
                 let metastore = Metastore::open(&url).await.unwrap();
-                assert_eq!(metastore.schema_version().await.unwrap(), 7);
+                assert_eq!(metastore.schema_version().await.unwrap(), 8);
                 assert_eq!(metastore.list_blocks().await.unwrap(), vec![block("b1")]);
 
                 let found = metastore
@@ -289,6 +300,7 @@ macro_rules! metastore_suite {
                             block(id),
                             datasets,
                             Vec::new(),
+                            None,
                         )
                     };
                     (register("b1", good), register("bad", bad))
@@ -329,6 +341,7 @@ macro_rules! metastore_suite {
                         },
                         vec![dataset("i1", 0, "t", "api", 10, 20)],
                         vec![identity("aa", 150), identity("bb", 500)],
+                        None,
                     )
                     .await
                     .unwrap();
@@ -341,7 +354,7 @@ macro_rules! metastore_suite {
                 );
                 // A registration whose block id exists already fails whole: no identity.
                 let again = metastore
-                    .register_segment(block("i1"), vec![], vec![identity("cc", 900)])
+                    .register_segment(block("i1"), vec![], vec![identity("cc", 900)], None)
                     .await;
                 assert!(again.is_err());
                 assert!(!metastore
@@ -360,6 +373,7 @@ macro_rules! metastore_suite {
                         },
                         vec![dataset("i2", 0, "t", "api", 10, 20)],
                         vec![identity("bb", 800)],
+                        None,
                     )
                     .await
                     .unwrap();
@@ -749,12 +763,8 @@ macro_rules! metastore_suite {
                     }
                 }
                 assert_eq!(won, 1);
-                let claimed = metastore
-                    .claim_exports("prom", i64::MAX, 100)
-                    .await
-                    .unwrap();
                 assert_eq!(
-                    rows(&claimed),
+                    claim_all(&metastore, "prom").await,
                     vec![("a".to_string(), 0, 7)],
                     "only the winning swap's samples were committed"
                 );
@@ -842,6 +852,104 @@ macro_rules! metastore_suite {
                 assert_eq!(metastore.prune_exports(15_000).await.unwrap(), 4);
                 assert_eq!(metastore.export_backlog("prom").await.unwrap(), 1);
                 assert_eq!(metastore.export_backlog("metrics").await.unwrap(), 3);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_segment_is_counted_once_by_the_rules_stored_when_it_is_registered() {
+                let Some(fixture) = super::$backend().await else {
+                    return;
+                };
+                let metastore = &fixture.metastore;
+                let counted = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+                let counting = |value: i64| -> SegmentCounting {
+                    let counted = counted.clone();
+                    std::sync::Arc::new(move |rules: &[RuleRecord]| {
+                        counted
+                            .lock()
+                            .unwrap()
+                            .push(rules.iter().map(|r| r.tenant.clone()).collect::<Vec<_>>());
+                        if rules.is_empty() {
+                            return Vec::new();
+                        }
+                        vec![exports(&["prom"], vec![sample("s", 0, value)])]
+                    })
+                };
+                let counted_dataset = |id: &str| DatasetMeta {
+                    rules_counted: true,
+                    ..dataset(id, 0, "a", "api", 10, 20)
+                };
+                let register = |id: &str, value: i64| {
+                    metastore.register_segment(
+                        block(id),
+                        vec![counted_dataset(id)],
+                        vec![],
+                        Some(counting(value)),
+                    )
+                };
+                // No rule yet: the closure learns it, and counts nothing.
+                register("r0", 1).await.unwrap();
+                assert_eq!(*counted.lock().unwrap(), vec![Vec::<String>::new()]);
+                metastore
+                    .put_recording_rule(RuleRecord {
+                        tenant: "a".into(),
+                        name: "cpu".into(),
+                        spec: "{}".into(),
+                        source: "api".into(),
+                        live_from_ms: 0,
+                        updated_at_ms: 0,
+                    })
+                    .await
+                    .unwrap();
+                register("r1", 5).await.unwrap();
+                assert_eq!(
+                    *counted.lock().unwrap(),
+                    vec![vec![], vec!["a".to_string()]]
+                );
+                // A second registration of the segment (a retry, the log's recovery) fails
+                // whole: its samples are not added again.
+                assert!(register("r1", 5).await.is_err());
+                // Off the runtime, as the write path's threads register.
+                let (registering, runtime) = (metastore.clone(), tokio::runtime::Handle::current());
+                let blocking = counting(7);
+                tokio::task::spawn_blocking(move || {
+                    registering.register_block_blocking(
+                        &runtime,
+                        block("r2"),
+                        vec![counted_dataset("r2")],
+                        vec![],
+                        Some(blocking),
+                    )
+                })
+                .await
+                .unwrap()
+                .unwrap();
+                assert_eq!(
+                    claim_all(metastore, "prom").await,
+                    vec![("s".to_string(), 0, 12)],
+                    "each registration's samples once"
+                );
+                // Whether a dataset was counted is stored with it, for level 0 to read.
+                metastore
+                    .register_block(block("r3"), vec![dataset("r3", 0, "a", "api", 10, 20)])
+                    .await
+                    .unwrap();
+                let mut listed: Vec<(String, bool)> = metastore
+                    .list_datasets(query("a", None, 0, 100))
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|d| (d.block_id, d.rules_counted))
+                    .collect();
+                listed.sort();
+                assert_eq!(
+                    listed,
+                    vec![
+                        ("r0".to_string(), true),
+                        ("r1".to_string(), true),
+                        ("r2".to_string(), true),
+                        ("r3".to_string(), false)
+                    ]
+                );
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1142,6 +1250,7 @@ async fn the_sqlite_wal_stays_near_a_megabyte() {
                 block(&id),
                 vec![dataset(&id, 0, "t", "api", i, i + 10)],
                 vec![],
+                None,
             )
             .await
             .unwrap();

@@ -47,6 +47,10 @@ pub struct ServerConfig {
     /// With the write-ahead log, the longest a logged write waits for its segment, in
     /// milliseconds; reads flush what waits first, so it is never stale to a query.
     pub wal_segment_interval_ms: u64,
+    /// `wal_segment_interval_ms` while any recording rule exists, in milliseconds: the
+    /// rules count a segment as it is registered, so its samples can go out
+    /// `rule_export.delay_ms` after their step.
+    pub wal_rules_segment_interval_ms: u64,
     /// Flush a segment early at this many received bytes.
     pub flush_bytes: usize,
     /// Memory of staged profiles (their batch's dataset builders) waiting for, or in, a
@@ -175,6 +179,7 @@ impl Default for ServerConfig {
             flush_min_gap_ms: 0,
             wal: true,
             wal_segment_interval_ms: 30_000,
+            wal_rules_segment_interval_ms: 5_000,
             flush_bytes: 32 << 20,
             max_pending_bytes: IngesterConfig::default().max_pending_bytes,
             limits: Limits::default(),

@@ -133,6 +133,9 @@ impl Server {
                 max_pending_bytes: config.max_pending_bytes,
                 max_stack_depth: config.limits.max_stack_depth,
                 segment_interval: Duration::from_millis(config.wal_segment_interval_ms.max(1)),
+                rules_segment_interval: Duration::from_millis(
+                    config.wal_rules_segment_interval_ms.max(1),
+                ),
                 ..IngesterConfig::default()
             },
             wal,
@@ -184,6 +187,9 @@ impl Server {
             },
         )?;
         rules.sync_file_rules().await?;
+        // Every node's segments are counted as they are registered, seconds after their
+        // writes; those registered before (recovered from the log) by level 0.
+        ingester.count_rules_with(rules.hook());
         rules.register(&mut registry);
         // Rules and the regression watcher evaluate on nodes with the rules role; their
         // definitions and findings are served by any node.

@@ -153,6 +153,7 @@ mod tests {
             max_time_nanos: 0,
             profile_types: vec![],
             profile_count,
+            rules_counted: false,
         }
     }
 

@@ -440,6 +440,7 @@ mod tests {
             max_time_nanos: 0,
             profile_types: Vec::new(),
             profile_count: profiles,
+            rules_counted: false,
         }
     }
 

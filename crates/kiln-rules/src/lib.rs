@@ -2,19 +2,23 @@
 //!
 //! A rule selects profiles (profile type + label matchers, optionally only the samples
 //! whose stack holds one function) and sums their values per step and per `group_by`
-//! labels ([`eval`]). The sums are computed where each profile is seen exactly once: at
-//! its dataset's first compaction ([`Rules::hook`], called by kiln-compactor), and
-//! committed to the metastore's outbox in the same transaction as that compaction's swap.
-//! A crash before the commit loses the compaction and its samples together; a retry or a
-//! second compactor finds the inputs gone and commits nothing. So every profile counts
-//! once, whatever interleaves. [`export`] then drains the outbox to each target in time
-//! order, durably: samples wait in the metastore while Prometheus is down, and a resent
+//! labels ([`eval`]). The sums are computed where each profile is seen exactly once, and
+//! committed to the metastore's outbox in the transaction that makes that moment
+//! final ([`Rules::hook`]): the registration of its segment, seconds after the write
+//! (kiln-ingest's sink, which marks the datasets `rules_counted`), or, for a segment
+//! registered without the rules (recovered from the log at start-up), its first
+//! compaction's swap (kiln-compactor). A segment is registered once (a retry after a
+//! crash finds its block id taken) and a level-0 dataset is swapped out once (a retry
+//! or a second compactor finds the inputs gone), and a crash before either commit loses
+//! the samples with it. So every profile counts once, whatever interleaves, and its
+//! sample can go out seconds after its step. [`export`] then drains the outbox to each
+//! target in time order, durably: samples wait in the metastore while Prometheus is down, and a resent
 //! sample is identical to the one sent before.
 //!
 //! Time ranges never overlap between the two ways a profile is counted. A rule counts
 //! live the profiles whose time is at or after its `live_from` (its creation, rounded up
 //! to a step); `backfill` counts stored profiles before that, each range once (the
-//! metastore refuses an overlapping backfill). Late data (a profile compacted after its
+//! metastore refuses an overlapping backfill). Late data (a profile counted after its
 //! step was sent) becomes an extra sample 1 ms after the step's previous one, so sums
 //! stay exact; data later than `late_window_ms` after its step is dropped and counted,
 //! because the receiver's out-of-order window has to accept it
@@ -47,7 +51,8 @@ use crate::export::{
 use crate::remote_write::{RemoteWriteConfig, RemoteWriter};
 use crate::rule::{CompiledRule, RuleError, RuleSpec};
 
-/// The compactor's hook (kiln-compactor's `RuleHook` has this shape).
+/// The ingester's and the compactor's hook (kiln-ingest's and kiln-compactor's
+/// `RuleHook` have this shape).
 pub type Hook = Arc<dyn Fn(&[RuleRecord], &Dataset) -> Exports + Send + Sync>;
 
 /// How samples are cut and sent (`rule_export:` in the config file).
@@ -57,10 +62,12 @@ pub struct ExportSettings {
     /// Width of a sample's step; timestamps are step starts (multiples of it).
     pub step_ms: i64,
     /// A step is sent this long after it ends, so that most of its profiles are in its
-    /// one sample; later ones add a sample. A profile is compacted (and counted) within
-    /// about 45 s of its ingest on a single node, whose log holds a lone write for up to
-    /// `wal_segment_interval_ms` (30 s) and level 0 for up to its `max_age_ms` (10 s); a
-    /// cluster's writes within about 15 s.
+    /// one sample; later ones add a sample, sent at the next poll. A profile is counted
+    /// as its segment is registered: on a single node within
+    /// `wal_rules_segment_interval_ms` (5 s) of its write, in a cluster within a flush
+    /// (0.5 s). A profile lasting `d` thus reaches the receiver within `step_ms` +
+    /// `delay_ms` − `d` of its end in its step's sample, or within that interval and a
+    /// `poll_ms` in a later one: 12 s for the SDKs' and the agent's 10 s profiles.
     pub delay_ms: i64,
     /// Data this much later than its step's end is dropped (and counted); the receiver's
     /// out-of-order window must be at least this long.
@@ -75,7 +82,7 @@ impl Default for ExportSettings {
     fn default() -> Self {
         ExportSettings {
             step_ms: 15_000,
-            delay_ms: 60_000,
+            delay_ms: 6_000,
             late_window_ms: 3_600_000,
             batch_samples: 5_000,
             poll_ms: 1_000,

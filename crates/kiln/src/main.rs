@@ -151,10 +151,15 @@ struct ServerArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     wal: Option<bool>,
     /// With the write-ahead log, the longest a write waits for its segment, in
-    /// milliseconds [default: 10000].
+    /// milliseconds [default: 30000].
     #[arg(long, env = "KILN_WAL_SEGMENT_INTERVAL_MS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     wal_segment_interval_ms: Option<u64>,
+    /// The same while recording rules exist, which count a segment as it is registered,
+    /// in milliseconds [default: 5000].
+    #[arg(long, env = "KILN_WAL_RULES_SEGMENT_INTERVAL_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wal_rules_segment_interval_ms: Option<u64>,
     /// Largest request body, compressed, in bytes [default: 16777216].
     #[arg(long, env = "KILN_MAX_BODY_BYTES")]
     #[serde(
@@ -421,6 +426,8 @@ mod tests {
             "false",
             "--wal-segment-interval-ms",
             "13",
+            "--wal-rules-segment-interval-ms",
+            "7",
             "--max-body-bytes",
             "14",
             "--max-decompressed-bytes",
@@ -453,6 +460,7 @@ mod tests {
         assert_eq!(config.flush_min_gap_ms, 12, "the flag over its variable");
         assert!(!config.wal);
         assert_eq!(config.wal_segment_interval_ms, 13);
+        assert_eq!(config.wal_rules_segment_interval_ms, 7);
         assert_eq!(config.limits.max_body_bytes, 14);
         assert_eq!(config.limits.max_decompressed_bytes, 15);
         assert_eq!(config.limits.retention_days, 16, "the flag over the file");

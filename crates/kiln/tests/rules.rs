@@ -507,3 +507,84 @@ fn rules_reach_prometheus_exactly_once_through_crashes_and_alert() {
     assert_eq!(kiln.metric(&refused), Some(1));
     eprintln!("1 sample refused by Prometheus (too old), dropped and counted");
 }
+
+/// With the defaults (`rule_export`, the write-ahead log, compaction), a rule's sample is
+/// in Prometheus within 15 s of its profile's end, and level-0 compaction of the counted
+/// segment adds nothing to it.
+#[test]
+fn a_rules_sample_reaches_prometheus_within_15_s_of_its_profile_and_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(prometheus) = Prometheus::start(dir.path()) else {
+        return;
+    };
+    std::fs::write(
+        dir.path().join("kiln.yaml"),
+        format!(
+            "recording_rules:\n\
+             \x20 - metric_name: checkout_cpu_nanoseconds\n\
+             \x20   profile_type: {CPU}\n\
+             \x20   matchers: '{{service_name=\"checkout\"}}'\n\
+             \x20   group_by: [service_name]\n\
+             remote_write:\n  - url: {}\n",
+            prometheus.write_url()
+        ),
+    )
+    .unwrap();
+    let kiln = Kiln::start(dir.path(), free_port(), None);
+    let rules: serde_json::Value = serde_json::from_str(
+        &agent()
+            .get(&kiln.url("/api/v1/recording-rules"))
+            .call()
+            .expect("rules")
+            .into_string()
+            .unwrap(),
+    )
+    .unwrap();
+    let live_from = rules["rules"][0]["live_from_ms"].as_i64().unwrap();
+    // A 10 s profile that ends now, and starts at or after the rule's live_from.
+    while now_ms() < live_from + 10_000 {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ended_ms = now_ms() / 1000 * 1000;
+    let checkout = fixture("profefe-collector_cpu_1.prof");
+    kiln.push_for("checkout", &checkout, ended_ms / 1000 - 10, 10);
+    let total = 9_640_000_000.0; // the profile's CPU, per `go tool pprof`
+    let exported = || {
+        prometheus.query(
+            "sum(sum_over_time(checkout_cpu_nanoseconds[10m]))",
+            now_ms(),
+        )
+    };
+    wait_until(
+        "the sample to reach Prometheus",
+        Duration::from_secs(120),
+        || exported().is_some(),
+    );
+    let latency_ms = now_ms() - ended_ms;
+    eprintln!(
+        "the sample reached Prometheus {:.1} s after its profile ended",
+        latency_ms as f64 / 1000.0
+    );
+    assert_eq!(exported(), Some(total));
+    assert!(latency_ms <= 15_000, "{latency_ms} ms after the profile");
+    // Level 0's compaction of the counted segment (within its max_age_ms, 10 s) must not
+    // count it again.
+    let compacted = || {
+        [
+            "kiln_compaction_jobs_total",
+            "kiln_compaction_copies_total",
+            "kiln_compaction_promotions_total",
+        ]
+        .iter()
+        .filter_map(|name| kiln.metric(name))
+        .sum::<i64>()
+    };
+    wait_until("level 0 to be compacted", Duration::from_secs(60), || {
+        compacted() >= 1
+    });
+    // What compaction would have counted goes out at the next poll (1 s).
+    std::thread::sleep(Duration::from_secs(3));
+    let target = prometheus.write_url();
+    assert_eq!(kiln.pending(&target), Some(0));
+    assert_eq!(exported(), Some(total), "counted again at compaction");
+}

@@ -174,7 +174,16 @@ impl Flusher {
         receiver: &mut mpsc::Receiver<Job>,
         first: Job,
     ) -> (&'static str, bool) {
-        let deadline = tokio::time::Instant::now() + self.config.segment_interval;
+        // Recording rules count a segment as it is registered: while there are any, a
+        // logged write waits a shorter time for it, so its metric is out in seconds.
+        let interval = if self.sink.rules_seen() {
+            self.config
+                .segment_interval
+                .min(self.config.rules_segment_interval)
+        } else {
+            self.config.segment_interval
+        };
+        let deadline = tokio::time::Instant::now() + interval;
         let mut batch_bytes = first.bytes;
         let mut asked = first.sync;
         let mut waiting = false;

@@ -49,6 +49,13 @@ impl Ingester {
         Self::start_with_wal(storage, metastore, config, None)
     }
 
+    /// From now on, every segment's profiles are counted by the recording rules in the
+    /// transaction that registers it (`hook` gives a dataset's samples for its tenant's
+    /// rules); earlier segments are counted by level-0 compaction.
+    pub fn count_rules_with(&self, hook: super::RuleHook) {
+        self.flusher.sink.count_rules_with(hook);
+    }
+
     /// [`Ingester::start`], acknowledging writes from the write-ahead log in `wal`
     /// ([`crate::wal`]) when given. Log files left there are recovered first.
     pub fn start_with_wal(

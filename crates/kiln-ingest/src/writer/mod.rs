@@ -64,7 +64,7 @@ use std::time::Duration;
 
 pub use ingester::{Arrival, Ingester, Syncer, Written};
 pub use metrics::{ReasonLabel, WriterMetrics};
-pub use sink::{dataset_meta, logs_writes};
+pub use sink::{dataset_meta, logs_writes, RuleHook};
 
 #[derive(Debug, Clone, Copy)]
 pub struct IngesterConfig {
@@ -91,6 +91,9 @@ pub struct IngesterConfig {
     /// With a write-ahead log ([`Ingester::start_with_wal`]), the longest a logged
     /// profile waits in memory for its segment (`wal_segment_interval_ms`).
     pub segment_interval: Duration,
+    /// [`IngesterConfig::segment_interval`] while recording rules exist
+    /// (`wal_rules_segment_interval_ms`): they count a segment as it is registered.
+    pub rules_segment_interval: Duration,
 }
 
 impl Default for IngesterConfig {
@@ -111,6 +114,9 @@ impl Default for IngesterConfig {
             // Memory ends most batches of many services first (`logged_memory_limit`):
             // 30 s against 10 s was 1.31× at 500 services (docs/benchmarks.md, session 36).
             segment_interval: Duration::from_secs(30),
+            // A rule's sample goes out `rule_export.delay_ms` (6 s) after its step: a
+            // logged write is counted by then, and within 15 s of its profile's end.
+            rules_segment_interval: Duration::from_secs(5),
         }
     }
 }

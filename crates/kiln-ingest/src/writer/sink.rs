@@ -12,12 +12,14 @@
 //! tenth of the throughput); otherwise the block goes back to the runtime, as a cloud
 //! store's or PostgreSQL's always does: the write path's threads never wait on the network.
 
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use bytes::Bytes;
-use kiln_metastore::{BlockMeta, DatasetMeta, Metastore, WriteIdentity};
+use kiln_metastore::{
+    BlockMeta, DatasetMeta, Exports, Metastore, RuleRecord, SegmentCounting, WriteIdentity,
+};
 use kiln_storage::format::encode_block;
 use kiln_storage::{Dataset, DatasetBuilder, ObjectStorage};
 
@@ -25,6 +27,14 @@ use super::metrics::WriterMetrics;
 use super::staging::Arrivals;
 use super::warm::{ServiceKey, WarmBuilders};
 use crate::error::StoreError;
+
+/// Counts a dataset's profiles by its tenant's recording rules (kiln-rules' hook, the
+/// compactor's `RuleHook` too).
+pub type RuleHook = Arc<dyn Fn(&[RuleRecord], &Dataset) -> Exports + Send + Sync>;
+
+/// A segment's block, its datasets' metastore entries, and `T`: the datasets themselves,
+/// or what the rules count of them at registration.
+type Encoded<T = Option<SegmentCounting>> = (Vec<u8>, Vec<DatasetMeta>, T);
 
 /// Which thread stores and registers a segment; see the module doc.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +62,11 @@ pub(super) struct SegmentSink {
     arrivals: Arc<Arrivals>,
     warm: Arc<WarmBuilders>,
     metrics: WriterMetrics,
+    /// Set once the node's rules exist; segments registered before count at level 0.
+    rules: OnceLock<RuleHook>,
+    /// Whether the last registration saw any recording rule: logged writes then wait for
+    /// their segment `rules_segment_interval` at most.
+    rules_seen: Arc<AtomicBool>,
 }
 
 impl SegmentSink {
@@ -75,7 +90,67 @@ impl SegmentSink {
             arrivals,
             warm,
             metrics,
+            rules: OnceLock::new(),
+            rules_seen: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// From now on, segments are counted by the recording rules as they are registered.
+    pub(super) fn count_rules_with(&self, hook: RuleHook) {
+        if self.rules.set(hook).is_ok() {
+            self.rules_seen.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether recording rules count this node's segments, and there were rules at the
+    /// last registration.
+    pub(super) fn rules_seen(&self) -> bool {
+        self.rules.get().is_some() && self.rules_seen.load(Ordering::Relaxed)
+    }
+
+    /// What the rules count of `datasets`, run in the registration's transaction with
+    /// the rules stored then; `None` before [`SegmentSink::count_rules_with`].
+    fn counting(&self, datasets: Vec<Dataset>) -> Option<SegmentCounting> {
+        let hook = self.rules.get()?.clone();
+        let seen = self.rules_seen.clone();
+        Some(Arc::new(move |records: &[RuleRecord]| {
+            seen.store(!records.is_empty(), Ordering::Relaxed);
+            // Each tenant's rules as one slice, in this order whatever the database's
+            // collation.
+            let mut records = records.to_vec();
+            records.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+            let mut counted = Vec::new();
+            for dataset in &datasets {
+                let start = records.partition_point(|r| r.tenant < dataset.tenant);
+                let end = records.partition_point(|r| r.tenant <= dataset.tenant);
+                if start < end {
+                    let exports = hook(&records[start..end], dataset);
+                    if !exports.is_empty() {
+                        counted.push(exports);
+                    }
+                }
+            }
+            counted
+        }))
+    }
+
+    /// Encodes finished datasets as one segment ([`encode_segment`]), keeping them for
+    /// the rules to count at registration when they do.
+    fn encode(
+        &self,
+        built: Vec<(usize, Dataset)>,
+        block_id: &str,
+        object_key: &str,
+    ) -> Result<Encoded, StoreError> {
+        let counts = self.rules.get().is_some();
+        let (block, mut metas, datasets) = encode_segment(built, block_id, object_key)?;
+        if !counts {
+            return Ok((block, metas, None));
+        }
+        for meta in &mut metas {
+            meta.rules_counted = true;
+        }
+        Ok((block, metas, self.counting(datasets)))
     }
 
     /// Whether [`SegmentSink::write_here`] may be called: the put and the registration
@@ -122,6 +197,7 @@ impl SegmentSink {
                     segment_block(block_id, &object_key, size_bytes),
                     std::mem::take(&mut segment.datasets),
                     identities,
+                    segment.counting.take(),
                 )
                 .await
                 .map_err(StoreError::Metastore)?;
@@ -150,11 +226,11 @@ impl SegmentSink {
             .map(|(index, (key, builder))| (index, key, builder))
             .collect();
         let built = finish_share(share, &self.warm);
-        let (block, datasets) = encode_segment(built, block_id, &object_key)?;
+        let (block, datasets, counting) = self.encode(built, block_id, &object_key)?;
         if datasets.is_empty() {
             return Ok(());
         }
-        let segment = self.land(block, datasets, block_id, &object_key, identities)?;
+        let segment = self.land(block, datasets, counting, block_id, &object_key, identities)?;
         let build_seconds =
             build_started.elapsed().as_secs_f64() - segment.put_seconds - segment.register_seconds;
         self.record(&segment, block_id, profile_count, build_seconds, true);
@@ -172,6 +248,7 @@ impl SegmentSink {
         &self,
         block: Vec<u8>,
         datasets: Vec<DatasetMeta>,
+        counting: Option<SegmentCounting>,
         block_id: &str,
         object_key: &str,
         identities: Vec<WriteIdentity>,
@@ -185,6 +262,7 @@ impl SegmentSink {
             datasets,
             size_bytes,
             block: None,
+            counting,
             registered: false,
             put_seconds: started.elapsed().as_secs_f64(),
             register_seconds: 0.0,
@@ -197,6 +275,7 @@ impl SegmentSink {
                     segment_block(block_id, object_key, size_bytes),
                     segment.datasets.clone(),
                     identities,
+                    segment.counting.take(),
                 )
                 .map_err(StoreError::Metastore)?;
             segment.registered = true;
@@ -238,13 +317,18 @@ impl SegmentSink {
             let share = std::mem::take(share);
             let sink = self.clone();
             return crate::cpu::spawn(move || {
-                let (block, datasets) =
-                    encode_segment(finish_share(share, &sink.warm), &block_id, &object_key)?;
+                let (block, datasets, counting) =
+                    sink.encode(finish_share(share, &sink.warm), &block_id, &object_key)?;
                 match identities {
-                    Some(identities) if !datasets.is_empty() && sink.is_quiet() => {
-                        sink.land(block, datasets, &block_id, &object_key, identities)
-                    }
-                    _ => Ok(Segment::encoded(block, datasets)),
+                    Some(identities) if !datasets.is_empty() && sink.is_quiet() => sink.land(
+                        block,
+                        datasets,
+                        counting,
+                        &block_id,
+                        &object_key,
+                        identities,
+                    ),
+                    _ => Ok(Segment::encoded(block, datasets, counting)),
                 }
             })
             .await
@@ -261,11 +345,12 @@ impl SegmentSink {
         for share in finishing {
             built.extend(share.await.map_err(StoreError::Task)?);
         }
-        let (block, datasets) =
-            crate::cpu::spawn(move || encode_segment(built, &block_id, &object_key))
+        let sink = self.clone();
+        let (block, datasets, counting) =
+            crate::cpu::spawn(move || sink.encode(built, &block_id, &object_key))
                 .await
                 .map_err(StoreError::Task)??;
-        Ok(Segment::encoded(block, datasets))
+        Ok(Segment::encoded(block, datasets, counting))
     }
 
     /// Counts a written segment.
@@ -329,6 +414,8 @@ struct Segment {
     size_bytes: u64,
     /// The encoded block, still to store; `None` once stored by the thread that encoded it.
     block: Option<Vec<u8>>,
+    /// What the rules count at its registration, until registered.
+    counting: Option<SegmentCounting>,
     /// Registered by the thread that encoded it.
     registered: bool,
     put_seconds: f64,
@@ -336,11 +423,16 @@ struct Segment {
 }
 
 impl Segment {
-    fn encoded(block: Vec<u8>, datasets: Vec<DatasetMeta>) -> Self {
+    fn encoded(
+        block: Vec<u8>,
+        datasets: Vec<DatasetMeta>,
+        counting: Option<SegmentCounting>,
+    ) -> Self {
         Segment {
             datasets,
             size_bytes: block.len() as u64,
             block: Some(block),
+            counting,
             registered: false,
             put_seconds: 0.0,
             register_seconds: 0.0,
@@ -364,12 +456,12 @@ fn finish_share(share: Share, warm: &WarmBuilders) -> Vec<(usize, Dataset)> {
 }
 
 /// Encodes finished datasets as one segment, in the order of their indices (the sorted
-/// (tenant, service) order), leaving out those that hold no profile.
+/// (tenant, service) order), leaving out those that hold no profile; returns them too.
 fn encode_segment(
     mut built: Vec<(usize, Dataset)>,
     block_id: &str,
     object_key: &str,
-) -> Result<(Vec<u8>, Vec<DatasetMeta>), StoreError> {
+) -> Result<Encoded<Vec<Dataset>>, StoreError> {
     built.sort_by_key(|(index, _)| *index);
     let datasets: Vec<Dataset> = built
         .into_iter()
@@ -382,7 +474,7 @@ fn encode_segment(
         .map(|(row_group, dataset)| dataset_meta(dataset, block_id, object_key, row_group as u32))
         .collect();
     let block = encode_block(&datasets).map_err(StoreError::Encode)?;
-    Ok((block, metas))
+    Ok((block, metas, datasets))
 }
 
 /// The metastore entry of `dataset`, stored as row group `row_group` of the block
@@ -404,5 +496,6 @@ pub fn dataset_meta(
         max_time_nanos: dataset.max_time_nanos,
         profile_types,
         profile_count,
+        rules_counted: false,
     }
 }
