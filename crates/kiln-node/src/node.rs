@@ -189,7 +189,8 @@ impl Server {
         rules.sync_file_rules().await?;
         // Every node's segments are counted as they are registered, seconds after their
         // writes; those registered before (recovered from the log) by level 0.
-        ingester.count_rules_with(rules.hook());
+        let rules_exist = !metastore.recording_rules(None).await?.is_empty();
+        ingester.count_rules_with(rules.hook(), rules_exist);
         rules.register(&mut registry);
         // Rules and the regression watcher evaluate on nodes with the rules role; their
         // definitions and findings are served by any node.

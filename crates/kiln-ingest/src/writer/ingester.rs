@@ -51,9 +51,11 @@ impl Ingester {
 
     /// From now on, every segment's profiles are counted by the recording rules in the
     /// transaction that registers it (`hook` gives a dataset's samples for its tenant's
-    /// rules); earlier segments are counted by level-0 compaction.
-    pub fn count_rules_with(&self, hook: super::RuleHook) {
-        self.flusher.sink.count_rules_with(hook);
+    /// rules); earlier segments are counted by level-0 compaction. `rules_exist`: whether
+    /// any rule is stored now (each registration tells again), so that logged writes wait
+    /// `rules_segment_interval` for their segment only while there are.
+    pub fn count_rules_with(&self, hook: super::RuleHook, rules_exist: bool) {
+        self.flusher.sink.count_rules_with(hook, rules_exist);
     }
 
     /// [`Ingester::start`], acknowledging writes from the write-ahead log in `wal`

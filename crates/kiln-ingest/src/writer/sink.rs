@@ -95,10 +95,11 @@ impl SegmentSink {
         }
     }
 
-    /// From now on, segments are counted by the recording rules as they are registered.
-    pub(super) fn count_rules_with(&self, hook: RuleHook) {
+    /// From now on, segments are counted by the recording rules as they are registered;
+    /// `rules_exist` until the next registration says.
+    pub(super) fn count_rules_with(&self, hook: RuleHook, rules_exist: bool) {
         if self.rules.set(hook).is_ok() {
-            self.rules_seen.store(true, Ordering::Relaxed);
+            self.rules_seen.store(rules_exist, Ordering::Relaxed);
         }
     }
 
