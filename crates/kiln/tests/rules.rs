@@ -588,3 +588,30 @@ fn a_rules_sample_reaches_prometheus_within_15_s_of_its_profile_and_once() {
     assert_eq!(kiln.pending(&target), Some(0));
     assert_eq!(exported(), Some(total), "counted again at compaction");
 }
+
+/// `kiln bench rules --latency`, short (its figures are docs/benchmarks.md's): two profiles
+/// through a server, each timed to its sample. Here rather than among the integration
+/// tests, whose timing-sensitive tests it would load for half a minute.
+#[test]
+fn the_rules_latency_bench_times_each_profile() {
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+    let output = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["bench", "rules", "--latency", "2", "--corpus"])
+        .arg(&corpus)
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(
+        output.status.success(),
+        "{printed} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    eprintln!("{printed}");
+    for line in [
+        "latency-0: ended ",
+        "latency-1: ended ",
+        "profile end → rule sample: median ",
+    ] {
+        assert!(printed.contains(line), "{printed}");
+    }
+}

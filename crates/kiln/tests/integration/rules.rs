@@ -250,20 +250,4 @@ fn the_rules_bench_reports_every_case() {
         assert!(output.contains(line), "{output}");
     }
     assert!(output.contains("% of the merge"), "{output}");
-    // Its latency mode, short: two profiles through a server, each timed to its sample.
-    let output = run_kiln([
-        "bench",
-        "rules",
-        "--corpus",
-        corpus.to_str().unwrap(),
-        "--latency",
-        "2",
-    ]);
-    for line in [
-        "latency-0: ended ",
-        "latency-1: ended ",
-        "profile end → rule sample: median ",
-    ] {
-        assert!(output.contains(line), "{output}");
-    }
 }
