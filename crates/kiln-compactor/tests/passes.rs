@@ -22,15 +22,17 @@ async fn write_segment(storage: &ObjectStorage, metastore: &Metastore, id: &str,
         1_700_000_000 * SECOND_NANOS,
         &[(&["work", "main"], 10, &[])],
     );
-    register_segment(storage, metastore, id, builder.finish()).await;
+    register_segment(storage, metastore, id, builder.finish(), false).await;
 }
 
-/// Stores `dataset` as segment `id` and registers it at level 0.
+/// Stores `dataset` as segment `id` and registers it at level 0, `rules_counted` as
+/// the writer registers a segment whose profiles the rules counted.
 async fn register_segment(
     storage: &ObjectStorage,
     metastore: &Metastore,
     id: &str,
     dataset: Dataset,
+    rules_counted: bool,
 ) {
     let key = format!("segments/{id}.parquet");
     let block = kiln_storage::format::encode_block(std::slice::from_ref(&dataset)).unwrap();
@@ -46,7 +48,7 @@ async fn register_segment(
         max_time_nanos: dataset.max_time_nanos,
         profile_types,
         profile_count,
-        rules_counted: false,
+        rules_counted,
     };
     let block = BlockMeta {
         id: id.into(),
@@ -231,5 +233,69 @@ async fn write_late_segment(storage: &ObjectStorage, metastore: &Metastore, segm
             &[(&["work", "main"], 10, &[])],
         );
     }
-    register_segment(storage, metastore, &id, builder.finish()).await;
+    register_segment(storage, metastore, &id, builder.finish(), false).await;
+}
+
+/// A level-0 job counts by the recording rules only the inputs their registration did
+/// not (`rules_counted`): each profile once, whichever counted it. Before, the job
+/// counted every input, so a segment counted as it was registered would count twice.
+#[tokio::test]
+async fn level_0_counts_by_the_rules_only_the_inputs_not_counted_at_registration() {
+    use kiln_metastore::{Exports, RuleRecord, RuleSample};
+    let (_dir, storage, metastore) = common::local_sqlite().await;
+    for (id, counted) in [("a", true), ("b", false), ("c", false)] {
+        let mut builder = DatasetBuilder::new("t", "checkout");
+        kiln_storage::testing::add_cpu_profile(
+            &mut builder,
+            id,
+            &[("service_name", "checkout")],
+            1_700_000_000 * SECOND_NANOS,
+            &[(&["work", "main"], 10, &[])],
+        );
+        register_segment(&storage, &metastore, id, builder.finish(), counted).await;
+    }
+    metastore
+        .put_recording_rule(RuleRecord {
+            tenant: "t".into(),
+            name: "cpu".into(),
+            spec: "{}".into(),
+            source: "api".into(),
+            live_from_ms: 0,
+            updated_at_ms: 0,
+        })
+        .await
+        .unwrap();
+    // Each input counts as its profiles.
+    let hook: kiln_compactor::RuleHook = std::sync::Arc::new(|_, dataset: &Dataset| Exports {
+        targets: vec!["prom".into()],
+        samples: vec![RuleSample {
+            tenant: dataset.tenant.clone(),
+            rule: "cpu".into(),
+            series: "{}".into(),
+            step_start_ms: 0,
+            step_ms: 15_000,
+            value: dataset.summary().1 as i64,
+        }],
+    });
+    let config = CompactorConfig {
+        levels: vec![LevelPolicy {
+            max_datasets: 3,
+            max_age_ms: 60_000,
+            window_ms: 0,
+            compression: LevelCompression::Zstd,
+        }],
+        ..CompactorConfig::default()
+    };
+    let compactor = Compactor::new(metastore.clone(), storage.clone(), config).with_rules(hook);
+    let report = compactor.run_pass(1_000).await.unwrap();
+    assert_eq!(report.compactions, 1);
+    let claimed = metastore
+        .claim_exports("prom", i64::MAX, 100)
+        .await
+        .unwrap();
+    let counted: i64 = claimed.iter().map(|sample| sample.value).sum();
+    assert_eq!(counted, 2, "b and c, not a: {claimed:?}");
+    let merged = metastore.datasets_at_level(1).await.unwrap();
+    assert_eq!(merged.len(), 1);
+    assert_eq!(merged[0].0.profile_count, 3);
 }

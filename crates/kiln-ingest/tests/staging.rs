@@ -279,3 +279,89 @@ async fn flushes_are_spaced_while_compaction_is_behind_and_not_once_it_catches_u
     drop(ingester);
     flusher.await.unwrap();
 }
+
+/// With the rules' hook, a segment is counted in its registration: the datasets of a
+/// tenant with rules are marked `rules_counted` and their samples are in the outbox; a
+/// tenant without rules is left to level 0, and a rule saved after the writer last
+/// looked counts from the next segment on (its first at level 0, not here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_is_counted_at_its_registration_for_the_tenants_with_rules() {
+    use kiln_metastore::{Exports, RuleRecord, RuleSample};
+    let dir = tempfile::tempdir().unwrap();
+    let (storage, metastore) = open(&dir).await;
+    let pprof = fixture("parca-two-stacks.pb.gz");
+    let rule = |tenant: &str| RuleRecord {
+        tenant: tenant.into(),
+        name: "cpu".into(),
+        spec: "{}".into(),
+        source: "api".into(),
+        live_from_ms: 0,
+        updated_at_ms: 0,
+    };
+    metastore.put_recording_rule(rule("t")).await.unwrap();
+    let (ingester, _flusher) =
+        Ingester::start(storage, metastore.clone(), IngesterConfig::default());
+    // One sample per dataset, of its profiles.
+    ingester.count_rules_with(
+        std::sync::Arc::new(|_, dataset| Exports {
+            targets: vec!["prom".into()],
+            samples: vec![RuleSample {
+                tenant: dataset.tenant.clone(),
+                rule: "cpu".into(),
+                series: "{}".into(),
+                step_start_ms: 0,
+                step_ms: 15_000,
+                value: dataset.summary().1 as i64,
+            }],
+        }),
+        ["t".to_string()].into(),
+    );
+    let write = |tenant: &'static str, id: &'static str| {
+        let ingester = ingester.clone();
+        let profiles = vec![profile(&pprof, "api", id.to_string())];
+        async move { ingester.write(tenant, profiles).await.unwrap() }
+    };
+    write("t", "t-1").await;
+    write("u", "u-1").await;
+    // u's rule is saved after the writer learnt who has rules: u's next segment is not
+    // counted at its registration, which tells the writer; the one after is.
+    metastore.put_recording_rule(rule("u")).await.unwrap();
+    write("u", "u-2").await;
+    write("u", "u-3").await;
+    let counted = |tenant: &str| {
+        let metastore = metastore.clone();
+        let tenant = tenant.to_string();
+        async move {
+            let mut found: Vec<bool> = metastore
+                .list_datasets(DatasetQuery {
+                    tenant,
+                    service: None,
+                    from_nanos: i64::MIN,
+                    to_nanos: i64::MAX,
+                })
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|dataset| dataset.rules_counted)
+                .collect();
+            found.sort();
+            found
+        }
+    };
+    assert_eq!(counted("t").await, vec![true]);
+    assert_eq!(counted("u").await, vec![false, false, true]);
+    let outbox = metastore
+        .claim_exports("prom", i64::MAX, 100)
+        .await
+        .unwrap();
+    let mut tenants: Vec<(String, i64)> = outbox
+        .iter()
+        .map(|sample| (sample.tenant.clone(), sample.value))
+        .collect();
+    tenants.sort();
+    assert_eq!(
+        tenants,
+        vec![("t".to_string(), 1), ("u".to_string(), 1)],
+        "t's segment and u's last, each once"
+    );
+}

@@ -202,8 +202,9 @@ pub struct RuleRecord {
     pub spec: String,
     /// `file` (read-only, from the config file) or `api`.
     pub source: String,
-    /// Profiles from this time on are counted as they are first compacted; earlier ones
-    /// only by a backfill. Kept when the rule is updated.
+    /// Profiles from this time on are counted as their segment is registered (or, if it
+    /// was registered without the rules, as it is first compacted); earlier ones only by
+    /// a backfill. Kept when the rule is updated.
     pub live_from_ms: i64,
     pub updated_at_ms: i64,
 }

@@ -189,8 +189,13 @@ impl Server {
         rules.sync_file_rules().await?;
         // Every node's segments are counted as they are registered, seconds after their
         // writes; those registered before (recovered from the log) by level 0.
-        let rules_exist = !metastore.recording_rules(None).await?.is_empty();
-        ingester.count_rules_with(rules.hook(), rules_exist);
+        let ruled = metastore
+            .recording_rules(None)
+            .await?
+            .into_iter()
+            .map(|rule| rule.tenant)
+            .collect();
+        ingester.count_rules_with(rules.hook(), ruled);
         rules.register(&mut registry);
         // Rules and the regression watcher evaluate on nodes with the rules role; their
         // definitions and findings are served by any node.

@@ -45,6 +45,7 @@ pub struct QueryMetrics {
 #[derive(Clone, Debug)]
 struct RecentDataset {
     key: (String, u32),
+    start_nanos: i64,
     end_nanos: i64,
     value: crate::naming::Unnamed,
 }
@@ -115,6 +116,7 @@ impl QueryMetrics {
         datasets.retain(|d| d.key != *key);
         datasets.push(RecentDataset {
             key: key.clone(),
+            start_nanos: dataset.min_time_nanos,
             end_nanos: dataset.max_time_nanos,
             value: value.clone(),
         });
@@ -123,6 +125,48 @@ impl QueryMetrics {
         if let Some(share) = recent_share(datasets) {
             self.unsymbolized.get_or_create(&labels).set(share);
         }
+    }
+
+    /// The metastore listed every dataset of `tenant` (of `service` when pinned) overlapping
+    /// `[from, to]`: a recent one of the range not among them was compacted away or
+    /// expired, and goes. Kept, the inputs of a compaction outweighed the one block that
+    /// holds them all since: a service read before and after its debug file was uploaded
+    /// still showed the share from before (0.99, not 0).
+    pub(crate) fn live(
+        &self,
+        tenant: &str,
+        service: Option<&str>,
+        (from, to): (i64, i64),
+        listed: &[kiln_metastore::DatasetMeta],
+    ) {
+        let mut recent = self
+            .unsymbolized_recent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if recent.is_empty() {
+            return;
+        }
+        let live: std::collections::HashSet<(&str, u32)> = listed
+            .iter()
+            .map(|meta| (meta.object_key.as_str(), meta.row_group))
+            .collect();
+        for (labels, datasets) in recent.iter_mut() {
+            if labels.tenant != tenant || service.is_some_and(|s| s != labels.service) {
+                continue;
+            }
+            let before = datasets.len();
+            datasets.retain(|d| {
+                d.start_nanos > to
+                    || d.end_nanos < from
+                    || live.contains(&(d.key.0.as_str(), d.key.1))
+            });
+            if datasets.len() != before {
+                if let Some(share) = recent_share(datasets) {
+                    self.unsymbolized.get_or_create(labels).set(share);
+                }
+            }
+        }
+        recent.retain(|_, datasets| !datasets.is_empty());
     }
 
     pub(crate) fn fanned_out(&self, shares: usize) {
@@ -189,6 +233,7 @@ mod tests {
     ) -> RecentDataset {
         RecentDataset {
             key: (object.to_string(), 0),
+            start_nanos: (end_s - 10) * 1_000_000_000,
             end_nanos: end_s * 1_000_000_000,
             value: Unnamed {
                 profile_type: profile_type.to_string(),
@@ -220,5 +265,67 @@ mod tests {
         assert_eq!(recent_share(&datasets[..1]), Some(0.0));
         assert_eq!(recent_share(&[dataset("empty", 1, cpu, 0.0, 0.0)]), None);
         assert_eq!(recent_share(&[]), None);
+    }
+
+    fn meta(object: &str) -> kiln_metastore::DatasetMeta {
+        kiln_metastore::DatasetMeta {
+            block_id: object.to_string(),
+            object_key: object.to_string(),
+            tenant: "t".to_string(),
+            service: "s".to_string(),
+            row_group: 0,
+            min_time_nanos: 0,
+            max_time_nanos: 0,
+            profile_types: Vec::new(),
+            profile_count: 1,
+            rules_counted: false,
+        }
+    }
+
+    /// Compacted away, datasets read before leave the share to the block that holds them.
+    #[test]
+    fn datasets_no_longer_listed_leave_the_share() {
+        let cpu = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+        let metrics = QueryMetrics::default();
+        let labels = ServiceLabels {
+            tenant: "t".to_string(),
+            service: "s".to_string(),
+        };
+        let other = ServiceLabels {
+            tenant: "t".to_string(),
+            service: "other".to_string(),
+        };
+        {
+            let mut recent = metrics.unsymbolized_recent.lock().unwrap();
+            recent.insert(
+                labels.clone(),
+                // Newest first, as kept.
+                vec![
+                    dataset("outside", 300, cpu, 99.0, 100.0),
+                    dataset("block", 100, cpu, 0.0, 100.0),
+                    dataset("segment-1", 60, cpu, 99.0, 100.0),
+                    dataset("segment-2", 40, cpu, 99.0, 100.0),
+                ],
+            );
+            recent.insert(other.clone(), vec![dataset("o", 60, cpu, 50.0, 100.0)]);
+        }
+        let range = (0, 200 * 1_000_000_000);
+        // Another service's listing, or another tenant's, removes nothing.
+        metrics.live("t", Some("other"), range, &[meta("o")]);
+        metrics.live("u", None, range, &[]);
+        assert_eq!(
+            metrics.unsymbolized_recent.lock().unwrap()[&labels].len(),
+            4
+        );
+
+        metrics.live("t", None, range, &[meta("block"), meta("o")]);
+        let recent = metrics.unsymbolized_recent.lock().unwrap();
+        let kept: Vec<&str> = recent[&labels].iter().map(|d| d.key.0.as_str()).collect();
+        assert_eq!(kept, ["outside", "block"], "outside the range, not judged");
+        assert_eq!(recent[&other].len(), 1);
+        drop(recent);
+        // Of "outside" and "block" alone: 99 of 200 (with the segments, 297 of 400).
+        let share = metrics.unsymbolized.get_or_create(&labels).get();
+        assert!((share - 0.495).abs() < 1e-9, "{share}");
     }
 }

@@ -345,14 +345,23 @@ impl Querier {
                 .collect(),
             None => {
                 self.fresh().await;
-                self.metastore
+                let service = request.selector.equality(SERVICE_NAME);
+                let listed = self
+                    .metastore
                     .list_datasets(DatasetQuery {
                         tenant: request.tenant.clone(),
-                        service: request.selector.equality(SERVICE_NAME).map(str::to_string),
+                        service: service.map(str::to_string),
                         from_nanos: request.from_nanos,
                         to_nanos: request.to_nanos,
                     })
-                    .await?
+                    .await?;
+                self.metrics.live(
+                    &request.tenant,
+                    service,
+                    (request.from_nanos, request.to_nanos),
+                    &listed,
+                );
+                listed
             }
         };
         Ok(listed

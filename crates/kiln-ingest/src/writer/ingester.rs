@@ -2,6 +2,7 @@
 //! into the open batch (logged first where a write-ahead log acknowledges it), and the
 //! wait for the flush that makes it durable.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
@@ -51,11 +52,12 @@ impl Ingester {
 
     /// From now on, every segment's profiles are counted by the recording rules in the
     /// transaction that registers it (`hook` gives a dataset's samples for its tenant's
-    /// rules); earlier segments are counted by level-0 compaction. `rules_exist`: whether
-    /// any rule is stored now (each registration tells again), so that logged writes wait
-    /// `rules_segment_interval` for their segment only while there are.
-    pub fn count_rules_with(&self, hook: super::RuleHook, rules_exist: bool) {
-        self.flusher.sink.count_rules_with(hook, rules_exist);
+    /// rules); earlier segments are counted by level-0 compaction. `ruled`: the tenants
+    /// with rules stored now (each registration tells again): only their datasets wait,
+    /// decoded, for their registration, and logged writes wait `rules_segment_interval`
+    /// for their segment only while there are any.
+    pub fn count_rules_with(&self, hook: super::RuleHook, ruled: BTreeSet<String>) {
+        self.flusher.sink.count_rules_with(hook, ruled);
     }
 
     /// [`Ingester::start`], acknowledging writes from the write-ahead log in `wal`

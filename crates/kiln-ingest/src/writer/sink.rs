@@ -12,8 +12,9 @@
 //! tenth of the throughput); otherwise the block goes back to the runtime, as a cloud
 //! store's or PostgreSQL's always does: the write path's threads never wait on the network.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -32,9 +33,12 @@ use crate::error::StoreError;
 /// compactor's `RuleHook` too).
 pub type RuleHook = Arc<dyn Fn(&[RuleRecord], &Dataset) -> Exports + Send + Sync>;
 
-/// A segment's block, its datasets' metastore entries, and `T`: the datasets themselves,
-/// or what the rules count of them at registration.
-type Encoded<T = Option<SegmentCounting>> = (Vec<u8>, Vec<DatasetMeta>, T);
+/// A segment's block, its datasets' metastore entries, and what the rules count of them
+/// at registration.
+type Encoded = (Vec<u8>, Vec<DatasetMeta>, Option<SegmentCounting>);
+
+/// A segment's block and entries, with the datasets they were encoded from.
+type EncodedSegment = (Vec<u8>, Vec<DatasetMeta>, Vec<Dataset>);
 
 /// Which thread stores and registers a segment; see the module doc.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,9 +68,12 @@ pub(super) struct SegmentSink {
     metrics: WriterMetrics,
     /// Set once the node's rules exist; segments registered before count at level 0.
     rules: OnceLock<RuleHook>,
-    /// Whether the last registration saw any recording rule: logged writes then wait for
-    /// their segment `rules_segment_interval` at most.
-    rules_seen: Arc<AtomicBool>,
+    /// The tenants with recording rules at the last registration. A segment keeps its
+    /// datasets of these tenants, decoded, for the rules to count at its registration;
+    /// the others it frees as it is encoded, and level 0 counts them should a rule
+    /// appear meanwhile. While any tenant has rules, logged writes wait for their
+    /// segment `rules_segment_interval` at most.
+    ruled: Arc<RwLock<BTreeSet<String>>>,
 }
 
 impl SegmentSink {
@@ -91,67 +98,73 @@ impl SegmentSink {
             warm,
             metrics,
             rules: OnceLock::new(),
-            rules_seen: Arc::new(AtomicBool::new(false)),
+            ruled: Arc::default(),
         }
     }
 
     /// From now on, segments are counted by the recording rules as they are registered;
-    /// `rules_exist` until the next registration says.
-    pub(super) fn count_rules_with(&self, hook: RuleHook, rules_exist: bool) {
+    /// `ruled`: the tenants with rules now, until the next registration says.
+    pub(super) fn count_rules_with(&self, hook: RuleHook, ruled: BTreeSet<String>) {
         if self.rules.set(hook).is_ok() {
-            self.rules_seen.store(rules_exist, Ordering::Relaxed);
+            *self.ruled.write().unwrap_or_else(|p| p.into_inner()) = ruled;
         }
     }
 
-    /// Whether recording rules count this node's segments, and there were rules at the
-    /// last registration.
+    /// Whether recording rules count this node's segments, and some tenant had rules at
+    /// the last registration.
     pub(super) fn rules_seen(&self) -> bool {
-        self.rules.get().is_some() && self.rules_seen.load(Ordering::Relaxed)
+        self.rules.get().is_some() && !self.ruled().is_empty()
     }
 
-    /// What the rules count of `datasets`, run in the registration's transaction with
-    /// the rules stored then; `None` before [`SegmentSink::count_rules_with`].
-    fn counting(&self, datasets: Vec<Dataset>) -> Option<SegmentCounting> {
-        let hook = self.rules.get()?.clone();
-        let seen = self.rules_seen.clone();
-        Some(Arc::new(move |records: &[RuleRecord]| {
-            seen.store(!records.is_empty(), Ordering::Relaxed);
-            // Each tenant's rules as one slice, in this order whatever the database's
-            // collation.
-            let mut records = records.to_vec();
-            records.sort_by(|a, b| a.tenant.cmp(&b.tenant));
-            let mut counted = Vec::new();
-            for dataset in &datasets {
-                let start = records.partition_point(|r| r.tenant < dataset.tenant);
-                let end = records.partition_point(|r| r.tenant <= dataset.tenant);
-                if start < end {
-                    let exports = hook(&records[start..end], dataset);
-                    if !exports.is_empty() {
-                        counted.push(exports);
-                    }
-                }
-            }
-            counted
-        }))
+    fn ruled(&self) -> std::sync::RwLockReadGuard<'_, BTreeSet<String>> {
+        self.ruled.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Encodes finished datasets as one segment ([`encode_segment`]), keeping them for
-    /// the rules to count at registration when they do.
+    /// Encodes finished datasets as one segment ([`encode_segment`]). Those of tenants
+    /// with rules are marked `rules_counted` and kept for the rules to count in the
+    /// registration's transaction, with the rules stored then; the registration also
+    /// tells which tenants have rules now.
     fn encode(
         &self,
         built: Vec<(usize, Dataset)>,
         block_id: &str,
         object_key: &str,
     ) -> Result<Encoded, StoreError> {
-        let counts = self.rules.get().is_some();
         let (block, mut metas, datasets) = encode_segment(built, block_id, object_key)?;
-        if !counts {
+        let Some(hook) = self.rules.get().cloned() else {
             return Ok((block, metas, None));
-        }
-        for meta in &mut metas {
-            meta.rules_counted = true;
-        }
-        Ok((block, metas, self.counting(datasets)))
+        };
+        let kept: Vec<Dataset> = {
+            let ruled = self.ruled();
+            for meta in &mut metas {
+                meta.rules_counted = ruled.contains(&meta.tenant);
+            }
+            datasets
+                .into_iter()
+                .filter(|dataset| ruled.contains(&dataset.tenant))
+                .collect()
+        };
+        let ruled = self.ruled.clone();
+        let counting: SegmentCounting = Arc::new(move |records: &[RuleRecord]| {
+            let tenants: BTreeSet<String> = records.iter().map(|r| r.tenant.clone()).collect();
+            let mut counted = Vec::new();
+            for dataset in &kept {
+                let rules: Vec<RuleRecord> = records
+                    .iter()
+                    .filter(|r| r.tenant == dataset.tenant)
+                    .cloned()
+                    .collect();
+                if !rules.is_empty() {
+                    let exports = hook(&rules, dataset);
+                    if !exports.is_empty() {
+                        counted.push(exports);
+                    }
+                }
+            }
+            *ruled.write().unwrap_or_else(|p| p.into_inner()) = tenants;
+            counted
+        });
+        Ok((block, metas, Some(counting)))
     }
 
     /// Whether [`SegmentSink::write_here`] may be called: the put and the registration
@@ -462,7 +475,7 @@ fn encode_segment(
     mut built: Vec<(usize, Dataset)>,
     block_id: &str,
     object_key: &str,
-) -> Result<Encoded<Vec<Dataset>>, StoreError> {
+) -> Result<EncodedSegment, StoreError> {
     built.sort_by_key(|(index, _)| *index);
     let datasets: Vec<Dataset> = built
         .into_iter()

@@ -56,7 +56,10 @@ fn schemathesis_finds_no_server_error() {
     let output = Command::new("st")
         .args(["run", &format!("{}/api/openapi.json", server.url)])
         .args(["--checks", "not_a_server_error", "--max-examples", "30"])
-        .args(["--seed", "17", "--workers", "2", "--no-color"])
+        // One worker: with two threads, Python 3.11.7 raised "AST constructor recursion
+        // depth mismatch" inside Hypothesis (a race in CPython's ast, gh-106905), a tool
+        // error that failed CI with no request failing.
+        .args(["--seed", "17", "--workers", "1", "--no-color"])
         .output()
         .expect("schemathesis runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
