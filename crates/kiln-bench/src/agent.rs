@@ -5,6 +5,13 @@
 //! entry and a new set of mappings), a `kiln server` child takes the reports, and for each
 //! frequency a `kiln agent` child runs for the given time; its CPU comes from
 //! `/proc/PID/stat` and its memory from `/proc/PID/status`.
+//!
+//! With `--storage`, each run's server is then compacted until its layout settles (every
+//! level due at once, as `kiln bench storage` does) and what it keeps is reported per
+//! profiled core per day: the bytes over the CPU time the stored profiles hold, times a
+//! day. Scaling every byte is an upper bound (a block's symbols and the metastore grow far
+//! slower than its samples); the second figure scales only the profiles and samples and
+//! counts the symbols and the metastore once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -49,6 +56,46 @@ pub struct AgentBenchArgs {
     /// The agent's --memory-limit.
     #[arg(long, default_value = "128MiB")]
     memory_limit: String,
+    /// The agent's --interval: seconds covered by one report.
+    #[arg(long, default_value_t = 10.0)]
+    interval: f64,
+    /// After each run, compact what the agent sent and report the bytes kept per
+    /// profiled core per day.
+    #[arg(long)]
+    storage: bool,
+}
+
+/// A run's server compacted until it settled: what it keeps, per profiled core-day.
+async fn report_storage(data_dir: &std::path::Path, started_ms: i64) -> anyhow::Result<()> {
+    let settled = crate::storage::compact_until_settled(data_dir, None).await?;
+    let mut server = settled.server;
+    let (symbols, samples) = crate::storage::print_layout(&settled.metastore, data_dir).await?;
+    let cpu_nanos = crate::storage::flame_total(
+        &settled.url,
+        "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+        r#"{service_name=~".+"}"#,
+        started_ms - 60_000,
+        kiln_model::time::now_nanos() / 1_000_000,
+    )?;
+    drop(settled.metastore);
+    server.stop();
+    let objects = crate::storage::directory_bytes(&data_dir.join("blocks"));
+    let metastore = crate::storage::metastore_bytes(data_dir);
+    let core_days = cpu_nanos as f64 / 1e9 / 86_400.0;
+    anyhow::ensure!(core_days > 0.0, "no CPU time stored");
+    let per_day = |bytes: f64| bytes / core_days / 1e6;
+    println!(
+        "      stored: {:.3} MB objects ({:.3} MB symbols, {:.3} MB profiles and samples) + {:.3} MB metastore for {:.1} s of CPU sampled, compacted in {:.1} s: {:.2} MB per core-day with every byte scaled, {:.2} MB with the symbols and metastore once",
+        objects as f64 / 1e6,
+        symbols as f64 / 1e6,
+        samples as f64 / 1e6,
+        metastore as f64 / 1e6,
+        cpu_nanos as f64 / 1e9,
+        settled.seconds,
+        per_day((objects + metastore) as f64),
+        per_day(samples as f64) + ((objects - samples) + metastore) as f64 / 1e6,
+    );
+    Ok(())
 }
 
 /// Context switches on the host since boot (`ctxt` in /proc/stat).
@@ -92,7 +139,6 @@ fn churn(per_minute: u64, busy: Arc<AtomicBool>) -> Option<std::thread::JoinHand
 
 pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
     let data_dir = std::env::temp_dir().join(format!("kiln-bench-agent-{}", std::process::id()));
-    let (mut server, url) = crate::common::start_server(&data_dir)?;
     let busy = Arc::new(AtomicBool::new(true));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut busy_children = Vec::new();
@@ -158,6 +204,10 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
                 Some(("offcpu", share)) => ("true", Some(share), "true"),
                 _ => anyhow::bail!("unknown mode {mode:?}: perf, ebpf, native or offcpu=SHARE"),
             };
+            // A server of the run's own, so that what it stores is this run's.
+            let run_dir = data_dir.join(format!("{frequency}-{}", mode.replace('=', "-")));
+            let (mut server, url) = crate::common::start_server(&run_dir)?;
+            let started_ms = kiln_model::time::now_nanos() / 1_000_000;
             let metrics_port = kiln_child::free_port();
             let mut agent = std::process::Command::new(&exe)
                 .args([
@@ -169,6 +219,7 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
                 ])
                 .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
                 .args(["--memory-limit", &args.memory_limit])
+                .args(["--interval", &args.interval.to_string()])
                 .args(["--ebpf", ebpf, "--interpreters", interpreters])
                 .args(
                     off_cpu
@@ -313,6 +364,11 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
                 libc::kill(pid as i32, libc::SIGINT);
             }
             let _ = agent.wait();
+            server.stop();
+            if args.storage {
+                report_storage(&run_dir, started_ms).await?;
+            }
+            let _ = std::fs::remove_dir_all(&run_dir);
         }
     }
     busy.store(false, Ordering::Relaxed);
@@ -329,8 +385,6 @@ pub async fn run(args: AgentBenchArgs) -> anyhow::Result<()> {
     if let Some(started) = churning.and_then(|thread| thread.join().ok()) {
         println!("{started} short-lived processes started");
     }
-    let _ = server.kill();
-    let _ = server.wait();
     let _ = std::fs::remove_dir_all(&data_dir);
     Ok(())
 }

@@ -307,56 +307,13 @@ async fn run_in(
     );
 
     // Phase 2: compaction alone, every level due at once.
-    let max_job_profiles = args
-        .max_job_profiles
-        .map_or(String::new(), |n| format!("  max_job_profiles: {n}\n"));
-    std::fs::write(
-        data_dir.join("kiln.yaml"),
-        format!("compaction:\n{max_job_profiles}  interval_ms: 100\n  grace_ms: 0\n  levels:\n{PHASE_2_LEVELS}"),
-    )?;
-    let (mut server, url) = crate::common::start_server_with(
-        data_dir,
-        &[
-            "--config".into(),
-            data_dir.join("kiln.yaml").into_os_string(),
-        ],
-    )?;
-    let cpu_before = crate::common::process_cpu_seconds(server.id()).unwrap_or(0.0);
-    let compaction_started = Instant::now();
-    let metastore = kiln_metastore::Metastore::open(&format!(
-        "sqlite://{}",
-        data_dir.join("metastore.db").display()
-    ))
-    .await?;
-    let mut stable_polls = 0;
-    let mut last = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(3600);
-    let (settled_seconds, cpu_seconds) = loop {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let blocks = metastore.list_blocks().await?;
-        let layout: Vec<(String, u32, bool)> = blocks
-            .iter()
-            .map(|block| (block.id.clone(), block.level, block.deleted_at_ms.is_some()))
-            .collect();
-        let settled = blocks
-            .iter()
-            .all(|block| block.deleted_at_ms.is_none() && block.level > 0);
-        if settled && layout == last {
-            stable_polls += 1;
-        } else {
-            stable_polls = 0;
-            last = layout;
-        }
-        // Five unchanged polls of the settled layout: 1.5 s, fifteen compactor passes.
-        if stable_polls == 5 {
-            let cpu = crate::common::process_cpu_seconds(server.id()).unwrap_or(0.0) - cpu_before;
-            break (compaction_started.elapsed().as_secs_f64() - 1.5, cpu);
-        }
-        if Instant::now() > deadline {
-            server.stop();
-            bail!("compaction did not settle within an hour");
-        }
-    };
+    let Settled {
+        mut server,
+        url,
+        metastore,
+        seconds: settled_seconds,
+        cpu_seconds,
+    } = compact_until_settled(data_dir, args.max_job_profiles).await?;
     let compaction_input = crate::common::metric(&url, "kiln_compaction_input_bytes_total")?;
     let blocks: Vec<_> = metastore
         .list_blocks()
@@ -417,13 +374,88 @@ async fn run_in(
     Ok(())
 }
 
+/// A data directory compacted until its layout settled, and the server still on it.
+pub(crate) struct Settled {
+    pub server: crate::common::KilnChild,
+    pub url: String,
+    pub metastore: kiln_metastore::Metastore,
+    /// From the server's start to the layout's last change.
+    pub seconds: f64,
+    /// The server's CPU over that time.
+    pub cpu_seconds: f64,
+}
+
+/// Starts a server on `data_dir` with every compaction level due at once and no grace
+/// period, and waits until every live dataset is above level 0 and the layout has not
+/// changed for fifteen compactor passes.
+pub(crate) async fn compact_until_settled(
+    data_dir: &Path,
+    max_job_profiles: Option<usize>,
+) -> anyhow::Result<Settled> {
+    let max_job_profiles =
+        max_job_profiles.map_or(String::new(), |n| format!("  max_job_profiles: {n}\n"));
+    std::fs::write(
+        data_dir.join("kiln.yaml"),
+        format!("compaction:\n{max_job_profiles}  interval_ms: 100\n  grace_ms: 0\n  levels:\n{PHASE_2_LEVELS}"),
+    )?;
+    let (mut server, url) = crate::common::start_server_with(
+        data_dir,
+        &[
+            "--config".into(),
+            data_dir.join("kiln.yaml").into_os_string(),
+        ],
+    )?;
+    let cpu_before = crate::common::process_cpu_seconds(server.id()).unwrap_or(0.0);
+    let compaction_started = Instant::now();
+    let metastore = kiln_metastore::Metastore::open(&format!(
+        "sqlite://{}",
+        data_dir.join("metastore.db").display()
+    ))
+    .await?;
+    let mut stable_polls = 0;
+    let mut last = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let blocks = metastore.list_blocks().await?;
+        let layout: Vec<(String, u32, bool)> = blocks
+            .iter()
+            .map(|block| (block.id.clone(), block.level, block.deleted_at_ms.is_some()))
+            .collect();
+        let settled = blocks
+            .iter()
+            .all(|block| block.deleted_at_ms.is_none() && block.level > 0);
+        if settled && layout == last {
+            stable_polls += 1;
+        } else {
+            stable_polls = 0;
+            last = layout;
+        }
+        // Five unchanged polls of the settled layout: 1.5 s, fifteen compactor passes.
+        if stable_polls == 5 {
+            let cpu = crate::common::process_cpu_seconds(server.id()).unwrap_or(0.0) - cpu_before;
+            return Ok(Settled {
+                server,
+                url,
+                metastore,
+                seconds: compaction_started.elapsed().as_secs_f64() - 1.5,
+                cpu_seconds: cpu,
+            });
+        }
+        if Instant::now() > deadline {
+            server.stop();
+            bail!("compaction did not settle within an hour");
+        }
+    }
+}
+
 /// Prints each live block's level, time range, profiles and stored bytes, split into
 /// symbols and the rest, from its footer: where a day's bytes went (issue 61), one line
 /// per block and then one per level.
-async fn print_layout(
+pub(crate) async fn print_layout(
     metastore: &kiln_metastore::Metastore,
     data_dir: &Path,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<(u64, u64)> {
     let mut datasets = Vec::new();
     for tenant in metastore.tenants().await? {
         datasets.extend(
@@ -489,14 +521,16 @@ async fn print_layout(
             );
         }
     }
+    let mut totals = (0, 0);
     for (level, (count, profiles, symbols, other)) in levels {
         println!(
             "level {level}           {count} blocks, {profiles} profiles: {:.3} MB symbols, {:.3} MB profiles and samples",
             symbols as f64 / 1e6,
             other as f64 / 1e6
         );
+        totals = (totals.0 + symbols, totals.1 + other);
     }
-    Ok(())
+    Ok(totals)
 }
 
 #[derive(Args)]
@@ -618,13 +652,25 @@ pub async fn run_delay(args: DelayBenchArgs) -> anyhow::Result<()> {
 }
 
 fn query_total(url: &str, stream: Stream, start: i64, end: i64) -> anyhow::Result<i64> {
+    let profile_type = match stream {
+        Stream::Cpu => CPU,
+        Stream::Heap => ALLOC_SPACE,
+    };
+    let selector = format!(r#"{{service_name=~"{SERVICE}(-[0-9]+)?"}}"#);
+    flame_total(url, profile_type, &selector, start, end)
+}
+
+/// The total of a merged flame graph of `profile_type` over `[start, end]` (ms).
+pub(crate) fn flame_total(
+    url: &str,
+    profile_type: &str,
+    selector: &str,
+    start: i64,
+    end: i64,
+) -> anyhow::Result<i64> {
     let request = api::SelectMergeStacktracesRequest {
-        profile_type_id: match stream {
-            Stream::Cpu => CPU,
-            Stream::Heap => ALLOC_SPACE,
-        }
-        .to_string(),
-        label_selector: format!(r#"{{service_name=~"{SERVICE}(-[0-9]+)?"}}"#),
+        profile_type_id: profile_type.to_string(),
+        label_selector: selector.to_string(),
         start,
         end,
         max_nodes: Some(1),
@@ -641,7 +687,7 @@ fn query_total(url: &str, stream: Stream, start: i64, end: i64) -> anyhow::Resul
     Ok(response.flamegraph.map_or(0, |graph| graph.total))
 }
 
-fn directory_bytes(root: &Path) -> u64 {
+pub(crate) fn directory_bytes(root: &Path) -> u64 {
     let mut total = 0;
     let mut pending = vec![root.to_path_buf()];
     while let Some(dir) = pending.pop() {
@@ -661,7 +707,7 @@ fn directory_bytes(root: &Path) -> u64 {
 }
 
 /// The metastore's files: the database and, if the server left one, its WAL.
-fn metastore_bytes(data_dir: &Path) -> u64 {
+pub(crate) fn metastore_bytes(data_dir: &Path) -> u64 {
     ["metastore.db", "metastore.db-wal"]
         .iter()
         .filter_map(|name| std::fs::metadata(data_dir.join(name)).ok())

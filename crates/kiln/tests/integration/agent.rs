@@ -768,6 +768,9 @@ fn the_agent_benchmark_runs() {
         "perf,ebpf,offcpu=0.01",
         "--switches",
         "2000",
+        "--storage",
+        "--interval",
+        "0.5",
     ]);
     // One line per mode: every sample through the ring, with eBPF, and off-CPU on, whose
     // hook's own time the kernel accounts.
@@ -792,6 +795,34 @@ fn the_agent_benchmark_runs() {
         };
         assert!(field("samples") > 0, "{line}");
         assert!(field("processes tracked") > 0, "{line}");
+    }
+    // Each run's profiles compacted, and what they cost per profiled core-day: the CPU
+    // they hold is what was sampled, and every byte scaled is the larger figure.
+    let stored: Vec<(f64, f64, f64)> = output
+        .lines()
+        .filter(|line| line.trim_start().starts_with("stored:"))
+        .map(|line| {
+            let number_before = |unit: &str| -> f64 {
+                let at = line
+                    .find(unit)
+                    .unwrap_or_else(|| panic!("{unit} in {line}"));
+                line[..at]
+                    .rsplit(' ')
+                    .find(|word| !word.is_empty())
+                    .and_then(|word| word.parse().ok())
+                    .unwrap_or_else(|| panic!("a number before {unit} in {line}"))
+            };
+            (
+                number_before(" s of CPU sampled"),
+                number_before(" MB per core-day with every byte"),
+                number_before(" MB with the symbols"),
+            )
+        })
+        .collect();
+    assert_eq!(stored.len(), 3, "{output}");
+    for (cpu, scaled, once) in stored {
+        assert!(cpu > 0.0 && scaled > 0.0 && once > 0.0, "{output}");
+        assert!(once <= scaled, "{output}");
     }
 }
 
