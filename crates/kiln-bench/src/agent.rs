@@ -93,7 +93,7 @@ async fn report_storage(data_dir: &std::path::Path, started_ms: i64) -> anyhow::
         cpu_nanos as f64 / 1e9,
         settled.seconds,
         per_day((objects + metastore) as f64),
-        per_day(samples as f64) + ((objects - samples) + metastore) as f64 / 1e6,
+        per_day(samples as f64) + (objects.saturating_sub(samples) + metastore) as f64 / 1e6,
     );
     Ok(())
 }

@@ -143,23 +143,25 @@ impl QueryMetrics {
             .unsymbolized_recent
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if recent.is_empty() {
-            return;
-        }
-        let live: std::collections::HashSet<(&str, u32)> = listed
-            .iter()
-            .map(|meta| (meta.object_key.as_str(), meta.row_group))
-            .collect();
+        let in_range = |d: &RecentDataset| d.start_nanos <= to && d.end_nanos >= from;
+        // Built only when a service of the query has a dataset to judge: most queries'
+        // listings are not walked at all.
+        let mut live: Option<std::collections::HashSet<(&str, u32)>> = None;
         for (labels, datasets) in recent.iter_mut() {
-            if labels.tenant != tenant || service.is_some_and(|s| s != labels.service) {
+            if labels.tenant != tenant
+                || service.is_some_and(|s| s != labels.service)
+                || !datasets.iter().any(in_range)
+            {
                 continue;
             }
-            let before = datasets.len();
-            datasets.retain(|d| {
-                d.start_nanos > to
-                    || d.end_nanos < from
-                    || live.contains(&(d.key.0.as_str(), d.key.1))
+            let live = live.get_or_insert_with(|| {
+                listed
+                    .iter()
+                    .map(|meta| (meta.object_key.as_str(), meta.row_group))
+                    .collect()
             });
+            let before = datasets.len();
+            datasets.retain(|d| !in_range(d) || live.contains(&(d.key.0.as_str(), d.key.1)));
             if datasets.len() != before {
                 if let Some(share) = recent_share(datasets) {
                     self.unsymbolized.get_or_create(labels).set(share);
@@ -223,6 +225,7 @@ fn recent_share(datasets: &[RecentDataset]) -> Option<f64> {
 mod tests {
     use super::*;
     use crate::naming::Unnamed;
+    use crate::root::tests::meta;
 
     fn dataset(
         object: &str,
@@ -232,7 +235,7 @@ mod tests {
         total: f64,
     ) -> RecentDataset {
         RecentDataset {
-            key: (object.to_string(), 0),
+            key: (format!("{object}.parquet"), 0),
             start_nanos: (end_s - 10) * 1_000_000_000,
             end_nanos: end_s * 1_000_000_000,
             value: Unnamed {
@@ -267,21 +270,6 @@ mod tests {
         assert_eq!(recent_share(&[]), None);
     }
 
-    fn meta(object: &str) -> kiln_metastore::DatasetMeta {
-        kiln_metastore::DatasetMeta {
-            block_id: object.to_string(),
-            object_key: object.to_string(),
-            tenant: "t".to_string(),
-            service: "s".to_string(),
-            row_group: 0,
-            min_time_nanos: 0,
-            max_time_nanos: 0,
-            profile_types: Vec::new(),
-            profile_count: 1,
-            rules_counted: false,
-        }
-    }
-
     /// Compacted away, datasets read before leave the share to the block that holds them.
     #[test]
     fn datasets_no_longer_listed_leave_the_share() {
@@ -311,17 +299,21 @@ mod tests {
         }
         let range = (0, 200 * 1_000_000_000);
         // Another service's listing, or another tenant's, removes nothing.
-        metrics.live("t", Some("other"), range, &[meta("o")]);
+        metrics.live("t", Some("other"), range, &[meta("o", 1)]);
         metrics.live("u", None, range, &[]);
         assert_eq!(
             metrics.unsymbolized_recent.lock().unwrap()[&labels].len(),
             4
         );
 
-        metrics.live("t", None, range, &[meta("block"), meta("o")]);
+        metrics.live("t", None, range, &[meta("block", 1), meta("o", 1)]);
         let recent = metrics.unsymbolized_recent.lock().unwrap();
         let kept: Vec<&str> = recent[&labels].iter().map(|d| d.key.0.as_str()).collect();
-        assert_eq!(kept, ["outside", "block"], "outside the range, not judged");
+        assert_eq!(
+            kept,
+            ["outside.parquet", "block.parquet"],
+            "outside the range, not judged"
+        );
         assert_eq!(recent[&other].len(), 1);
         drop(recent);
         // Of "outside" and "block" alone: 99 of 200 (with the segments, 297 of 400).

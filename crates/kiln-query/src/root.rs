@@ -426,10 +426,11 @@ fn shares(metas: &[DatasetMeta], count: usize) -> Vec<Vec<DatasetMeta>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn meta(block: &str, profiles: u64) -> DatasetMeta {
+    /// A dataset of tenant `t`, service `s`, alone in block `block` (`{block}.parquet`).
+    pub(crate) fn meta(block: &str, profiles: u64) -> DatasetMeta {
         DatasetMeta {
             block_id: block.to_string(),
             object_key: format!("{block}.parquet"),

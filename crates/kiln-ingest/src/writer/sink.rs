@@ -146,22 +146,23 @@ impl SegmentSink {
         };
         let ruled = self.ruled.clone();
         let counting: SegmentCounting = Arc::new(move |records: &[RuleRecord]| {
-            let tenants: BTreeSet<String> = records.iter().map(|r| r.tenant.clone()).collect();
+            // Each tenant's rules as one slice, in this order whatever the database's
+            // collation: sorted once, not filtered and copied per dataset.
+            let mut records = records.to_vec();
+            records.sort_by(|a, b| a.tenant.cmp(&b.tenant));
             let mut counted = Vec::new();
             for dataset in &kept {
-                let rules: Vec<RuleRecord> = records
-                    .iter()
-                    .filter(|r| r.tenant == dataset.tenant)
-                    .cloned()
-                    .collect();
-                if !rules.is_empty() {
-                    let exports = hook(&rules, dataset);
+                let start = records.partition_point(|r| r.tenant < dataset.tenant);
+                let end = records.partition_point(|r| r.tenant <= dataset.tenant);
+                if start < end {
+                    let exports = hook(&records[start..end], dataset);
                     if !exports.is_empty() {
                         counted.push(exports);
                     }
                 }
             }
-            *ruled.write().unwrap_or_else(|p| p.into_inner()) = tenants;
+            *ruled.write().unwrap_or_else(|p| p.into_inner()) =
+                records.into_iter().map(|r| r.tenant).collect();
             counted
         });
         Ok((block, metas, Some(counting)))

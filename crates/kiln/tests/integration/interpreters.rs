@@ -31,6 +31,18 @@ fn share(paths: &[(Vec<String>, i64)], name: &str) -> f64 {
     100.0 * with as f64 / total.max(1) as f64
 }
 
+/// Of a program whose two threads each run one hot function: their shares (in %), and
+/// whether they hold nearly all the named time (`named`, in %), inlined or not.
+fn two_threads(paths: &[(Vec<String>, i64)], named: f64) -> (f64, f64, bool) {
+    let a = share(paths, "kiln_hot_a");
+    let b = share(paths, "kiln_hot_b");
+    (
+        a,
+        b,
+        a >= 20.0 && b >= 20.0 && named >= 75.0 && a + b >= 0.9 * named,
+    )
+}
+
 /// The value of the stacks holding `function`, and of those among them with a frame
 /// containing `deeper` below it (called by it, directly or not).
 fn under(paths: &[(Vec<String>, i64)], function: &str, deeper: &str) -> (i64, i64) {
@@ -603,12 +615,9 @@ fn ruby_methods_are_named_with_no_change_to_the_program() {
                 }
             }
             _ => {
-                let a = share(&paths, "kiln_hot_a");
-                let b = share(&paths, "kiln_hot_b");
+                let (a, b, held) = two_threads(&paths, named);
                 println!("{ruby} (pid {pid}) with two threads: kiln_hot_a on {a:.1} %, kiln_hot_b on {b:.1} %");
-                // The two threads' hot functions hold nearly all the named time, inlined
-                // or not.
-                if a < 20.0 || b < 20.0 || named < 75.0 || a + b < 0.9 * named {
+                if !held {
                     failures.push(format!(
                         "{ruby} threads: {a:.1} and {b:.1}: {:#?}",
                         top(&paths)
@@ -738,12 +747,9 @@ fn node_functions_are_named_with_no_change_to_the_program() {
                     }
                 }
                 "threads" => {
-                    let a = share(&paths, "kiln_hot_a");
-                    let b = share(&paths, "kiln_hot_b");
+                    let (a, b, held) = two_threads(&paths, named);
                     println!("node {version} (pid {pid}) with a worker thread: kiln_hot_a (the worker's) on {a:.1} %, kiln_hot_b (the main thread's) on {b:.1} %, named on {named:.1} %");
-                    // The two threads' hot functions hold nearly all the named time, inlined
-                    // or not.
-                    if a < 20.0 || b < 20.0 || named < 75.0 || a + b < 0.9 * named {
+                    if !held {
                         failures.push(format!(
                             "{version} threads: {a:.1} and {b:.1}: {:#?}",
                             top(&paths)
