@@ -133,6 +133,48 @@ async fn only_level_0_groups_due_by_count_are_reported_full() {
     assert_eq!(merged[0].0.profile_count, 4);
 }
 
+/// A level waits for its own policy's count or age: segments raised to level 1 stay
+/// there, in the pass that raised them and the next, until level 1's ten minutes pass.
+/// When the blocks' creation time was read from another column (0), every level was
+/// due at once and each pass carried every segment through all four levels: 1,700
+/// merges a minute at 500 services, where one promotion was due (docs/benchmarks.md).
+#[tokio::test]
+async fn promoted_segments_wait_for_level_1_policy() {
+    let (_dir, storage, metastore) = common::local_sqlite().await;
+    // Written long ago (created at 0 ms): level 0 is due by age.
+    for (id, service) in [("a", "api"), ("b", "web")] {
+        write_segment(&storage, &metastore, id, service).await;
+    }
+    let config = CompactorConfig {
+        // The profiles are of 2023: kept.
+        retention_days: 0,
+        ..CompactorConfig::default()
+    };
+    let compactor = Compactor::new(metastore.clone(), storage.clone(), config);
+    let now = kiln_model::time::now_ms();
+    for pass in [now, now + 1_000] {
+        compactor.run_pass(pass).await.unwrap();
+        let levels: Vec<usize> = levels_held(&metastore).await;
+        assert_eq!(
+            levels,
+            [0, 2, 0, 0],
+            "datasets per level after the pass at {pass}"
+        );
+    }
+    // Past level 1's max_age_ms, the two services' lone datasets move up.
+    compactor.run_pass(now + 601_000).await.unwrap();
+    assert_eq!(levels_held(&metastore).await, [0, 0, 2, 0]);
+}
+
+/// Live datasets at levels 0 to 3.
+async fn levels_held(metastore: &Metastore) -> Vec<usize> {
+    let mut levels = Vec::new();
+    for level in 0..4 {
+        levels.push(metastore.datasets_at_level(level).await.unwrap().len());
+    }
+    levels
+}
+
 /// A day of one service sent late, or replayed, lands in segments that each span hours:
 /// grouped by the hour window each starts in, every one was alone in its window and stayed
 /// at level 1, uncompacted (issue 61: a day stayed in 5–21 blocks). Each moves up to the

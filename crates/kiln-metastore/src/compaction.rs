@@ -2,7 +2,9 @@
 //! is, the leases that let several compactors share the work, the atomic swap of merged
 //! datasets (with the rule samples they carry), and promotion of a block in place.
 
-use crate::datasets::{dataset_columns, dataset_from_row, insert_block, tombstone_empty};
+use crate::datasets::{
+    dataset_columns, dataset_from_row, insert_block, tombstone_empty, DATASET_COLUMNS,
+};
 use crate::rules::add_exports;
 use crate::sql::{args, Sql};
 use crate::{
@@ -31,7 +33,7 @@ impl Metastore {
             .await?
             .into_iter()
             .map(|row| {
-                let created = row.int(9)?;
+                let created = row.int(DATASET_COLUMNS)?;
                 Ok((dataset_from_row(row)?, created))
             })
             .collect()

@@ -17,6 +17,22 @@ macro_rules! dataset_columns {
 }
 pub(crate) use dataset_columns;
 
+/// How many columns [`dataset_columns`] selects: a query selecting more reads them from
+/// this index on. Counted from the list, not written down, so that a new column cannot
+/// shift them unseen (one did: the blocks' creation time read `rules_counted`, 0, and
+/// every dataset was due at every level, so each pass merged segments through them all).
+pub(crate) const DATASET_COLUMNS: usize = {
+    let columns = dataset_columns!().as_bytes();
+    let (mut count, mut at) = (1, 0);
+    while at < columns.len() {
+        if columns[at] == b',' {
+            count += 1;
+        }
+        at += 1;
+    }
+    count
+};
+
 impl Metastore {
     /// Registers a block and its datasets in one transaction.
     pub async fn register_block(

@@ -411,6 +411,21 @@ macro_rules! metastore_suite {
                     )
                     .await
                     .unwrap();
+                // Each dataset comes with its block's creation time, which makes it due:
+                // read from the wrong column, every dataset looked due at every level
+                // and one pass merged each segment through all of them.
+                let created: Vec<(String, i64)> = metastore
+                    .datasets_at_level(0)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|(dataset, created)| (dataset.block_id, created))
+                    .collect();
+                assert_eq!(
+                    created,
+                    [("s1", 1), ("s2", 1), ("s3", 9), ("s1", 1)]
+                        .map(|(id, at)| (id.to_string(), at))
+                );
                 // Datasets are counted, and their blocks' times averaged per dataset:
                 // (1 + 1 + 1 + 9) / 4 (a whole number: SQLite truncates, PostgreSQL rounds).
                 assert_eq!(
