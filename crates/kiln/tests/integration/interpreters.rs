@@ -1200,9 +1200,9 @@ fn java_methods_are_named_with_no_change_to_the_program() {
     processes.extend(wait(vec![(
         javas[0].clone(),
         "threads",
-        // As long as the others: its start (JIT, collector, 99 threads made) is a fixed
-        // CPU cost that 6 s on a loaded machine left at a third of its samples (CI: named
-        // 67.8 %; 98.9 % alone).
+        // As long as the others, so that its start (JIT, collector, 99 threads made) is a
+        // small part of its samples. At 6 s, CI once read named 67.8 % beside the suite;
+        // the cause is not known (98.9 % alone, 98.7 % beside two busy loops).
         spawn(&javas[0], "10", "threads"),
     )]));
     let mut failures = Vec::new();
@@ -1244,8 +1244,7 @@ fn java_methods_are_named_with_no_change_to_the_program() {
             println!(
                 "{version} (pid {pid}) with 100 threads: named on {named:.1} %, kiln_main on {main:.1} % of those, kiln_idle_worker on {idle:.1} % (java.lang.Thread.sleep on {sleeping:.1} %)"
             );
-            // The bar for JIT runtimes, as above.
-            if named < 70.0 || main < 20.0 || idle < 10.0 || sleeping <= 0.0 {
+            if named < 75.0 || main < 20.0 || idle < 10.0 || sleeping <= 0.0 {
                 failures.push(format!(
                     "{version} threads: named {named:.1}, main {main:.1}, idle {idle:.1}: {:#?}",
                     top(&paths)
