@@ -65,6 +65,9 @@ pub struct StorageBenchArgs {
     /// `compaction.max_job_profiles` for phase 2 [default: the server's].
     #[arg(long)]
     max_job_profiles: Option<usize>,
+    /// `compaction.memory_limit` in bytes for phase 2 [default: the server's].
+    #[arg(long)]
+    memory_limit: Option<u64>,
 }
 
 /// A corpus file and where its measured type's values are.
@@ -313,7 +316,7 @@ async fn run_in(
         metastore,
         seconds: settled_seconds,
         cpu_seconds,
-    } = compact_until_settled(data_dir, args.max_job_profiles).await?;
+    } = compact_until_settled(data_dir, args.max_job_profiles, args.memory_limit).await?;
     let compaction_input = crate::common::metric(&url, "kiln_compaction_input_bytes_total")?;
     let blocks: Vec<_> = metastore
         .list_blocks()
@@ -391,9 +394,11 @@ pub(crate) struct Settled {
 pub(crate) async fn compact_until_settled(
     data_dir: &Path,
     max_job_profiles: Option<usize>,
+    memory_limit: Option<u64>,
 ) -> anyhow::Result<Settled> {
-    let max_job_profiles =
-        max_job_profiles.map_or(String::new(), |n| format!("  max_job_profiles: {n}\n"));
+    let max_job_profiles = max_job_profiles
+        .map_or(String::new(), |n| format!("  max_job_profiles: {n}\n"))
+        + &memory_limit.map_or(String::new(), |n| format!("  memory_limit: {n}\n"));
     std::fs::write(
         data_dir.join("kiln.yaml"),
         format!("compaction:\n{max_job_profiles}  interval_ms: 100\n  grace_ms: 0\n  levels:\n{PHASE_2_LEVELS}"),
@@ -566,6 +571,7 @@ pub async fn run_delay(args: DelayBenchArgs) -> anyhow::Result<()> {
         clients: args.instances,
         keep_data: false,
         max_job_profiles: None,
+        memory_limit: None,
     };
     let templates = Arc::new(load_templates(&storage_args)?);
     let data_dir = std::env::temp_dir().join(format!("kiln-bench-delay-{}", std::process::id()));

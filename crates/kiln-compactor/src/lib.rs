@@ -44,6 +44,7 @@ use kiln_metastore::{
 };
 use kiln_runtime::worker::Pool;
 use kiln_storage::format::{encode_block_as, BlockEncoding, Projection};
+use kiln_storage::merge::{MergeInput, Streamed};
 use kiln_storage::ranged::{BlockTail, PartialBlock, TailCache};
 use kiln_storage::{Dataset, DatasetBuilder, ObjectStorage, StorageError};
 use prometheus_client::metrics::counter::Counter;
@@ -141,14 +142,18 @@ pub struct CompactorConfig {
     pub levels: Vec<LevelPolicy>,
     /// At most this many datasets in one merge, to bound its memory.
     pub max_inputs: usize,
-    /// At most this many profiles in one merge (unless one dataset alone has more): a
-    /// merge holds all its inputs' samples and then its output in memory, and a busy
-    /// service's hour window can hold hundreds of thousands of profiles. Past it, the
-    /// window's datasets are merged in several jobs into several blocks. A job lifts the
-    /// server's RSS by about 30 KiB per profile of the corpus's size (about 900 samples)
-    /// at its peak: at 5,000, a 1,000-client server went from 350 to 650 MiB at each
-    /// busy service's merge (docs/benchmarks.md).
+    /// At most this many profiles in one level-0 merge (unless one dataset alone has
+    /// more). Level 0's merges, and any merge the streaming one declines, hold all their
+    /// inputs' samples and then their output in memory: about 30 KiB per profile of the
+    /// corpus's size (about 900 samples) at the peak; at 5,000, a 1,000-client server went
+    /// from 350 to 650 MiB at each busy service's merge (docs/benchmarks.md). Levels 1 and
+    /// up stream their samples within `memory_limit` instead, so that a day of a service
+    /// is one block whatever its profiles.
     pub max_job_profiles: u64,
+    /// What a merge at level 1 and up may hold, in bytes, by `kiln_storage::merge`'s
+    /// measured estimate: it takes as many of its inputs as fit; the rest wait for the
+    /// next pass.
+    pub memory_limit: u64,
     /// Replaced objects are deleted after this long (milliseconds): longer than any query
     /// may take between listing a block and reading it.
     pub grace_ms: i64,
@@ -201,6 +206,7 @@ impl Default for CompactorConfig {
             ],
             max_inputs: 200,
             max_job_profiles: 2_000,
+            memory_limit: 256 << 20,
             grace_ms: 300_000,
             orphan_age_ms: 3_600_000,
             lease_ms: 600_000,
@@ -216,6 +222,8 @@ pub struct CompactorMetrics {
     pub jobs: Counter,
     /// Jobs that moved a lone level-0 dataset by copying its column chunks.
     pub copies: Counter,
+    /// Merges that streamed their inputs' samples (levels 1 and up).
+    pub streamed: Counter,
     /// Jobs that raised a segment holding one lone dataset to level 1 in place.
     pub promotions: Counter,
     pub conflicts: Counter,
@@ -243,6 +251,11 @@ impl CompactorMetrics {
             "kiln_compaction_copies",
             "Lone level-0 datasets moved out of their segment by copying their column chunks, not merged",
             self.copies.clone(),
+        );
+        registry.register(
+            "kiln_compaction_streamed",
+            "Merges at level 1 and up by the streaming merge (kiln_storage::merge), within compaction.memory_limit",
+            self.streamed.clone(),
         );
         registry.register(
             "kiln_compaction_promotions",
@@ -326,6 +339,9 @@ pub struct Compactor {
     /// Block tails (footers) already fetched, so that the jobs of the services sharing a
     /// segment fetch its footer once between them (see [`kiln_storage::ranged`]).
     tails: Arc<std::sync::Mutex<TailCache>>,
+    /// Top-level groups whose inputs do not fit two at a time in `memory_limit`, by the
+    /// inputs tried: not fetched and merged again each pass until the group changes.
+    unfit: Arc<std::sync::Mutex<HashMap<LeaseKey, Vec<String>>>>,
     /// The thread every merge step runs on. A job's builder grows over several steps and
     /// is freed in its last: on tokio's blocking pool those steps landed on different
     /// threads, each kept the pages it had allocated, and the RSS climbed by about 25 MiB
@@ -422,6 +438,7 @@ impl Compactor {
             metrics: CompactorMetrics::default(),
             last_sweep_ms: Default::default(),
             tails: Arc::new(std::sync::Mutex::new(TailCache::new(TAIL_CACHE_BYTES))),
+            unfit: Default::default(),
             merges: Arc::new(Pool::start("kiln-compact", 1)),
         }
     }
@@ -631,11 +648,12 @@ impl Compactor {
             }
             datasets.sort_by_key(|(dataset, created)| (*created, dataset.min_time_nanos));
             let datasets: Vec<DatasetMeta> = datasets.into_iter().map(|(d, _)| d).collect();
-            for chunk in chunks(
-                &datasets,
-                self.config.max_inputs,
-                self.config.max_job_profiles,
-            ) {
+            // Above level 0 a merge streams, and takes what fits in its memory limit.
+            let max_profiles = match level {
+                0 => self.config.max_job_profiles,
+                _ => u64::MAX,
+            };
+            for chunk in chunks(&datasets, self.config.max_inputs, max_profiles) {
                 // A dataset alone (in its group, or in a chunk of a group too large for
                 // one merge) moves up a level all the same (copied where its encoding is
                 // the next level's), to meet the rest of its next window there: a
@@ -684,8 +702,10 @@ impl Compactor {
                 .await?;
         }
         match result {
-            Ok(()) => {
-                self.metrics.jobs.inc();
+            Ok(committed) => {
+                if committed {
+                    self.metrics.jobs.inc();
+                }
                 Ok(true)
             }
             Err(CompactorError::Metastore(MetastoreError::Conflict(message))) => {
@@ -737,7 +757,9 @@ impl Compactor {
     }
 
     /// `large`: hand the merge's memory back once it is encoded ([`Job::is_large`]).
-    async fn merge_and_swap(&self, job: &Job, large: bool) -> Result<(), CompactorError> {
+    /// True when a block was swapped in; false when the job's inputs do not fit together
+    /// at the top level (nothing to do).
+    async fn merge_and_swap(&self, job: &Job, large: bool) -> Result<bool, CompactorError> {
         let (tenant, service) = (job.key.tenant.clone(), job.key.service.clone());
         // Rules are read after the lease is held: a rule saved before this point counts
         // these inputs, one saved later starts with the next job. Inputs counted as
@@ -753,9 +775,17 @@ impl Compactor {
         if job.is_lone() && rules.is_none() {
             if let Some((block, meta)) = self.copy_lone(&job.inputs[0], encoding).await? {
                 crash_point("compaction-merged");
-                self.swap(job, block, meta, Exports::default()).await?;
+                self.swap(job, &job.inputs, block, meta, Exports::default())
+                    .await?;
                 self.metrics.copies.inc();
-                return Ok(());
+                return Ok(true);
+            }
+        }
+        if job.key.level > 0 && rules.is_none() {
+            match self.stream_and_swap(job, encoding).await? {
+                Stream::Swapped => return Ok(true),
+                Stream::Unfit => return Ok(false),
+                Stream::Declined => {}
             }
         }
         // Each input dataset is read by its own byte range (a segment holds many services'
@@ -811,7 +841,119 @@ impl Compactor {
             finish_ms = started.elapsed().as_millis() as u64,
             "compaction merged"
         );
-        self.swap(job, Bytes::from(block), meta, exports).await
+        self.swap(job, &job.inputs, Bytes::from(block), meta, exports)
+            .await?;
+        Ok(true)
+    }
+
+    /// Merges the job's inputs by [`kiln_storage::merge`], streaming their samples, and
+    /// swaps those it took (as many as fit in `memory_limit`, from the first) for the
+    /// block. False when the streaming merge declines the inputs (see its doc): the
+    /// caller merges them in memory. Inputs are fetched until their bytes alone would
+    /// take a third of the limit, which is as many as the merge could take.
+    async fn stream_and_swap(
+        &self,
+        job: &Job,
+        encoding: BlockEncoding,
+    ) -> Result<Stream, CompactorError> {
+        let tried: Vec<String> = job.inputs.iter().map(|i| i.block_id.clone()).collect();
+        let top = job.key.level == self.top_level();
+        if top && self.unfit_lock().get(&job.key) == Some(&tried) {
+            return Ok(Stream::Unfit);
+        }
+        let limit = usize::try_from(self.config.memory_limit).unwrap_or(usize::MAX);
+        let runtime = tokio::runtime::Handle::current();
+        let mut inputs = Vec::with_capacity(job.inputs.len());
+        let mut held = 0usize;
+        for meta in &job.inputs {
+            if !inputs.is_empty() && held.saturating_mul(3) > limit {
+                break;
+            }
+            let tail = self.block_tail(&meta.object_key).await?;
+            let (input, storage, runtime) = (meta.clone(), self.storage.clone(), runtime.clone());
+            let (partial, fetched) = self
+                .background(move || fetch_dataset(&storage, &runtime, &tail, &input))
+                .await?;
+            self.metrics.input_bytes.inc_by(fetched);
+            held += partial.size_bytes();
+            inputs.push(MergeInput {
+                name: format!("{}#{}", meta.object_key, meta.row_group),
+                block: partial,
+                row_group: meta.row_group as usize,
+            });
+        }
+        let (tenant, service) = (job.key.tenant.clone(), job.key.service.clone());
+        let started = std::time::Instant::now();
+        let fetched_inputs = inputs.len();
+        let streamed = self
+            .background(move || {
+                Ok(kiln_storage::merge::merge(
+                    &tenant, &service, &inputs, encoding, limit,
+                )?)
+            })
+            .await?;
+        let merged = match streamed {
+            Streamed::Merged(merged) => merged,
+            Streamed::Declined(reason) => {
+                tracing::info!(%reason, tenant = %job.key.tenant, service = %job.key.service, "streaming merge declined; merging in memory");
+                return Ok(Stream::Declined);
+            }
+        };
+        // At the top a merge of one input would only copy it.
+        if top && merged.inputs_used < 2 {
+            tracing::info!(tenant = %job.key.tenant, service = %job.key.service, inputs = job.inputs.len(), "top-level datasets do not fit two at a time in compaction.memory_limit; left apart");
+            self.unfit_lock().insert(job.key.clone(), tried);
+            return Ok(Stream::Unfit);
+        }
+        crash_point("compaction-merged");
+        let used = &job.inputs[..merged.inputs_used];
+        for meta in used {
+            self.tail_read(&meta.object_key);
+        }
+        let id = ulid::Ulid::new().to_string();
+        let meta = DatasetMeta {
+            object_key: format!("blocks/{id}.parquet"),
+            block_id: id,
+            tenant: job.key.tenant.clone(),
+            service: job.key.service.clone(),
+            row_group: 0,
+            min_time_nanos: merged.min_time_nanos,
+            max_time_nanos: merged.max_time_nanos,
+            profile_types: merged.profile_types,
+            profile_count: merged.profile_count,
+            rules_counted: false,
+        };
+        tracing::debug!(
+            tenant = %job.key.tenant,
+            service = %job.key.service,
+            level = job.key.level,
+            inputs = used.len(),
+            fetched_inputs,
+            job_inputs = job.inputs.len(),
+            decoded_whole = merged.decoded_whole,
+            estimated_bytes = merged.estimated_bytes,
+            profiles = meta.profile_count,
+            block_bytes = merged.block.len(),
+            merge_ms = started.elapsed().as_millis() as u64,
+            "compaction merged, streaming"
+        );
+        self.metrics.streamed.inc();
+        let block = Bytes::from(merged.block);
+        self.swap(job, used, block, meta, Exports::default())
+            .await?;
+        Ok(Stream::Swapped)
+    }
+
+    fn unfit_lock(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseKey, Vec<String>>> {
+        self.unfit
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The same compactor with another `memory_limit` (tests and benches).
+    pub fn with_memory_limit(mut self, bytes: u64) -> Self {
+        self.config.memory_limit = bytes;
+        self
     }
 
     /// Moves a lone level-0 dataset out of its segment into a block of its own by copying
@@ -866,11 +1008,12 @@ impl Compactor {
         }))
     }
 
-    /// Uploads a job's block, named by `meta` (its one dataset), and swaps it for the
-    /// job's inputs in one metastore transaction.
+    /// Uploads a job's block, named by `meta` (its one dataset), and swaps it for
+    /// `inputs` (the job's, or those a streaming merge took) in one metastore transaction.
     async fn swap(
         &self,
         job: &Job,
+        inputs: &[DatasetMeta],
         block: Bytes,
         meta: DatasetMeta,
         exports: Exports,
@@ -890,7 +1033,7 @@ impl Compactor {
                     deleted_at_ms: None,
                 },
                 vec![meta],
-                job.inputs.iter().map(DatasetMeta::reference).collect(),
+                inputs.iter().map(DatasetMeta::reference).collect(),
                 exports,
             )
             .await?;
@@ -957,6 +1100,15 @@ impl Compactor {
         self.metrics.deleted_objects.inc_by(deleted as u64);
         Ok(deleted)
     }
+}
+
+/// What [`Compactor::stream_and_swap`] did.
+enum Stream {
+    Swapped,
+    /// The inputs do not fit two at a time, at the top level: nothing to merge.
+    Unfit,
+    /// For the in-memory merge.
+    Declined,
 }
 
 /// How many of `datasets` each block holds.

@@ -211,16 +211,17 @@ async fn a_day_sent_late_settles_into_one_block() {
 }
 
 /// Datasets too large to merge with one another (`max_job_profiles` under two segments'
-/// profiles) move up alone, each a chunk of its own, to rest at the top: none is left
-/// behind in a segment or at a level that would merge it, and no profile is lost.
+/// profiles at level 0, a `memory_limit` under two datasets above) move up alone, each a
+/// merge of its own, to rest at the top: none is left behind in a segment or at a level
+/// that would merge it, and no profile is lost.
 #[tokio::test]
 async fn datasets_too_large_to_merge_together_still_reach_the_top() {
     let (_dir, storage, metastore) = common::local_sqlite().await;
     for segment in 0..4 {
         write_late_segment(&storage, &metastore, segment).await;
     }
-    // A segment holds six profiles.
-    let compactor = all_due(&storage, &metastore, 7);
+    // A segment holds six profiles; a merge above level 0 takes one input at a time.
+    let compactor = all_due(&storage, &metastore, 7).with_memory_limit(1);
     let layouts = passes(&compactor, &metastore).await;
     assert_eq!(layouts.last().unwrap(), &[(3, 6); 4], "{layouts:?}");
 }

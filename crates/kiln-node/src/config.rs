@@ -385,6 +385,10 @@ mod tests {
             defaults.compaction.max_job_profiles
         );
         assert_eq!(
+            config.compaction.memory_limit,
+            defaults.compaction.memory_limit
+        );
+        assert_eq!(
             config.compaction.max_wait_ms,
             defaults.compaction.max_wait_ms
         );

@@ -617,6 +617,61 @@ impl DatasetBuilder {
     /// up stored once however many inputs held it. The input must have passed
     /// [`Dataset::check`], so every id it holds is in range.
     pub fn add_dataset(&mut self, dataset: &Dataset) {
+        let SymbolMap {
+            strings,
+            stacks,
+            series,
+        } = self.add_symbols(dataset);
+        let string = |id: u32| strings.get(id as usize).copied().unwrap_or(0);
+        // Per-sample label sets, rebuilt from the sample label rows (sorted by sample).
+        let mut sample_sets = vec![0u32; dataset.sample_stack.len()];
+        let mut row = 0;
+        let label_rows = dataset.sample_label_sample.len();
+        while row < label_rows {
+            let sample = dataset.sample_label_sample[row];
+            let mut set: Vec<(u32, u32)> = Vec::new();
+            while row < label_rows && dataset.sample_label_sample[row] == sample {
+                set.push((
+                    string(dataset.sample_label_name[row]),
+                    string(dataset.sample_label_value[row]),
+                ));
+                row += 1;
+            }
+            set.sort_unstable();
+            if let Some(slot) = sample_sets.get_mut(sample as usize) {
+                *slot = self.label_sets.intern(set);
+            }
+        }
+        let offsets = dataset.profile_sample_offsets();
+        for (index, profile) in dataset.profiles.iter().enumerate() {
+            let range = offsets[index] as usize..offsets[index + 1] as usize;
+            let samples = range
+                .map(|sample| {
+                    (
+                        (
+                            stacks[dataset.sample_stack[sample] as usize],
+                            sample_sets[sample],
+                        ),
+                        dataset.sample_value[sample],
+                    )
+                })
+                .collect();
+            self.profiles.push(PendingProfile {
+                row: ProfileRow {
+                    series: series[profile.series as usize],
+                    sample_count: 0,
+                    ..profile.clone()
+                },
+                samples,
+            });
+        }
+    }
+
+    /// Interns the symbol tables and series of a checked dataset (its profiles and samples
+    /// are left alone), and says where each of its strings, stack nodes and series went.
+    /// The streaming merge ([`crate::merge`]) takes the symbols this way and the samples
+    /// column by column.
+    pub fn add_symbols(&mut self, dataset: &Dataset) -> SymbolMap {
         let strings: Vec<u32> = dataset.strings.iter().map(|s| self.intern(s)).collect();
         let string = |id: u32| strings.get(id as usize).copied().unwrap_or(0);
         let mappings: Vec<u32> = dataset
@@ -668,47 +723,10 @@ impl DatasetBuilder {
             .iter()
             .map(|row| self.series.intern(row.map_strings(string)))
             .collect();
-        // Per-sample label sets, rebuilt from the sample label rows (sorted by sample).
-        let mut sample_sets = vec![0u32; dataset.sample_stack.len()];
-        let mut row = 0;
-        let label_rows = dataset.sample_label_sample.len();
-        while row < label_rows {
-            let sample = dataset.sample_label_sample[row];
-            let mut set: Vec<(u32, u32)> = Vec::new();
-            while row < label_rows && dataset.sample_label_sample[row] == sample {
-                set.push((
-                    string(dataset.sample_label_name[row]),
-                    string(dataset.sample_label_value[row]),
-                ));
-                row += 1;
-            }
-            set.sort_unstable();
-            if let Some(slot) = sample_sets.get_mut(sample as usize) {
-                *slot = self.label_sets.intern(set);
-            }
-        }
-        let offsets = dataset.profile_sample_offsets();
-        for (index, profile) in dataset.profiles.iter().enumerate() {
-            let range = offsets[index] as usize..offsets[index + 1] as usize;
-            let samples = range
-                .map(|sample| {
-                    (
-                        (
-                            stacks[dataset.sample_stack[sample] as usize],
-                            sample_sets[sample],
-                        ),
-                        dataset.sample_value[sample],
-                    )
-                })
-                .collect();
-            self.profiles.push(PendingProfile {
-                row: ProfileRow {
-                    series: series[profile.series as usize],
-                    sample_count: 0,
-                    ..profile.clone()
-                },
-                samples,
-            });
+        SymbolMap {
+            strings,
+            stacks,
+            series,
         }
     }
 
@@ -905,6 +923,30 @@ impl DatasetBuilder {
     }
 
     pub fn finish(self) -> Dataset {
+        self.finish_with_series().0
+    }
+
+    /// [`DatasetBuilder::finish`], and where each series the builder interned went: the
+    /// series are numbered in their canonical order ([`canonical_series`]), so that the
+    /// profile rows of any two finished datasets sort alike and a streaming merge reads
+    /// each input once, front to back.
+    pub fn finish_with_series(mut self) -> (Dataset, Vec<u32>) {
+        let order = canonical_series(&self.strings, &self.series.rows);
+        let mut renumbered = vec![0u32; order.len()];
+        for (new, old) in order.iter().enumerate() {
+            renumbered[*old as usize] = new as u32;
+        }
+        let mut rows: Vec<Option<SeriesRow>> = std::mem::take(&mut self.series.rows)
+            .into_iter()
+            .map(Some)
+            .collect();
+        let series: Vec<SeriesRow> = order
+            .iter()
+            .filter_map(|old| rows[*old as usize].take())
+            .collect();
+        for pending in &mut self.profiles {
+            pending.row.series = renumbered[pending.row.series as usize];
+        }
         let mut dataset = Dataset {
             tenant: self.tenant,
             service: self.service,
@@ -913,7 +955,7 @@ impl DatasetBuilder {
             strings: self.strings,
             mappings: self.mappings.rows,
             functions: self.functions.rows,
-            series: self.series.rows,
+            series,
             ..Default::default()
         };
         dataset.stack_parent = self.stacks.rows.iter().map(|(parent, _)| *parent).collect();
@@ -935,8 +977,31 @@ impl DatasetBuilder {
             }
         }
         emit_profiles(&mut dataset, self.profiles, &self.label_sets.rows);
-        dataset
+        (dataset, renumbered)
     }
+}
+
+/// Where [`DatasetBuilder::add_symbols`] put an input's strings, stack nodes and series.
+pub struct SymbolMap {
+    pub strings: Vec<u32>,
+    pub stacks: Vec<u32>,
+    pub series: Vec<u32>,
+}
+
+/// The series ids in canonical order: by profile type, then labels, compared as text.
+/// Merged datasets number their series so; two such datasets' profile rows, sorted by
+/// (series, time, id), are then in the same relative order in both and in their merge.
+pub fn canonical_series(strings: &Strings, series: &[SeriesRow]) -> Vec<u32> {
+    let text = |id: u32| strings.get(id as usize).unwrap_or("");
+    let key = |row: &SeriesRow| {
+        let labels: Vec<(&str, &str)> = (row.labels.iter())
+            .map(|(name, value)| (text(*name), text(*value)))
+            .collect();
+        (text(row.profile_type), labels)
+    };
+    let mut order: Vec<u32> = (0..series.len() as u32).collect();
+    order.sort_by_cached_key(|id| key(&series[*id as usize]));
+    order
 }
 
 /// The rows whose new id in `ids` is set (not `u32::MAX`).

@@ -13,6 +13,7 @@ pub mod builder;
 pub mod dataset;
 pub mod error;
 pub mod format;
+pub mod merge;
 pub mod objects;
 pub mod ranged;
 pub mod strings;

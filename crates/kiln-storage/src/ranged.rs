@@ -608,6 +608,25 @@ impl PartialBlock {
     }
 }
 
+impl PartialBlock {
+    /// The bytes held (the parts fetched, and the tail).
+    pub fn size_bytes(&self) -> usize {
+        self.parts.iter().map(|(_, bytes)| bytes.len()).sum()
+    }
+
+    /// Row group `row_group`'s metadata and the block's column count, from the footer
+    /// parsed with the block's tail.
+    pub(crate) fn group(
+        &self,
+        row_group: usize,
+    ) -> Result<(RowGroupMetaData, usize), StorageError> {
+        let footer = self.footer.as_ref().ok_or_else(|| {
+            StorageError::Corrupt("a partial block read without its footer".into())
+        })?;
+        Ok((footer.row_group(row_group)?, footer.column_count))
+    }
+}
+
 impl Length for PartialBlock {
     fn len(&self) -> u64 {
         self.block_len
