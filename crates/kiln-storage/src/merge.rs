@@ -392,7 +392,7 @@ struct StreamedInput {
 impl StreamedInput {
     fn open(input: &MergeInput) -> Result<Self, StorageError> {
         let (group, column_count) = input.block.group(input.row_group)?;
-        if column_count <= columns::SAMPLE_LABELS.end - 1 {
+        if column_count < columns::SAMPLE_LABELS.end {
             return Err(StorageError::Corrupt(format!(
                 "block has {column_count} columns"
             )));
