@@ -7,10 +7,11 @@ use kiln_storage::format::{decode_dataset, BlockEncoding, Projection};
 use kiln_storage::merge::{merge, MergeInput, Streamed};
 use kiln_storage::{Dataset, DatasetBuilder};
 
-/// Each profile's row and its samples as (stack, value, labels), order-free within it.
-fn normalized(
-    dataset: &Dataset,
-) -> Vec<(kiln_storage::ProfileRow, Vec<(u32, i64, Vec<(u32, u32)>)>)> {
+/// A sample as (stack, value, its labels as (name, value)).
+type Sample = (u32, i64, Vec<(u32, u32)>);
+
+/// Each profile's row and its samples, order-free within it.
+fn normalized(dataset: &Dataset) -> Vec<(kiln_storage::ProfileRow, Vec<Sample>)> {
     let offsets = dataset.profile_sample_offsets();
     let mut labels: Vec<Vec<(u32, u32)>> = vec![Vec::new(); dataset.sample_stack.len()];
     for row in 0..dataset.sample_label_sample.len() {
