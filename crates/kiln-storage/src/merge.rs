@@ -17,13 +17,14 @@
 //! 3. **Samples, one page at a time.** The sample columns of each such input are read
 //!    front to back, a page at a time ([`Gate`]), renumbered, and appended to the
 //!    output's sample columns (12 bytes a sample: stack id and value), which are encoded
-//!    once at the end. Stack sums and profile totals are summed on the way. An input
+//!    once at the end, with their stack sums. Profile totals are summed on the way. An input
 //!    whose rows would be read out of order (a segment, or a block written before series
 //!    were numbered canonically, each small: jobs were capped then) is decoded whole.
 //!
 //! What is held: the inputs' fetched (compressed) bytes, the symbols, the profile rows,
-//! one page per input column, the output's sample columns, the stack sums (at most half
-//! as many rows as the samples, or none) and the encoded output. The output's columns
+//! one page per input column (as Kiln writes them, the whole column), the output's
+//! sample columns, the stack sums (at most half as many rows as the samples, or none)
+//! and the encoded output. The output's columns
 //! are not encoded as they fill because a dataset is one Parquet record (its row group's
 //! one row of repeated columns), and parquet-rs's column writer refuses a record written
 //! over several `write_batch` calls ("Write must start at a record boundary"). A block
@@ -93,8 +94,7 @@ const HEAD: Projection = Projection {
 
 /// Merges `inputs`, all of `tenant`'s `service`, into one block of `encoding`: as many of
 /// them, from the first, as fit in `memory_limit` bytes by [`input_cost`] (at least one).
-/// Stack sums are kept where they have at most half as many rows as the samples, as
-/// [`Dataset::sum_stacks_if_smaller`] keeps them, and in at most a quarter of the limit.
+/// Stack sums are kept as [`Dataset::sum_stacks_if_smaller`] keeps them.
 pub fn merge(
     tenant: &str,
     service: &str,
@@ -102,7 +102,6 @@ pub fn merge(
     encoding: BlockEncoding,
     memory_limit: usize,
 ) -> Result<Streamed, StorageError> {
-    let max_sum_bytes = memory_limit / 4;
     let mut estimated_bytes = 0usize;
     let corrupt = |name: &str, what: String| StorageError::Corrupt(format!("{name}: {what}"));
     // 1. Symbols, series and profile rows of every input.
@@ -222,7 +221,6 @@ pub fn merge(
         .collect();
     out.sample_stack.reserve_exact(samples as usize);
     out.sample_value.reserve_exact(samples as usize);
-    let mut sums = StackSums::new(stack_count, (samples / 2) as usize, max_sum_bytes);
     let mut picked: Vec<(u32, u32)> = Vec::new();
     let mut labels: Vec<(u32, u32, u32)> = Vec::new();
     for (at, profile) in order.iter().zip(out.profiles.iter_mut()) {
@@ -240,13 +238,11 @@ pub fn merge(
         }
         picked.sort_unstable();
         labels.sort_unstable_by_key(|(local, _, _)| *local);
-        sums.series(profile.series);
         let string = |id: u32| head.strings.get(id as usize).copied().unwrap_or(0);
         let mut total = 0i64;
         for (node, local) in &picked {
             let value = values[*local as usize];
             total = total.saturating_add(value);
-            sums.add(*node, value);
             let start = labels.partition_point(|(l, _, _)| l < local);
             for (_, name, label) in labels[start..].iter().take_while(|(l, _, _)| l == local) {
                 out.sample_label_sample.push(out.sample_stack.len() as u32);
@@ -259,7 +255,7 @@ pub fn merge(
         profile.total = total;
     }
     drop(sources);
-    sums.finish(&mut out);
+    out.sum_stacks_if_smaller();
     out.min_time_nanos = out.profiles.iter().map(|p| p.time_nanos).min().unwrap_or(0);
     out.max_time_nanos = out.profiles.iter().map(|p| p.time_nanos).max().unwrap_or(0);
     let (profile_types, profile_count) = out.summary();
@@ -285,10 +281,10 @@ pub fn merge(
 /// - while merging: its sample and sample-label columns decoded, 12 bytes a row, whole
 ///   (Kiln writes each of a dataset's columns as one Parquet page: a dataset is one
 ///   record, and parquet-rs ends a page only between records), the largest of them once
-///   more as its decompressed page while it decodes, the output's columns (12 bytes a
-///   row again), and the stack sums (at most a row of 16 bytes per two samples, grown by
-///   doubling);
-/// - while encoding (the inputs freed): the output's columns and stack sums, and the page
+///   more as its decompressed page while it decodes, and the output's columns (12 bytes
+///   a row again);
+/// - after (the inputs freed): the output's columns, its stack sums (sized once, at most
+///   a row of 16 bytes per two samples, [`Dataset::sum_stacks_if_smaller`]), and the page
 ///   parquet-rs builds of the largest column, values plain, encoded and compressed, with
 ///   their levels: 28 bytes a sample.
 ///
@@ -310,9 +306,8 @@ pub fn input_cost(input: &MergeInput, head: &Dataset) -> Result<usize, StorageEr
         .map(|index| group.column(index).uncompressed_size().max(0) as usize)
         .max()
         .unwrap_or(0);
-    let sums = 16 * samples;
-    let merging = rows + page + rows + sums;
-    let encoding = rows + sums + 28 * samples.max(label_rows);
+    let merging = rows + page + rows;
+    let encoding = rows + 8 * samples + 28 * samples.max(label_rows);
     Ok(3 * input.block.size_bytes()
         + 2 * head.heap_bytes()
         + 2 * profiles
@@ -582,83 +577,5 @@ impl PageReader for Gate {
 
     fn at_record_boundary(&mut self) -> parquet::errors::Result<bool> {
         Ok(false)
-    }
-}
-
-/// Per series, the sum of each stack's values, as [`Dataset::sum_stacks`] makes them; none
-/// once they would hold more than `max_rows` rows or `max_bytes` bytes.
-struct StackSums {
-    slots: Vec<i64>,
-    used: Vec<bool>,
-    touched: Vec<u32>,
-    series: Option<u32>,
-    rows: (Vec<u32>, Vec<u32>, Vec<i64>),
-    max_rows: usize,
-    dropped: bool,
-}
-
-impl StackSums {
-    fn new(stacks: usize, max_rows: usize, max_bytes: usize) -> Self {
-        StackSums {
-            slots: vec![0; stacks],
-            used: vec![false; stacks],
-            touched: Vec::new(),
-            series: None,
-            rows: (Vec::new(), Vec::new(), Vec::new()),
-            max_rows: max_rows.min(max_bytes / 16),
-            dropped: false,
-        }
-    }
-
-    /// The rows that follow are of `series` (rows come sorted by series).
-    fn series(&mut self, series: u32) {
-        if self.series != Some(series) {
-            self.close_series();
-            self.series = Some(series);
-        }
-    }
-
-    fn add(&mut self, stack: u32, value: i64) {
-        if self.dropped {
-            return;
-        }
-        let at = stack as usize;
-        if let Some(slot) = self.slots.get_mut(at) {
-            *slot = slot.saturating_add(value);
-            if !std::mem::replace(&mut self.used[at], true) {
-                self.touched.push(stack);
-            }
-        }
-    }
-
-    fn close_series(&mut self) {
-        let Some(series) = self.series else {
-            return;
-        };
-        self.touched.sort_unstable();
-        for stack in self.touched.drain(..) {
-            self.used[stack as usize] = false;
-            let value = std::mem::take(&mut self.slots[stack as usize]);
-            if value != 0 && !self.dropped {
-                self.rows.0.push(series);
-                self.rows.1.push(stack);
-                self.rows.2.push(value);
-            }
-        }
-        if self.rows.0.len() > self.max_rows {
-            self.dropped = true;
-            self.rows = (Vec::new(), Vec::new(), Vec::new());
-        }
-    }
-
-    fn finish(mut self, dataset: &mut Dataset) {
-        self.close_series();
-        if !self.dropped {
-            (
-                dataset.stack_sum_series,
-                dataset.stack_sum_stack,
-                dataset.stack_sum_value,
-            ) = self.rows;
-        }
     }
 }
