@@ -100,15 +100,16 @@ impl Metastore {
     ) -> Result<Vec<WriteIdentity>, MetastoreError> {
         run!(self, read, |sql| async move {
             sql.query(
-                "SELECT identity, expires_at_ms FROM write_identities WHERE expires_at_ms >= $1",
+                "SELECT high, low, MAX(expires_at_ms) FROM write_identities
+                 WHERE expires_at_ms >= $1 GROUP BY high, low",
                 args![now_ms],
             )
             .await?
             .into_iter()
-            .map(|mut row| {
+            .map(|row| {
                 Ok(WriteIdentity {
-                    identity: row.text(0)?,
-                    expires_at_ms: row.int(1)?,
+                    identity: identity_text(row.int(0)?, row.int(1)?),
+                    expires_at_ms: row.int(2)?,
                 })
             })
             .collect()
@@ -278,37 +279,52 @@ async fn register(
             crate::rules::add_exports(sql, &exports.sorted()).await?;
         }
     }
-    if identities.is_empty() {
+    // Kiln's identities are 32 hex digits (kiln_ingest::dedup); another would be a bug
+    // upstream, and costs only the deduplication of its one write.
+    let halves: Vec<(i64, i64, i64)> = identities
+        .iter()
+        .filter_map(|identity| match identity_halves(&identity.identity) {
+            Some((high, low)) => Some((identity.expires_at_ms, high, low)),
+            None => {
+                tracing::warn!(identity = %identity.identity, "write identity not stored: not 32 hex digits");
+                None
+            }
+        })
+        .collect();
+    if halves.is_empty() {
         return Ok(());
     }
     match sql.dialect() {
         Dialect::Postgres => {
             // One statement for all of them: a round trip per identity would cost a
             // flush of many profiles as many round trips to the server.
-            let (keys, expiries): (Vec<&str>, Vec<i64>) = identities
-                .iter()
-                .map(|identity| (identity.identity.as_str(), identity.expires_at_ms))
-                .unzip();
+            let mut expiries = Vec::with_capacity(halves.len());
+            let mut highs = Vec::with_capacity(halves.len());
+            let mut lows = Vec::with_capacity(halves.len());
+            for &(expires_at_ms, high, low) in &halves {
+                expiries.push(expires_at_ms);
+                highs.push(high);
+                lows.push(low);
+            }
             sql.execute(
-                "INSERT INTO write_identities (identity, expires_at_ms)
-                 SELECT identity, MAX(expires_at_ms) FROM UNNEST($1::TEXT[], $2::BIGINT[])
-                     AS given(identity, expires_at_ms)
-                 GROUP BY identity
-                 ON CONFLICT (identity) DO UPDATE SET expires_at_ms = excluded.expires_at_ms",
+                "INSERT INTO write_identities (expires_at_ms, high, low)
+                 SELECT * FROM UNNEST($1::BIGINT[], $2::BIGINT[], $3::BIGINT[])
+                 ON CONFLICT DO NOTHING",
                 &[
-                    crate::sql::Arg::Texts(keys),
                     crate::sql::Arg::Ints(expiries),
+                    crate::sql::Arg::Ints(highs),
+                    crate::sql::Arg::Ints(lows),
                 ],
             )
             .await?;
         }
         Dialect::Sqlite => {
             // Local statements: one per identity costs no round trip.
-            for identity in identities {
+            for &(expires_at_ms, high, low) in &halves {
                 sql.execute(
-                    "INSERT INTO write_identities (identity, expires_at_ms) VALUES ($1, $2)
-                     ON CONFLICT (identity) DO UPDATE SET expires_at_ms = excluded.expires_at_ms",
-                    args![&identity.identity, identity.expires_at_ms],
+                    "INSERT OR IGNORE INTO write_identities (expires_at_ms, high, low)
+                     VALUES ($1, $2, $3)",
+                    args![expires_at_ms, high, low],
                 )
                 .await?;
             }
@@ -320,6 +336,19 @@ async fn register(
     )
     .await?;
     Ok(())
+}
+
+/// A write identity's 128 bits as the two integers stored (big-endian halves).
+fn identity_halves(identity: &str) -> Option<(i64, i64)> {
+    if identity.len() != 32 || !identity.bytes().all(|byte| byte.is_ascii_hexdigit()) {
+        return None;
+    }
+    let half = |digits: &str| u64::from_str_radix(digits, 16).ok().map(|bits| bits as i64);
+    Some((half(identity.get(..16)?)?, half(identity.get(16..)?)?))
+}
+
+fn identity_text(high: i64, low: i64) -> String {
+    format!("{:016x}{:016x}", high as u64, low as u64)
 }
 
 pub(crate) async fn insert_block(

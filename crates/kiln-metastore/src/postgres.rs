@@ -93,7 +93,9 @@ impl PostgresMetastore {
             if version <= current {
                 continue;
             }
-            transaction.batch_execute(migration).await?;
+            transaction
+                .batch_execute(migration.sql(Dialect::Postgres))
+                .await?;
             transaction
                 .execute(
                     "INSERT INTO schema_migrations (version, applied_at_ms) VALUES ($1, $2)",

@@ -1,9 +1,9 @@
 //! The embedded SQLite backend: WAL mode with `synchronous=FULL`, so a committed
-//! registration survives power loss, the WAL kept to about a megabyte, and one connection
-//! behind a mutex (SQLite serialises
-//! writers anyway; reads are short index lookups). Work runs on a blocking thread, charged
-//! to the role that asked for it, and never on the runtime's own threads: a commit waits
-//! for an fsync.
+//! registration survives power loss, the WAL kept to about a megabyte, the pages commits
+//! free given back (so a settled file is the size of what it holds), and one connection
+//! behind a mutex (SQLite serialises writers anyway; reads are short index lookups). Work
+//! runs on a blocking thread, charged to the role that asked for it, and never on the
+//! runtime's own threads: a commit waits for an fsync.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -48,7 +48,7 @@ fn migrate(connection: &mut Connection) -> Result<(), MetastoreError> {
             continue;
         }
         let transaction = connection.transaction()?;
-        transaction.execute_batch(migration)?;
+        transaction.execute_batch(migration.sql(Dialect::Sqlite))?;
         transaction.execute(
             "INSERT INTO schema_migrations (version, applied_at_ms) VALUES (?1, ?2)",
             params![version, now_ms()],
@@ -70,6 +70,9 @@ impl SqliteMetastore {
                     }
                 }
                 let mut connection = Connection::open(&path)?;
+                connection.busy_timeout(std::time::Duration::from_secs(10))?;
+                // First: a new file takes its vacuum mode from its first write.
+                incremental_vacuum(&connection)?;
                 connection.pragma_update(None, "journal_mode", "WAL")?;
                 connection.pragma_update(None, "synchronous", "FULL")?;
                 connection.pragma_update(None, "foreign_keys", "ON")?;
@@ -79,7 +82,6 @@ impl SqliteMetastore {
                 // data (issue 61).
                 connection.pragma_update(None, "wal_autocheckpoint", WAL_CHECKPOINT_PAGES)?;
                 connection.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
-                connection.busy_timeout(std::time::Duration::from_secs(10))?;
                 // Room for every statement the metastore runs (rusqlite keeps 16).
                 connection.set_prepared_statement_cache_capacity(64);
                 migrate(&mut connection)?;
@@ -121,8 +123,12 @@ impl SqliteMetastore {
         &self,
         work: impl FnOnce(&mut Session<'_>) -> Result<T, MetastoreError> + Send + 'static,
     ) -> Result<T, MetastoreError> {
-        self.with(move |connection| transact(connection, work))
-            .await
+        self.with(move |connection| {
+            let outcome = transact(connection, work)?;
+            reclaim(connection);
+            Ok(outcome)
+        })
+        .await
     }
 
     /// [`SqliteMetastore::write`] on the calling thread, which it blocks; for a thread
@@ -135,7 +141,60 @@ impl SqliteMetastore {
             .connection
             .lock()
             .map_err(|_| MetastoreError::Poisoned)?;
-        transact(&mut guard, work)
+        let outcome = transact(&mut guard, work)?;
+        reclaim(&guard);
+        Ok(outcome)
+    }
+}
+
+/// Pages a database keeps free before they are given back: an eighth of it, and at least
+/// this many.
+const FREE_PAGES_KEPT: i64 = 16;
+
+/// Makes the database one whose free pages can be given back ([`reclaim`]). A new file is
+/// made so before its first table; an older one (SQLite's default keeps every page it
+/// ever used) is rewritten once by `VACUUM`, which takes about as long as copying it.
+fn incremental_vacuum(connection: &Connection) -> Result<(), MetastoreError> {
+    let mode: i64 = connection.query_row("PRAGMA auto_vacuum", [], |row| row.get(0))?;
+    if mode == 2 {
+        return Ok(());
+    }
+    connection.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+    let tables: i64 =
+        connection.query_row("SELECT COUNT(*) FROM sqlite_schema", [], |row| row.get(0))?;
+    if tables > 0 {
+        tracing::info!("rewriting the metastore once so that its free pages can be given back");
+        connection.execute_batch("VACUUM")?;
+    }
+    Ok(())
+}
+
+/// Gives free pages back to the file system once they are more than an eighth of the
+/// database. Compaction's swaps and the expiry of write identities free pages that later
+/// writes would reuse only slowly, and a settled metastore would otherwise stay at its
+/// largest (issue 61). Runs after a commit, whose outcome it cannot change: a failure is
+/// logged and the pages wait for the next commit.
+fn reclaim(connection: &Connection) {
+    let pages = || -> rusqlite::Result<(i64, i64)> {
+        let free = connection
+            .prepare_cached("PRAGMA freelist_count")?
+            .query_row([], |row| row.get(0))?;
+        let all = connection
+            .prepare_cached("PRAGMA page_count")?
+            .query_row([], |row| row.get(0))?;
+        Ok((free, all))
+    };
+    let outcome = pages().and_then(|(free, all)| {
+        if free > FREE_PAGES_KEPT && free > all / 8 {
+            // Each step gives back one page and yields an empty row: step to the end.
+            let mut statement = connection.prepare_cached("PRAGMA incremental_vacuum")?;
+            let mut rows = statement.query([])?;
+            while rows.next()?.is_some() {}
+        }
+        Ok(())
+    });
+    if let Err(error) = outcome {
+        tracing::warn!(%error, "metastore: free pages not given back");
     }
 }
 

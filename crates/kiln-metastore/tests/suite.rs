@@ -130,6 +130,44 @@ fn level(mut meta: BlockMeta, level: u32) -> BlockMeta {
     meta
 }
 
+/// Puts the metastore at `url` back at schema version 8, whose write identities were
+/// hex text, holding `identities`: what an upgrade from it finds.
+async fn as_version_8(url: &str, identities: &[(&str, i64)]) {
+    const VERSION_8: &str = "DELETE FROM schema_migrations WHERE version = 9;
+         DROP TABLE write_identities;
+         CREATE TABLE write_identities (identity TEXT PRIMARY KEY, expires_at_ms BIGINT NOT NULL);
+         CREATE INDEX write_identities_by_expiry ON write_identities (expires_at_ms);";
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        let connection = rusqlite::Connection::open(path).unwrap();
+        connection.execute_batch(VERSION_8).unwrap();
+        for (identity, expires_at_ms) in identities {
+            connection
+                .execute(
+                    "INSERT INTO write_identities VALUES (?1, ?2)",
+                    rusqlite::params![identity, expires_at_ms],
+                )
+                .unwrap();
+        }
+    } else {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let connection = tokio::spawn(connection);
+        client.batch_execute(VERSION_8).await.unwrap();
+        for (identity, expires_at_ms) in identities {
+            client
+                .execute(
+                    "INSERT INTO write_identities VALUES ($1, $2)",
+                    &[identity, expires_at_ms],
+                )
+                .await
+                .unwrap();
+        }
+        drop(client);
+        connection.await.unwrap().unwrap();
+    }
+}
+
 /// One backend's metastore for one test, and what keeps it alive.
 struct Fixture {
     url: String,
@@ -175,7 +213,7 @@ macro_rules! metastore_suite {
                 };
                 let url = fixture.url.clone();
                 let metastore = fixture.metastore.clone();
-                assert_eq!(metastore.schema_version().await.unwrap(), 8);
+                assert_eq!(metastore.schema_version().await.unwrap(), 9);
                 metastore
                     .register_block(
                         block("b1"),
@@ -189,7 +227,7 @@ macro_rules! metastore_suite {
                 // Reopening applies no migration twice and keeps the data.
                 drop(metastore);
                 let metastore = Metastore::open(&url).await.unwrap();
-                assert_eq!(metastore.schema_version().await.unwrap(), 8);
+                assert_eq!(metastore.schema_version().await.unwrap(), 9);
                 assert_eq!(metastore.list_blocks().await.unwrap(), vec![block("b1")]);
 
                 let found = metastore
@@ -329,8 +367,9 @@ macro_rules! metastore_suite {
                     return;
                 };
                 let metastore = fixture.metastore.clone();
+                // 32 hex digits, as kiln_ingest's are; "bb…" sets the high bits.
                 let identity = |name: &str, expires_at_ms| WriteIdentity {
-                    identity: name.to_string(),
+                    identity: name.repeat(16),
                     expires_at_ms,
                 };
                 metastore
@@ -362,7 +401,7 @@ macro_rules! metastore_suite {
                     .await
                     .unwrap()
                     .iter()
-                    .any(|listed| listed.identity == "cc"));
+                    .any(|listed| listed.identity == "cc".repeat(16)));
                 // A later registration deletes what expired before its time, and an
                 // identity written again takes the later expiry.
                 metastore
@@ -380,6 +419,52 @@ macro_rules! metastore_suite {
                 assert_eq!(
                     metastore.write_identities(0).await.unwrap(),
                     vec![identity("bb", 800)]
+                );
+                // What is not 32 hex digits is not stored, and the segment still is.
+                metastore
+                    .register_segment(
+                        BlockMeta {
+                            created_at_ms: 300,
+                            ..block("i3")
+                        },
+                        vec![dataset("i3", 0, "t", "api", 10, 20)],
+                        vec![identity("zz", 900), identity("0A", 900)],
+                        None,
+                    )
+                    .await
+                    .unwrap();
+                let mut listed = metastore.write_identities(0).await.unwrap();
+                listed.sort_by_key(|listed| listed.expires_at_ms);
+                assert_eq!(listed, vec![identity("bb", 800), identity("0a", 900)]);
+                assert_eq!(metastore.list_blocks().await.unwrap().len(), 3);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn write_identities_stored_as_text_survive_the_upgrade() {
+                let Some(fixture) = super::$backend().await else {
+                    return;
+                };
+                let url = fixture.url.clone();
+                drop(fixture.metastore);
+                let high = "ffffffffffffffff0000000000000001";
+                let mixed = "8000000000000000ABCDEF0123456789";
+                as_version_8(&url, &[(high, 500), (mixed, 700), ("not hex", 900)]).await;
+                let metastore = Metastore::open(&url).await.unwrap();
+                assert_eq!(metastore.schema_version().await.unwrap(), 9);
+                let mut listed = metastore.write_identities(0).await.unwrap();
+                listed.sort_by_key(|listed| listed.expires_at_ms);
+                assert_eq!(
+                    listed,
+                    vec![
+                        WriteIdentity {
+                            identity: high.to_string(),
+                            expires_at_ms: 500
+                        },
+                        WriteIdentity {
+                            identity: mixed.to_lowercase(),
+                            expires_at_ms: 700
+                        },
+                    ]
                 );
             }
 
@@ -1277,4 +1362,97 @@ async fn the_sqlite_wal_stays_near_a_megabyte() {
     // SQLite's defaults it grows to 4 MB here, and stays).
     assert!(largest <= (1 << 20) + (1 << 20) / 2, "{largest}");
     assert_eq!(metastore.list_blocks().await.unwrap().len(), 3000);
+}
+
+/// `(page_count, freelist_count, auto_vacuum)` of the SQLite file at `path`, as committed.
+fn sqlite_pages(path: &std::path::Path) -> (i64, i64, i64) {
+    let connection = rusqlite::Connection::open(path).unwrap();
+    let pragma = |name: &str| -> i64 {
+        connection
+            .query_row(&format!("PRAGMA {name}"), [], |row| row.get(0))
+            .unwrap()
+    };
+    (
+        pragma("page_count"),
+        pragma("freelist_count"),
+        pragma("auto_vacuum"),
+    )
+}
+
+/// A settled SQLite metastore is the size of what it holds: the pages that expired write
+/// identities (or compaction's swaps) free are given back, and an older file, made with
+/// SQLite's default of keeping every page, is rewritten once so that they can be.
+#[tokio::test]
+async fn the_sqlite_metastore_gives_back_the_pages_it_frees() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("metastore.db");
+    let url = format!("sqlite://{}", path.display());
+    let metastore = Metastore::open(&url).await.unwrap();
+    let identities = (0..20_000u64)
+        .map(|i| WriteIdentity {
+            identity: format!(
+                "{:032x}",
+                u128::from(i).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)
+            ),
+            expires_at_ms: 150,
+        })
+        .collect();
+    metastore
+        .register_segment(
+            BlockMeta {
+                created_at_ms: 100,
+                ..block("s1")
+            },
+            vec![dataset("s1", 0, "t", "api", 10, 20)],
+            identities,
+            None,
+        )
+        .await
+        .unwrap();
+    let (full, _, mode) = sqlite_pages(&path);
+    assert_eq!(mode, 2, "a new file vacuums incrementally");
+    assert_eq!(metastore.write_identities(0).await.unwrap().len(), 20_000);
+    // A registration after they expired deletes them.
+    metastore
+        .register_segment(
+            BlockMeta {
+                created_at_ms: 200,
+                ..block("s2")
+            },
+            vec![dataset("s2", 0, "t", "api", 10, 20)],
+            vec![WriteIdentity {
+                identity: "ab".repeat(16),
+                expires_at_ms: 900,
+            }],
+            None,
+        )
+        .await
+        .unwrap();
+    let (settled, free, _) = sqlite_pages(&path);
+    println!("{full} pages with 20,000 identities, {settled} after they expired ({free} free)");
+    assert!(settled * 2 < full, "{settled} of {full} pages kept");
+    assert!(
+        free <= 16.max(settled / 8),
+        "{free} of {settled} pages free"
+    );
+    assert_eq!(metastore.write_identities(0).await.unwrap().len(), 1);
+    drop(metastore);
+
+    // A file SQLite made with its default mode is converted once, keeping what it holds.
+    let older = dir.path().join("older.db");
+    rusqlite::Connection::open(&older)
+        .unwrap()
+        .execute_batch("CREATE TABLE kept (value INTEGER); INSERT INTO kept VALUES (7);")
+        .unwrap();
+    assert_eq!(sqlite_pages(&older).2, 0);
+    let metastore = Metastore::open(&format!("sqlite://{}", older.display()))
+        .await
+        .unwrap();
+    assert_eq!(sqlite_pages(&older).2, 2);
+    assert_eq!(metastore.schema_version().await.unwrap(), 9);
+    let kept: i64 = rusqlite::Connection::open(&older)
+        .unwrap()
+        .query_row("SELECT value FROM kept", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(kept, 7);
 }
