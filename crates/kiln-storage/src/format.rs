@@ -1,10 +1,13 @@
-//! The block file format: Apache Parquet, one row group (holding exactly one row) per
-//! dataset, every table a repeated group column. `docs/FORMAT.md` is the specification.
+//! The block file format: Apache Parquet, one row group per dataset, every table a
+//! repeated group column. `docs/FORMAT.md` is the specification.
 //!
-//! Why one row per dataset: a dataset's tables have different lengths and schemas, and
-//! Parquet requires one schema per file. Nesting each table as a repeated group lets one
-//! object hold every table of many datasets, so the write path does one PUT per flush and
-//! a reader fetches only the column chunks it needs of the one row group it needs.
+//! Why tables as repeated groups: a dataset's tables have different lengths and schemas,
+//! and Parquet requires one schema per file. Nesting each table as a repeated group lets
+//! one object hold every table of many datasets, so the write path does one PUT per flush
+//! and a reader fetches only the column chunks it needs of the one row group it needs.
+//! A row group's rows (records) split the tables into parts of at most [`RECORD_ROWS`]
+//! rows, a table's rows being its records' lists end to end, so that pages stay small:
+//! parquet-rs ends a page only between records.
 
 use std::sync::{Arc, OnceLock};
 
@@ -27,10 +30,18 @@ use crate::dataset::{Dataset, FunctionRow, MappingRow, ProfileRow, SeriesRow};
 use crate::strings::Strings;
 use crate::StorageError;
 
-/// Version of the layout below, stored in the footer as `kiln.block.version`. Version 2
-/// appended `profile_totals` and `stack_sums`; blocks of version 1 still read, without
-/// them (totals are then summed from the samples).
-pub const FORMAT_VERSION: &str = "2";
+/// Version of the layout below, stored in the footer as `kiln.block.version`. Version 3
+/// splits a dataset's tables over records of at most [`RECORD_ROWS`] rows each; version 2
+/// held them in one record. Version 2 appended `profile_totals` and `stack_sums`; blocks
+/// of version 1 still read, without them (totals are then summed from the samples).
+pub const FORMAT_VERSION: &str = "3";
+
+/// The most rows of a table in one record (one Parquet row) of a dataset. parquet-rs ends
+/// a data page only between records, so while a dataset was one record each of its
+/// columns was one page: a 13 MB column was encoded whole, at about 5 times its size, and
+/// a reader held it whole to read any of it. Records of this many rows let pages end near
+/// the writer's 1 MiB page size, so compaction reads and writes samples a page at a time.
+pub const RECORD_ROWS: usize = 65_536;
 
 /// Columns of a version 1 block: the first [`V1_COLUMN_COUNT`] of [`SCHEMA`].
 pub const V1_COLUMN_COUNT: usize = 38;
@@ -203,6 +214,7 @@ enum Source<'a> {
 }
 
 impl Source<'_> {
+    #[cfg(test)]
     fn len(&self) -> usize {
         match self {
             Source::Made(column) => column.len(),
@@ -212,8 +224,8 @@ impl Source<'_> {
     }
 }
 
-/// The levels of a repeated column of `count` values, one record (a dataset's table):
-/// every value defined, each but the first repeating. One vector serves both, as
+/// The levels of a repeated column of `count` values in one record (a dataset's table, or
+/// its part in one record): every value defined, each but the first repeating. One vector serves both, as
 /// `(definition, repetition)` slices of it: the repetition levels are the definition
 /// levels shifted by one.
 fn repeated_levels(count: usize) -> Vec<i16> {
@@ -415,6 +427,7 @@ pub fn encode_block_as(
         return encode_with(
             datasets,
             SerializedFileWriter::new(sink, schema, properties)?,
+            RECORD_ROWS,
         );
     }
     let small: Vec<usize> = (0..COLUMN_COUNT)
@@ -423,7 +436,7 @@ pub fn encode_block_as(
         })
         .collect();
     if small.is_empty() {
-        return encode_with(datasets, block_writer(encoding)?);
+        return encode_with(datasets, block_writer(encoding)?, RECORD_ROWS);
     }
     let descriptor = SchemaDescriptor::new(schema.clone());
     let mut builder = (*properties).clone().into_builder();
@@ -432,7 +445,7 @@ pub fn encode_block_as(
         builder = builder.set_column_compression(path, Compression::UNCOMPRESSED);
     }
     let writer = SerializedFileWriter::new(Vec::new(), schema, Arc::new(builder.build()))?;
-    encode_with(datasets, writer)
+    encode_with(datasets, writer, RECORD_ROWS)
 }
 
 /// Column chunks of at most this many bytes of plain values are written uncompressed in
@@ -443,6 +456,32 @@ pub fn encode_block_as(
 /// few one-profile datasets (many services at a low rate) spent more of its CPU making
 /// contexts than compressing (docs/benchmarks.md).
 pub const SMALL_CHUNK_BYTES: usize = 4096;
+
+/// The rows of each table of a dataset, in the order of the schema's tables (the header
+/// excluded).
+fn table_rows(dataset: &Dataset) -> [usize; 12] {
+    [
+        dataset.strings.len(),
+        dataset.mappings.len(),
+        dataset.functions.len(),
+        dataset.location_mapping.len(),
+        dataset.line_function.len(),
+        dataset.stack_parent.len(),
+        dataset.series.len(),
+        dataset.series.iter().map(|s| s.labels.len()).sum(),
+        dataset.profiles.len(),
+        dataset.sample_stack.len(),
+        dataset.sample_label_sample.len(),
+        dataset.stack_sum_stack.len(),
+    ]
+}
+
+/// The records a dataset is written as, at most `record_rows` rows of each table in each:
+/// enough for its longest table, and at least one.
+fn record_count(dataset: &Dataset, record_rows: usize) -> usize {
+    let longest = table_rows(dataset).into_iter().max().unwrap_or(0);
+    longest.div_ceil(record_rows.max(1)).max(1)
+}
 
 /// The bytes column `index` of a dataset takes as plain values, counted from its tables
 /// without making the column ([`column_source`] makes it).
@@ -496,18 +535,37 @@ fn encode_version(
 ) -> Result<Vec<u8>, StorageError> {
     let schema = Arc::new(parse_message_type(schema)?);
     let properties = Arc::new(writer_properties(encoding, version)?);
+    // Versions before 3 hold a dataset in one record.
+    let record_rows = if version == FORMAT_VERSION {
+        RECORD_ROWS
+    } else {
+        usize::MAX
+    };
     encode_with(
         datasets,
         SerializedFileWriter::new(Vec::new(), schema, properties)?,
+        record_rows,
     )
 }
 
-/// Writes each dataset as a row group of `writer`, and closes it.
+/// Writes each dataset as a row group of `writer`, its tables split over records of at
+/// most `record_rows` rows (the header repeated in each), and closes it.
 fn encode_with(
     datasets: &[Dataset],
     mut writer: SerializedFileWriter<Vec<u8>>,
+    record_rows: usize,
 ) -> Result<Vec<u8>, StorageError> {
     for dataset in datasets {
+        let records = record_count(dataset, record_rows);
+        let longest = table_rows(dataset).into_iter().max().unwrap_or(0);
+        // The levels of the fullest record: a prefix serves any shorter one.
+        let levels = repeated_levels(longest.min(record_rows));
+        let layout = Records {
+            count: records,
+            rows: record_rows,
+            longest,
+            levels: &levels,
+        };
         let mut row_group = writer.next_row_group()?;
         let mut index = 0;
         while let Some(mut column_writer) = row_group.next_column()? {
@@ -515,38 +573,25 @@ fn encode_with(
                 StorageError::Corrupt("schema has more columns than the codec".into())
             })?;
             let top_level = index < columns::STRINGS.start;
-            let count = source.len();
-            let levels = if top_level {
-                Vec::new()
-            } else if count == 0 {
-                vec![0]
-            } else {
-                repeated_levels(count)
-            };
-            let (def, rep) = match (top_level, count) {
-                (true, _) => (None, None),
-                (false, 0) => (Some(&levels[..]), Some(&levels[..])),
-                (false, _) => (Some(&levels[1..]), Some(&levels[..count])),
-            };
             match (column_writer.untyped(), &source) {
                 (ColumnWriter::Int32ColumnWriter(writer), Source::Made(Column::I32(values))) => {
-                    writer.write_batch(values, def, rep)?;
+                    layout.write(writer, values, top_level)?;
                 }
                 (ColumnWriter::Int32ColumnWriter(writer), Source::U32(values)) => {
                     // Ids are written as Parquet's int32, bit for bit.
-                    writer.write_batch(bytemuck::cast_slice(values), def, rep)?;
+                    layout.write(writer, bytemuck::cast_slice(values), top_level)?;
                 }
                 (ColumnWriter::Int64ColumnWriter(writer), Source::Made(Column::I64(values))) => {
-                    writer.write_batch(values, def, rep)?;
+                    layout.write(writer, values, top_level)?;
                 }
                 (ColumnWriter::Int64ColumnWriter(writer), Source::I64(values)) => {
-                    writer.write_batch(values, def, rep)?;
+                    layout.write(writer, values, top_level)?;
                 }
                 (
                     ColumnWriter::ByteArrayColumnWriter(writer),
                     Source::Made(Column::Bytes(values)),
                 ) => {
-                    writer.write_batch(values, def, rep)?;
+                    layout.write(writer, values, top_level)?;
                 }
                 _ => return Err(unexpected_type(index)),
             }
@@ -558,29 +603,94 @@ fn encode_with(
     Ok(writer.into_inner()?)
 }
 
+/// How a dataset's columns are cut into records.
+struct Records<'a> {
+    count: usize,
+    rows: usize,
+    /// The longest table's rows: no column may hold more.
+    longest: usize,
+    /// `0, 1, 1, …` for the fullest record ([`repeated_levels`]).
+    levels: &'a [i16],
+}
+
+impl Records<'_> {
+    /// Writes one column: a header value once per record, or a table's rows `rows` to a
+    /// record (definition levels 1, repetition `0, 1, …`), its records past its last row
+    /// empty (one level pair `0, 0`). One call per record, since parquet-rs takes a call
+    /// only at a record's start, and ends its pages only between records.
+    fn write<T: parquet::data_type::DataType>(
+        &self,
+        writer: &mut parquet::column::writer::ColumnWriterImpl<'_, T>,
+        values: &[T::T],
+        top_level: bool,
+    ) -> Result<(), StorageError> {
+        if !top_level && values.len() > self.longest {
+            // A table `table_rows` does not count: its rows would not fit its records.
+            return Err(StorageError::Corrupt(format!(
+                "a column of {} values in a dataset whose longest table has {}",
+                values.len(),
+                self.longest
+            )));
+        }
+        for record in 0..self.count {
+            if top_level {
+                writer.write_batch(values, None, None)?;
+                continue;
+            }
+            let start = record.saturating_mul(self.rows).min(values.len());
+            let end = start.saturating_add(self.rows).min(values.len());
+            if start == end {
+                writer.write_batch(&values[..0], Some(&[0]), Some(&[0]))?;
+            } else {
+                let count = end - start;
+                writer.write_batch(
+                    &values[start..end],
+                    Some(&self.levels[1..=count]),
+                    Some(&self.levels[..count]),
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
 fn unexpected_type(index: usize) -> StorageError {
     StorageError::Corrupt(format!("column {index} has an unexpected type"))
 }
 
-fn read_column(reader: ColumnReader, top_level: bool) -> Result<Column, StorageError> {
+/// A column's values over all `records` of its dataset: a table's rows in order (the
+/// records' lists concatenated), or a header's value once per record.
+fn read_column(
+    reader: ColumnReader,
+    top_level: bool,
+    records: usize,
+) -> Result<Column, StorageError> {
     fn read<T: parquet::data_type::DataType>(
         mut reader: parquet::column::reader::ColumnReaderImpl<T>,
         top_level: bool,
+        records: usize,
     ) -> Result<Vec<T::T>, StorageError> {
         let mut values = Vec::new();
         let mut definition = Vec::new();
         let mut repetition = Vec::new();
         if top_level {
-            reader.read_records(1, None, None, &mut values)?;
+            reader.read_records(records, None, None, &mut values)?;
         } else {
-            reader.read_records(1, Some(&mut definition), Some(&mut repetition), &mut values)?;
+            reader.read_records(
+                records,
+                Some(&mut definition),
+                Some(&mut repetition),
+                &mut values,
+            )?;
         }
         Ok(values)
     }
     Ok(match reader {
-        ColumnReader::Int32ColumnReader(reader) => Column::I32(read(reader, top_level)?),
-        ColumnReader::Int64ColumnReader(reader) => Column::I64(read(reader, top_level)?),
-        ColumnReader::ByteArrayColumnReader(reader) => Column::Bytes(read(reader, top_level)?),
+        ColumnReader::Int32ColumnReader(reader) => Column::I32(read(reader, top_level, records)?),
+        ColumnReader::Int64ColumnReader(reader) => Column::I64(read(reader, top_level, records)?),
+        ColumnReader::ByteArrayColumnReader(reader) => {
+            Column::Bytes(read(reader, top_level, records)?)
+        }
         _ => return Err(StorageError::Corrupt("unexpected column type".into())),
     })
 }
@@ -809,7 +919,7 @@ pub(crate) fn check_version(metadata: &ParquetMetaData) -> Result<usize, Storage
         .and_then(|kv| kv.iter().find(|kv| kv.key == "kiln.block.version"))
         .and_then(|kv| kv.value.clone());
     match version.as_deref() {
-        Some(FORMAT_VERSION) => Ok(COLUMN_COUNT),
+        Some(FORMAT_VERSION | "2") => Ok(COLUMN_COUNT),
         Some("1") => Ok(V1_COLUMN_COUNT),
         _ => Err(StorageError::Corrupt(format!(
             "unsupported block format version {version:?}"
@@ -846,9 +956,17 @@ fn decode_group(
             group.num_columns()
         )));
     }
+    let records = usize::try_from(group.metadata().num_rows())
+        .ok()
+        .filter(|records| *records >= 1)
+        .ok_or_else(|| StorageError::Corrupt("a dataset of no records".into()))?;
     let read = |index: usize| -> Result<Option<Column>, StorageError> {
         let column = group.get_column_reader(index)?;
-        Ok(Some(read_column(column, index < columns::STRINGS.start)?))
+        Ok(Some(read_column(
+            column,
+            index < columns::STRINGS.start,
+            records,
+        )?))
     };
     let mut decoded: Vec<Option<Column>> = (0..COLUMN_COUNT).map(|_| None).collect();
     for (index, slot) in decoded.iter_mut().enumerate().take(column_count) {
@@ -1159,6 +1277,22 @@ mod tests {
         }
     }
 
+    /// `table_rows` counts every table: each column holds as many values as one of them,
+    /// so the records `record_count` makes hold every column.
+    #[test]
+    fn table_rows_counts_every_table_as_written() {
+        let mut dataset = dataset();
+        dataset.sum_stacks();
+        let rows = table_rows(&dataset);
+        for index in columns::STRINGS.start..COLUMN_COUNT {
+            let written = column_source(&dataset, index).expect("a column").len();
+            assert!(
+                rows.contains(&written),
+                "column {index}: {written} values, {rows:?}"
+            );
+        }
+    }
+
     /// In a zstd block, chunks of at most `SMALL_CHUNK_BYTES` are uncompressed (no codec
     /// is made to write or read them) and larger ones zstd; both read back.
     #[test]
@@ -1263,6 +1397,83 @@ mod tests {
         }
     }
 
+    /// The pages of a long column end near the writer's 1 MiB: a dataset's tables are
+    /// split over records of `RECORD_ROWS` rows, and pages end between records. A
+    /// version-2 block of the same dataset (one record, so one page a column) still reads.
+    #[test]
+    fn long_tables_are_split_over_records_and_paged() {
+        let functions: Vec<String> = (0..10_000).map(|i| format!("f{i}")).collect();
+        let stacks: Vec<[&str; 2]> = functions.iter().map(|f| [f.as_str(), "main"]).collect();
+        let samples: Vec<crate::testing::TestSample<'_>> = stacks
+            .iter()
+            .enumerate()
+            .map(|(i, stack)| (&stack[..], 1 + (i as i64 * 7919) % 100_003, &[][..]))
+            .collect();
+        let mut builder = DatasetBuilder::new("t", "svc");
+        for profile in 0..20 {
+            let labels = [("service_name", "svc")];
+            let id = format!("p{profile}");
+            crate::testing::add_cpu_profile(&mut builder, &id, &labels, 1 + profile, &samples);
+        }
+        let dataset = builder.finish();
+        assert_eq!(dataset.sample_value.len(), 200_000);
+        let pages = |block: &Bytes, index: usize| -> Vec<usize> {
+            let reader = SerializedFileReader::new(block.clone()).expect("a footer");
+            let group = reader.get_row_group(0).expect("a row group");
+            let mut pages = group.get_column_page_reader(index).expect("pages");
+            let mut sizes = Vec::new();
+            while let Some(page) = pages.get_next_page().expect("a page") {
+                if matches!(page.page_type(), parquet::basic::PageType::DATA_PAGE) {
+                    sizes.push(page.buffer().len());
+                }
+            }
+            sizes
+        };
+        let rows = |block: &Bytes| {
+            let reader = SerializedFileReader::new(block.clone()).expect("a footer");
+            reader.metadata().row_group(0).num_rows()
+        };
+        let value = columns::SAMPLES.start + 1;
+        for encoding in [BlockEncoding::Segment, BlockEncoding::Compacted] {
+            let block = Bytes::from(
+                encode_block_as(std::slice::from_ref(&dataset), encoding).expect("encodes"),
+            );
+            assert_eq!(
+                rows(&block),
+                4,
+                "{encoding:?}: 200,000 samples in 65,536-row records"
+            );
+            let sizes = pages(&block, value);
+            assert!(sizes.len() >= 2, "{encoding:?}: {sizes:?}");
+            let bound = (1 << 20) + 8 * RECORD_ROWS + 4096;
+            assert!(
+                sizes.iter().all(|size| *size <= bound),
+                "{encoding:?}: {sizes:?}"
+            );
+            assert_eq!(
+                decode_dataset(&block, 0, Projection::ALL).expect("decodes"),
+                dataset
+            );
+        }
+        let version_2 = Bytes::from(
+            encode_version(
+                std::slice::from_ref(&dataset),
+                BlockEncoding::Compacted,
+                SCHEMA,
+                "2",
+            )
+            .expect("encodes"),
+        );
+        assert_eq!(rows(&version_2), 1);
+        let sizes = pages(&version_2, value);
+        assert_eq!(sizes.len(), 1, "one record, one page: {sizes:?}");
+        assert!(sizes[0] >= 8 * 200_000, "{sizes:?}");
+        assert_eq!(
+            decode_dataset(&version_2, 0, Projection::ALL).expect("decodes"),
+            dataset
+        );
+    }
+
     #[test]
     fn version_1_blocks_still_read_and_sum_their_totals() {
         let mut dataset = dataset();
@@ -1303,7 +1514,7 @@ mod tests {
         assert!(summed.stack_sum_series.windows(2).all(|w| w[0] <= w[1]));
         // An unknown version is refused.
         let future =
-            encode_version(&[dataset], BlockEncoding::Segment, SCHEMA, "3").expect("encodes");
+            encode_version(&[dataset], BlockEncoding::Segment, SCHEMA, "4").expect("encodes");
         assert!(decode_dataset(&Bytes::from(future), 0, Projection::ALL).is_err());
     }
 

@@ -22,14 +22,14 @@
 //!    were numbered canonically, each small: jobs were capped then) is decoded whole.
 //!
 //! What is held: the inputs' fetched (compressed) bytes, the symbols, the profile rows,
-//! one page per input column (as Kiln writes them, the whole column), the output's
-//! sample columns, the stack sums (at most half as many rows as the samples, or none)
-//! and the encoded output. The output's columns
-//! are not encoded as they fill because a dataset is one Parquet record (its row group's
-//! one row of repeated columns), and parquet-rs's column writer refuses a record written
-//! over several `write_batch` calls ("Write must start at a record boundary"). A block
-//! format of several row groups per dataset would lift that, and hold a page per output
-//! column instead of its samples.
+//! one page and at most a record of values per input column (a block of format version 3
+//! splits a dataset's tables over records of [`format::RECORD_ROWS`] rows, and parquet-rs
+//! ends pages between records; a version-2 block's columns are one page each, and so
+//! whole), the output's sample columns, the stack sums (at most half as many rows as the
+//! samples, or none) and the encoded output, which is written a page at a time. The
+//! output's columns are held whole, 12 bytes a sample, because a row group's columns are
+//! written one after another, each finished before the next begins, while a merge fills
+//! them together; a pass over the inputs per output column would lift that.
 //!
 //! Each input sample becomes one output sample (its stack renumbered), so the output is
 //! what the in-memory merge makes of the same inputs, row for row: an input whose stack
@@ -102,7 +102,8 @@ pub fn merge(
     encoding: BlockEncoding,
     memory_limit: usize,
 ) -> Result<Streamed, StorageError> {
-    let mut estimated_bytes = 0usize;
+    // The encoder's pages, once for the output.
+    let mut estimated_bytes = ENCODER_BYTES;
     let corrupt = |name: &str, what: String| StorageError::Corrupt(format!("{name}: {what}"));
     // 1. Symbols, series and profile rows of every input.
     let mut builder = DatasetBuilder::new(tenant, service);
@@ -272,21 +273,32 @@ pub fn merge(
     }))
 }
 
+/// The most a data page of a block of format version 3 holds, in bytes: parquet-rs ends a
+/// page at the first record boundary past its 1 MiB limit, and a record of an int64
+/// column is at most [`format::RECORD_ROWS`] values.
+const PAGE_BYTES: usize = (1 << 20) + 8 * format::RECORD_ROWS;
+
+/// What the output's encoder holds beside its columns: a page of a column, its values
+/// plain, encoded and compressed, with their levels.
+const ENCODER_BYTES: usize = 4 * PAGE_BYTES;
+
 /// What merging `input` holds at the merge's peak, in bytes, from its decoded `head`.
 /// Measured against a counting allocator (tests/merge_memory.rs), and two phases:
 ///
 /// - always: its fetched bytes, and as much again twice for the encoded output (which
 ///   grows by doubling to about the inputs' size); its symbols twice (decoded, and
 ///   interned into the output); its profile rows twice;
-/// - while merging: its sample and sample-label columns decoded, 12 bytes a row, whole
-///   (Kiln writes each of a dataset's columns as one Parquet page: a dataset is one
-///   record, and parquet-rs ends a page only between records), the largest of them once
-///   more as its decompressed page while it decodes, and the output's columns (12 bytes
-///   a row again);
-/// - after (the inputs freed): the output's columns, its stack sums (sized once, at most
-///   a row of 16 bytes per two samples, [`Dataset::sum_stacks_if_smaller`]), and the page
-///   parquet-rs builds of the largest column, values plain, encoded and compressed, with
-///   their levels: 28 bytes a sample.
+/// - while merging: its five sample and sample-label columns, each a page at a time: the
+///   decompressed page and at most a record of decoded values (in a block of version 2,
+///   where a dataset is one record and so each column one page, the columns whole, 12
+///   bytes a row, and the largest once more as its decompressed page); and the output's
+///   columns, 12 bytes a row;
+/// - after (the inputs freed): the output's columns, and its stack sums (sized once, at
+///   most a row of 16 bytes per two samples, [`Dataset::sum_stacks_if_smaller`]).
+///
+/// The output's encoder holds a page beside that, once per merge ([`ENCODER_BYTES`]): the
+/// output is written in records of [`format::RECORD_ROWS`] rows, so its pages are ~1 MiB
+/// (it held a whole column, 28 bytes a sample, while a dataset was one record).
 ///
 /// An input whose series are not in canonical order is decoded whole, once more.
 pub fn input_cost(input: &MergeInput, head: &Dataset) -> Result<usize, StorageError> {
@@ -306,8 +318,14 @@ pub fn input_cost(input: &MergeInput, head: &Dataset) -> Result<usize, StorageEr
         .map(|index| group.column(index).uncompressed_size().max(0) as usize)
         .max()
         .unwrap_or(0);
-    let merging = rows + page + rows;
-    let encoding = rows + 8 * samples + 28 * samples.max(label_rows);
+    let read = if group.num_rows() <= 1 {
+        rows + page
+    } else {
+        let columns = columns::SAMPLES.len() + columns::SAMPLE_LABELS.len();
+        (rows + page).min(columns * (PAGE_BYTES + 8 * format::RECORD_ROWS))
+    };
+    let merging = read + rows;
+    let encoding = rows + 8 * samples;
     Ok(3 * input.block.size_bytes()
         + 2 * head.heap_bytes()
         + 2 * profiles
@@ -399,12 +417,13 @@ impl StreamedInput {
             Arc::new(ReaderProperties::builder().build()),
         )?;
         let start = columns::SAMPLES.start;
+        let whole = group.num_rows() <= 1;
         Ok(StreamedInput {
-            stack: Column::open(&reader, start)?,
-            value: Column::open(&reader, start + 1)?,
-            label_sample: Column::open(&reader, start + 2)?,
-            label_name: Column::open(&reader, start + 3)?,
-            label_value: Column::open(&reader, start + 4)?,
+            stack: Column::open(&reader, start, whole)?,
+            value: Column::open(&reader, start + 1, whole)?,
+            label_sample: Column::open(&reader, start + 2, whole)?,
+            label_name: Column::open(&reader, start + 3, whole)?,
+            label_value: Column::open(&reader, start + 4, whole)?,
             consumed: 0,
         })
     }
@@ -437,12 +456,14 @@ impl StreamedInput {
     }
 }
 
-/// One column of one record, read a page at a time.
+/// One column of a dataset, read a page at a time.
 struct Column<T: DataType> {
     /// Dropped once the chunk's values are all read, with the page it last decoded.
     reader: Option<ColumnReaderImpl<T>>,
     /// Values of the chunk not yet read (its level count: an upper bound).
     left: usize,
+    /// The chunk is one page (a dataset of one record).
+    whole: bool,
     gate: Arc<Gates>,
     values: Vec<T::T>,
     at: usize,
@@ -460,9 +481,11 @@ impl<T: DataType> Column<T>
 where
     T::T: Copy,
 {
+    /// `whole`: the dataset is one record, so the column is one page (format version 2).
     fn open(
         reader: &SerializedRowGroupReader<'_, PartialBlock>,
         index: usize,
+        whole: bool,
     ) -> Result<Self, StorageError> {
         let gate = Arc::new(Gates::default());
         let pages = Gate {
@@ -476,6 +499,7 @@ where
         Ok(Column {
             reader: Some(reader),
             left,
+            whole,
             gate,
             values: Vec::new(),
             at: 0,
@@ -498,9 +522,12 @@ where
                 self.values.drain(..self.at);
                 self.at = 0;
             }
-            // Sized once for the rest of the chunk: a page of Kiln's is the whole chunk,
-            // and growing to it by doubling would hold it twice over for a moment.
-            self.values.reserve_exact(self.left);
+            // A page that is the whole chunk is sized once: growing to it by doubling
+            // would hold it twice over for a moment. Pages of several records are a
+            // fraction of the chunk, and the buffer keeps the size of the largest.
+            if self.whole {
+                self.values.reserve_exact(self.left);
+            }
             self.gate.open.store(true, Ordering::Relaxed);
             self.definition.clear();
             self.repetition.clear();

@@ -21,28 +21,54 @@ fn documented_query() -> String {
     rest[sql_start..sql_start + sql_end].to_string()
 }
 
-#[test]
-fn a_duckdb_query_of_a_block_agrees_with_kiln() {
-    let duckdb_available = Command::new("python3")
+fn duckdb_available() -> bool {
+    let available = Command::new("python3")
         .args(["-c", "import duckdb"])
         .status()
         .is_ok_and(|status| status.success());
-    if !duckdb_available {
-        println!("skipped: a_duckdb_query_of_a_block_agrees_with_kiln (pip install duckdb)");
-        return;
+    if !available {
+        println!("skipped: DuckDB is not installed (pip install duckdb)");
     }
+    available
+}
+
+/// Runs `sql` in DuckDB; its rows as tab-separated text.
+fn duckdb(server: &TestServer, sql: &str) -> String {
+    let file = server.data_dir().join("query.sql");
+    std::fs::write(&file, sql).unwrap();
+    let output = Command::new("python3")
+        .args([
+            "-c",
+            "import duckdb, sys\nfor row in duckdb.sql(sys.stdin.read()).fetchall(): print('\\t'.join(map(str, row)))",
+        ])
+        .stdin(std::fs::File::open(&file).unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "duckdb failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// Ingests `profiles` (pprof) as service `api`, a minute apart in separate flushes, waits
+/// for them to be one compacted block, and checks the documented query's self value per
+/// function against `kiln query top`; returns that block's Parquet rows (records).
+fn documented_query_agrees_with_kiln(profiles: &[Vec<u8>]) -> usize {
     let server = TestServer::start_with(eager_compaction);
-    // Two profiles in two flushes, so that the block DuckDB reads is a compacted one.
-    let profile = fixture("profefe-collector_cpu_1.prof");
-    for from in [1_700_000_000, 1_700_000_060] {
+    let mut sent = 0;
+    for (index, profile) in profiles.iter().enumerate() {
+        let from = 1_700_000_000 + 60 * index as i64;
         let (status, text) = server.post(
             &format!(
                 "/ingest?name=api&format=pprof&from={from}&until={}",
                 from + 10
             ),
-            &profile,
+            profile,
         );
         assert_eq!(status, 200, "{text}");
+        sent += pprof_total(profile, 1);
         std::thread::sleep(Duration::from_millis(120));
     }
     let (runtime, metastore) = server.open_metastore();
@@ -66,26 +92,7 @@ fn a_duckdb_query_of_a_block_agrees_with_kiln() {
     let placeholder = "blocks/01JC3Z8X4N6V0Q2R7T9W1Y5B3D.parquet";
     assert!(sql.contains(placeholder), "{sql}");
     let sql = sql.replace(placeholder, &path.to_string_lossy());
-    let output = Command::new("python3")
-        .args([
-            "-c",
-            "import duckdb, sys\nfor name, value in duckdb.sql(sys.stdin.read()).fetchall(): print(f'{name}\\t{value}')",
-        ])
-        .stdin(std::fs::File::open({
-            let file = server.data_dir().join("query.sql");
-            std::fs::write(&file, &sql).unwrap();
-            file
-        })
-        .unwrap())
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "duckdb failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let from_duckdb: BTreeMap<String, i64> = String::from_utf8(output.stdout)
-        .unwrap()
+    let from_duckdb: BTreeMap<String, i64> = duckdb(&server, &sql)
         .lines()
         .map(|line| {
             let (name, value) = line.rsplit_once('\t').unwrap();
@@ -106,7 +113,7 @@ fn a_duckdb_query_of_a_block_agrees_with_kiln() {
         "--to",
         "1700001000",
         "--limit",
-        "100000",
+        "1000000",
     ]);
     let from_kiln: BTreeMap<String, i64> = top
         .lines()
@@ -120,10 +127,69 @@ fn a_duckdb_query_of_a_block_agrees_with_kiln() {
         })
         .collect();
     assert!(from_kiln.len() > 10, "{top}");
+    assert_eq!(from_duckdb.len(), from_kiln.len());
     assert_eq!(from_duckdb, from_kiln);
-    // Both profiles are in the block: twice the single profile's total.
-    assert_eq!(
-        from_duckdb.values().sum::<i64>(),
-        2 * pprof_total(&profile, 1)
-    );
+    // Every profile is in the block, once.
+    assert_eq!(from_duckdb.values().sum::<i64>(), sent);
+    let path = path.to_string_lossy();
+    duckdb(
+        &server,
+        &format!("SELECT count(*) FROM read_parquet('{path}')"),
+    )
+    .trim()
+    .parse()
+    .unwrap()
+}
+
+#[test]
+fn a_duckdb_query_of_a_block_agrees_with_kiln() {
+    if !duckdb_available() {
+        return;
+    }
+    let profile = fixture("profefe-collector_cpu_1.prof");
+    // Two profiles in two flushes, so that the block DuckDB reads is a compacted one.
+    let records = documented_query_agrees_with_kiln(&[profile.clone(), profile]);
+    assert_eq!(records, 1);
+}
+
+/// A dataset whose tables are longer than a record's 65,536 rows is several Parquet rows,
+/// and the documented query joins their lists back into its tables.
+#[test]
+fn a_duckdb_query_of_a_dataset_over_several_records_agrees_with_kiln() {
+    if !duckdb_available() {
+        return;
+    }
+    // Five profiles of 14,000 stacks each, every one distinct: 70,000 samples, 140,001
+    // stack nodes and 70,001 functions in the merged dataset.
+    let profiles: Vec<Vec<u8>> = (0..5)
+        .map(|profile| {
+            // As Go's: sample counts, then CPU time (the type the query reads).
+            let mut builder = kiln_model::build::ProfileBuilder::new(
+                &[("samples", "count"), ("cpu", "nanoseconds")],
+                Some(("cpu", "nanoseconds")),
+                10_000_000,
+            );
+            for sample in 0..14_000 {
+                let name = format!("f{profile}_{sample}");
+                fn frame(function: &str) -> kiln_model::build::Frame<'_> {
+                    kiln_model::build::Frame {
+                        function,
+                        file: "main.c",
+                        line: 1,
+                        module: "",
+                        address: 0,
+                    }
+                }
+                let stack = [
+                    builder.location(&frame(&name)),
+                    builder.location(&frame("main")),
+                ];
+                let count = 1 + sample % 7;
+                builder.add(&stack, &[count, 10_000_000 * count], &[]);
+            }
+            prost::Message::encode_to_vec(&builder.finish(1_700_000_000_000_000_000, 10))
+        })
+        .collect();
+    let records = documented_query_agrees_with_kiln(&profiles);
+    assert!(records >= 2, "{records} records");
 }
