@@ -67,7 +67,7 @@ pub struct AgentBenchArgs {
 
 /// A run's server compacted until it settled: what it keeps, per profiled core-day.
 async fn report_storage(data_dir: &std::path::Path, started_ms: i64) -> anyhow::Result<()> {
-    let settled = crate::storage::compact_until_settled(data_dir, None, None).await?;
+    let settled = crate::storage::compact_until_settled(data_dir, Default::default()).await?;
     let mut server = settled.server;
     let (symbols, samples) = crate::storage::print_layout(&settled.metastore, data_dir).await?;
     let cpu_nanos = crate::storage::flame_total(

@@ -68,6 +68,11 @@ pub struct StorageBenchArgs {
     /// `compaction.memory_limit` in bytes for phase 2 [default: the server's].
     #[arg(long)]
     memory_limit: Option<u64>,
+    /// `compaction.interval_ms` for phase 2: the pause between two compactor passes. The
+    /// server's own is 5,000; the bench's default is short, so that settling measures the
+    /// merges. At 5,000 it says how many passes the layout takes to settle.
+    #[arg(long, default_value_t = 100)]
+    compaction_interval_ms: u64,
 }
 
 /// A corpus file and where its measured type's values are.
@@ -316,7 +321,15 @@ async fn run_in(
         metastore,
         seconds: settled_seconds,
         cpu_seconds,
-    } = compact_until_settled(data_dir, args.max_job_profiles, args.memory_limit).await?;
+    } = compact_until_settled(
+        data_dir,
+        Phase2 {
+            max_job_profiles: args.max_job_profiles,
+            memory_limit: args.memory_limit,
+            interval_ms: args.compaction_interval_ms,
+        },
+    )
+    .await?;
     let compaction_input = crate::common::metric(&url, "kiln_compaction_input_bytes_total")?;
     let blocks: Vec<_> = metastore
         .list_blocks()
@@ -334,10 +347,12 @@ async fn run_in(
     let metastore_after = metastore_bytes(data_dir);
     let stored = objects_after + metastore_after;
     println!(
-        "compacted         {} blocks (levels {:?}) in {:.1} s, {:.1} s of server CPU, peak RSS {:.0} MiB",
+        "compacted         {} blocks (levels {:?}) in {:.1} s ({:.1} compaction intervals of {} ms), {:.1} s of server CPU, peak RSS {:.0} MiB",
         blocks.len(),
         blocks.iter().map(|block| block.level).collect::<Vec<_>>(),
         settled_seconds,
+        settled_seconds * 1000.0 / args.compaction_interval_ms.max(1) as f64,
+        args.compaction_interval_ms,
         cpu_seconds,
         peak_rss_mib
     );
@@ -388,21 +403,43 @@ pub(crate) struct Settled {
     pub cpu_seconds: f64,
 }
 
+/// The compaction settings of phase 2 beside its levels.
+pub(crate) struct Phase2 {
+    pub max_job_profiles: Option<usize>,
+    pub memory_limit: Option<u64>,
+    pub interval_ms: u64,
+}
+
+impl Default for Phase2 {
+    fn default() -> Self {
+        Phase2 {
+            max_job_profiles: None,
+            memory_limit: None,
+            interval_ms: 100,
+        }
+    }
+}
+
 /// Starts a server on `data_dir` with every compaction level due at once and no grace
 /// period, and waits until every live dataset is above level 0 and the layout has not
-/// changed for fifteen compactor passes.
+/// changed for 1.5 s and three compactor passes. `seconds` is when the layout last
+/// changed (seen by a poll every 300 ms), from the server's start.
 pub(crate) async fn compact_until_settled(
     data_dir: &Path,
-    max_job_profiles: Option<usize>,
-    memory_limit: Option<u64>,
+    phase: Phase2,
 ) -> anyhow::Result<Settled> {
-    let max_job_profiles = max_job_profiles
+    let settings = phase
+        .max_job_profiles
         .map_or(String::new(), |n| format!("  max_job_profiles: {n}\n"))
-        + &memory_limit.map_or(String::new(), |n| format!("  memory_limit: {n}\n"));
+        + &phase
+            .memory_limit
+            .map_or(String::new(), |n| format!("  memory_limit: {n}\n"));
+    let interval_ms = phase.interval_ms;
     std::fs::write(
         data_dir.join("kiln.yaml"),
-        format!("compaction:\n{max_job_profiles}  interval_ms: 100\n  grace_ms: 0\n  levels:\n{PHASE_2_LEVELS}"),
+        format!("compaction:\n{settings}  interval_ms: {interval_ms}\n  grace_ms: 0\n  levels:\n{PHASE_2_LEVELS}"),
     )?;
+    let stable_for = Duration::from_millis(1_500.max(3 * interval_ms));
     let (mut server, url) = crate::common::start_server_with(
         data_dir,
         &[
@@ -417,7 +454,7 @@ pub(crate) async fn compact_until_settled(
         data_dir.join("metastore.db").display()
     ))
     .await?;
-    let mut stable_polls = 0;
+    let mut changed_at = Instant::now();
     let mut last = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(3600);
     loop {
@@ -430,20 +467,17 @@ pub(crate) async fn compact_until_settled(
         let settled = blocks
             .iter()
             .all(|block| block.deleted_at_ms.is_none() && block.level > 0);
-        if settled && layout == last {
-            stable_polls += 1;
-        } else {
-            stable_polls = 0;
+        if !settled || layout != last {
+            changed_at = Instant::now();
             last = layout;
         }
-        // Five unchanged polls of the settled layout: 1.5 s, fifteen compactor passes.
-        if stable_polls == 5 {
+        if settled && changed_at.elapsed() >= stable_for {
             let cpu = crate::common::process_cpu_seconds(server.id()).unwrap_or(0.0) - cpu_before;
             return Ok(Settled {
                 server,
                 url,
                 metastore,
-                seconds: compaction_started.elapsed().as_secs_f64() - 1.5,
+                seconds: (changed_at - compaction_started).as_secs_f64(),
                 cpu_seconds: cpu,
             });
         }
@@ -572,6 +606,7 @@ pub async fn run_delay(args: DelayBenchArgs) -> anyhow::Result<()> {
         keep_data: false,
         max_job_profiles: None,
         memory_limit: None,
+        compaction_interval_ms: 100,
     };
     let templates = Arc::new(load_templates(&storage_args)?);
     let data_dir = std::env::temp_dir().join(format!("kiln-bench-delay-{}", std::process::id()));
