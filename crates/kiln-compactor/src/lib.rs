@@ -151,8 +151,8 @@ pub struct CompactorConfig {
     /// is one block whatever its profiles.
     pub max_job_profiles: u64,
     /// What a merge at level 1 and up may hold, in bytes, by `kiln_storage::merge`'s
-    /// measured estimate: it takes as many of its inputs as fit; the rest wait for the
-    /// next pass.
+    /// measured estimate: it takes as many of its inputs as fit; the rest are planned
+    /// again in the same pass.
     pub memory_limit: u64,
     /// Replaced objects are deleted after this long (milliseconds): longer than any query
     /// may take between listing a block and reading it.
@@ -354,6 +354,10 @@ pub struct Compactor {
 /// two, level 1 holds at most twice the datasets a merge would have left it.
 const PROMOTE_MAX_INPUTS: usize = 2;
 
+/// At most this many rounds of one level in a pass ([`Compactor::run_pass`]): a bound
+/// beside the progress each round makes.
+const MAX_ROUNDS: usize = 64;
+
 /// Memory for cached block tails; beyond it the oldest go (and are fetched again if needed).
 const TAIL_CACHE_BYTES: usize = 64 << 20;
 
@@ -494,8 +498,15 @@ impl Compactor {
     }
 
     /// One pass: every due compaction, then retention, then deletion of objects past their
-    /// grace period.
+    /// grace period. `now_ms` is the pass's start; each step reads the time as it begins
+    /// (`now_ms` plus what the pass has taken so far), so a level's output is judged by its
+    /// own age, not against the start of a pass that made it: with the pass's start alone,
+    /// a level due at once waited a pass for each level below it, and a settled day took
+    /// three passes and a fourth to delete what they replaced (docs/benchmarks.md,
+    /// "Settling at the server's own pass interval").
     pub async fn run_pass(&self, now_ms: i64) -> Result<PassReport, CompactorError> {
+        let started = std::time::Instant::now();
+        let clock = || now_ms.saturating_add(started.elapsed().as_millis() as i64);
         let mut report = PassReport::default();
         // Through the top level, whose datasets of one window are merged into one there
         // (no level at all: nothing is merged).
@@ -504,49 +515,71 @@ impl Compactor {
             n => n as u32 + 1,
         };
         for level in 0..levels {
-            let (mut jobs, live) = self.due_jobs(level, now_ms).await?;
-            if level == 0 && !live.is_empty() {
-                let promoted = self.promote(&jobs, &live).await?;
-                let due = per_block(jobs.iter().flat_map(|job| &job.inputs));
-                let promoting = self.config.levels[0].compression == LevelCompression::Snappy;
-                for job in &mut jobs {
-                    job.inputs
-                        .retain(|input| !promoted.contains(&input.block_id));
-                }
-                // A small job whose segment is only partly due waits for the rest of it,
-                // at most one `max_age_ms`, to be raised with it: copied now, it would
-                // cost an object per service where the segment's promotion costs none.
-                jobs.retain(|job| {
-                    let waits = promoting
-                        && job.inputs.len() <= PROMOTE_MAX_INPUTS
-                        && job
-                            .inputs
-                            .iter()
-                            .any(|input| live.get(&input.block_id) > due.get(&input.block_id));
-                    !job.inputs.is_empty() && !waits
-                });
-                report.compactions += promoted.len();
-            }
-            for job in jobs {
-                let (tenant, service) = (job.key.tenant.clone(), job.key.service.clone());
-                let full = job.full;
-                match self.compact(job).await {
-                    Ok(true) => {
-                        report.compactions += 1;
-                        report.full_groups += usize::from(full && level == 0);
-                    }
-                    Ok(false) => report.conflicts += 1,
-                    // One group's failure must not stop the others, retention or deletion.
-                    Err(err) => {
-                        tracing::warn!(error = %err, %tenant, %service, level, "compaction job failed");
-                        report.failures += 1;
-                    }
+            // A merge that took only the inputs that fit in `memory_limit` leaves the rest
+            // at its level: they are planned again at once, instead of a pass later. Each
+            // round merges at least one input away, so the rounds end.
+            for _ in 0..MAX_ROUNDS {
+                let left = self.run_level(level, clock(), &mut report).await?;
+                if left == 0 {
+                    break;
                 }
             }
         }
-        report.expired_datasets = self.apply_retention(now_ms).await?;
-        report.deleted_objects = self.delete_garbage(now_ms).await?;
+        report.expired_datasets = self.apply_retention(clock()).await?;
+        report.deleted_objects = self.delete_garbage(clock()).await?;
         Ok(report)
+    }
+
+    /// Runs the jobs due at `level`; returns how many of their inputs were left for
+    /// another merge (they did not fit in this one's memory limit).
+    async fn run_level(
+        &self,
+        level: u32,
+        now_ms: i64,
+        report: &mut PassReport,
+    ) -> Result<usize, CompactorError> {
+        let (mut jobs, live) = self.due_jobs(level, now_ms).await?;
+        if level == 0 && !live.is_empty() {
+            let promoted = self.promote(&jobs, &live).await?;
+            let due = per_block(jobs.iter().flat_map(|job| &job.inputs));
+            let promoting = self.config.levels[0].compression == LevelCompression::Snappy;
+            for job in &mut jobs {
+                job.inputs
+                    .retain(|input| !promoted.contains(&input.block_id));
+            }
+            // A small job whose segment is only partly due waits for the rest of it,
+            // at most one `max_age_ms`, to be raised with it: copied now, it would
+            // cost an object per service where the segment's promotion costs none.
+            jobs.retain(|job| {
+                let waits = promoting
+                    && job.inputs.len() <= PROMOTE_MAX_INPUTS
+                    && job
+                        .inputs
+                        .iter()
+                        .any(|input| live.get(&input.block_id) > due.get(&input.block_id));
+                !job.inputs.is_empty() && !waits
+            });
+            report.compactions += promoted.len();
+        }
+        let mut left = 0;
+        for job in jobs {
+            let (tenant, service) = (job.key.tenant.clone(), job.key.service.clone());
+            let full = job.full;
+            match self.compact(job).await {
+                Ok(Some(rest)) => {
+                    report.compactions += 1;
+                    report.full_groups += usize::from(full && level == 0);
+                    left += rest;
+                }
+                Ok(None) => report.conflicts += 1,
+                // One group's failure must not stop the others, retention or deletion.
+                Err(err) => {
+                    tracing::warn!(error = %err, %tenant, %service, level, "compaction job failed");
+                    report.failures += 1;
+                }
+            }
+        }
+        Ok(left)
     }
 
     /// Raises the [`promotable`] blocks of level 0's due jobs to level 1 in one metastore
@@ -678,8 +711,9 @@ impl Compactor {
         Ok((jobs, live))
     }
 
-    /// Merges one group; false when it lost a race (lease held elsewhere or inputs gone).
-    async fn compact(&self, job: Job) -> Result<bool, CompactorError> {
+    /// Merges one group; `None` when it lost a race (lease held elsewhere or inputs gone),
+    /// else how many of its inputs were left for another merge.
+    async fn compact(&self, job: Job) -> Result<Option<usize>, CompactorError> {
         let leased = !job.is_lone();
         if leased
             && !self
@@ -687,7 +721,7 @@ impl Compactor {
                 .acquire_lease(job.key.clone(), &self.owner, self.config.lease_ms)
                 .await?
         {
-            return Ok(false);
+            return Ok(None);
         }
         let large = job.is_large();
         let result = self.merge_and_swap(&job, large).await;
@@ -702,16 +736,16 @@ impl Compactor {
                 .await?;
         }
         match result {
-            Ok(committed) => {
-                if committed {
+            Ok(swapped) => {
+                if swapped.is_some() {
                     self.metrics.jobs.inc();
                 }
-                Ok(true)
+                Ok(Some(swapped.unwrap_or(0)))
             }
             Err(CompactorError::Metastore(MetastoreError::Conflict(message))) => {
                 tracing::info!(%message, tenant = %job.key.tenant, service = %job.key.service, "compaction inputs changed; abandoned");
                 self.metrics.conflicts.inc();
-                Ok(false)
+                Ok(None)
             }
             Err(err) => Err(err),
         }
@@ -757,9 +791,14 @@ impl Compactor {
     }
 
     /// `large`: hand the merge's memory back once it is encoded ([`Job::is_large`]).
-    /// True when a block was swapped in; false when the job's inputs do not fit together
-    /// at the top level (nothing to do).
-    async fn merge_and_swap(&self, job: &Job, large: bool) -> Result<bool, CompactorError> {
+    /// When a block was swapped in, how many of the job's inputs it left out (they did
+    /// not fit in `memory_limit`); `None` when the job's inputs do not fit together at
+    /// the top level (nothing to do).
+    async fn merge_and_swap(
+        &self,
+        job: &Job,
+        large: bool,
+    ) -> Result<Option<usize>, CompactorError> {
         let (tenant, service) = (job.key.tenant.clone(), job.key.service.clone());
         // Rules are read after the lease is held: a rule saved before this point counts
         // these inputs, one saved later starts with the next job. Inputs counted as
@@ -778,13 +817,13 @@ impl Compactor {
                 self.swap(job, &job.inputs, block, meta, Exports::default())
                     .await?;
                 self.metrics.copies.inc();
-                return Ok(true);
+                return Ok(Some(0));
             }
         }
         if job.key.level > 0 && rules.is_none() {
             match self.stream_and_swap(job, encoding).await? {
-                Stream::Swapped => return Ok(true),
-                Stream::Unfit => return Ok(false),
+                Stream::Swapped { left } => return Ok(Some(left)),
+                Stream::Unfit => return Ok(None),
                 Stream::Declined => {}
             }
         }
@@ -843,7 +882,7 @@ impl Compactor {
         );
         self.swap(job, &job.inputs, Bytes::from(block), meta, exports)
             .await?;
-        Ok(true)
+        Ok(Some(0))
     }
 
     /// Merges the job's inputs by [`kiln_storage::merge`], streaming their samples, and
@@ -941,7 +980,9 @@ impl Compactor {
         let block = Bytes::from(merged.block);
         self.swap(job, used, block, meta, Exports::default())
             .await?;
-        Ok(Stream::Swapped)
+        Ok(Stream::Swapped {
+            left: job.inputs.len() - used.len(),
+        })
     }
 
     fn unfit_lock(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseKey, Vec<String>>> {
@@ -1104,7 +1145,8 @@ impl Compactor {
 
 /// What [`Compactor::stream_and_swap`] did.
 enum Stream {
-    Swapped,
+    /// `left`: the job's inputs that did not fit in this merge.
+    Swapped { left: usize },
     /// The inputs do not fit two at a time, at the top level: nothing to merge.
     Unfit,
     /// For the in-memory merge.

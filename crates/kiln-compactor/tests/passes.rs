@@ -226,8 +226,89 @@ async fn datasets_too_large_to_merge_together_still_reach_the_top() {
     assert_eq!(layouts.last().unwrap(), &[(3, 6); 4], "{layouts:?}");
 }
 
+/// Every level due at once: one pass carries a day's segments through all of them to
+/// its one block at the top, and (no grace period) deletes what they replaced. Each level
+/// was judged against the pass's start, before its own inputs were made, so each level
+/// took a pass and the deletion one more (docs/benchmarks.md, "Settling at the server's
+/// own pass interval": 2.4 intervals).
+#[tokio::test]
+async fn levels_due_at_once_settle_in_one_pass() {
+    let (dir, storage, metastore) = common::local_sqlite().await;
+    for segment in 0..4 {
+        write_late_segment(&storage, &metastore, segment).await;
+    }
+    let config = CompactorConfig {
+        grace_ms: 0,
+        ..all_due_config(CompactorConfig::default().max_job_profiles)
+    };
+    let compactor = Compactor::new(metastore.clone(), storage.clone(), config);
+    compactor.run_pass(clock_ms()).await.unwrap();
+    assert_eq!(layout(&metastore).await, [(3, 24)]);
+    let blocks = metastore.list_blocks().await.unwrap();
+    assert_eq!(blocks.len(), 1, "replaced blocks deleted: {blocks:?}");
+    assert!(blocks[0].deleted_at_ms.is_none());
+    let objects = count_files(dir.path());
+    assert_eq!(objects, 1, "one object left under {}", dir.path().display());
+}
+
+/// Inputs a merge leaves out because they do not fit in `memory_limit` are merged in the
+/// same pass, not one pass each: a memory limit of one input at a time moves a day's
+/// four segments up alone, all in the first pass.
+#[tokio::test]
+async fn inputs_left_out_of_a_merge_are_merged_in_the_same_pass() {
+    let (_dir, storage, metastore) = common::local_sqlite().await;
+    for segment in 0..4 {
+        write_late_segment(&storage, &metastore, segment).await;
+    }
+    let compactor = all_due(&storage, &metastore, 7).with_memory_limit(1);
+    compactor.run_pass(clock_ms()).await.unwrap();
+    assert_eq!(layout(&metastore).await, [(3, 6); 4]);
+}
+
+/// Files under `dir` that are objects (`.parquet`).
+fn count_files(dir: &std::path::Path) -> usize {
+    let mut count = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "parquet") {
+                count += 1;
+            }
+        }
+    }
+    count
+}
+
+fn clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The (level, profiles) of every live dataset.
+async fn layout(metastore: &Metastore) -> Vec<(u32, u64)> {
+    let mut layout = Vec::new();
+    for level in 0..=3 {
+        for (dataset, _) in metastore.datasets_at_level(level).await.unwrap() {
+            layout.push((level, dataset.profile_count));
+        }
+    }
+    layout
+}
+
 /// A compactor with Kiln's levels (segments, hours, days), every one due at once.
 fn all_due(storage: &ObjectStorage, metastore: &Metastore, max_job_profiles: u64) -> Compactor {
+    Compactor::new(
+        metastore.clone(),
+        storage.clone(),
+        all_due_config(max_job_profiles),
+    )
+}
+
+fn all_due_config(max_job_profiles: u64) -> CompactorConfig {
     let mut config = CompactorConfig {
         retention_days: 0,
         max_job_profiles,
@@ -236,7 +317,7 @@ fn all_due(storage: &ObjectStorage, metastore: &Metastore, max_job_profiles: u64
     for level in &mut config.levels {
         level.max_age_ms = 0;
     }
-    Compactor::new(metastore.clone(), storage.clone(), config)
+    config
 }
 
 /// Runs eight passes at the clock (merged blocks are stamped with it) and returns the
@@ -244,17 +325,8 @@ fn all_due(storage: &ObjectStorage, metastore: &Metastore, max_job_profiles: u64
 async fn passes(compactor: &Compactor, metastore: &Metastore) -> Vec<Vec<(u32, u64)>> {
     let mut layouts = Vec::new();
     for _ in 0..8 {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        compactor.run_pass(now).await.unwrap();
-        let mut layout = Vec::new();
-        for level in 0..=3 {
-            for (dataset, _) in metastore.datasets_at_level(level).await.unwrap() {
-                layout.push((level, dataset.profile_count));
-            }
-        }
-        layouts.push(layout);
+        compactor.run_pass(clock_ms()).await.unwrap();
+        layouts.push(layout(metastore).await);
     }
     layouts
 }
