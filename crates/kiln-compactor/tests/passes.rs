@@ -183,10 +183,7 @@ async fn levels_held(metastore: &Metastore) -> Vec<usize> {
 #[tokio::test]
 async fn a_day_sent_late_settles_into_one_block() {
     let (_dir, storage, metastore) = common::local_sqlite().await;
-    // Four segments, each with a profile every fourth hour of the day.
-    for segment in 0..4 {
-        write_late_segment(&storage, &metastore, segment).await;
-    }
+    write_late_day(&storage, &metastore).await;
     let compactor = all_due(
         &storage,
         &metastore,
@@ -217,9 +214,7 @@ async fn a_day_sent_late_settles_into_one_block() {
 #[tokio::test]
 async fn datasets_too_large_to_merge_together_still_reach_the_top() {
     let (_dir, storage, metastore) = common::local_sqlite().await;
-    for segment in 0..4 {
-        write_late_segment(&storage, &metastore, segment).await;
-    }
+    write_late_day(&storage, &metastore).await;
     // A segment holds six profiles; a merge above level 0 takes one input at a time.
     let compactor = all_due(&storage, &metastore, 7).with_memory_limit(1);
     let layouts = passes(&compactor, &metastore).await;
@@ -233,22 +228,24 @@ async fn datasets_too_large_to_merge_together_still_reach_the_top() {
 /// own pass interval": 2.4 intervals).
 #[tokio::test]
 async fn levels_due_at_once_settle_in_one_pass() {
-    let (dir, storage, metastore) = common::local_sqlite().await;
-    for segment in 0..4 {
-        write_late_segment(&storage, &metastore, segment).await;
-    }
+    let (_dir, storage, metastore) = common::local_sqlite().await;
+    write_late_day(&storage, &metastore).await;
     let config = CompactorConfig {
         grace_ms: 0,
         ..all_due_config(CompactorConfig::default().max_job_profiles)
     };
     let compactor = Compactor::new(metastore.clone(), storage.clone(), config);
-    compactor.run_pass(clock_ms()).await.unwrap();
+    compactor
+        .run_pass(kiln_model::time::now_ms())
+        .await
+        .unwrap();
     assert_eq!(layout(&metastore).await, [(3, 24)]);
     let blocks = metastore.list_blocks().await.unwrap();
     assert_eq!(blocks.len(), 1, "replaced blocks deleted: {blocks:?}");
     assert!(blocks[0].deleted_at_ms.is_none());
-    let objects = count_files(dir.path());
-    assert_eq!(objects, 1, "one object left under {}", dir.path().display());
+    let mut objects = storage.list_keys("segments").await.unwrap();
+    objects.extend(storage.list_keys("blocks").await.unwrap());
+    assert_eq!(objects, [blocks[0].object_key.clone()]);
 }
 
 /// Inputs a merge leaves out because they do not fit in `memory_limit` are merged in the
@@ -257,35 +254,13 @@ async fn levels_due_at_once_settle_in_one_pass() {
 #[tokio::test]
 async fn inputs_left_out_of_a_merge_are_merged_in_the_same_pass() {
     let (_dir, storage, metastore) = common::local_sqlite().await;
-    for segment in 0..4 {
-        write_late_segment(&storage, &metastore, segment).await;
-    }
+    write_late_day(&storage, &metastore).await;
     let compactor = all_due(&storage, &metastore, 7).with_memory_limit(1);
-    compactor.run_pass(clock_ms()).await.unwrap();
+    compactor
+        .run_pass(kiln_model::time::now_ms())
+        .await
+        .unwrap();
     assert_eq!(layout(&metastore).await, [(3, 6); 4]);
-}
-
-/// Files under `dir` that are objects (`.parquet`).
-fn count_files(dir: &std::path::Path) -> usize {
-    let mut count = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|ext| ext == "parquet") {
-                count += 1;
-            }
-        }
-    }
-    count
-}
-
-fn clock_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// The (level, profiles) of every live dataset.
@@ -325,10 +300,20 @@ fn all_due_config(max_job_profiles: u64) -> CompactorConfig {
 async fn passes(compactor: &Compactor, metastore: &Metastore) -> Vec<Vec<(u32, u64)>> {
     let mut layouts = Vec::new();
     for _ in 0..8 {
-        compactor.run_pass(clock_ms()).await.unwrap();
+        compactor
+            .run_pass(kiln_model::time::now_ms())
+            .await
+            .unwrap();
         layouts.push(layout(metastore).await);
     }
     layouts
+}
+
+/// Four segments of `late`'s day, each with a profile every fourth hour of it.
+async fn write_late_day(storage: &ObjectStorage, metastore: &Metastore) {
+    for segment in 0..4 {
+        write_late_segment(storage, metastore, segment).await;
+    }
 }
 
 /// A segment of `late`'s profiles, one every fourth hour of one day from hour
