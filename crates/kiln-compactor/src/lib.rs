@@ -366,6 +366,25 @@ pub const OBJECT_PREFIXES: [&str; 2] = ["segments", "blocks"];
 
 use kiln_model::time::now_ms;
 
+/// A pass's time: the start its caller gave, advanced by what the pass has taken. The
+/// pass judges every level by it and stamps with it what it makes (a block's creation,
+/// a promotion, the tombstones of what a merge replaced), so what it made one level down
+/// is never younger than the level above is told it is now. With the wall clock for the
+/// stamps, milliseconds rounded apart from this one, a level due at once missed its
+/// inputs by a millisecond now and then.
+#[derive(Clone, Copy)]
+struct PassClock {
+    start_ms: i64,
+    started: std::time::Instant,
+}
+
+impl PassClock {
+    fn now(&self) -> i64 {
+        let elapsed = i64::try_from(self.started.elapsed().as_millis()).unwrap_or(i64::MAX);
+        self.start_ms.saturating_add(elapsed)
+    }
+}
+
 /// A due merge: the inputs of one group.
 struct Job {
     key: LeaseKey,
@@ -505,8 +524,10 @@ impl Compactor {
     /// three passes and a fourth to delete what they replaced (docs/benchmarks.md,
     /// "Settling at the server's own pass interval").
     pub async fn run_pass(&self, now_ms: i64) -> Result<PassReport, CompactorError> {
-        let started = std::time::Instant::now();
-        let clock = || now_ms.saturating_add(started.elapsed().as_millis() as i64);
+        let clock = PassClock {
+            start_ms: now_ms,
+            started: std::time::Instant::now(),
+        };
         let mut report = PassReport::default();
         // Through the top level, whose datasets of one window are merged into one there
         // (no level at all: nothing is merged).
@@ -519,14 +540,14 @@ impl Compactor {
             // at its level: they are planned again at once, instead of a pass later. Each
             // round merges at least one input away, so the rounds end.
             for _ in 0..MAX_ROUNDS {
-                let left = self.run_level(level, clock(), &mut report).await?;
+                let left = self.run_level(level, clock, &mut report).await?;
                 if left == 0 {
                     break;
                 }
             }
         }
-        report.expired_datasets = self.apply_retention(clock()).await?;
-        report.deleted_objects = self.delete_garbage(clock()).await?;
+        report.expired_datasets = self.apply_retention(clock.now()).await?;
+        report.deleted_objects = self.delete_garbage(clock.now()).await?;
         Ok(report)
     }
 
@@ -535,12 +556,12 @@ impl Compactor {
     async fn run_level(
         &self,
         level: u32,
-        now_ms: i64,
+        clock: PassClock,
         report: &mut PassReport,
     ) -> Result<usize, CompactorError> {
-        let (mut jobs, live) = self.due_jobs(level, now_ms).await?;
+        let (mut jobs, live) = self.due_jobs(level, clock.now()).await?;
         if level == 0 && !live.is_empty() {
-            let promoted = self.promote(&jobs, &live).await?;
+            let promoted = self.promote(&jobs, &live, clock.now()).await?;
             let due = per_block(jobs.iter().flat_map(|job| &job.inputs));
             let promoting = self.config.levels[0].compression == LevelCompression::Snappy;
             for job in &mut jobs {
@@ -565,7 +586,7 @@ impl Compactor {
         for job in jobs {
             let (tenant, service) = (job.key.tenant.clone(), job.key.service.clone());
             let full = job.full;
-            match self.compact(job).await {
+            match self.compact(job, clock).await {
                 Ok(Some(rest)) => {
                     report.compactions += 1;
                     report.full_groups += usize::from(full && level == 0);
@@ -589,6 +610,7 @@ impl Compactor {
         &self,
         jobs: &[Job],
         live: &HashMap<String, usize>,
+        now_ms: i64,
     ) -> Result<HashSet<String>, CompactorError> {
         let candidates = promotable(jobs, live, self.config.levels[0].compression);
         if candidates.is_empty() {
@@ -622,7 +644,7 @@ impl Compactor {
         .into_iter()
         .map(|(block, datasets)| (block, datasets as u32))
         .collect();
-        let promoted = self.metastore.promote_blocks(blocks, 0).await?;
+        let promoted = self.metastore.promote_blocks(blocks, 0, now_ms).await?;
         let count = promoted.len() as u64;
         self.metrics.jobs.inc_by(count);
         self.metrics.promotions.inc_by(count);
@@ -713,7 +735,7 @@ impl Compactor {
 
     /// Merges one group; `None` when it lost a race (lease held elsewhere or inputs gone),
     /// else how many of its inputs were left for another merge.
-    async fn compact(&self, job: Job) -> Result<Option<usize>, CompactorError> {
+    async fn compact(&self, job: Job, clock: PassClock) -> Result<Option<usize>, CompactorError> {
         let leased = !job.is_lone();
         if leased
             && !self
@@ -724,7 +746,7 @@ impl Compactor {
             return Ok(None);
         }
         let large = job.is_large();
-        let result = self.merge_and_swap(&job, large).await;
+        let result = self.merge_and_swap(&job, large, clock).await;
         // The job's inputs, merged dataset and block are freed by now: hand the memory
         // back before the next job, instead of when the allocator gets round to it.
         if large {
@@ -798,6 +820,7 @@ impl Compactor {
         &self,
         job: &Job,
         large: bool,
+        clock: PassClock,
     ) -> Result<Option<usize>, CompactorError> {
         let (tenant, service) = (job.key.tenant.clone(), job.key.service.clone());
         // Rules are read after the lease is held: a rule saved before this point counts
@@ -814,14 +837,14 @@ impl Compactor {
         if job.is_lone() && rules.is_none() {
             if let Some((block, meta)) = self.copy_lone(&job.inputs[0], encoding).await? {
                 crash_point("compaction-merged");
-                self.swap(job, &job.inputs, block, meta, Exports::default())
+                self.swap(job, &job.inputs, block, meta, Exports::default(), clock)
                     .await?;
                 self.metrics.copies.inc();
                 return Ok(Some(0));
             }
         }
         if job.key.level > 0 && rules.is_none() {
-            match self.stream_and_swap(job, encoding).await? {
+            match self.stream_and_swap(job, encoding, clock).await? {
                 Stream::Swapped { left } => return Ok(Some(left)),
                 Stream::Unfit => return Ok(None),
                 Stream::Declined => {}
@@ -880,7 +903,7 @@ impl Compactor {
             finish_ms = started.elapsed().as_millis() as u64,
             "compaction merged"
         );
-        self.swap(job, &job.inputs, Bytes::from(block), meta, exports)
+        self.swap(job, &job.inputs, Bytes::from(block), meta, exports, clock)
             .await?;
         Ok(Some(0))
     }
@@ -894,6 +917,7 @@ impl Compactor {
         &self,
         job: &Job,
         encoding: BlockEncoding,
+        clock: PassClock,
     ) -> Result<Stream, CompactorError> {
         let tried: Vec<String> = job.inputs.iter().map(|i| i.block_id.clone()).collect();
         let top = job.key.level == self.top_level();
@@ -978,7 +1002,7 @@ impl Compactor {
         );
         self.metrics.streamed.inc();
         let block = Bytes::from(merged.block);
-        self.swap(job, used, block, meta, Exports::default())
+        self.swap(job, used, block, meta, Exports::default(), clock)
             .await?;
         Ok(Stream::Swapped {
             left: job.inputs.len() - used.len(),
@@ -1058,6 +1082,7 @@ impl Compactor {
         block: Bytes,
         meta: DatasetMeta,
         exports: Exports,
+        clock: PassClock,
     ) -> Result<(), CompactorError> {
         let size_bytes = block.len() as u64;
         self.storage.put(&meta.object_key, block).await?;
@@ -1070,7 +1095,7 @@ impl Compactor {
                     object_key: meta.object_key.clone(),
                     level: (job.key.level + 1).min(self.top_level()),
                     size_bytes,
-                    created_at_ms: now_ms(),
+                    created_at_ms: clock.now(),
                     deleted_at_ms: None,
                 },
                 vec![meta],

@@ -99,7 +99,8 @@ impl Metastore {
     }
 
     /// The atomic swap of compaction: registers `block` with `datasets` and removes the
-    /// `replaced` datasets in one transaction, tombstoning blocks left without datasets.
+    /// `replaced` datasets in one transaction, tombstoning blocks left without datasets
+    /// as of `block`'s creation (the caller's clock, which its grace period is read by).
     /// `exports` (rule samples of the replaced level-0 datasets) are committed with it.
     /// If any replaced dataset is already gone (another compactor or retention got there
     /// first) nothing changes and the answer is [`MetastoreError::Conflict`].
@@ -131,7 +132,7 @@ impl Metastore {
             let mut blocks: Vec<String> = replaced.iter().map(|d| d.block_id.clone()).collect();
             blocks.sort_unstable();
             blocks.dedup();
-            tombstone_empty(sql, &blocks).await?;
+            tombstone_empty(sql, &blocks, block.created_at_ms).await?;
             add_exports(sql, &exports).await
         })
     }
@@ -142,7 +143,7 @@ impl Metastore {
     /// lone one already is what copies of them would be, so compaction moves it with a
     /// row update instead of a write per service. One transaction for all; returns the
     /// blocks raised (the others changed meanwhile and are left as they are). Their
-    /// `created_at_ms` becomes now, as a new block's would.
+    /// `created_at_ms` becomes `now_ms`, as a new block's would.
     ///
     /// On PostgreSQL a swap that deletes one of the block's datasets meanwhile either
     /// commits first (the count then differs) or tombstones the raised block's row of it
@@ -151,12 +152,13 @@ impl Metastore {
         &self,
         blocks: Vec<(String, u32)>,
         level: u32,
+        now_ms: i64,
     ) -> Result<Vec<String>, MetastoreError> {
         if blocks.is_empty() {
             return Ok(Vec::new());
         }
         run!(self, write, |sql| async move {
-            let now = now_ms();
+            let now = now_ms;
             let mut promoted = Vec::new();
             for (id, datasets) in blocks {
                 let raised = sql

@@ -197,7 +197,7 @@ impl Metastore {
             let expired = blocks.len();
             blocks.sort_unstable();
             blocks.dedup();
-            tombstone_empty(sql, &blocks).await?;
+            tombstone_empty(sql, &blocks, now_ms()).await?;
             Ok(expired)
         })
     }
@@ -394,15 +394,15 @@ fn count(value: u64) -> Result<i64, MetastoreError> {
     i64::try_from(value).map_err(|_| MetastoreError::OutOfRange(value))
 }
 
-/// Tombstones those of `blocks` that have no dataset left.
+/// Tombstones, as of `now`, those of `blocks` that have no dataset left.
 pub(crate) async fn tombstone_empty(
     sql: &mut impl Sql,
     blocks: &[String],
+    now: i64,
 ) -> Result<(), MetastoreError> {
     if blocks.is_empty() {
         return Ok(());
     }
-    let now = now_ms();
     match sql.dialect() {
         Dialect::Postgres => {
             let ids = blocks.iter().map(String::as_str).collect();

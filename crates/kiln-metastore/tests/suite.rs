@@ -539,10 +539,11 @@ macro_rules! metastore_suite {
                     .await
                     .unwrap();
                 assert_eq!(api, vec![dataset("c1", 0, "t", "api", 10, 40)]);
-                // s2 is empty now and tombstoned; s1 still holds web.
+                // s2 is empty now and tombstoned as of c1's creation (the compactor's
+                // clock, which its grace period is read by); s1 still holds web.
                 let blocks = metastore.list_blocks().await.unwrap();
                 let state = |id: &str| blocks.iter().find(|b| b.id == id).unwrap().deleted_at_ms;
-                assert!(state("s2").is_some());
+                assert_eq!(state("s2"), Some(block("c1").created_at_ms));
                 assert!(state("s1").is_none());
                 assert!(state("c1").is_none());
                 // Garbage collection asks for the tombstoned blocks alone, by time.
@@ -658,6 +659,7 @@ macro_rules! metastore_suite {
                             ("s4", 2),
                         ]),
                         0,
+                        1_000,
                     )
                     .await
                     .unwrap();
@@ -669,7 +671,10 @@ macro_rules! metastore_suite {
                     (s2.level, s2.object_key.as_str(), s2.deleted_at_ms),
                     (1, "segments/s2.parquet", None)
                 );
-                assert!(s2.created_at_ms > 1, "a promoted block's age starts again");
+                assert_eq!(
+                    s2.created_at_ms, 1_000,
+                    "a promoted block's age starts again"
+                );
                 assert_eq!((of("s1").level, of("s3").level, of("c1").level), (0, 0, 1));
                 // The dataset is where it was, and counted at its new level only.
                 let at_one: Vec<DatasetMeta> = metastore
@@ -692,13 +697,13 @@ macro_rules! metastore_suite {
                 assert_eq!(metastore.level_backlog(1).await.unwrap().datasets, 4);
                 // Raised once: a second call (another compactor's) changes nothing.
                 assert!(metastore
-                    .promote_blocks(seen(&[("s2", 1)]), 0)
+                    .promote_blocks(seen(&[("s2", 1)]), 0, 2_000)
                     .await
                     .unwrap()
                     .is_empty());
                 assert_eq!(
                     metastore
-                        .promote_blocks(seen(&[("s2", 1)]), 1)
+                        .promote_blocks(seen(&[("s2", 1)]), 1, 2_000)
                         .await
                         .unwrap(),
                     ids(&["s2"])
@@ -707,19 +712,19 @@ macro_rules! metastore_suite {
                 // with one, not as seen before with two.
                 move_to_level_1(&metastore, dataset("s1", 0, "t", "api", 10, 20), "c2").await;
                 assert!(metastore
-                    .promote_blocks(seen(&[("s1", 2)]), 0)
+                    .promote_blocks(seen(&[("s1", 2)]), 0, 2_000)
                     .await
                     .unwrap()
                     .is_empty());
                 assert_eq!(
                     metastore
-                        .promote_blocks(seen(&[("s1", 1)]), 0)
+                        .promote_blocks(seen(&[("s1", 1)]), 0, 2_000)
                         .await
                         .unwrap(),
                     ids(&["s1"])
                 );
                 assert!(metastore
-                    .promote_blocks(Vec::new(), 0)
+                    .promote_blocks(Vec::new(), 0, 2_000)
                     .await
                     .unwrap()
                     .is_empty());
