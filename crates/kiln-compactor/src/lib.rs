@@ -368,7 +368,7 @@ use kiln_model::time::now_ms;
 
 /// A pass's time: the start its caller gave, advanced by what the pass has taken. The
 /// pass judges every level by it and stamps with it what it makes (a block's creation,
-/// a promotion, the tombstones of what a merge replaced), so what it made one level down
+/// a promotion, the tombstones of what a merge or retention replaced), so what it made one level down
 /// is never younger than the level above is told it is now. With the wall clock for the
 /// stamps, milliseconds rounded apart from this one, a level due at once missed its
 /// inputs by a millisecond now and then.
@@ -1123,7 +1123,7 @@ impl Compactor {
             let cutoff_nanos = (now_ms - i64::from(days) * DAY_MS).saturating_mul(NANOS_PER_MS);
             expired += self
                 .metastore
-                .expire_datasets(&tenant, cutoff_nanos)
+                .expire_datasets(&tenant, cutoff_nanos, now_ms)
                 .await?;
         }
         self.metrics.expired_datasets.inc_by(expired as u64);

@@ -264,7 +264,7 @@ async fn flushes_are_spaced_while_compaction_is_behind_and_not_once_it_catches_u
     // Compaction catches up.
     assert_eq!(
         metastore
-            .expire_datasets("t", (hour_ago + 1) * 1_000_000)
+            .expire_datasets("t", (hour_ago + 1) * 1_000_000, 0)
             .await
             .unwrap(),
         1

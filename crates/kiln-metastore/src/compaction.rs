@@ -158,7 +158,6 @@ impl Metastore {
             return Ok(Vec::new());
         }
         run!(self, write, |sql| async move {
-            let now = now_ms;
             let mut promoted = Vec::new();
             for (id, datasets) in blocks {
                 let raised = sql
@@ -166,7 +165,7 @@ impl Metastore {
                         "UPDATE blocks SET level = $2 + 1, created_at_ms = $3
                          WHERE id = $1 AND level = $2 AND deleted_at_ms IS NULL
                            AND (SELECT count(*) FROM datasets WHERE block_id = $1) = $4",
-                        args![&id, level, now, datasets],
+                        args![&id, level, now_ms, datasets],
                     )
                     .await?;
                 if raised == 1 {

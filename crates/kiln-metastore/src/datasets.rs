@@ -4,8 +4,7 @@
 
 use crate::sql::{args, texts, Dialect, Row, Sql};
 use crate::{
-    now_ms, BlockMeta, DatasetMeta, DatasetQuery, Metastore, MetastoreError, SegmentCounting,
-    WriteIdentity,
+    BlockMeta, DatasetMeta, DatasetQuery, Metastore, MetastoreError, SegmentCounting, WriteIdentity,
 };
 
 /// Columns of [`dataset_from_row`], from `datasets d JOIN blocks b`.
@@ -179,11 +178,13 @@ impl Metastore {
     }
 
     /// Removes the tenant's datasets whose newest profile is older than `before_nanos`;
-    /// returns how many. Blocks left empty are tombstoned.
+    /// returns how many. Blocks left empty are tombstoned as of `now_ms` (the caller's
+    /// clock, which its grace period is read by).
     pub async fn expire_datasets(
         &self,
         tenant: &str,
         before_nanos: i64,
+        now_ms: i64,
     ) -> Result<usize, MetastoreError> {
         let tenant = tenant.to_string();
         run!(self, write, |sql| async move {
@@ -197,7 +198,7 @@ impl Metastore {
             let expired = blocks.len();
             blocks.sort_unstable();
             blocks.dedup();
-            tombstone_empty(sql, &blocks, now_ms()).await?;
+            tombstone_empty(sql, &blocks, now_ms).await?;
             Ok(expired)
         })
     }

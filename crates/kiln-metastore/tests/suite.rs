@@ -795,7 +795,7 @@ macro_rules! metastore_suite {
                     .unwrap();
                 assert_eq!(metastore.tenants().await.unwrap(), vec!["other", "t"]);
                 // Cutoff 21: "old" ended at 20 (gone); "edge" ends at 50 (kept, though it starts before).
-                assert_eq!(metastore.expire_datasets("t", 21).await.unwrap(), 1);
+                assert_eq!(metastore.expire_datasets("t", 21, 3_000).await.unwrap(), 1);
                 let left = metastore
                     .list_datasets(query("t", None, 0, 100))
                     .await
@@ -816,14 +816,17 @@ macro_rules! metastore_suite {
                     .unwrap()
                     .iter()
                     .all(|b| b.deleted_at_ms.is_none()));
-                assert_eq!(metastore.expire_datasets("other", 21).await.unwrap(), 1);
+                assert_eq!(
+                    metastore.expire_datasets("other", 21, 3_000).await.unwrap(),
+                    1
+                );
                 let blocks = metastore.list_blocks().await.unwrap();
-                assert!(blocks
-                    .iter()
-                    .find(|b| b.id == "old")
-                    .unwrap()
-                    .deleted_at_ms
-                    .is_some());
+                let old = blocks.iter().find(|b| b.id == "old").unwrap();
+                assert_eq!(
+                    old.deleted_at_ms,
+                    Some(3_000),
+                    "tombstoned at the time given"
+                );
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
