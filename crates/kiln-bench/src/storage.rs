@@ -296,13 +296,15 @@ async fn run_in(
     let expected_total = sent.value_total.load(Ordering::Relaxed) as i64;
     let (query_start, query_end) = ((start - 60) * 1000, (now + 60) * 1000);
     let total_before = query_total(&url, args.stream, query_start, query_end)?;
+    let ingest_cpu = crate::common::process_cpu_seconds(server.id()).unwrap_or(0.0);
     server.stop();
     let objects_before = directory_bytes(&data_dir.join("blocks"));
     let metastore_before = metastore_bytes(data_dir);
     println!(
-        "ingested          {} profiles in {:.0} s: {:.1} MB gzip pprof ({:.1} MB pprof), {:.0} B gzip per profile",
+        "ingested          {} profiles in {:.0} s ({:.1} s of server CPU): {:.1} MB gzip pprof ({:.1} MB pprof), {:.0} B gzip per profile",
         sent.profiles.load(Ordering::Relaxed),
         ingest_seconds,
+        ingest_cpu,
         gzip_bytes / 1e6,
         pprof_bytes / 1e6,
         gzip_bytes / sent.profiles.load(Ordering::Relaxed).max(1) as f64

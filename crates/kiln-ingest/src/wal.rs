@@ -1,18 +1,18 @@
-//! The write-ahead log: a write that arrives while no other is on its way is acknowledged
-//! once its profiles are in the log and the log is on disk (`fdatasync`), not once they
-//! are in a registered segment. Segments are then written per interval or per size
-//! ([`crate::writer`]), for many services at once, and a query first asks for what is
-//! staged to be flushed (`Ingester::sync`), so every acknowledged profile is still
-//! visible to the next read. Writes that arrive together are not logged: they share a
-//! segment's flush (group commit), as without the log.
+//! The write-ahead log: a write is acknowledged once its profiles are in the log and the
+//! log is on disk (`fdatasync`), not once they are in a registered segment. Segments are
+//! then written per interval or per size ([`crate::writer`]), for many services at once,
+//! and a query first asks for what is staged to be flushed (`Ingester::sync`), so every
+//! acknowledged profile is still visible to the next read.
 //!
 //! Why: with many services at a low rate, every write was alone in its segment, and paid
 //! a file, three `fsync`s (the segment, its directory, SQLite's log) and a metastore
 //! transaction for one profile (docs/benchmarks.md, session 34). With the log such a
-//! write pays one append and one `fdatasync`. Under load, logging every write cost more
-//! than it saved: an append and an `fdatasync` on the write path's threads for writes
-//! whose segment is shared anyway (a seventh of the throughput at 1,000 clients, a third
-//! with OTLP, whose profiles must be encoded as pprof to be logged).
+//! write pays one append and one `fdatasync`. Writes that arrive together share one
+//! [`WalFile::sync_to`]: it syncs every byte appended so far, and the writes waiting
+//! behind it find theirs on disk. The syncs run on a thread of their own, never on the
+//! write path's threads: there, a sync held a core's parsing for the disk's round trip,
+//! which is why only lone writes were logged at first, and under load the batches were
+//! then group commits of a few profiles each (docs/benchmarks.md, "Every write logged").
 //!
 //! One log file per batch (`Generation`), named by the block id its segment will have:
 //! `<block id>.wal` in the log directory. A record is one request, whole:
@@ -220,6 +220,15 @@ impl WalFile {
                 "an earlier write or sync of this log file failed; its batch takes no more writes",
             )),
             false => Ok(()),
+        }
+    }
+
+    /// Whether the first `end` bytes are on disk already, without waiting for a sync in
+    /// progress.
+    pub fn synced_through(&self, end: u64) -> bool {
+        match self.synced.try_lock() {
+            Ok(synced) => *synced >= end,
+            Err(_) => false,
         }
     }
 

@@ -166,9 +166,9 @@ impl Flusher {
 
     /// When to flush a batch of logged writes, whose requests were acknowledged already:
     /// once it holds `flush_bytes` received, or its profiles [`logged_memory_limit`],
-    /// or a read asks ([`Ingester::sync`]), or a write that was not logged joins it (its
-    /// request waits for the flush), and at the latest `segment_interval` after its first
-    /// write. Returns the reason, and whether the channel closed.
+    /// or a read asks ([`Ingester::sync`]), and at the latest `segment_interval` after
+    /// its first write. With a log every write is logged, so none waits for this flush.
+    /// Returns the reason, and whether the channel closed.
     async fn gather_logged(
         &self,
         receiver: &mut mpsc::Receiver<Job>,
@@ -186,22 +186,16 @@ impl Flusher {
         let deadline = tokio::time::Instant::now() + interval;
         let mut batch_bytes = first.bytes;
         let mut asked = first.sync;
-        let mut waiting = false;
         loop {
             while let Ok(job) = receiver.try_recv() {
                 batch_bytes += job.bytes;
                 asked |= job.sync;
-                waiting |= !job.logged;
             }
             if batch_bytes >= self.config.flush_bytes {
                 return ("size", false);
             }
             if asked {
                 return ("query", false);
-            }
-            if waiting {
-                // A write that was not logged waits for this flush: the batch goes now.
-                return ("unlogged", false);
             }
             // The open batch's own memory: counting the flush in progress as well made
             // every write after a memory flush start another, of one profile, until it
@@ -214,7 +208,6 @@ impl Flusher {
                     Some(job) => {
                         batch_bytes += job.bytes;
                         asked |= job.sync;
-                        waiting |= !job.logged;
                     }
                     None => return ("shutdown", true),
                 },

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use kiln_metastore::Metastore;
@@ -15,7 +15,7 @@ use super::flusher::Flusher;
 use super::metrics::WriterMetrics;
 use super::recovery::Recovery;
 use super::sink::SegmentSink;
-use super::staging::{Arrivals, Generation, Job, Staged, Staging};
+use super::staging::{Arrivals, Generation, Job, PendingSync, Staged, Staging};
 use super::warm::WarmBuilders;
 use super::IngesterConfig;
 use crate::backoff::Backoff;
@@ -23,6 +23,15 @@ use crate::dedup::{Dedup, Idempotence, Resolver};
 use crate::error::StoreError;
 use crate::wal::Wal;
 use crate::{IngestError, ParsedProfile};
+
+/// The thread that makes logged writes durable. A write's `fdatasync` held its write
+/// path thread (one per core, and the permit to parse with it) for the disk's whole
+/// round trip: with every write logged, the server then sat idle in 38 s of ingest it
+/// did in 28 (docs/benchmarks.md, "Every write logged"). One thread is enough: the writes
+/// queued behind a sync find their bytes on disk when it ends, so each `fdatasync` covers
+/// every write appended before it (group commit).
+static WAL_SYNC: LazyLock<kiln_runtime::worker::Pool> =
+    LazyLock::new(|| kiln_runtime::worker::Pool::start("kiln-wal-sync", 1));
 
 /// The handle requests write through. Cloning is cheap; the flusher stops when every
 /// handle is dropped, after flushing what is staged.
@@ -283,16 +292,15 @@ impl Ingester {
         let mut by_service: Vec<&ParsedProfile> = profiles.iter().collect();
         by_service.sort_by(|a, b| a.service().cmp(b.service()));
         let store = |err| IngestError::Store(Arc::new(StoreError::Wal(err)));
-        // Logged only when no other write is on its way (its own arrival aside): such a
-        // write would be alone in its segment, and the log spares it a segment's fixed
-        // costs. Writes that arrive together share a segment's flush anyway (group
-        // commit), and logging them too would only add an append and an `fdatasync` on
-        // the write path's threads (docs/benchmarks.md, session 34). But a write that
-        // joins a batch logged already is logged too: unlogged, it would wait for a
-        // segment, and so flush the batch long before its `segment_interval`. At 500
-        // services that cut batches to a few seconds of one-profile datasets (session 36).
-        let log = self.staging.wal.is_some()
-            && (self.arrivals.count.load(Ordering::SeqCst) <= 1 || self.staging.open_is_logged());
+        // With a log every write is logged, alone or among others: the log's `fdatasync`s
+        // are shared (`WAL_SYNC`), and a batch then lives its `segment_interval`. Logging
+        // only a write that came alone made each batch's fate a coin toss at its first
+        // write: under steady load that write came among others almost always, and every
+        // batch was then a group commit of a few profiles. Two hours of 50 services sent
+        // flat out made 1,853 segments (1,162 MB) where 30-s batches make 291 MB, for
+        // 1.7× the ingest CPU and 5.7× the compaction (docs/benchmarks.md, "Every write
+        // logged").
+        let log = self.staging.wal.is_some();
         let record = match log {
             true => Some(crate::wal::encode(tenant, &profiles).map_err(store)?),
             false => None,
@@ -344,22 +352,42 @@ impl Ingester {
             done: open.done.subscribe(),
             received_bytes,
             logged: logged.is_some(),
+            // Synced out of the lock, so that a flush's swap does not wait for it, and
+            // off the write path's threads (`WAL_SYNC`).
+            sync: logged.map(|(file, end)| PendingSync {
+                file,
+                end,
+                resolver,
+            }),
         };
         drop(open);
-        if let Some((file, end)) = logged {
-            // Out of the lock, so that a flush's swap does not wait for it, and writes
-            // appended meanwhile share it. Fails the request; its profiles, staged, may
-            // still reach a segment, as a write whose answer was lost may.
-            let synced = file.sync_to(end).map_err(store)?;
+        Ok(staged)
+    }
+
+    /// Waits until a logged write is on disk. A failure fails the request; its
+    /// profiles, staged, may still reach a segment, as a write whose answer was lost may.
+    async fn sync_log(&self, sync: PendingSync) -> Result<(), IngestError> {
+        let PendingSync {
+            file,
+            end,
+            resolver,
+        } = sync;
+        let store = |err| IngestError::Store(Arc::new(StoreError::Wal(err)));
+        if !file.synced_through(end) {
+            let synced = WAL_SYNC
+                .spawn(move || file.sync_to(end))
+                .await
+                .map_err(|err| store(std::io::Error::other(err)))?
+                .map_err(store)?;
             if synced {
                 self.metrics.wal_syncs.inc();
             }
-            // Durable in the log: a retry is a duplicate from now on.
-            if let Some(resolver) = &resolver {
-                resolver.resolve(true);
-            }
         }
-        Ok(staged)
+        // Durable in the log: a retry is a duplicate from now on.
+        if let Some(resolver) = &resolver {
+            resolver.resolve(true);
+        }
+        Ok(())
     }
 
     /// See [`Syncer::sync`].
@@ -452,8 +480,8 @@ impl Ingester {
         // Sent before the arrival ends, so a flusher that sees no arrivals left finds
         // this job in the channel.
         drop(arrival);
-        if staged.logged {
-            return Ok(());
+        if let Some(sync) = staged.sync {
+            return self.sync_log(sync).await;
         }
         let mut done = staged.done;
         let result = match done.wait_for(Option::is_some).await {

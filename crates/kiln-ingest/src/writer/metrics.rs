@@ -94,7 +94,7 @@ impl WriterMetrics {
         );
         registry.register(
             "kiln_ingest_flush_reason",
-            "Segment flushes by what started them: size (flush_bytes), idle (nothing else on its way), alone (the only write on its way, flushed by the thread that parsed it), busy (waited about one flush for writes on their way), interval (flush_interval, or wal_segment_interval_ms with the write-ahead log), memory (logged profiles holding three quarters of max_pending_bytes), query (a read asked for what is logged to be visible), unlogged (a write that was not logged joined a logged batch), shutdown",
+            "Segment flushes by what started them: size (flush_bytes), idle (nothing else on its way), alone (the only write on its way, flushed by the thread that parsed it), busy (waited about one flush for writes on their way), interval (flush_interval, or wal_segment_interval_ms with the write-ahead log), memory (logged profiles holding three quarters of max_pending_bytes), query (a read asked for what is logged to be visible), shutdown",
             self.flush_reasons.clone(),
         );
         registry.register(

@@ -37,11 +37,10 @@
 //! registration is the last step, a failed batch is never visible to readers.
 //!
 //! With a write-ahead log ([`crate::wal`], a node running every role on a local store and
-//! SQLite: [`logs_writes`]), a write that arrives while no other is on its way, or that joins a batch
-//! logged already, does not wait for a segment at all: it is appended to its batch's log
-//! and acknowledged once that is on disk, and a batch of such writes is flushed per
-//! `segment_interval` (or size, memory, a read that asks, or a write that was not logged
-//! joining it; `Flusher::gather_logged`). Reads call
+//! SQLite: [`logs_writes`]), no write waits for a segment: each is appended to its
+//! batch's log and acknowledged once that is on disk, and the batch is flushed per
+//! `segment_interval` (or size, memory, or a read that asks; `Flusher::gather_logged`).
+//! Reads call
 //! [`Syncer::sync`] first, which flushes the open batch. A logged batch whose flush fails
 //! is written again from its log until that succeeds.
 //!

@@ -168,19 +168,6 @@ impl Staging {
         let open = self.open.read().unwrap_or_else(PoisonError::into_inner);
         open.bytes.load(Ordering::SeqCst)
     }
-
-    /// Whether a request was logged in the open generation: its flush then waits for
-    /// `segment_interval` (or size, memory, a read), and a write joining it unlogged
-    /// would cut that short.
-    pub(super) fn open_is_logged(&self) -> bool {
-        let open = self.open.read().unwrap_or_else(PoisonError::into_inner);
-        let logged = open
-            .wal
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some();
-        logged
-    }
 }
 
 /// A request's profiles, interned into a generation, waiting for its flush.
@@ -190,6 +177,15 @@ pub(super) struct Staged {
     pub(super) received_bytes: usize,
     /// Durable in the write-ahead log: acknowledged without waiting for the flush.
     pub(super) logged: bool,
+    /// The log's bytes to wait for before the acknowledgement, when logged.
+    pub(super) sync: Option<PendingSync>,
+}
+
+/// A logged write's place in its log file, and its claim to resolve once that is on disk.
+pub(super) struct PendingSync {
+    pub(super) file: Arc<WalFile>,
+    pub(super) end: u64,
+    pub(super) resolver: Option<Resolver>,
 }
 
 /// Counters of the write path, exported on `/metrics`.
