@@ -968,12 +968,16 @@ fn interpreters_that_exit_mid_read_keep_their_own_names() {
         let mut children: Vec<_> = runtimes
             .iter()
             .flat_map(|(program, script, plain, _)| {
+                // One that ends on its own runs 4 s: on a loaded machine (nine burners
+                // on two cores, a debug build of the agent) 2.5 s left some with no
+                // frame read before they ended, in every run of an hour, with any build.
                 [true, false].map(|killed| {
+                    let seconds = if killed { "2.5" } else { "4" };
                     (
                         *program,
                         *plain,
                         killed,
-                        spawn(program, script, "2.5", "plain"),
+                        spawn(program, script, seconds, "plain"),
                     )
                 })
             })
@@ -1043,7 +1047,11 @@ fn interpreters_that_exit_mid_read_keep_their_own_names() {
             "{program} (pid {}, long-lived): named on {named:.1} %",
             child.id()
         );
-        if !foreign.is_empty() || named < 75.0 {
+        // What this guards against (a long-lived process's names lost, or taken by the
+        // short ones) leaves it near 0 %. Node.js's own native share (its start, V8's
+        // threads, zlib's C++ beside the JavaScript) reached 25–28 % with nine burners on
+        // two cores: 71.8 and 74.9 % named in two runs of ten, 75 % the bound then.
+        if !foreign.is_empty() || named < 60.0 {
             failures.push(format!(
                 "{program} long-lived: named {named:.1}, foreign {foreign:?}"
             ));
