@@ -11,7 +11,7 @@ use std::path::Path;
 use kiln_ingest::parse::{from_pprof_bytes, ProfileContext};
 use kiln_ingest::wal::Wal;
 use kiln_ingest::{IngestError, Ingester, IngesterConfig, Limits, ParsedProfile};
-use kiln_metastore::Metastore;
+use kiln_metastore::{DatasetQuery, Metastore};
 use kiln_model::labels::Labels;
 use kiln_storage::{Dataset, ObjectStorage};
 
@@ -261,7 +261,11 @@ async fn a_write_among_others_is_logged_and_its_batch_lives_on() {
     ingester.write("t", request(2)).await.unwrap();
     drop(others);
     assert_eq!(metrics.wal_records.get(), 3);
-    assert!(metrics.wal_syncs.get() >= 1 && metrics.wal_syncs.get() <= 3);
+    assert_eq!(
+        metrics.wal_syncs.get(),
+        3,
+        "one each: every write waited for its own"
+    );
     assert_eq!(metrics.flushes.get(), 0, "no flush cut the batch short");
     assert_eq!(profiles(&fresh.datasets().await), 0);
 
@@ -297,6 +301,45 @@ async fn writes_made_at_once_share_the_logs_syncs() {
     );
     ingester.sync().await;
     assert_eq!(profiles(&fresh.datasets().await), 128);
+    drop(ingester);
+    flusher.await.unwrap();
+}
+
+/// A read waits only for the batches it could list: of its tenant and service, and
+/// in its time range. Every read flushing the open batch made one of last hour wait for
+/// the fresh batch's flush (docs/benchmarks.md, "Every write logged").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_flushes_only_a_batch_it_could_see() {
+    let fresh = fresh().await;
+    let (ingester, flusher) = fresh.start();
+    let metrics = ingester.metrics().clone();
+    ingester.write("t", request(0)).await.unwrap();
+    let at = *BASE.get().expect("set by the write");
+    let scope =
+        |tenant: &str, service: Option<&str>, from_nanos: i64, to_nanos: i64| DatasetQuery {
+            tenant: tenant.to_string(),
+            service: service.map(str::to_string),
+            from_nanos,
+            to_nanos,
+        };
+    let syncer = ingester.syncer();
+    for unseen in [
+        scope("other", None, i64::MIN, i64::MAX),
+        scope("t", Some("elsewhere"), i64::MIN, i64::MAX),
+        scope("t", Some("left"), i64::MIN, at - 1),
+        // An hour after: later than any profile of the fixture ends.
+        scope("t", None, at + 3_600_000_000_000, i64::MAX),
+    ] {
+        syncer.sync_for(&unseen).await;
+        assert_eq!(metrics.flushes.get(), 0, "{unseen:?}");
+    }
+    assert_eq!(profiles(&fresh.datasets().await), 0);
+    // "right" is staged at `at` + 1.
+    syncer
+        .sync_for(&scope("t", Some("right"), at + 1, at + 1))
+        .await;
+    assert_eq!(metrics.flushes.get(), 1);
+    assert_eq!(profiles(&fresh.datasets().await), 2);
     drop(ingester);
     flusher.await.unwrap();
 }

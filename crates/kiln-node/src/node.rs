@@ -161,9 +161,9 @@ impl Server {
         if logged {
             // Reads flush what the write-ahead log acknowledged, so none is stale.
             let syncer = ingester.syncer();
-            querier = querier.with_freshness(Arc::new(move || {
+            querier = querier.with_freshness(Arc::new(move |scope| {
                 let syncer = syncer.clone();
-                Box::pin(async move { syncer.sync().await })
+                Box::pin(async move { syncer.sync_for(&scope).await })
             }));
         }
         let symbolizer = kiln_symbolize::Symbolizer::new(

@@ -232,7 +232,9 @@ pub struct Querier {
 }
 
 /// Returns once every write acknowledged before the call is visible in the metastore.
-pub type Freshness = Arc<dyn Fn() -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
+/// Makes visible what a listing of its scope could see ([`Querier::with_freshness`]).
+pub type Freshness =
+    Arc<dyn Fn(DatasetQuery) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
 
 /// Datasets remembered as waiting for debug files ([`Querier::names_pending`]).
 const MAX_PENDING_NAMES: usize = 65_536;
@@ -289,16 +291,18 @@ impl Querier {
     /// The same querier with another budget for what clients ask.
     /// Where writes are acknowledged before they are registered (the ingester's
     /// write-ahead log), `fresh` makes them visible; it is awaited before each listing,
-    /// so a read still sees every write acknowledged before it.
+    /// with the listing's scope, so a read still sees every write acknowledged before it
+    /// that it could list.
     pub fn with_freshness(mut self, fresh: Freshness) -> Self {
         self.freshness = Some(fresh);
         self
     }
 
-    /// Waits until every write acknowledged so far is visible ([`Querier::with_freshness`]).
-    pub async fn fresh(&self) {
+    /// Waits until every write acknowledged so far that a listing of `scope` could see
+    /// is visible ([`Querier::with_freshness`]).
+    pub async fn fresh(&self, scope: &DatasetQuery) {
         if let Some(fresh) = &self.freshness {
-            fresh().await;
+            fresh(scope.clone()).await;
         }
     }
 
@@ -344,17 +348,15 @@ impl Querier {
                 .cloned()
                 .collect(),
             None => {
-                self.fresh().await;
                 let service = request.selector.equality(SERVICE_NAME);
-                let listed = self
-                    .metastore
-                    .list_datasets(DatasetQuery {
-                        tenant: request.tenant.clone(),
-                        service: service.map(str::to_string),
-                        from_nanos: request.from_nanos,
-                        to_nanos: request.to_nanos,
-                    })
-                    .await?;
+                let scope = DatasetQuery {
+                    tenant: request.tenant.clone(),
+                    service: service.map(str::to_string),
+                    from_nanos: request.from_nanos,
+                    to_nanos: request.to_nanos,
+                };
+                self.fresh(&scope).await;
+                let listed = self.metastore.list_datasets(scope).await?;
                 self.metrics.live(
                     &request.tenant,
                     service,

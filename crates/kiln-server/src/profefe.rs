@@ -204,7 +204,15 @@ pub async fn services(
     State(state): State<SharedState>,
     tenant: Tenant,
 ) -> Result<Response, ApiError> {
-    state.querier.fresh().await;
+    state
+        .querier
+        .fresh(&kiln_metastore::DatasetQuery {
+            tenant: tenant.to_string(),
+            service: None,
+            from_nanos: i64::MIN,
+            to_nanos: i64::MAX,
+        })
+        .await;
     let services = state
         .querier
         .metastore()

@@ -70,7 +70,9 @@ impl Flusher {
             let opened = tokio::time::Instant::now();
             let deadline = opened + flusher.config.flush_interval;
             let mut batch_bytes = first.bytes;
-            let reason = if first.logged {
+            // With a log every write is logged (`Ingester::stage`), and acknowledged
+            // already; without, each waits for this flush.
+            let reason = if flusher.staging.wal.is_some() {
                 let (reason, ended) = flusher.gather_logged(&mut receiver, first).await;
                 closed = ended;
                 reason

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
-use kiln_metastore::Metastore;
+use kiln_metastore::{DatasetQuery, Metastore};
 use kiln_storage::ObjectStorage;
 use tokio::sync::{mpsc, watch, Semaphore};
 
@@ -324,7 +324,12 @@ impl Ingester {
         };
         let mut grown = 0;
         for group in by_service.chunk_by(|a, b| a.service() == b.service()) {
-            let builder = open.builder(tenant, group[0].service(), &self.staging.warm);
+            // First start to last end, as a dataset's range is listed by (a superset).
+            let times = group.iter().fold((i64::MAX, i64::MIN), |(first, last), p| {
+                let end = p.time_nanos.saturating_add(p.duration_nanos.max(0));
+                (first.min(p.time_nanos), last.max(end))
+            });
+            let builder = open.builder(tenant, group[0].service(), times, &self.staging.warm);
             let mut builder = builder.lock().unwrap_or_else(PoisonError::into_inner);
             let before = builder.heap_bytes();
             for profile in group {
@@ -351,7 +356,6 @@ impl Ingester {
             generation: open.id,
             done: open.done.subscribe(),
             received_bytes,
-            logged: logged.is_some(),
             // Synced out of the lock, so that a flush's swap does not wait for it, and
             // off the write path's threads (`WAL_SYNC`).
             sync: logged.map(|(file, end)| PendingSync {
@@ -376,8 +380,7 @@ impl Ingester {
         if !file.synced_through(end) {
             let synced = WAL_SYNC
                 .spawn(move || file.sync_to(end))
-                .await
-                .map_err(|err| store(std::io::Error::other(err)))?
+                .await?
                 .map_err(store)?;
             if synced {
                 self.metrics.wal_syncs.inc();
@@ -417,9 +420,21 @@ pub struct Syncer {
 impl Syncer {
     /// Returns once every write acknowledged before it is visible to readers: with the
     /// write-ahead log, the open batch is flushed and the flushes in progress awaited;
-    /// without, an acknowledged write is registered already. Queries call it first. A
-    /// batch whose flush fails stays in the log and is retried; it is not waited for.
+    /// without, an acknowledged write is registered already. A batch whose flush fails
+    /// stays in the log and is retried; it is not waited for.
     pub async fn sync(&self) {
+        self.sync_batches(None).await
+    }
+
+    /// [`Syncer::sync`] of the batches holding a profile that a listing of `scope` could
+    /// see: queries call it first. Every read flushing the open batch made a read of
+    /// fresh data wait for up to `segment_interval` of every service's profiles, and one
+    /// of last hour's wait as long (docs/benchmarks.md, "Every write logged").
+    pub async fn sync_for(&self, scope: &DatasetQuery) {
+        self.sync_batches(Some(scope)).await
+    }
+
+    async fn sync_batches(&self, scope: Option<&DatasetQuery>) {
         if self.staging.wal.is_none() {
             return;
         }
@@ -436,8 +451,13 @@ impl Syncer {
                 .closed
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            let waiting: Vec<_> = closed.values().map(|g| g.done.subscribe()).collect();
-            let open = (open.requests.load(Ordering::SeqCst) > 0)
+            let wanted = |generation: &Generation| scope.is_none_or(|s| generation.reaches(s));
+            let waiting: Vec<_> = closed
+                .values()
+                .filter(|generation| wanted(generation))
+                .map(|generation| generation.done.subscribe())
+                .collect();
+            let open = (open.requests.load(Ordering::SeqCst) > 0 && wanted(&open))
                 .then(|| (open.id, open.done.subscribe()));
             (open, waiting)
         };
@@ -447,7 +467,6 @@ impl Syncer {
                 generation,
                 bytes: 0,
                 sync: true,
-                logged: true,
             };
             let Some(sender) = self.sender.upgrade() else {
                 return;
@@ -470,7 +489,6 @@ impl Ingester {
             generation: staged.generation,
             bytes: staged.received_bytes,
             sync: false,
-            logged: staged.logged,
         };
         // A write that flushed itself has its result already; the flusher need not wake.
         let flushed = staged.done.borrow().is_some();

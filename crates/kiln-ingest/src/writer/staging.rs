@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use kiln_metastore::WriteIdentity;
+use kiln_metastore::{DatasetQuery, WriteIdentity};
 use kiln_storage::DatasetBuilder;
 use tokio::sync::{watch, Notify};
 
@@ -21,9 +21,6 @@ pub(super) struct Job {
     pub(super) bytes: usize,
     /// Sent by [`Ingester::sync`]: flush the open batch now.
     pub(super) sync: bool,
-    /// Acknowledged from the write-ahead log already; otherwise its request waits for
-    /// the flush.
-    pub(super) logged: bool,
 }
 
 pub(super) type FlushResult = Option<Result<(), Arc<StoreError>>>;
@@ -37,6 +34,10 @@ pub(super) struct Generation {
     /// Its log file, created by the first request logged here.
     pub(super) wal: Mutex<Option<Arc<WalFile>>>,
     pub(super) builders: Mutex<HashMap<ServiceKey, SharedBuilder>>,
+    /// The times each (tenant, service) staged here spans, first start to last end: a
+    /// read need not wait for a batch it cannot see ([`Generation::reaches`]). Kept
+    /// after the flush takes the builders.
+    reach: Mutex<HashMap<ServiceKey, (i64, i64)>>,
     /// Heap of the builders, counted in `pending_bytes` until the flush is done.
     pub(super) bytes: AtomicUsize,
     pub(super) requests: AtomicUsize,
@@ -56,6 +57,7 @@ impl Generation {
             block_id: ulid::Ulid::new().to_string(),
             wal: Mutex::new(None),
             builders: Mutex::new(HashMap::new()),
+            reach: Mutex::new(HashMap::new()),
             bytes: AtomicUsize::new(0),
             requests: AtomicUsize::new(0),
             profiles: AtomicUsize::new(0),
@@ -75,17 +77,39 @@ impl Generation {
         )
     }
 
+    /// The builder of (`tenant`, `service`), whose profiles to be staged span `times`.
     pub(super) fn builder(
         &self,
         tenant: &str,
         service: &str,
+        times: (i64, i64),
         warm: &WarmBuilders,
     ) -> Arc<Mutex<DatasetBuilder>> {
+        let key = (tenant.to_string(), service.to_string());
+        {
+            let mut reach = self.reach.lock().unwrap_or_else(PoisonError::into_inner);
+            let span = reach.entry(key.clone()).or_insert(times);
+            *span = (span.0.min(times.0), span.1.max(times.1));
+        }
         let mut builders = self.builders.lock().unwrap_or_else(PoisonError::into_inner);
         builders
-            .entry((tenant.to_string(), service.to_string()))
+            .entry(key)
             .or_insert_with(|| Arc::new(Mutex::new(warm.take(tenant, service))))
             .clone()
+    }
+
+    /// Whether a listing of `scope` could see a profile staged here.
+    pub(super) fn reaches(&self, scope: &DatasetQuery) -> bool {
+        let reach = self.reach.lock().unwrap_or_else(PoisonError::into_inner);
+        reach.iter().any(|((tenant, service), (first, last))| {
+            *tenant == scope.tenant
+                && scope
+                    .service
+                    .as_ref()
+                    .is_none_or(|wanted| wanted == service)
+                && *first <= scope.to_nanos
+                && *last >= scope.from_nanos
+        })
     }
 
     /// Its log file, created if this is the first request logged here.
@@ -175,9 +199,8 @@ pub(super) struct Staged {
     pub(super) generation: u64,
     pub(super) done: watch::Receiver<FlushResult>,
     pub(super) received_bytes: usize,
-    /// Durable in the write-ahead log: acknowledged without waiting for the flush.
-    pub(super) logged: bool,
-    /// The log's bytes to wait for before the acknowledgement, when logged.
+    /// Logged: the log's bytes to wait for before the acknowledgement, which then does
+    /// not wait for the flush.
     pub(super) sync: Option<PendingSync>,
 }
 

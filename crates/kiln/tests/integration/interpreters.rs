@@ -1036,8 +1036,7 @@ fn interpreters_that_exit_mid_read_keep_their_own_names() {
         // course is mostly named, or counted as unknown: a process gone before its samples
         // were read leaves code objects that can no longer be (never another process's
         // names). One killed may have spent its short life starting up, natively.
-        let mostly = *killed || named >= 50.0 || unknown >= 50.0;
-        if !*killed && total >= 200_000_000 && mostly {
+        if !*killed && total >= 200_000_000 && (named >= 50.0 || unknown >= 50.0) {
             *read_in_time.entry(*program).or_insert(0) += 1;
         }
         if total >= 200_000_000 && named > 0.0 && main < 95.0 {
