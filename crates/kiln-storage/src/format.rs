@@ -14,15 +14,15 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::column::reader::ColumnReader;
-use parquet::column::writer::ColumnWriter;
-use parquet::data_type::ByteArray;
+use parquet::column::writer::{ColumnCloseResult, ColumnWriter, ColumnWriterImpl};
+use parquet::data_type::{ByteArray, DataType};
 use parquet::file::metadata::page_index::RowGroupPageIndex;
 use parquet::file::metadata::{KeyValue, ParquetMetaData, RowGroupMetaData};
 use parquet::file::properties::ReaderProperties;
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use parquet::file::reader::{FileReader, RowGroupReader, SerializedFileReader};
 use parquet::file::serialized_reader::SerializedRowGroupReader;
-use parquet::file::writer::SerializedFileWriter;
+use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedWrite};
 use parquet::schema::parser::parse_message_type;
 use parquet::schema::types::{ColumnPath, SchemaDescriptor, Type};
 
@@ -430,22 +430,201 @@ pub fn encode_block_as(
             RECORD_ROWS,
         );
     }
-    let small: Vec<usize> = (0..COLUMN_COUNT)
-        .filter(|index| {
-            (datasets.iter()).all(|dataset| plain_bytes(dataset, *index) <= SMALL_CHUNK_BYTES)
-        })
-        .collect();
+    let small = |index: usize| {
+        (datasets.iter()).all(|dataset| plain_bytes(dataset, index) <= SMALL_CHUNK_BYTES)
+    };
+    let writer = SerializedFileWriter::new(Vec::new(), schema, compacted_properties(small)?)?;
+    encode_with(datasets, writer, RECORD_ROWS)
+}
+
+/// A zstd block's writer properties, columns `small` says are small written uncompressed
+/// ([`SMALL_CHUNK_BYTES`]).
+fn compacted_properties(
+    small: impl Fn(usize) -> bool,
+) -> Result<Arc<WriterProperties>, StorageError> {
+    let (schema, properties) = current_format(BlockEncoding::Compacted)?;
+    let small: Vec<usize> = (0..COLUMN_COUNT).filter(|index| small(*index)).collect();
     if small.is_empty() {
-        return encode_with(datasets, block_writer(encoding)?, RECORD_ROWS);
+        return Ok(properties);
     }
-    let descriptor = SchemaDescriptor::new(schema.clone());
+    let descriptor = SchemaDescriptor::new(schema);
     let mut builder = (*properties).clone().into_builder();
     for index in small {
         let path = descriptor.column(index).path().clone();
         builder = builder.set_column_compression(path, Compression::UNCOMPRESSED);
     }
-    let writer = SerializedFileWriter::new(Vec::new(), schema, Arc::new(builder.build()))?;
-    encode_with(datasets, writer, RECORD_ROWS)
+    Ok(Arc::new(builder.build()))
+}
+
+/// A column of one dataset's block encoded before the rest of its row group, as
+/// [`ChunkWriter`] wrote it: its bytes, and what its writer reported on closing.
+pub(crate) struct EncodedChunk {
+    bytes: Bytes,
+    close: ColumnCloseResult,
+}
+
+impl EncodedChunk {
+    pub(crate) fn len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+/// The sink of a [`ChunkWriter`], made by [`ChunkWriter::sink`] and owned by its caller:
+/// the column writer borrows it while it writes.
+pub(crate) type ChunkSink = TrackedWrite<Vec<u8>>;
+
+/// Writes column `index` of a block's one dataset ahead of the row group, record by
+/// record, as [`encode_block_as`] would write it, pages going to its own sink as they
+/// fill: a merge fills its sample columns together, while a row group's columns are
+/// written one after another, so it encodes them this way instead of holding their values
+/// whole (docs/FORMAT.md, section 1). [`encode_with_chunks`] puts them in place.
+pub(crate) struct ChunkWriter<'a, T: DataType> {
+    index: usize,
+    writer: ColumnWriterImpl<'a, T>,
+    /// The record being filled: at most [`RECORD_ROWS`] values.
+    record: Vec<T::T>,
+    records: usize,
+    levels: &'a [i16],
+}
+
+impl<'a, T: DataType> ChunkWriter<'a, T> {
+    pub(crate) fn sink() -> ChunkSink {
+        TrackedWrite::new(Vec::new())
+    }
+
+    /// `plain`: the bytes the column's values will take in all, which decides whether a
+    /// zstd block compresses it ([`SMALL_CHUNK_BYTES`]). `levels`: [`record_levels`].
+    pub(crate) fn new(
+        sink: &'a mut ChunkSink,
+        index: usize,
+        encoding: BlockEncoding,
+        plain: usize,
+        levels: &'a [i16],
+    ) -> Result<Self, StorageError> {
+        let (schema, properties) = current_format(encoding)?;
+        let properties = if encoding == BlockEncoding::Compacted {
+            compacted_properties(|at| at == index && plain <= SMALL_CHUNK_BYTES)?
+        } else {
+            properties
+        };
+        let descriptor = SchemaDescriptor::new(schema);
+        if index >= descriptor.num_columns() || index < columns::STRINGS.start {
+            return Err(StorageError::Corrupt(format!("no table column {index}")));
+        }
+        let column = descriptor.column(index);
+        if column.physical_type() != T::get_physical_type() {
+            return Err(unexpected_type(index));
+        }
+        Ok(ChunkWriter {
+            index,
+            writer: ColumnWriterImpl::new(
+                column,
+                properties,
+                Box::new(SerializedPageWriter::new(sink)),
+            ),
+            record: Vec::with_capacity(RECORD_ROWS),
+            records: 0,
+            levels,
+        })
+    }
+
+    pub(crate) fn push(&mut self, value: T::T) -> Result<(), StorageError> {
+        self.record.push(value);
+        if self.record.len() == RECORD_ROWS {
+            self.end_record()?;
+        }
+        Ok(())
+    }
+
+    fn end_record(&mut self) -> Result<(), StorageError> {
+        let count = self.record.len();
+        if count == 0 {
+            self.writer.write_batch(&[], Some(&[0]), Some(&[0]))?;
+        } else {
+            self.writer.write_batch(
+                &self.record,
+                Some(&self.levels[1..=count]),
+                Some(&self.levels[..count]),
+            )?;
+            self.record.clear();
+        }
+        self.records += 1;
+        Ok(())
+    }
+
+    /// The column in `records` records: the last values, then empty records.
+    pub(crate) fn finish(mut self, records: usize) -> Result<(usize, ChunkClose), StorageError> {
+        if !self.record.is_empty() {
+            self.end_record()?;
+        }
+        while self.records < records {
+            self.end_record()?;
+        }
+        if self.records != records {
+            return Err(StorageError::Corrupt(format!(
+                "column {} needs {} records, not {records}",
+                self.index, self.records
+            )));
+        }
+        Ok((self.index, ChunkClose(self.writer.close()?)))
+    }
+}
+
+/// What a [`ChunkWriter`] reported on closing, before its sink's bytes are taken.
+pub(crate) struct ChunkClose(ColumnCloseResult);
+
+impl ChunkClose {
+    pub(crate) fn with_bytes(self, sink: ChunkSink) -> Result<EncodedChunk, StorageError> {
+        Ok(EncodedChunk {
+            bytes: Bytes::from(sink.into_inner()?),
+            close: self.0,
+        })
+    }
+}
+
+/// The levels of a full record, for [`ChunkWriter`]s.
+pub(crate) fn record_levels() -> Vec<i16> {
+    repeated_levels(RECORD_ROWS)
+}
+
+/// Encodes one dataset as a block of `encoding`, the columns in `chunks` (by column
+/// index) as [`ChunkWriter`]s wrote them and the dataset's own vectors for those columns
+/// left empty: `rows` are the tables' true rows ([`table_rows`]' order), which decide the
+/// records.
+pub(crate) fn encode_with_chunks(
+    dataset: &Dataset,
+    encoding: BlockEncoding,
+    rows: [usize; 12],
+    chunks: Vec<(usize, EncodedChunk)>,
+) -> Result<Vec<u8>, StorageError> {
+    let (schema, properties) = current_format(encoding)?;
+    let properties = if encoding == BlockEncoding::Compacted {
+        compacted_properties(|index| plain_bytes(dataset, index) <= SMALL_CHUNK_BYTES)?
+    } else {
+        properties
+    };
+    // Beside the chunks: the other columns, no larger than their plain values.
+    let capacity: usize = chunks.iter().map(|(_, chunk)| chunk.len()).sum::<usize>()
+        + (0..COLUMN_COUNT)
+            .map(|index| plain_bytes(dataset, index))
+            .sum::<usize>()
+        + 8192;
+    let mut writer = SerializedFileWriter::new(Vec::with_capacity(capacity), schema, properties)?;
+    let longest = rows.into_iter().max().unwrap_or(0);
+    let levels = repeated_levels(longest.min(RECORD_ROWS));
+    let layout = Records {
+        count: records_for(longest, RECORD_ROWS),
+        rows: RECORD_ROWS,
+        longest,
+        levels: &levels,
+    };
+    write_dataset(&mut writer, dataset, &layout, chunks)?;
+    Ok(writer.into_inner()?)
+}
+
+/// The records of a dataset whose longest table has `longest` rows.
+pub(crate) fn records_for(longest: usize, record_rows: usize) -> usize {
+    longest.div_ceil(record_rows.max(1)).max(1)
 }
 
 /// Column chunks of at most this many bytes of plain values are written uncompressed in
@@ -459,7 +638,7 @@ pub const SMALL_CHUNK_BYTES: usize = 4096;
 
 /// The rows of each table of a dataset, in the order of the schema's tables (the header
 /// excluded).
-fn table_rows(dataset: &Dataset) -> [usize; 12] {
+pub(crate) fn table_rows(dataset: &Dataset) -> [usize; 12] {
     [
         dataset.strings.len(),
         dataset.mappings.len(),
@@ -479,8 +658,10 @@ fn table_rows(dataset: &Dataset) -> [usize; 12] {
 /// The records a dataset is written as, at most `record_rows` rows of each table in each:
 /// enough for its longest table, and at least one.
 fn record_count(dataset: &Dataset, record_rows: usize) -> usize {
-    let longest = table_rows(dataset).into_iter().max().unwrap_or(0);
-    longest.div_ceil(record_rows.max(1)).max(1)
+    records_for(
+        table_rows(dataset).into_iter().max().unwrap_or(0),
+        record_rows,
+    )
 }
 
 /// The bytes column `index` of a dataset takes as plain values, counted from its tables
@@ -566,41 +747,64 @@ fn encode_with(
             longest,
             levels: &levels,
         };
-        let mut row_group = writer.next_row_group()?;
-        let mut index = 0;
-        while let Some(mut column_writer) = row_group.next_column()? {
-            let source = column_source(dataset, index).ok_or_else(|| {
-                StorageError::Corrupt("schema has more columns than the codec".into())
-            })?;
-            let top_level = index < columns::STRINGS.start;
-            match (column_writer.untyped(), &source) {
-                (ColumnWriter::Int32ColumnWriter(writer), Source::Made(Column::I32(values))) => {
-                    layout.write(writer, values, top_level)?;
-                }
-                (ColumnWriter::Int32ColumnWriter(writer), Source::U32(values)) => {
-                    // Ids are written as Parquet's int32, bit for bit.
-                    layout.write(writer, bytemuck::cast_slice(values), top_level)?;
-                }
-                (ColumnWriter::Int64ColumnWriter(writer), Source::Made(Column::I64(values))) => {
-                    layout.write(writer, values, top_level)?;
-                }
-                (ColumnWriter::Int64ColumnWriter(writer), Source::I64(values)) => {
-                    layout.write(writer, values, top_level)?;
-                }
-                (
-                    ColumnWriter::ByteArrayColumnWriter(writer),
-                    Source::Made(Column::Bytes(values)),
-                ) => {
-                    layout.write(writer, values, top_level)?;
-                }
-                _ => return Err(unexpected_type(index)),
-            }
-            column_writer.close()?;
-            index += 1;
-        }
-        row_group.close()?;
+        write_dataset(&mut writer, dataset, &layout, Vec::new())?;
     }
     Ok(writer.into_inner()?)
+}
+
+/// Writes `dataset` as the next row group of `writer`, as `layout` cuts it into records,
+/// but for the columns in `chunks` (by index, in order), which are put in as encoded.
+fn write_dataset(
+    writer: &mut SerializedFileWriter<Vec<u8>>,
+    dataset: &Dataset,
+    layout: &Records<'_>,
+    chunks: Vec<(usize, EncodedChunk)>,
+) -> Result<(), StorageError> {
+    let mut chunks = chunks.into_iter().peekable();
+    let mut row_group = writer.next_row_group()?;
+    let mut index = 0;
+    loop {
+        if let Some((_, chunk)) = chunks.next_if(|(at, _)| *at == index) {
+            row_group.append_column(&chunk.bytes, chunk.close)?;
+            index += 1;
+            continue;
+        }
+        let Some(mut column_writer) = row_group.next_column()? else {
+            break;
+        };
+        let source = column_source(dataset, index).ok_or_else(|| {
+            StorageError::Corrupt("schema has more columns than the codec".into())
+        })?;
+        let top_level = index < columns::STRINGS.start;
+        match (column_writer.untyped(), &source) {
+            (ColumnWriter::Int32ColumnWriter(writer), Source::Made(Column::I32(values))) => {
+                layout.write(writer, values, top_level)?;
+            }
+            (ColumnWriter::Int32ColumnWriter(writer), Source::U32(values)) => {
+                // Ids are written as Parquet's int32, bit for bit.
+                layout.write(writer, bytemuck::cast_slice(values), top_level)?;
+            }
+            (ColumnWriter::Int64ColumnWriter(writer), Source::Made(Column::I64(values))) => {
+                layout.write(writer, values, top_level)?;
+            }
+            (ColumnWriter::Int64ColumnWriter(writer), Source::I64(values)) => {
+                layout.write(writer, values, top_level)?;
+            }
+            (ColumnWriter::ByteArrayColumnWriter(writer), Source::Made(Column::Bytes(values))) => {
+                layout.write(writer, values, top_level)?;
+            }
+            _ => return Err(unexpected_type(index)),
+        }
+        column_writer.close()?;
+        index += 1;
+    }
+    if let Some((at, _)) = chunks.next() {
+        return Err(StorageError::Corrupt(format!(
+            "an encoded chunk for column {at} out of place"
+        )));
+    }
+    row_group.close()?;
+    Ok(())
 }
 
 /// How a dataset's columns are cut into records.

@@ -15,21 +15,28 @@
 //!    was itself written by a merge is sorted the same way in canonical series, so its
 //!    rows appear in the output in the order it stores them.
 //! 3. **Samples, one page at a time.** The sample columns of each such input are read
-//!    front to back, a page at a time ([`Gate`]), renumbered, and appended to the
-//!    output's sample columns (12 bytes a sample: stack id and value), which are encoded
-//!    once at the end, with their stack sums. Profile totals are summed on the way. An input
-//!    whose rows would be read out of order (a segment, or a block written before series
-//!    were numbered canonically, each small: jobs were capped then) is decoded whole.
+//!    front to back, a page at a time ([`Gate`]), renumbered, and written to the output's
+//!    sample and sample-label columns as they come, each by a [`format::ChunkWriter`]
+//!    into a buffer of its own, so that what the merge holds of them is their encoded
+//!    pages. Stack sums ([`StackSums`]) and profile totals are summed on the way. An
+//!    input whose rows would be read out of order (a segment, or a block written before
+//!    series were numbered canonically, each small: jobs were capped then) is decoded
+//!    whole.
+//! 4. **The block.** The other columns are written from the output's tables, and the
+//!    sample columns put in place as encoded ([`format::encode_with_chunks`]).
 //!
 //! What is held: the inputs' fetched (compressed) bytes, the symbols, the profile rows,
 //! one page and at most a record of values per input column (a block of format version 3
 //! splits a dataset's tables over records of [`format::RECORD_ROWS`] rows, and parquet-rs
 //! ends pages between records; a version-2 block's columns are one page each, and so
-//! whole), the output's sample columns, the stack sums (at most half as many rows as the
-//! samples, or none) and the encoded output, which is written a page at a time. The
-//! output's columns are held whole, 12 bytes a sample, because a row group's columns are
-//! written one after another, each finished before the next begins, while a merge fills
-//! them together; a pass over the inputs per output column would lift that.
+//! whole), the output's sample columns as encoded, the stack sums (at most half as many
+//! rows as the samples, or none) and the block. The sample columns were held as plain
+//! values, 12 bytes a sample, while they were encoded with the rest of the row group at
+//! the end: a row group's columns are written one after another, while a merge fills
+//! them together. Encoded apart and put in after, byte for byte as the block writer
+//! would write them (tests/stream_merge.rs), they take what their compressed pages take:
+//! a 1 Hz day of one service then merges into one block under the default
+//! `memory_limit`, where it took four (docs/benchmarks.md).
 //!
 //! Each input sample becomes one output sample (its stack renumbered), so the output is
 //! what the in-memory merge makes of the same inputs, row for row: an input whose stack
@@ -50,7 +57,7 @@ use parquet::file::serialized_reader::SerializedRowGroupReader;
 
 use crate::builder::DatasetBuilder;
 use crate::dataset::{Dataset, ProfileRow};
-use crate::format::{self, columns, BlockEncoding, Projection, Samples};
+use crate::format::{self, columns, BlockEncoding, ChunkWriter, Projection, Samples};
 use crate::ranged::PartialBlock;
 use crate::StorageError;
 
@@ -121,7 +128,7 @@ pub fn merge(
                 ),
             ));
         }
-        let cost = input_cost(input, &head)?;
+        let cost = input_cost(input, &head, encoding)?;
         if !heads.is_empty() && estimated_bytes.saturating_add(cost) > memory_limit {
             break;
         }
@@ -211,7 +218,7 @@ pub fn merge(
         .flat_map(|head| head.profiles.iter().map(|p| u64::from(p.sample_count)))
         .sum();
 
-    // 3. The sample columns, filled as the rows come, each sized once.
+    // 3. The sample columns, encoded as the rows come: held as their pages, not whole.
     out.profiles = order
         .iter()
         .map(|at| ProfileRow {
@@ -220,8 +227,24 @@ pub fn merge(
             ..row(*at).clone()
         })
         .collect();
-    out.sample_stack.reserve_exact(samples as usize);
-    out.sample_value.reserve_exact(samples as usize);
+    let label_rows: usize = inputs.iter().map(label_rows_of).sum();
+    let levels = format::record_levels();
+    let mut sinks = [(); 5].map(|_| ChunkWriter::<Int32Type>::sink());
+    let [stack_sink, value_sink, label_sample_sink, label_name_sink, label_value_sink] = &mut sinks;
+    let (first, labels_at) = (columns::SAMPLES.start, columns::SAMPLE_LABELS.start);
+    let samples = samples as usize;
+    let mut stack_column =
+        ChunkWriter::<Int32Type>::new(stack_sink, first, encoding, 4 * samples, &levels)?;
+    let mut value_column =
+        ChunkWriter::<Int64Type>::new(value_sink, first + 1, encoding, 8 * samples, &levels)?;
+    let label_column = |sink, at| {
+        ChunkWriter::<Int32Type>::new(sink, labels_at + at, encoding, 4 * label_rows, &levels)
+    };
+    let mut label_sample_column = label_column(label_sample_sink, 0)?;
+    let mut label_name_column = label_column(label_name_sink, 1)?;
+    let mut label_value_column = label_column(label_value_sink, 2)?;
+    let mut sums = StackSums::new(stack_count, samples / 2);
+    let (mut written, mut labels_written) = (0usize, 0usize);
     let mut picked: Vec<(u32, u32)> = Vec::new();
     let mut labels: Vec<(u32, u32, u32)> = Vec::new();
     for (at, profile) in order.iter().zip(out.profiles.iter_mut()) {
@@ -240,27 +263,52 @@ pub fn merge(
         picked.sort_unstable();
         labels.sort_unstable_by_key(|(local, _, _)| *local);
         let string = |id: u32| head.strings.get(id as usize).copied().unwrap_or(0);
+        sums.enter(profile.series);
         let mut total = 0i64;
         for (node, local) in &picked {
             let value = values[*local as usize];
             total = total.saturating_add(value);
             let start = labels.partition_point(|(l, _, _)| l < local);
             for (_, name, label) in labels[start..].iter().take_while(|(l, _, _)| l == local) {
-                out.sample_label_sample.push(out.sample_stack.len() as u32);
-                out.sample_label_name.push(string(*name));
-                out.sample_label_value.push(string(*label));
+                // Ids are stored as int32, bit for bit.
+                label_sample_column.push(written as u32 as i32)?;
+                label_name_column.push(string(*name) as i32)?;
+                label_value_column.push(string(*label) as i32)?;
+                labels_written += 1;
             }
-            out.sample_stack.push(*node);
-            out.sample_value.push(value);
+            stack_column.push(*node as i32)?;
+            value_column.push(value)?;
+            sums.add(*node, value);
+            written += 1;
         }
         profile.total = total;
     }
     drop(sources);
-    out.sum_stacks_if_smaller();
+    if let Some((series, stacks, values)) = sums.finish(written / 2) {
+        out.stack_sum_series = series;
+        out.stack_sum_stack = stacks;
+        out.stack_sum_value = values;
+    }
     out.min_time_nanos = out.profiles.iter().map(|p| p.time_nanos).min().unwrap_or(0);
     out.max_time_nanos = out.profiles.iter().map(|p| p.time_nanos).max().unwrap_or(0);
     let (profile_types, profile_count) = out.summary();
-    let block = format::encode_block_as(std::slice::from_ref(&out), encoding)?;
+    let mut rows = format::table_rows(&out);
+    rows[9] = written;
+    rows[10] = labels_written;
+    let records = format::records_for(rows.into_iter().max().unwrap_or(0), format::RECORD_ROWS);
+    let closed = [
+        stack_column.finish(records)?,
+        value_column.finish(records)?,
+        label_sample_column.finish(records)?,
+        label_name_column.finish(records)?,
+        label_value_column.finish(records)?,
+    ];
+    drop(levels);
+    let mut chunks = Vec::with_capacity(closed.len());
+    for ((index, close), sink) in closed.into_iter().zip(sinks) {
+        chunks.push((index, close.with_bytes(sink)?));
+    }
+    let block = format::encode_with_chunks(&out, encoding, rows, chunks)?;
     Ok(Streamed::Merged(MergedBlock {
         block,
         min_time_nanos: out.min_time_nanos,
@@ -273,64 +321,206 @@ pub fn merge(
     }))
 }
 
+/// The stack sums of a merge's output ([`Dataset::sum_stacks_if_smaller`]'s rows, made
+/// as the output's samples go by rather than from them, since they are not kept): the
+/// output's profiles come series by series, so each series' sums are made in turn.
+struct StackSums {
+    slots: Vec<i64>,
+    used: Vec<bool>,
+    touched: Vec<u32>,
+    current: Option<u32>,
+    /// Distinct stacks per series, summed: [`Dataset::sum_stacks_if_smaller`]'s bound.
+    distinct: usize,
+    max_rows: usize,
+    /// Over `max_rows`: no sums.
+    over: bool,
+    series: Vec<u32>,
+    stacks: Vec<u32>,
+    values: Vec<i64>,
+}
+
+impl StackSums {
+    fn new(stack_count: usize, max_rows: usize) -> Self {
+        StackSums {
+            slots: vec![0; stack_count],
+            used: vec![false; stack_count],
+            touched: Vec::new(),
+            current: None,
+            distinct: 0,
+            max_rows,
+            over: false,
+            series: Vec::new(),
+            stacks: Vec::new(),
+            values: Vec::new(),
+        }
+    }
+
+    fn enter(&mut self, series: u32) {
+        if self.current != Some(series) {
+            self.close_series();
+            self.current = Some(series);
+        }
+    }
+
+    fn add(&mut self, stack: u32, value: i64) {
+        if self.over {
+            return;
+        }
+        let Some(slot) = self.slots.get_mut(stack as usize) else {
+            return;
+        };
+        *slot = slot.saturating_add(value);
+        if !std::mem::replace(&mut self.used[stack as usize], true) {
+            self.touched.push(stack);
+        }
+    }
+
+    fn close_series(&mut self) {
+        let Some(series) = self.current.take() else {
+            return;
+        };
+        if self.over {
+            return;
+        }
+        self.distinct += self.touched.len();
+        if self.distinct > self.max_rows {
+            *self = StackSums {
+                over: true,
+                ..StackSums::new(0, 0)
+            };
+            return;
+        }
+        self.touched.sort_unstable();
+        for stack in self.touched.drain(..) {
+            self.used[stack as usize] = false;
+            let value = std::mem::take(&mut self.slots[stack as usize]);
+            if value != 0 {
+                self.series.push(series);
+                self.stacks.push(stack);
+                self.values.push(value);
+            }
+        }
+    }
+
+    /// The rows, or `None` when they would be more than `max_rows` (at most the bound it
+    /// was made with: that one is the samples expected, this one those written).
+    fn finish(mut self, max_rows: usize) -> Option<(Vec<u32>, Vec<u32>, Vec<i64>)> {
+        self.close_series();
+        (!self.over && self.distinct <= max_rows).then_some((self.series, self.stacks, self.values))
+    }
+}
+
+/// An input's sample-label rows, at most: its column chunk's level count.
+fn label_rows_of(input: &MergeInput) -> usize {
+    (input.block.group(input.row_group).ok())
+        .map(|(group, _)| {
+            group
+                .column(columns::SAMPLE_LABELS.start)
+                .num_values()
+                .max(0) as usize
+        })
+        .unwrap_or(0)
+}
+
 /// The most a data page of a block of format version 3 holds, in bytes: parquet-rs ends a
 /// page at the first record boundary past its 1 MiB limit, and a record of an int64
 /// column is at most [`format::RECORD_ROWS`] values.
 const PAGE_BYTES: usize = (1 << 20) + 8 * format::RECORD_ROWS;
 
-/// What the output's encoder holds beside its columns: a page of a column, its values
-/// plain, encoded and compressed, with their levels.
-const ENCODER_BYTES: usize = 4 * PAGE_BYTES;
+/// What the output's encoders hold beside their chunks, once per merge: the five sample
+/// and sample-label columns' writers, each a page of plain values and a record of values
+/// staged ([`format::ChunkWriter`]), and the page being compressed; and, as the block is
+/// put together, the writer of one other column and its page.
+const ENCODER_BYTES: usize = 7 * PAGE_BYTES + 5 * 8 * format::RECORD_ROWS;
 
 /// What merging `input` holds at the merge's peak, in bytes, from its decoded `head`.
-/// Measured against a counting allocator (tests/merge_memory.rs), and two phases:
+/// Measured against a counting allocator (tests/merge_memory.rs):
 ///
-/// - always: its fetched bytes, and as much again twice for the encoded output (which
-///   grows by doubling to about the inputs' size); its symbols twice (decoded, and
-///   interned into the output); its profile rows twice;
+/// - always: its fetched bytes; its symbols twice (decoded, and interned into the
+///   output), and a stack sum's slot and mark for each of its stack nodes; its profile
+///   rows twice;
 /// - while merging: its five sample and sample-label columns, each a page at a time: the
-///   decompressed page and at most a record of decoded values (in a block of version 2,
-///   where a dataset is one record and so each column one page, the columns whole, 12
-///   bytes a row, and the largest once more as its decompressed page); and the output's
-///   columns, 12 bytes a row;
-/// - after (the inputs freed): the output's columns, and its stack sums (sized once, at
-///   most a row of 16 bytes per two samples, [`Dataset::sum_stacks_if_smaller`]).
+///   decompressed page and at most two records of decoded values (in a block of version
+///   2, where a dataset is one record and so each column one page, the columns whole and
+///   their page once more); and its share of the output's sample columns as encoded
+///   ([`output_chunk_bytes`]), twice, as their buffers grow by doubling;
+/// - after (the inputs freed): those chunks, copied into the block (sized once), and the
+///   output's stack sums, at most a row of 16 bytes per two samples or per row of the
+///   input's own sums ([`Dataset::sum_stacks_if_smaller`]), twice, as they grow.
 ///
-/// The output's encoder holds a page beside that, once per merge ([`ENCODER_BYTES`]): the
-/// output is written in records of [`format::RECORD_ROWS`] rows, so its pages are ~1 MiB
-/// (it held a whole column, 28 bytes a sample, while a dataset was one record).
+/// The output's samples were held whole, 12 bytes a sample and label, until their columns
+/// were encoded as they fill: a day at 1 Hz then took four blocks at the default
+/// `memory_limit` (docs/benchmarks.md).
 ///
 /// An input whose series are not in canonical order is decoded whole, once more.
-pub fn input_cost(input: &MergeInput, head: &Dataset) -> Result<usize, StorageError> {
-    let (group, _) = input.block.group(input.row_group)?;
-    let label_rows = group
-        .column(columns::SAMPLE_LABELS.start)
-        .num_values()
-        .max(0) as usize;
+pub fn input_cost(
+    input: &MergeInput,
+    head: &Dataset,
+    encoding: BlockEncoding,
+) -> Result<usize, StorageError> {
+    let (group, column_count) = input.block.group(input.row_group)?;
     let samples: usize = head.profiles.iter().map(|p| p.sample_count as usize).sum();
-    let rows = 12 * (samples + label_rows);
     let order = crate::builder::canonical_series(&head.strings, &head.series);
     let canonical = order.iter().enumerate().all(|(at, id)| at == *id as usize);
     let profiles: usize = (head.profiles.iter())
         .map(|p| p.id.len() + std::mem::size_of::<ProfileRow>())
         .sum();
-    let page: usize = (columns::SAMPLES.start..columns::SAMPLE_LABELS.end)
-        .map(|index| group.column(index).uncompressed_size().max(0) as usize)
-        .max()
-        .unwrap_or(0);
-    let read = if group.num_rows() <= 1 {
-        rows + page
-    } else {
-        let columns = columns::SAMPLES.len() + columns::SAMPLE_LABELS.len();
-        (rows + page).min(columns * (PAGE_BYTES + 8 * format::RECORD_ROWS))
-    };
-    let merging = read + rows;
-    let encoding = rows + 8 * samples;
-    Ok(3 * input.block.size_bytes()
+    let one_record = group.num_rows() <= 1;
+    let (mut read, mut plain) = (0usize, 0usize);
+    for index in columns::SAMPLES.start..columns::SAMPLE_LABELS.end {
+        let chunk = group.column(index);
+        let width = if index == columns::SAMPLES.start + 1 {
+            8
+        } else {
+            4
+        };
+        let values = chunk.num_values().max(0) as usize;
+        let page = chunk.uncompressed_size().max(0) as usize;
+        read += if one_record {
+            page + width * values
+        } else {
+            (page + width * values).min(PAGE_BYTES + 2 * width * format::RECORD_ROWS)
+        };
+        plain += width * values;
+    }
+    let chunks = output_chunk_bytes(input, encoding, plain)?;
+    // An empty table is a level a record, no rows; a version-1 block has no such column.
+    let sums = (column_count > columns::STACK_SUMS.start)
+        .then(|| group.column(columns::STACK_SUMS.start).num_values().max(0) as usize)
+        .filter(|sums| *sums > group.num_rows().max(0) as usize);
+    let sum_rows = sums.unwrap_or(samples).min(samples / 2);
+    let merging = read + 2 * chunks;
+    let finishing = 2 * chunks + 32 * sum_rows;
+    let whole = if canonical { 0 } else { plain + read };
+    Ok(input.block.size_bytes()
         + 2 * head.heap_bytes()
+        + 9 * head.stack_parent.len()
         + 2 * profiles
-        + merging.max(encoding)
-        + if canonical { 0 } else { rows })
+        + merging.max(finishing)
+        + whole)
+}
+
+/// What `input`'s samples and sample labels take in the output's encoded columns, whose
+/// plain values are `plain` bytes: about what they take in the input where both are zstd
+/// (twice that, for a margin: the merged stack ids are wider), at most their plain
+/// values.
+fn output_chunk_bytes(
+    input: &MergeInput,
+    encoding: BlockEncoding,
+    plain: usize,
+) -> Result<usize, StorageError> {
+    // Levels (RLE runs: a record's definition levels are one, its repetition levels two),
+    // page headers, and snappy's framing of what does not compress: well under a byte in
+    // 256 of the values; a record's worth at least.
+    let levels = plain / 256 + 4096;
+    if encoding != BlockEncoding::Compacted {
+        return Ok(plain + levels);
+    }
+    let (group, _) = input.block.group(input.row_group)?;
+    let compressed: usize = (columns::SAMPLES.start..columns::SAMPLE_LABELS.end)
+        .map(|index| group.column(index).compressed_size().max(0) as usize)
+        .sum();
+    Ok((2 * compressed).min(plain) + levels)
 }
 
 /// An input's head: where its ids went, and its profile rows.

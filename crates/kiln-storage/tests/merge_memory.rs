@@ -100,6 +100,11 @@ fn a_merge_of_many_inputs_stays_under_its_memory_limit() {
             LIMIT >> 20
         );
         assert!(peak <= LIMIT, "peak {peak} over the limit {LIMIT}");
+        assert!(
+            peak <= merged.estimated_bytes,
+            "peak {peak} over the estimate {}",
+            merged.estimated_bytes
+        );
         let block = bytes::Bytes::from(merged.block);
         let dataset = decode_dataset(&block, 0, Projection::ALL).unwrap();
         dataset.check().unwrap();

@@ -3,7 +3,7 @@
 #[path = "support/synthetic.rs"]
 mod synthetic;
 
-use kiln_storage::format::{decode_dataset, BlockEncoding, Projection};
+use kiln_storage::format::{decode_dataset, encode_block_as, BlockEncoding, Projection};
 use kiln_storage::merge::{merge, MergeInput, Streamed};
 use kiln_storage::{Dataset, DatasetBuilder};
 
@@ -55,6 +55,13 @@ fn streamed(inputs: &[MergeInput], encoding: BlockEncoding) -> (Dataset, usize) 
             let block = bytes::Bytes::from(merged.block);
             let dataset = decode_dataset(&block, 0, Projection::ALL).unwrap();
             dataset.check().unwrap();
+            // Its sample columns, encoded as they filled, are what the block writer makes
+            // of the whole dataset, byte for byte.
+            let whole = encode_block_as(std::slice::from_ref(&dataset), encoding).unwrap();
+            assert!(
+                whole == block,
+                "the streamed block differs from the dataset's"
+            );
             assert_eq!(merged.min_time_nanos, dataset.min_time_nanos);
             assert_eq!(merged.max_time_nanos, dataset.max_time_nanos);
             (dataset, merged.decoded_whole)
